@@ -1,0 +1,56 @@
+# Finds the project's dependencies. LibTorch comes from PyTorch's PyPI package in the
+# project's virtual environment; we make our own imported targets from its folders
+# instead of using TorchConfig.cmake, which would drag CUDA into the CPU build.
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(fmt REQUIRED)
+find_package(Boost 1.74 CONFIG REQUIRED COMPONENTS program_options)
+find_package(Threads REQUIRED)
+
+if(NOT DSCPP_PYTHON)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/python3)
+    set(DSCPP_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python3)
+  else()
+    find_program(DSCPP_PYTHON python3 REQUIRED)
+  endif()
+endif()
+set(DSCPP_PYTHON ${DSCPP_PYTHON} CACHE FILEPATH "Python with torch (and deepspeed for tests)")
+
+if(NOT DSCPP_TORCH_DIR)
+  execute_process(
+    COMMAND ${DSCPP_PYTHON} -c "import os, torch; print(os.path.dirname(torch.__file__))"
+    OUTPUT_VARIABLE _torch_dir OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "dscpp: ${DSCPP_PYTHON} cannot import torch; run scripts/install.sh first")
+  endif()
+  set(DSCPP_TORCH_DIR ${_torch_dir} CACHE PATH "PyTorch's package folder (holds include/ and lib/)")
+endif()
+execute_process(
+  COMMAND ${DSCPP_PYTHON} -c "import torch; print(torch.__version__.split('+')[0])"
+  OUTPUT_VARIABLE DSCPP_TORCH_VERSION OUTPUT_STRIP_TRAILING_WHITESPACE)
+message(STATUS "dscpp: LibTorch ${DSCPP_TORCH_VERSION} from ${DSCPP_TORCH_DIR}")
+
+# ProcessGroupGloo.hpp includes gloo's headers, which the wheel does not ship: Debian's
+# libgloo-dev provides them (headers only; the gloo code itself is inside libtorch_cpu).
+find_path(DSCPP_GLOO_INCLUDE gloo/rendezvous/store.h REQUIRED)
+
+add_library(dscpp_torch INTERFACE)
+target_include_directories(dscpp_torch SYSTEM INTERFACE
+  $<BUILD_INTERFACE:${DSCPP_TORCH_DIR}/include>
+  $<BUILD_INTERFACE:${DSCPP_TORCH_DIR}/include/torch/csrc/api/include>
+  $<BUILD_INTERFACE:${DSCPP_GLOO_INCLUDE}>)
+target_compile_definitions(dscpp_torch INTERFACE USE_C10D_GLOO USE_DISTRIBUTED)
+target_link_directories(dscpp_torch INTERFACE $<BUILD_INTERFACE:${DSCPP_TORCH_DIR}/lib>)
+target_link_libraries(dscpp_torch INTERFACE torch_cpu c10 Threads::Threads)
+target_link_options(dscpp_torch INTERFACE $<BUILD_INTERFACE:LINKER:-rpath,${DSCPP_TORCH_DIR}/lib>)
+
+if(DSCPP_CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  find_path(DSCPP_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
+  find_library(DSCPP_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+  target_compile_definitions(dscpp_torch INTERFACE USE_C10D_NCCL USE_CUDA DSCPP_CUDA=1)
+  target_include_directories(dscpp_torch SYSTEM INTERFACE ${DSCPP_NCCL_INCLUDE})
+  # --no-as-needed: libtorch_cuda registers CUDA kernels at load time, and nothing we
+  # call may name one of its symbols directly.
+  target_link_libraries(dscpp_torch INTERFACE "LINKER:--no-as-needed" torch_cuda c10_cuda
+                        "LINKER:--as-needed" CUDA::cudart ${DSCPP_NCCL_LIB})
+endif()

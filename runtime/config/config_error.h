@@ -1,0 +1,21 @@
+// The error every config problem raises: it carries the JSON path of the offending key
+// (`zero_optimization.stage`), so a user can find the line to fix.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace dscpp {
+
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string path, const std::string& message)
+      : std::runtime_error(path.empty() ? message : path + ": " + message),
+        path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;  // dotted JSON path; empty for whole-file problems
+};
+
+}  // namespace dscpp

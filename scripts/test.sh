@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds both variants (the CUDA one compiles and links; its tests need a GPU) and runs
+# every CPU test through ctest, which prints its summary last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh cpu
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  scripts/build.sh cuda
+  ./build-cuda/tools/dscpp_report >/dev/null  # the CUDA build loads and runs without a GPU
+else
+  echo "dscpp test: no CUDA toolkit on this machine: CUDA variant not built"
+fi
+cd build
+ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-2}"
