@@ -51,6 +51,6 @@ if(DSCPP_CUDA)
   target_include_directories(dscpp_torch SYSTEM INTERFACE ${DSCPP_NCCL_INCLUDE})
   # --no-as-needed: libtorch_cuda registers CUDA kernels at load time, and nothing we
   # call may name one of its symbols directly.
-  target_link_libraries(dscpp_torch INTERFACE "LINKER:--no-as-needed" torch_cuda c10_cuda
-                        "LINKER:--as-needed" CUDA::cudart ${DSCPP_NCCL_LIB})
+  target_link_libraries(dscpp_torch INTERFACE -Wl,--no-as-needed torch_cuda c10_cuda
+                        -Wl,--as-needed CUDA::cudart ${DSCPP_NCCL_LIB})
 endif()

@@ -92,10 +92,17 @@ BF16Config read_bf16(Section s) {
 
 const std::vector<std::string> kOffloadDevices = {"none", "cpu", "nvme"};
 
+// DeepSpeed holds nvme_path as a pathlib.Path, which drops trailing slashes.
+std::optional<std::string> read_path(Section& s, const std::string& key) {
+  auto p = s.get_opt_string(key);
+  while (p && p->size() > 1 && p->back() == '/') p->pop_back();
+  return p;
+}
+
 OffloadOptimizerConfig read_offload_optimizer(Section s) {
   OffloadOptimizerConfig c;
   c.device = s.get_choice("device", c.device, kOffloadDevices);
-  c.nvme_path = s.get_opt_string("nvme_path");
+  c.nvme_path = read_path(s, "nvme_path");
   c.buffer_count = s.get_int("buffer_count", c.buffer_count, 0);
   c.pin_memory = s.get_bool("pin_memory", c.pin_memory);
   c.pipeline_read = s.get_bool("pipeline_read", c.pipeline_read);
@@ -110,7 +117,7 @@ OffloadOptimizerConfig read_offload_optimizer(Section s) {
 OffloadParamConfig read_offload_param(Section s) {
   OffloadParamConfig c;
   c.device = s.get_choice("device", c.device, kOffloadDevices);
-  c.nvme_path = s.get_opt_string("nvme_path");
+  c.nvme_path = read_path(s, "nvme_path");
   c.buffer_count = s.get_int("buffer_count", c.buffer_count, 0);
   c.buffer_size = s.get_int("buffer_size", c.buffer_size, 0);
   c.max_in_cpu = s.get_int("max_in_cpu", c.max_in_cpu, 0);

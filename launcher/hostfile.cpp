@@ -1,0 +1,95 @@
+#include "hostfile.h"
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace dscpp::launcher {
+namespace {
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && is_space(s[b])) ++b;
+  while (e > b && is_space(s[e - 1])) --e;
+  return s.substr(b, e - b);
+}
+
+// Matches DeepSpeed's `^(\S+)\s+slots=(\d+)`; anything after the slot count (such as an
+// MPI `max_slots=` field) is tolerated as it is there, but the count itself must be a
+// whole token so `slots=4x` is not silently read as 4.
+bool parse_line(const std::string& line, std::string& host, int& slots) {
+  size_t i = 0;
+  while (i < line.size() && !is_space(line[i])) ++i;
+  if (i == 0 || i == line.size()) return false;
+  host = line.substr(0, i);
+  while (i < line.size() && is_space(line[i])) ++i;
+  static const std::string kSlots = "slots=";
+  if (line.compare(i, kSlots.size(), kSlots) != 0) return false;
+  i += kSlots.size();
+  size_t digits_begin = i;
+  long long value = 0;
+  while (i < line.size() && line[i] >= '0' && line[i] <= '9') {
+    value = value * 10 + (line[i] - '0');
+    if (value > 1000000) return false;
+    ++i;
+  }
+  if (i == digits_begin || (i < line.size() && !is_space(line[i]))) return false;
+  slots = static_cast<int>(value);
+  return true;
+}
+
+}  // namespace
+
+ResourcePool parse_hostfile(const std::string& text, const std::string& origin) {
+  ResourcePool pool;
+  std::istringstream in(text);
+  std::string raw;
+  int line_no = 0;
+  while (std::getline(in, raw)) {
+    ++line_no;
+    const std::string line = trim(raw);
+    if (line.empty() || line[0] == '#') continue;
+    std::string host;
+    int slots = 0;
+    if (!parse_line(line, host, slots)) {
+      throw HostfileError(
+          fmt::format("{}:{}: bad entry '{}', expected 'HOST slots=N'", origin, line_no, line));
+    }
+    for (const auto& [known, unused] : pool) {
+      if (known == host) {
+        throw HostfileError(
+            fmt::format("{}:{}: host '{}' is listed more than once", origin, line_no, host));
+      }
+    }
+    pool.emplace_back(host, slots);
+  }
+  if (pool.empty()) {
+    throw HostfileError(fmt::format("{}: no hosts found (expected lines 'HOST slots=N')", origin));
+  }
+  return pool;
+}
+
+std::optional<ResourcePool> read_hostfile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::nullopt;
+    throw HostfileError(fmt::format("cannot read hostfile {}: {}", path, std::strerror(errno)));
+  }
+  if (S_ISDIR(st.st_mode)) throw HostfileError(fmt::format("hostfile {} is a directory", path));
+  std::ifstream in(path);
+  if (!in) throw HostfileError(fmt::format("cannot read hostfile {}", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parse_hostfile(buffer.str(), path);
+}
+
+}  // namespace dscpp::launcher

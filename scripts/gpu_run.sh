@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (see ../shared/GPU.md): unpack the Debian packages it lacks
+# (carried in .gpu/: Boost.Program_options' library, gloo's headers), build the CUDA
+# variant, run the environment report and the test suite, then GPU tests and benchmarks
+# as they exist. Full logs go to $OUT (or ./gpu-out); a short summary is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+deps=/opt/deps
+mkdir -p "$deps"
+for f in .gpu/*.deb; do dpkg -x "$f" "$deps"; done
+export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+[ -d /opt/gcc/bin ] && export PATH=/opt/gcc/bin:$PATH
+summary=()
+step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records the outcome
+  local name=$1; shift
+  local t0=$SECONDS
+  if "$@" >"$out/$name.log" 2>&1; then summary+=("ok    $name ($((SECONDS - t0)) s)")
+  else summary+=("FAIL  $name ($((SECONDS - t0)) s): see $name.log"); fi
+}
+configure() {
+  cmake -S . -B build-cuda -G Ninja -DDSCPP_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+    -DDSCPP_PYTHON="$(command -v python3)" -DCMAKE_PREFIX_PATH="$deps/usr" \
+    -DDSCPP_GLOO_INCLUDE="$deps/usr/include"
+}
+step configure configure
+step build ninja -C build-cuda -j "$(nproc)"
+step report ./build-cuda/tools/dscpp_report
+step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300"
+nvidia-smi >"$out/nvidia-smi.log" 2>&1 || true
+echo "=== dscpp GPU run, $(date -u +%Y-%m-%dT%H:%MZ) ==="
+cat "$out/report.log" 2>/dev/null
+grep -E "tests passed|tests failed" "$out/ctest.log" 2>/dev/null
+printf '%s\n' "${summary[@]}"

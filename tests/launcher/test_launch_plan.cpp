@@ -1,0 +1,143 @@
+#include <gtest/gtest.h>
+
+#include "launch_plan.h"
+
+namespace dscpp::launcher {
+namespace {
+
+Options opts(std::vector<std::string> args) {
+  args.push_back("prog");
+  return parse_options(args);
+}
+
+LocalMachine gpus(int n, std::optional<std::string> visible = std::nullopt) {
+  return LocalMachine{n, 16, std::move(visible)};
+}
+
+const ResourcePool kTwoHosts = {{"worker-0", 4}, {"worker-1", 4}};
+
+TEST(LaunchPlan, SingleNodeUsesAllLocalGpus) {
+  const LaunchPlan plan = resolve_launch(opts({}), std::nullopt, gpus(4));
+  EXPECT_EQ(plan.active, (ActiveResources{{"localhost", {0, 1, 2, 3}}}));
+  EXPECT_FALSE(plan.multi_node);
+  EXPECT_EQ(plan.node_rank, 0);
+  EXPECT_EQ(plan.master_addr, "127.0.0.1");
+  EXPECT_TRUE(plan.notices.empty());
+}
+
+TEST(LaunchPlan, NumGpusSelectsTheFirstDevices) {
+  EXPECT_EQ(resolve_launch(opts({"--num_gpus", "2"}), std::nullopt, gpus(8)).active,
+            (ActiveResources{{"localhost", {0, 1}}}));
+}
+
+TEST(LaunchPlan, WithoutGpusStartsCpuRanks) {
+  const LaunchPlan three = resolve_launch(opts({"--num_gpus", "3"}), std::nullopt, gpus(0));
+  EXPECT_EQ(three.active, (ActiveResources{{"localhost", {0, 1, 2}}}));
+  EXPECT_EQ(three.notices, std::vector<std::string>{"no GPU found, starting 3 CPU ranks"});
+  const LaunchPlan one = resolve_launch(opts({}), std::nullopt, gpus(0));
+  EXPECT_EQ(one.active, (ActiveResources{{"localhost", {0}}}));
+}
+
+// DeepSpeed's test_visible_devices_resolve_to_the_requested_slots.
+TEST(LaunchPlan, CudaVisibleDevicesBecomesAnInclude) {
+  const LaunchPlan plan = resolve_launch(opts({}), std::nullopt, gpus(4, "0,2"));
+  EXPECT_EQ(plan.active, (ActiveResources{{"localhost", {0, 2}}}));
+  ASSERT_FALSE(plan.notices.empty());
+  EXPECT_NE(plan.notices[0].find("setting --include=localhost:0,2"), std::string::npos);
+}
+
+TEST(LaunchPlan, CudaVisibleDevicesOnACpuMachine) {
+  const LaunchPlan plan = resolve_launch(opts({}), std::nullopt, gpus(0, "1,3"));
+  EXPECT_EQ(plan.active, (ActiveResources{{"localhost", {1, 3}}}));
+  EXPECT_EQ(plan.notices.back(), "no GPU found, starting 2 CPU ranks");
+}
+
+TEST(LaunchPlan, CudaVisibleDevicesIgnoredWithExplicitSelection) {
+  const LaunchPlan plan = resolve_launch(opts({"--num_gpus", "1"}), std::nullopt, gpus(4, "2,3"));
+  EXPECT_EQ(plan.active, (ActiveResources{{"localhost", {0}}}));
+  EXPECT_NE(plan.notices[0].find("ignoring it"), std::string::npos);
+  // --num_nodes 1 alone does not turn the mask into a conflict.
+  EXPECT_EQ(resolve_launch(opts({"--num_nodes", "1"}), std::nullopt, gpus(4, "2,3")).active,
+            (ActiveResources{{"localhost", {2, 3}}}));
+}
+
+TEST(LaunchPlan, CudaVisibleDevicesErrors) {
+  // A mask naming a device that does not exist (DeepSpeed's masked-count test).
+  EXPECT_THROW(resolve_launch(opts({}), std::nullopt, gpus(2, "0,2")), UserError);
+  EXPECT_THROW(resolve_launch(opts({}), std::nullopt, gpus(2, "GPU-1234")), UserError);
+  // An empty mask is ignored, as DeepSpeed does.
+  EXPECT_EQ(resolve_launch(opts({}), std::nullopt, gpus(2, "")).active.front().second.size(), 2u);
+}
+
+// DeepSpeed's test_num_plus_parser.
+TEST(LaunchPlan, NumNodesOrGpusWithIncludeOrExclude) {
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"--num_nodes", "1", "-i", "localhost"},
+           {"--num_nodes", "1", "--num_gpus", "1", "-i", "localhost"},
+           {"--num_gpus", "1", "-i", "localhost"},
+           {"--num_nodes", "1", "-e", "localhost"},
+           {"--num_nodes", "1", "--num_gpus", "1", "-e", "localhost"},
+           {"--num_gpus", "1", "-e", "localhost"}}) {
+    EXPECT_THROW(resolve_launch(opts(args), std::nullopt, gpus(2)), UserError);
+  }
+}
+
+TEST(LaunchPlan, NumNodesBeyondOneNeedsAHostfile) {
+  EXPECT_THROW(resolve_launch(opts({"--num_nodes", "2"}), std::nullopt, gpus(2)), UserError);
+}
+
+TEST(LaunchPlan, HostfileWithSeveralHostsIsMultiNode) {
+  const LaunchPlan plan = resolve_launch(opts({}), kTwoHosts, gpus(0));
+  EXPECT_TRUE(plan.multi_node);
+  EXPECT_EQ(plan.active.size(), 2u);
+  EXPECT_TRUE(plan.master_addr.empty());  // detected over ssh later
+}
+
+TEST(LaunchPlan, FilterDownToOneHostRunsLocally) {
+  const LaunchPlan plan = resolve_launch(opts({"-i", "worker-1:1"}), kTwoHosts, gpus(0));
+  EXPECT_FALSE(plan.multi_node);
+  EXPECT_EQ(plan.active, (ActiveResources{{"worker-1", {1}}}));
+  EXPECT_TRUE(
+      resolve_launch(opts({"-i", "worker-1:1", "--force_multi"}), kTwoHosts, gpus(0)).multi_node);
+}
+
+TEST(LaunchPlan, IncludeNamingAnUnknownHostFails) {
+  EXPECT_THROW(resolve_launch(opts({"-i", "worker-9"}), kTwoHosts, gpus(0)), UserError);
+  EXPECT_THROW(resolve_launch(opts({"-e", "worker-0:7"}), kTwoHosts, gpus(0)), UserError);
+  EXPECT_THROW(resolve_launch(opts({"-i", "worker-0", "-e", "worker-1"}), kTwoHosts, gpus(0)),
+               UserError);
+}
+
+TEST(LaunchPlan, NoSshRunsOneNodeOfTheHostfile) {
+  const LaunchPlan plan =
+      resolve_launch(opts({"--no_ssh", "--node_rank", "1"}), kTwoHosts, gpus(0));
+  EXPECT_FALSE(plan.multi_node);
+  EXPECT_EQ(plan.node_rank, 1);
+  EXPECT_EQ(plan.master_addr, "worker-0");
+  EXPECT_THROW(resolve_launch(opts({"--no_ssh"}), kTwoHosts, gpus(0)), UserError);
+  EXPECT_THROW(resolve_launch(opts({"--no_ssh", "--node_rank", "2"}), kTwoHosts, gpus(0)),
+               UserError);
+  EXPECT_EQ(resolve_launch(opts({"--no_ssh", "--node_rank", "0", "--master_addr", "10.1.1.1"}),
+                           kTwoHosts, gpus(0))
+                .master_addr,
+            "10.1.1.1");
+}
+
+TEST(LaunchPlan, SlurmRejectsSlotSelectionEvenWhenItEndsUpLocal) {
+  EXPECT_THROW(
+      resolve_launch(opts({"--launcher", "slurm", "-i", "worker-0:1"}), kTwoHosts, gpus(0)),
+      UserError);
+  EXPECT_NO_THROW(
+      resolve_launch(opts({"--launcher", "slurm", "-i", "worker-0"}), kTwoHosts, gpus(0)));
+}
+
+TEST(LaunchPlan, UnknownLauncher) {
+  EXPECT_THROW(resolve_launch(opts({"--launcher", "mvapich"}), kTwoHosts, gpus(0)), UserError);
+}
+
+TEST(LaunchPlan, EverythingExcluded) {
+  EXPECT_THROW(resolve_launch(opts({"-e", "worker-0@worker-1"}), kTwoHosts, gpus(0)), UserError);
+}
+
+}  // namespace
+}  // namespace dscpp::launcher
