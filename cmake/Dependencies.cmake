@@ -3,7 +3,16 @@
 # instead of using TorchConfig.cmake, which would drag CUDA into the CPU build.
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
-find_package(Boost 1.74 CONFIG REQUIRED COMPONENTS program_options)
+# Boost.Program_options: Debian's CMake package; or, where only a stray copy of the
+# library exists (the GPU machines unpack Debian's .deb into a folder), its path.
+if(DSCPP_BOOST_PO_LIBRARY)
+  add_library(Boost::program_options UNKNOWN IMPORTED)
+  set_target_properties(Boost::program_options PROPERTIES
+    IMPORTED_LOCATION ${DSCPP_BOOST_PO_LIBRARY}
+    INTERFACE_INCLUDE_DIRECTORIES ${DSCPP_BOOST_PO_INCLUDE})
+else()
+  find_package(Boost 1.74 CONFIG REQUIRED COMPONENTS program_options)
+endif()
 find_package(Threads REQUIRED)
 
 if(NOT DSCPP_PYTHON)

@@ -23,7 +23,9 @@ step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records the ou
 configure() {
   cmake -S . -B build-cuda -G Ninja -DDSCPP_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
     -DDSCPP_PYTHON="$(command -v python3)" -DCMAKE_PREFIX_PATH="$deps/usr" \
-    -DDSCPP_GLOO_INCLUDE="$deps/usr/include"
+    -DDSCPP_GLOO_INCLUDE="$deps/usr/include" \
+    -DDSCPP_BOOST_PO_LIBRARY="$deps/usr/lib/x86_64-linux-gnu/libboost_program_options.so.1.74.0" \
+    -DDSCPP_BOOST_PO_INCLUDE="$deps/usr/include"
 }
 step configure configure
 step build ninja -C build-cuda -j "$(nproc)"

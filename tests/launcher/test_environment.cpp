@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -44,7 +46,8 @@ TEST(EnvFile, WorkingDirectoryOverridesHome) {
       read_deepspeed_env({{"HOME", home}, {"DS_ENV_FILE", std::string(cwd) + "/custom_env"}}, "/"),
       (EnvList{{"D", "custom"}}));
   EXPECT_TRUE(read_deepspeed_env({}, "/nonexistent").empty());
-  std::system(("rm -rf " + std::string(home) + " " + std::string(cwd)).c_str());
+  std::filesystem::remove_all(home);
+  std::filesystem::remove_all(cwd);
 }
 
 TEST(Exports, DeepSpeedPrefixesThenEnvFile) {
