@@ -1,0 +1,91 @@
+// A group of ranks and its collectives: one small interface over LibTorch's c10d backends,
+// Gloo for CPU tensors and NCCL for CUDA tensors. Every call returns a Work; wait() on it
+// either completes or throws CommError naming the op, the group, the rank and the time
+// waited (a collective past the group's timeout, or a peer that died, never hangs).
+// On NCCL, wait() makes the caller's current CUDA stream wait on the collective's event;
+// it does not block the host.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dscpp::comm {
+
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+class ProcessGroup;
+
+// An issued collective. Default-constructed: already complete.
+class Work {
+ public:
+  Work() = default;
+  // Waits for completion (or, on NCCL, orders the current stream after it); throws CommError.
+  void wait();
+  bool completed() const;
+
+ private:
+  friend class ProcessGroup;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// What a backend needs to exist: made by make_gloo_group / make_nccl_group.
+struct BackendHandle;
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  ProcessGroup(std::shared_ptr<BackendHandle> backend, std::string name, std::vector<int> ranks,
+               std::chrono::milliseconds timeout);
+  ~ProcessGroup();
+
+  int rank() const { return rank_; }  // this process's rank within the group
+  int size() const { return static_cast<int>(global_ranks_.size()); }
+  const std::string& name() const { return name_; }
+  const std::string& backend_name() const;
+  // Global rank of group rank r.
+  int global_rank(int r) const { return global_ranks_.at(r); }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Many small tensors in one call where the backend can coalesce them.
+  Work all_reduce_coalesced(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::kSum);
+  // input holds size() equal chunks; rank r receives the reduction of chunk r in output.
+  Work reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  // output holds size() chunks of input's size: chunk r is rank r's input.
+  Work all_gather(at::Tensor& output, const at::Tensor& input);
+  Work all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input);
+  Work broadcast(at::Tensor& tensor, int src);
+  Work send(at::Tensor& tensor, int dst, int tag = 0);
+  Work recv(at::Tensor& tensor, int src, int tag = 0);
+  // input and output hold size() equal chunks; chunk j of rank i goes to chunk i of rank j.
+  Work all_to_all(at::Tensor& output, const at::Tensor& input);
+  Work barrier();
+
+  // A sub-group of the given ranks of this group (ascending, distinct). Every rank of this
+  // group must call it, in the same order; ranks outside the list get nullptr.
+  std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks,
+                                             const std::string& name = "");
+
+ private:
+  Work issue(const char* op, std::function<void(Work&)> start);
+
+  std::shared_ptr<BackendHandle> backend_;
+  std::string name_;
+  std::vector<int> global_ranks_;
+  int rank_ = 0;
+  std::chrono::milliseconds timeout_;
+  int subgroups_made_ = 0;  // names sub-group stores identically on every rank
+};
+
+}  // namespace dscpp::comm

@@ -1,0 +1,176 @@
+// Every collective of ProcessGroup, run by N real ranks (started by the dscpp launcher),
+// against hand-computed results: fp32, fp16 and bf16, odd sizes, sub-groups. Values are
+// small integers (or halves) so that every dtype holds them exactly.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "runtime/comm/rendezvous.h"
+#include "runtime/comm/topology.h"
+
+using dscpp::comm::ProcessGroup;
+using dscpp::comm::ReduceOp;
+
+namespace {
+
+std::shared_ptr<ProcessGroup> world;
+
+class Collectives : public ::testing::TestWithParam<at::ScalarType> {
+ protected:
+  int n = world->size();
+  int r = world->rank();
+  at::TensorOptions opts = at::TensorOptions().dtype(GetParam());
+  // f(i) in 1..5: the per-element pattern every rank scales by its own factor.
+  at::Tensor pattern(int64_t numel, int mod = 5) {
+    return at::arange(numel, at::kFloat).remainder(mod).add(1).to(GetParam());
+  }
+  void expect_equal(const at::Tensor& got, const at::Tensor& want) {
+    ASSERT_EQ(got.sizes(), want.sizes());
+    ASSERT_EQ(got.scalar_type(), want.scalar_type());
+    EXPECT_TRUE(at::equal(got, want))
+        << "rank " << r << "\ngot " << got.to(at::kFloat).slice(0, 0, 8) << "\nwant "
+        << want.to(at::kFloat).slice(0, 0, 8);
+  }
+};
+
+TEST_P(Collectives, AllReduceSumAvgMaxMin) {
+  for (int64_t numel : {1, 7, 1001}) {
+    at::Tensor p = pattern(numel);
+    double tri = n * (n + 1) / 2.0;
+    at::Tensor t = p * (r + 1);
+    world->all_reduce(t, ReduceOp::kSum).wait();
+    expect_equal(t, p * tri);
+    t = p * (r + 1);
+    world->all_reduce(t, ReduceOp::kAvg).wait();
+    expect_equal(t, p * (tri / n));
+    t = p * (r + 1);
+    world->all_reduce(t, ReduceOp::kMax).wait();
+    expect_equal(t, p * n);
+    t = p * (r + 1);
+    world->all_reduce(t, ReduceOp::kMin).wait();
+    expect_equal(t, p);
+  }
+}
+
+TEST_P(Collectives, AllReduceCoalescedReducesEachTensor) {
+  std::vector<at::Tensor> ts = {pattern(3) * (r + 1), pattern(17) * (r + 1), pattern(1) * (r + 1)};
+  world->all_reduce_coalesced(ts, ReduceOp::kSum).wait();
+  double tri = n * (n + 1) / 2.0;
+  expect_equal(ts[0], pattern(3) * tri);
+  expect_equal(ts[1], pattern(17) * tri);
+  expect_equal(ts[2], pattern(1) * tri);
+}
+
+TEST_P(Collectives, ReduceScatterGivesEachRankItsChunkOfTheSum) {
+  for (int64_t chunk : {1, 5, 333}) {
+    at::Tensor in = pattern(chunk * n, 7) * (r + 1);
+    at::Tensor out = at::empty({chunk}, opts);
+    world->reduce_scatter(out, in, ReduceOp::kSum).wait();
+    at::Tensor want =
+        pattern(chunk * n, 7).slice(0, r * chunk, (r + 1) * chunk) * (n * (n + 1) / 2.0);
+    expect_equal(out, want);
+    world->reduce_scatter(out, in, ReduceOp::kAvg).wait();
+    expect_equal(out, want / n);
+  }
+}
+
+TEST_P(Collectives, AllGatherIntoOneTensorAndIntoAList) {
+  for (int64_t numel : {1, 9, 513}) {
+    at::Tensor in = at::arange(numel, at::kFloat).remainder(16).add(16 * r).to(GetParam());
+    at::Tensor flat = at::empty({numel * n}, opts);
+    world->all_gather(flat, in).wait();
+    std::vector<at::Tensor> list;
+    for (int k = 0; k < n; ++k) list.push_back(at::empty({numel}, opts));
+    world->all_gather(list, in).wait();
+    for (int k = 0; k < n; ++k) {
+      at::Tensor want = at::arange(numel, at::kFloat).remainder(16).add(16 * k).to(GetParam());
+      expect_equal(flat.slice(0, k * numel, (k + 1) * numel), want);
+      expect_equal(list[k], want);
+    }
+  }
+}
+
+TEST_P(Collectives, BroadcastFromTheLastRank) {
+  at::Tensor t = r == n - 1 ? pattern(11) * 3 : at::zeros({11}, opts);
+  world->broadcast(t, n - 1).wait();
+  expect_equal(t, pattern(11) * 3);
+}
+
+TEST_P(Collectives, SendRecvAroundARing) {
+  at::Tensor out = pattern(13) * (r + 1);
+  at::Tensor in = at::zeros({13}, opts);
+  auto s = world->send(out, (r + 1) % n, 5);
+  auto q = world->recv(in, (r + n - 1) % n, 5);
+  s.wait();
+  q.wait();
+  expect_equal(in, pattern(13) * ((r + n - 1) % n + 1));
+}
+
+TEST_P(Collectives, AllToAllTransposesChunks) {
+  const int64_t c = 3;
+  // Chunk j of rank i holds i*n + j: after the exchange chunk i of rank j holds it.
+  at::Tensor in = at::empty({n * c}, at::kFloat);
+  for (int j = 0; j < n; ++j) in.slice(0, j * c, (j + 1) * c).fill_(r * n + j);
+  at::Tensor out = at::empty({n * c}, opts);
+  world->all_to_all(out, in.to(GetParam())).wait();
+  for (int i = 0; i < n; ++i)
+    expect_equal(out.slice(0, i * c, (i + 1) * c), at::full({c}, i * n + r, opts));
+}
+
+TEST_P(Collectives, SubGroupsReduceAmongTheirOwnRanks) {
+  std::vector<int> evens, odds;
+  for (int k = 0; k < n; ++k) (k % 2 ? odds : evens).push_back(k);
+  auto even_group = world->new_subgroup(evens);
+  auto odd_group = world->new_subgroup(odds);
+  auto mine = r % 2 ? odd_group : even_group;
+  ASSERT_TRUE(mine);
+  EXPECT_FALSE(r % 2 ? even_group : odd_group);
+  const auto& members = r % 2 ? odds : evens;
+  EXPECT_EQ(mine->size(), static_cast<int>(members.size()));
+  EXPECT_EQ(mine->global_rank(mine->rank()), r);
+  at::Tensor t = at::full({5}, r + 1, opts);
+  mine->all_reduce(t).wait();
+  double sum = 0;
+  for (int k : members) sum += k + 1;
+  expect_equal(t, at::full({5}, sum, opts));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Collectives,
+                         ::testing::Values(at::kFloat, at::kHalf, at::kBFloat16),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(TopologyGroups, DataParallelGroupsFromTheTopology) {
+  int n = world->size();
+  if (n % 2) GTEST_SKIP() << "needs an even world";
+  dscpp::comm::Topology topo({"pipe", "data"}, {2, n / 2});
+  std::shared_ptr<ProcessGroup> mine;
+  for (const auto& ranks : topo.get_axis_comm_lists("data")) {
+    auto g = world->new_subgroup(ranks);
+    if (g) mine = g;
+  }
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(mine->size(), n / 2);
+  at::Tensor t = at::full({1}, static_cast<float>(world->rank()));
+  mine->all_reduce(t).wait();
+  int pipe = topo.get_coord(world->rank())["pipe"];
+  double want = 0;
+  for (int k = 0; k < n / 2; ++k) want += pipe * (n / 2) + k;
+  EXPECT_EQ(t.item<float>(), want);
+}
+
+TEST(Barrier, Completes) {
+  world->barrier().wait();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  dscpp::comm::InitOptions options;
+  options.backend = "gloo";
+  options.timeout = std::chrono::seconds(60);
+  world = dscpp::comm::init_distributed(options);
+  int rc = RUN_ALL_TESTS();
+  world->barrier().wait();
+  world.reset();
+  return rc;
+}
