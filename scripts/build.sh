@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 variant=${1:-cpu}
 jobs=${DSCPP_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache}
+# Paths under the checkout are hashed relative to it, so another clone reuses the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 compilers=()
 # clang++ compiles LibTorch code about twice as fast as g++ on these machines.
 if command -v clang++ >/dev/null; then compilers=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang); fi

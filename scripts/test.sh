@@ -3,9 +3,11 @@
 # every CPU test through ctest, which prints its summary last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export DSCPP_BUILD_TYPE=${DSCPP_BUILD_TYPE:-Check}
 scripts/build.sh cpu
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
-  scripts/build.sh cuda
+  # Without a GPU the CUDA variant's own tests cannot run: build the library and tools.
+  DSCPP_CMAKE_ARGS="-DDSCPP_BUILD_TESTS=OFF" scripts/build.sh cuda
   ./build-cuda/tools/dscpp_report >/dev/null  # the CUDA build loads and runs without a GPU
 else
   echo "dscpp test: no CUDA toolkit on this machine: CUDA variant not built"
