@@ -32,7 +32,18 @@ step build ninja -C build-cuda -j "$(nproc)"
 step report ./build-cuda/tools/dscpp_report
 step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E ConfigAgreesWithDeepSpeed"
 nvidia-smi >"$out/nvidia-smi.log" 2>&1 || true
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$gpus" -ge 2 ]; then
+  # The collectives suite over NCCL on CUDA tensors, then nccl-tests-style figures.
+  step nccl_collectives env DSCPP_TEST_BACKEND=nccl ./build-cuda/launcher/dscpp --num_gpus 2 \
+    --master_port 29651 ./build-cuda/tests/comm/comm_collectives
+  step comm_bench ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29652 \
+    ./build-cuda/tools/comm_bench --backend nccl --dtype bf16 --ops all_reduce,reduce_scatter,all_gather \
+    --min-bytes 1048576 --max-bytes 1073741824 --iters 20 --warmup 5 --check
+fi
 echo "=== dscpp GPU run, $(date -u +%Y-%m-%dT%H:%MZ) ==="
 cat "$out/report.log" 2>/dev/null
 grep -E "tests passed|tests failed" "$out/ctest.log" 2>/dev/null
+grep -E "PASSED|FAILED" "$out/nccl_collectives.log" 2>/dev/null | sort | uniq -c
+cat "$out/comm_bench.log" 2>/dev/null
 printf '%s\n' "${summary[@]}"

@@ -1,8 +1,11 @@
 // Every collective of ProcessGroup, run by N real ranks (started by the dscpp launcher),
 // against hand-computed results: fp32, fp16 and bf16, odd sizes, sub-groups. Values are
-// small integers (or halves) so that every dtype holds them exactly.
+// small integers (or halves) so that every dtype holds them exactly. DSCPP_TEST_BACKEND=nccl
+// runs the same suite on CUDA tensors over NCCL (the GPU machine).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 
 #include "runtime/comm/rendezvous.h"
 #include "runtime/comm/topology.h"
@@ -13,17 +16,19 @@ using dscpp::comm::ReduceOp;
 namespace {
 
 std::shared_ptr<ProcessGroup> world;
+at::Device device = at::kCPU;
 
 class Collectives : public ::testing::TestWithParam<at::ScalarType> {
  protected:
   int n = world->size();
   int r = world->rank();
-  at::TensorOptions opts = at::TensorOptions().dtype(GetParam());
+  at::TensorOptions opts = at::TensorOptions().dtype(GetParam()).device(device);
   // f(i) in 1..5: the per-element pattern every rank scales by its own factor.
   at::Tensor pattern(int64_t numel, int mod = 5) {
-    return at::arange(numel, at::kFloat).remainder(mod).add(1).to(GetParam());
+    return at::arange(numel, at::kFloat).remainder(mod).add(1).to(opts);
   }
-  void expect_equal(const at::Tensor& got, const at::Tensor& want) {
+  void expect_equal(const at::Tensor& got_dev, const at::Tensor& want_dev) {
+    at::Tensor got = got_dev.cpu(), want = want_dev.cpu();
     ASSERT_EQ(got.sizes(), want.sizes());
     ASSERT_EQ(got.scalar_type(), want.scalar_type());
     EXPECT_TRUE(at::equal(got, want))
@@ -75,14 +80,14 @@ TEST_P(Collectives, ReduceScatterGivesEachRankItsChunkOfTheSum) {
 
 TEST_P(Collectives, AllGatherIntoOneTensorAndIntoAList) {
   for (int64_t numel : {1, 9, 513}) {
-    at::Tensor in = at::arange(numel, at::kFloat).remainder(16).add(16 * r).to(GetParam());
+    at::Tensor in = at::arange(numel, at::kFloat).remainder(16).add(16 * r).to(opts);
     at::Tensor flat = at::empty({numel * n}, opts);
     world->all_gather(flat, in).wait();
     std::vector<at::Tensor> list;
     for (int k = 0; k < n; ++k) list.push_back(at::empty({numel}, opts));
     world->all_gather(list, in).wait();
     for (int k = 0; k < n; ++k) {
-      at::Tensor want = at::arange(numel, at::kFloat).remainder(16).add(16 * k).to(GetParam());
+      at::Tensor want = at::arange(numel, at::kFloat).remainder(16).add(16 * k).to(opts);
       expect_equal(flat.slice(0, k * numel, (k + 1) * numel), want);
       expect_equal(list[k], want);
     }
@@ -98,10 +103,11 @@ TEST_P(Collectives, BroadcastFromTheLastRank) {
 TEST_P(Collectives, SendRecvAroundARing) {
   at::Tensor out = pattern(13) * (r + 1);
   at::Tensor in = at::zeros({13}, opts);
-  auto s = world->send(out, (r + 1) % n, 5);
-  auto q = world->recv(in, (r + n - 1) % n, 5);
-  s.wait();
-  q.wait();
+  // Even ranks send first, odd ranks receive first: every send meets a posted receive,
+  // which NCCL's blocking point-to-point needs.
+  if (r % 2 == 0) world->send(out, (r + 1) % n, 5).wait();
+  world->recv(in, (r + n - 1) % n, 5).wait();
+  if (r % 2 == 1) world->send(out, (r + 1) % n, 5).wait();
   expect_equal(in, pattern(13) * ((r + n - 1) % n + 1));
 }
 
@@ -111,7 +117,7 @@ TEST_P(Collectives, AllToAllTransposesChunks) {
   at::Tensor in = at::empty({n * c}, at::kFloat);
   for (int j = 0; j < n; ++j) in.slice(0, j * c, (j + 1) * c).fill_(r * n + j);
   at::Tensor out = at::empty({n * c}, opts);
-  world->all_to_all(out, in.to(GetParam())).wait();
+  world->all_to_all(out, in.to(opts)).wait();
   for (int i = 0; i < n; ++i)
     expect_equal(out.slice(0, i * c, (i + 1) * c), at::full({c}, i * n + r, opts));
 }
@@ -149,12 +155,12 @@ TEST(TopologyGroups, DataParallelGroupsFromTheTopology) {
   }
   ASSERT_TRUE(mine);
   EXPECT_EQ(mine->size(), n / 2);
-  at::Tensor t = at::full({1}, static_cast<float>(world->rank()));
+  at::Tensor t = at::full({1}, static_cast<float>(world->rank())).to(device);
   mine->all_reduce(t).wait();
   int pipe = topo.get_coord(world->rank())["pipe"];
   double want = 0;
   for (int k = 0; k < n / 2; ++k) want += pipe * (n / 2) + k;
-  EXPECT_EQ(t.item<float>(), want);
+  EXPECT_EQ(t.cpu().item<float>(), want);
 }
 
 TEST(Barrier, Completes) {
@@ -166,9 +172,12 @@ TEST(Barrier, Completes) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   dscpp::comm::InitOptions options;
-  options.backend = "gloo";
+  const char* backend = std::getenv("DSCPP_TEST_BACKEND");
+  options.backend = backend ? backend : "gloo";
   options.timeout = std::chrono::seconds(60);
   world = dscpp::comm::init_distributed(options);
+  if (world->backend_name() == "nccl")
+    device = at::Device(at::kCUDA, dscpp::comm::read_dist_env().local_rank);
   int rc = RUN_ALL_TESTS();
   world->barrier().wait();
   world.reset();
