@@ -13,11 +13,15 @@ std::shared_ptr<BackendHandle> make_nccl_backend(c10::intrusive_ptr<c10d::Store>
                                                  int device_index) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-  // Eager init on a known device: communicators are made now, not at the first collective.
-  options->device_id = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
   auto handle = std::make_shared<BackendHandle>();
   handle->store = store;
-  handle->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  // Bound to one device and connected now: a rank that cannot reach its peers fails here,
+  // not inside the first collective of training.
+  at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+  pg->setBoundDeviceId(device);
+  pg->eagerConnectSingleDevice(device);
+  handle->backend = pg;
   handle->kind = "nccl";
   handle->native_avg = true;
   handle->device_index = device_index;
