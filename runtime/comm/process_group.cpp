@@ -68,7 +68,17 @@ ProcessGroup::ProcessGroup(std::shared_ptr<BackendHandle> backend, std::string n
       rank_(backend_->backend->getRank()),
       timeout_(timeout) {}
 
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() {
+  // NCCL's communicators are torn down explicitly (as destroy_process_group does in
+  // Python), so that no rank leaves them to the process's exit.
+  if (backend_ && backend_->kind == "nccl") {
+    try {
+      backend_->backend->shutdown();
+    } catch (const std::exception&) {
+      // a failed job is already reporting its error; nothing more to say here
+    }
+  }
+}
 
 const std::string& ProcessGroup::backend_name() const {
   return backend_->kind;

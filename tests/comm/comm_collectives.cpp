@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <iostream>
 
 #include "runtime/comm/rendezvous.h"
 #include "runtime/comm/topology.h"
@@ -178,6 +179,8 @@ int main(int argc, char** argv) {
   world = dscpp::comm::init_distributed(options);
   if (world->backend_name() == "nccl")
     device = at::Device(at::kCUDA, dscpp::comm::read_dist_env().local_rank);
+  std::cout << "comm_collectives: rank " << world->rank() << " of a world of " << world->size()
+            << " ranks\n";
   int rc = RUN_ALL_TESTS();
   world->barrier().wait();
   world.reset();
