@@ -3,3 +3,4 @@
 
 #include "runtime/config/config_error.h"
 #include "runtime/config/ds_config.h"
+#include "runtime/engine/engine.h"

@@ -1,0 +1,88 @@
+// Optimizers on flat fp32 shards (ZeRO's partitions): each shard is one contiguous 1-D fp32
+// tensor updated in place, with its optimizer state of the same size kept here. One
+// optimizer serves all of a rank's shards; each shard carries its parameter group's
+// hyper-parameters. Numerics follow PyTorch's torch.optim (and DeepSpeed's Lamb / Lion /
+// Adagrad), element for element.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/config/ds_config.h"
+
+namespace dscpp::optim {
+
+// A parameter group's hyper-parameters. Keys as in DeepSpeed's optimizer "params":
+// lr, betas, eps, weight_decay, momentum, nesterov, dampening, bias_correction,
+// adam_w_mode, max_coeff, min_coeff, ... (each optimizer reads its own).
+using Hyper = nlohmann::json;
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // The optimizer's name as DeepSpeed spells its type ("adamw", "lamb", "SGD", ...).
+  virtual std::string name() const = 0;
+
+  // Registers a shard (1-D fp32, updated in place by step) with its group's
+  // hyper-parameters (defaults filled from the config's params). Returns its index.
+  int add_shard(at::Tensor param, const Hyper& overrides = Hyper::object());
+
+  // One update of every shard: grads[i] is shard i's gradient (1-D fp32, same size).
+  // Grads are already unscaled, averaged and clipped.
+  void step(const std::vector<at::Tensor>& grads);
+
+  // The learning rate and first momentum coefficient of every group, as LR schedules set
+  // them (DeepSpeed's schedulers write param_group["lr"]; OneCycle writes "betas" only, so it
+  // leaves SGD's momentum alone). With no shard yet they are the defaults later shards take.
+  double get_lr(int shard = 0) const;
+  void set_lr(double lr);
+  double get_momentum(int shard = 0) const;  // betas[0] for Adam-like, momentum for SGD
+  void set_momentum(double momentum);
+
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+  const at::Tensor& shard(int i) const { return shards_.at(i).param; }
+  const Hyper& hyper(int i) const { return shards_.at(i).hyper; }
+  // The shard's state tensors by PyTorch's names ("exp_avg", "exp_avg_sq",
+  // "momentum_buffer", "sum", ...) and its step count: what checkpoints save.
+  std::map<std::string, at::Tensor>& state(int i) { return shards_.at(i).state; }
+  int64_t& step_count(int i) { return shards_.at(i).steps; }
+  // Elements of state held for all shards (the ZeRO memory claim is asserted on this).
+  int64_t state_numel() const;
+
+ protected:
+  explicit Optimizer(Hyper defaults) : defaults_(std::move(defaults)) {}
+  struct Shard {
+    at::Tensor param;
+    Hyper hyper;
+    std::map<std::string, at::Tensor> state;
+    int64_t steps = 0;
+  };
+  // Creates the shard's state (zeros; Adagrad's sum at its initial value) when the shard is
+  // registered, so checkpoints can load into it before the first step.
+  virtual void init_state(Shard& s) = 0;
+  // Updates s.param in place from grad; s.steps is already incremented.
+  virtual void update(Shard& s, const at::Tensor& grad) = 0;
+  // Checks a group's hyper-parameters and fills the defaults; ConfigError names path.key.
+  // strict (a config's params): unknown keys are errors, as DeepSpeed's constructors raise
+  // TypeError; otherwise (a group's overrides) they are kept, as torch keeps group keys.
+  virtual Hyper resolve(const Hyper& given, const std::string& path, bool strict) const = 0;
+  // Schedules write every group's lr and betas, as DeepSpeed's write param_groups.
+  friend class LRScheduler;
+
+  Hyper defaults_;
+  std::vector<Shard> shards_;
+};
+
+// Builds the optimizer the config names (case-insensitive: Adam, AdamW, Lamb, SGD, Lion,
+// Adagrad; OneBitAdam/ZeroOneAdam as Adam and OneBitLamb as Lamb), with DeepSpeed's
+// defaults for params the config leaves out. Throws ConfigError for an unknown name or a
+// bad param.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config);
+
+}  // namespace dscpp::optim

@@ -1,0 +1,85 @@
+// dscpp::initialize and Engine<M>: DeepSpeed's engine for any LibTorch module. Engine<M>
+// keeps the module's own forward signature and hands everything else to EngineCore.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "runtime/config/json_text.h"
+#include "runtime/engine/engine_core.h"
+
+namespace dscpp {
+
+template <typename ModuleHolder>
+class Engine {
+ public:
+  Engine(ModuleHolder module, std::shared_ptr<EngineCore> core)
+      : module_(std::move(module)), core_(std::move(core)) {}
+
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  void backward(const at::Tensor& loss) { core_->backward(loss); }
+  void step() { core_->step(); }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+  ModuleHolder& module() { return module_; }
+
+  bool is_gradient_accumulation_boundary() const {
+    return core_->is_gradient_accumulation_boundary();
+  }
+  int64_t global_steps() const { return core_->global_steps(); }
+  int64_t global_samples() const { return core_->global_samples(); }
+  int64_t skipped_steps() const { return core_->skipped_steps(); }
+  std::vector<double> get_lr() const { return core_->get_lr(); }
+  double get_global_grad_norm() const { return core_->get_global_grad_norm(); }
+  double loss_scale() const { return core_->loss_scale(); }
+  bool was_step_applied() const { return core_->was_step_applied(); }
+  int64_t train_micro_batch_size_per_gpu() const { return core_->train_micro_batch_size_per_gpu(); }
+  int64_t train_batch_size() const { return core_->train_batch_size(); }
+  int64_t gradient_accumulation_steps() const { return core_->gradient_accumulation_steps(); }
+  int zero_optimization_stage() const { return core_->zero_optimization_stage(); }
+  int local_rank() const { return core_->local_rank(); }
+  int world_size() const { return core_->world_size(); }
+  int global_rank() const { return core_->global_rank(); }
+  at::Device device() const { return core_->device(); }
+  EngineCore& core() { return *core_; }
+
+ private:
+  ModuleHolder module_;
+  std::shared_ptr<EngineCore> core_;
+};
+
+namespace detail {
+inline nlohmann::json config_json(const std::string& path_or_text) {
+  size_t first = path_or_text.find_first_not_of(" \t\r\n");
+  bool is_text = first != std::string::npos && path_or_text[first] == '{';
+  return is_text ? config::parse_config_text(path_or_text, "<config text>")
+                 : config::read_config_file(path_or_text);
+}
+}  // namespace detail
+
+// module: a LibTorch module holder (torch::nn::Linear, a TORCH_MODULE, ...).
+// config: a ds_config file path, JSON text, or parsed JSON.
+template <typename ModuleHolder>
+Engine<ModuleHolder> initialize(ModuleHolder module, const nlohmann::json& config,
+                                InitArgs args = {}) {
+  nlohmann::json cfg = config.is_string() ? detail::config_json(config.get<std::string>()) : config;
+  auto core = std::make_shared<EngineCore>(cfg, std::move(args));
+  auto* impl = module.ptr().get();
+  core->attach([impl](at::ScalarType dtype, at::Device device) { impl->to(device, dtype); },
+               [impl]() {
+                 EngineCore::NamedParams out;
+                 for (const auto& item : impl->named_parameters(/*recurse=*/true))
+                   out.emplace_back(item.key(), item.value());
+                 return out;
+               });
+  return Engine<ModuleHolder>(std::move(module), std::move(core));
+}
+
+}  // namespace dscpp

@@ -1,0 +1,136 @@
+// EngineCore: see engine_core.h.
+#include "runtime/engine/engine_core.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "optim/lr_schedules.h"
+#include "optim/optimizer.h"
+#include "runtime/comm/rendezvous.h"
+#include "runtime/config/config_error.h"
+#include "runtime/precision/loss_scaler.h"
+#include "zero/zero_optimizer.h"
+
+namespace dscpp {
+
+namespace {
+std::optional<at::ScalarType> dtype_of(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  if (*name == "fp16") return at::kHalf;
+  if (*name == "bf16") return at::kBFloat16;
+  return at::kFloat;
+}
+}  // namespace
+
+EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
+  group_ = args.group ? args.group : comm::init_distributed();
+  local_rank_ = comm::read_dist_env().local_rank;
+  ConfigOptions options;
+  options.world_size = group_->size();
+  options.strict = args.strict_config;
+  options.auto_values = args.auto_values;
+  config_ = parse_ds_config(config, options);
+  if (group_->rank() == 0) {
+    for (const auto& w : config_.warnings) std::cerr << "dscpp: warning: " << w << "\n";
+    for (const auto& i : config_.ignored) std::cerr << "dscpp: " << i << "\n";
+  }
+  if (config_.zero_optimization.stage > 2)
+    throw ConfigError("zero_optimization.stage", "stage 3 is not implemented yet; use 0, 1 or 2");
+  if (!config_.optimizer)
+    throw ConfigError("optimizer",
+                      "no optimizer: the config must name one (client optimizers are "
+                      "not supported yet)");
+  dtype_ = config_.fp16.enabled ? at::kHalf : config_.bf16.enabled ? at::kBFloat16 : at::kFloat;
+  if (group_->backend_name() == "nccl") device_ = at::Device(at::kCUDA, local_rank_);
+  scaler_ = std::make_unique<LossScaler>(config_.fp16);
+}
+
+EngineCore::~EngineCore() = default;
+
+void EngineCore::attach(const ModuleCast& cast, const std::function<NamedParams()>& named_params) {
+  cast(dtype_, device_);
+  std::vector<at::Tensor> params;
+  for (auto& [name, p] : named_params())
+    if (p.requires_grad()) params.push_back(p);
+  const auto& z = config_.zero_optimization;
+  zero::ZeroOptions zo;
+  zo.stage = z.stage;
+  zo.reduce_bucket_size = z.reduce_bucket_size;
+  zo.overlap_comm = z.overlap_comm;
+  zo.prescale_gradients = config_.prescale_gradients;
+  zo.gradient_predivide_factor = config_.gradient_predivide_factor;
+  zo.communication_data_type = dtype_of(config_.communication_data_type);
+  zo.gradient_clipping = config_.gradient_clipping;
+  zo.check_overflow =
+      config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
+  auto optimizer = optim::make_optimizer(*config_.optimizer);
+  auto* opt = optimizer.get();
+  zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
+  if (config_.scheduler) scheduler_ = optim::make_scheduler(*config_.scheduler, *opt);
+  last_log_ = std::chrono::steady_clock::now();
+}
+
+bool EngineCore::is_gradient_accumulation_boundary() const {
+  return (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0;
+}
+
+double EngineCore::loss_scale() const {
+  return scaler_->loss_scale();
+}
+
+std::vector<double> EngineCore::get_lr() const {
+  return {zero_->optimizer().get_lr()};
+}
+
+void EngineCore::backward(const at::Tensor& loss) {
+  const bool boundary = is_gradient_accumulation_boundary();
+  // Stage 2 reduces every micro-step into the fp32 partition; stages 0 and 1 let the
+  // gradients accumulate in the flat buffer and reduce once, at the boundary.
+  zero_->begin_backward(zero_optimization_stage() == 2 || boundary);
+  at::Tensor scaled = loss;
+  if (config_.gradient_accumulation_steps > 1)
+    scaled = scaled / config_.gradient_accumulation_steps;
+  if (scaler_->loss_scale() != 1.0) scaled = scaled * scaler_->loss_scale();
+  scaled.backward();
+  zero_->end_backward();
+}
+
+void EngineCore::step() {
+  const bool boundary = is_gradient_accumulation_boundary();
+  ++micro_steps_;
+  samples_since_log_ += config_.train_micro_batch_size_per_gpu * group_->size();
+  if (!boundary) return;
+  zero::StepResult r = zero_->step(scaler_->loss_scale());
+  step_applied_ = r.applied;
+  if (r.applied) grad_norm_ = r.grad_norm;
+  if (scaler_->dynamic()) scaler_->update_scale(!r.applied);
+  if (r.applied) {
+    if (scheduler_) scheduler_->step();
+  } else {
+    ++skipped_steps_;
+  }
+  ++global_steps_;
+  global_samples_ += config_.train_batch_size;
+  if (config_.steps_per_print && *config_.steps_per_print > 0 &&
+      global_steps_ % *config_.steps_per_print == 0)
+    log_progress();
+}
+
+void EngineCore::log_progress() {
+  auto now = std::chrono::steady_clock::now();
+  double secs = std::chrono::duration<double>(now - last_log_).count();
+  if (group_->rank() == 0)
+    std::cout << fmt::format(
+                     "[dscpp] step={}, skipped={}, lr=[{:.6g}], mom=[{:.6g}], loss_scale={:g}, "
+                     "grad_norm={:.4g}, samples/sec={:.2f}\n",
+                     global_steps_, skipped_steps_, zero_->optimizer().get_lr(),
+                     zero_->optimizer().get_momentum(), scaler_->loss_scale(), grad_norm_,
+                     secs > 0 ? samples_since_log_ / secs : 0.0)
+              << std::flush;
+  last_log_ = now;
+  samples_since_log_ = 0;
+}
+
+}  // namespace dscpp

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The single-rank oracle for ZeRO stages 0-2.
+
+    oracle.py --launcher build/launcher/dscpp --train build/tests/engine/engine_train
+
+Trains the same tiny model for 20 steps with plain LibTorch in one process (the reference)
+and with dscpp on N ranks through the launcher, for every stage in 0, 1, 2, overlap_comm on
+and off, gradient accumulation 1 and 4, N = 2 and 4; the losses and final weights must agree
+within 1e-5 relative (fp32 on CPU), and each rank's optimizer state must hold 1/N of the
+elements at stages 1 and 2. Prints one line per case and `N passed, M failed` last."""
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+GLOBAL_BATCH = 16
+
+
+def config(stage, overlap, ga):
+    return {
+        "train_batch_size": GLOBAL_BATCH,
+        "gradient_accumulation_steps": ga,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW",
+                      "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}},
+        # Small buckets, so that every run reduces several of them.
+        "zero_optimization": {"stage": stage, "overlap_comm": overlap, "reduce_bucket_size": 300},
+    }
+
+
+def run(cmd, out):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])}... exited {p.returncode}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def rel_err(a, b):
+    """Largest element error relative to the reference's largest magnitude: a weight near
+    zero carries the same absolute rounding as its neighbours, not a smaller one."""
+    return max(abs(x - y) for x, y in zip(a, b)) / max(max(abs(y) for y in b), 1e-30)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launcher", required=True)
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp()
+    ref_out = os.path.join(tmp, "ref.json")
+    ref = run([args.train, "--mode", "reference", "--config", json.dumps(config(0, False, 1)),
+               "--steps", str(args.steps), "--out", ref_out], ref_out)
+    passed = failed = 0
+    port = 29700
+    for stage, overlap, ga, n in itertools.product([0, 1, 2], [False, True], [1, 4], [2, 4]):
+        port += 1
+        out = os.path.join(tmp, f"s{stage}_o{int(overlap)}_ga{ga}_n{n}.json")
+        name = f"stage={stage} overlap_comm={overlap} accumulation={ga} ranks={n}"
+        try:
+            got = run([args.launcher, "--num_gpus", str(n), "--master_port", str(port), args.train,
+                       "--mode", "dscpp", "--config", json.dumps(config(stage, overlap, ga)),
+                       "--steps", str(args.steps), "--out", out], out)
+            loss_err = rel_err(got["losses"], ref["losses"])
+            param_err = rel_err(got["params"], ref["params"])
+            problems = []
+            if len(got["losses"]) != len(ref["losses"]) or loss_err > 1e-5:
+                problems.append(f"losses differ (worst relative error {loss_err:.2e})")
+            if len(got["params"]) != len(ref["params"]) or param_err > 1e-5:
+                problems.append(f"weights differ (worst relative error {param_err:.2e})")
+            # Adam keeps two fp32 states per element of the partition: 1/N of the model at
+            # stages 1 and 2, all of it at stage 0.
+            expect_part = got["total"] // (n if stage >= 1 else 1)
+            if got["partition"] != expect_part or got["state_numel"] != 2 * expect_part:
+                problems.append(f"optimizer state {got['state_numel']} for partition {got['partition']}, "
+                                f"expected 2 x {expect_part}")
+            ok = not problems
+            msg = f"losses {loss_err:.1e}, weights {param_err:.1e}" if ok else "; ".join(problems)
+        except Exception as e:  # noqa: BLE001 - any failure of the run is this case's failure
+            ok, msg = False, str(e)
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
+        passed += ok
+        failed += not ok
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+// Engine behaviours in one process (a world of one): fp16 overflow handling against the
+// loss scaler's own sequence, frozen parameters, parameters a step does not use, and the
+// micro-step / boundary bookkeeping.
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+#include <limits>
+
+#include "dscpp.h"
+#include "runtime/precision/loss_scaler.h"
+#include "zero/zero_optimizer.h"
+
+using nlohmann::json;
+
+namespace {
+
+struct TwoLayerImpl : torch::nn::Module {
+  TwoLayerImpl() {
+    a = register_module("a", torch::nn::Linear(4, 8));
+    b = register_module("b", torch::nn::Linear(8, 2));
+    spare = register_module("spare", torch::nn::Linear(2, 2));
+  }
+  // use_spare=false leaves `spare` out of the graph.
+  at::Tensor forward(at::Tensor x, bool use_spare = true) {
+    at::Tensor h = b(a(x).relu());
+    return use_spare ? spare(h) : h;
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr}, spare{nullptr};
+};
+TORCH_MODULE(TwoLayer);
+
+json base_config() {
+  return {{"train_batch_size", 4},
+          {"gradient_clipping", 0.0},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.1}, {"weight_decay", 0.5}}}}}};
+}
+
+at::Tensor weights(TwoLayer& m) {
+  std::vector<at::Tensor> all;
+  for (const auto& p : m->parameters()) all.push_back(p.detach().flatten().to(at::kFloat));
+  return at::cat(all);
+}
+
+}  // namespace
+
+TEST(EngineCases, Fp16OverflowSkipsTheStepAndFollowsTheScaler) {
+  json cfg = base_config();
+  cfg["fp16"] = {
+      {"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 2}, {"loss_scale_window", 3}};
+  torch::manual_seed(0);
+  TwoLayer model;
+  auto engine = dscpp::initialize(model, cfg);
+  dscpp::FP16Config fp16 = engine.core().config().fp16;
+  dscpp::LossScaler expected(fp16);
+  const bool pattern[] = {false, true, true, false, false, false, false, true, false};
+  int skipped = 0;
+  for (bool overflow : pattern) {
+    at::Tensor before = weights(model);
+    at::Tensor x = at::ones({4, 4}).to(at::kHalf);
+    at::Tensor loss = engine.forward(x).to(at::kFloat).square().mean();
+    if (overflow) loss = loss * std::numeric_limits<float>::infinity();
+    engine.backward(loss);
+    engine.step();
+    expected.update_scale(overflow);
+    skipped += overflow;
+    EXPECT_EQ(engine.was_step_applied(), !overflow);
+    EXPECT_EQ(engine.skipped_steps(), skipped);
+    EXPECT_DOUBLE_EQ(engine.loss_scale(), expected.loss_scale());
+    if (overflow)
+      EXPECT_TRUE(at::equal(before, weights(model))) << "a skipped step changed weights";
+    else
+      EXPECT_FALSE(at::equal(before, weights(model)));
+  }
+  EXPECT_EQ(engine.global_steps(), 9);
+}
+
+TEST(EngineCases, FrozenParametersStayAsTheyAre) {
+  torch::manual_seed(0);
+  TwoLayer model;
+  model->a->weight.set_requires_grad(false);
+  at::Tensor frozen = model->a->weight.detach().clone();
+  auto engine = dscpp::initialize(model, base_config());
+  for (int s = 0; s < 3; ++s) {
+    engine.backward(engine.forward(at::ones({4, 4})).square().mean());
+    engine.step();
+  }
+  EXPECT_TRUE(at::equal(model->a->weight.detach(), frozen));
+  EXPECT_EQ(engine.core().zero_optimizer().layout().params.size(), 5u);  // a.weight left out
+}
+
+TEST(EngineCases, UnusedParametersOnlyDecay) {
+  torch::manual_seed(0);
+  TwoLayer model;
+  auto engine = dscpp::initialize(model, base_config());
+  at::Tensor before = model->spare->weight.detach().clone();
+  engine.backward(engine.forward(at::ones({4, 4}), /*use_spare=*/false).square().mean());
+  engine.step();
+  // A zero gradient moves AdamW by its decoupled weight decay alone: p * (1 - lr * wd).
+  EXPECT_TRUE(at::allclose(model->spare->weight.detach(), before * (1 - 0.1 * 0.5), 1e-6, 0));
+}
+
+TEST(EngineCases, StepAppliesOnlyAtTheAccumulationBoundary) {
+  json cfg = base_config();
+  cfg["gradient_accumulation_steps"] = 2;
+  torch::manual_seed(0);
+  TwoLayer model;
+  auto engine = dscpp::initialize(model, cfg);
+  EXPECT_EQ(engine.train_micro_batch_size_per_gpu(), 2);
+  at::Tensor w0 = weights(model);
+  EXPECT_FALSE(engine.is_gradient_accumulation_boundary());
+  engine.backward(engine.forward(at::ones({2, 4})).square().mean());
+  engine.step();
+  EXPECT_TRUE(at::equal(w0, weights(model)));
+  EXPECT_EQ(engine.global_steps(), 0);
+  EXPECT_TRUE(engine.is_gradient_accumulation_boundary());
+  engine.backward(engine.forward(at::ones({2, 4})).square().mean());
+  engine.step();
+  EXPECT_FALSE(at::equal(w0, weights(model)));
+  EXPECT_EQ(engine.global_steps(), 1);
+  EXPECT_EQ(engine.global_samples(), 4);
+}

@@ -1,0 +1,39 @@
+// Where every parameter lives in ZeRO's flat buffer, and who owns what. Parameters are laid
+// out in reverse registration order (the order backward produces their gradients), in
+// buckets of about reduce_bucket_size elements; each bucket is padded to a multiple of
+// world_size * alignment and split into world_size equal chunks. Rank r owns chunk r of
+// every bucket, so a bucket's gradients are reduce-scattered, and its parameters
+// all-gathered, with one collective each; a rank's partition (its fp32 master weights and
+// optimizer state) is its chunks laid end to end. With world_size 1 (stage 0) the single
+// partition is the whole buffer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dscpp::zero {
+
+struct FlatLayout {
+  struct Param {
+    int64_t offset;  // first element in the flat buffer
+    int64_t numel;
+    int bucket;  // index into buckets
+  };
+  struct Bucket {
+    int64_t begin, end;       // [begin, end) of the flat buffer, padding included
+    int64_t chunk;            // (end - begin) / world_size: one rank's share
+    int64_t part_offset;      // where this rank's chunk sits in its partition
+    std::vector<int> params;  // indices of the parameters inside
+  };
+  std::vector<Param> params;    // in registration order
+  std::vector<Bucket> buckets;  // in buffer order = the order backward fills them
+  int64_t total = 0;            // elements of the flat buffer, padding included
+  int64_t partition = 0;        // elements of each rank's partition
+  int world_size = 1;
+
+  // numels: in registration order. alignment: elements (a chunk starts at a multiple).
+  static FlatLayout build(const std::vector<int64_t>& numels, int world_size, int64_t bucket_size,
+                          int64_t alignment);
+};
+
+}  // namespace dscpp::zero

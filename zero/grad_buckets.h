@@ -1,0 +1,59 @@
+// The gradient reduction of ZeRO stages 0-2, one mechanism for all: as backward fills the
+// flat gradient buffer, each bucket whose parameters are all ready is reduced, strictly in
+// bucket order on every rank (so every rank issues the same collectives in the same
+// order). Stage 0 all-reduces a bucket; stages 1 and 2 reduce-scatter it, each rank keeping
+// its chunk. finish() waits for the reductions and adds the averaged results into the fp32
+// gradient partition, then zeroes the reduced 16-bit buckets for the next accumulation.
+// With overlap_comm the collectives run while backward goes on (on CUDA, on NCCL's own
+// stream behind an event); without it each one is waited for as it is issued.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "runtime/comm/process_group.h"
+#include "zero/flat_layout.h"
+
+namespace dscpp::zero {
+
+struct ReduceOptions {
+  bool scatter = false;       // reduce-scatter (stages 1, 2) instead of all-reduce (stage 0)
+  bool overlap_comm = false;  // keep collectives in flight until finish()
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  std::optional<at::ScalarType> communication_data_type;  // unset: the gradients' type
+};
+
+class GradBuckets {
+ public:
+  GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
+              std::shared_ptr<comm::ProcessGroup> group, ReduceOptions options);
+
+  // Starts a backward; when `reduce` is false (a micro-step inside an accumulation window
+  // of stages 0 and 1) gradients just accumulate in the flat buffer.
+  void begin(bool reduce);
+  // Parameter i's gradient is complete for this backward.
+  void mark_ready(int param);
+  // Reduces what backward left (unused parameters), waits, and adds the averaged gradients
+  // into grad_partition (fp32, layout.partition elements).
+  void finish(at::Tensor& grad_partition);
+
+ private:
+  void launch_ready();
+  void launch(int bucket);
+
+  const FlatLayout& layout_;
+  at::Tensor flat_grads_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  ReduceOptions options_;
+  bool reducing_ = false;
+  std::vector<int> pending_;         // per bucket: parameters not yet ready
+  int next_launch_ = 0;              // buckets are issued in this order only
+  std::vector<comm::Work> works_;    // per bucket, this backward
+  std::vector<at::Tensor> results_;  // per bucket: the reduced data (chunk or whole bucket)
+};
+
+}  // namespace dscpp::zero

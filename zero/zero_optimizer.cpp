@@ -1,0 +1,128 @@
+// ZeroOptimizer: see zero_optimizer.h.
+#include "zero/zero_optimizer.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "zero/grad_hooks.h"
+
+namespace dscpp::zero {
+
+namespace {
+bool partitioned(const ZeroOptions& o) {
+  return o.stage >= 1;
+}
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
+                             std::unique_ptr<optim::Optimizer> optimizer,
+                             std::shared_ptr<comm::ProcessGroup> group, ZeroOptions options)
+    : options_(options),
+      group_(std::move(group)),
+      params_(std::move(params)),
+      optimizer_(std::move(optimizer)) {
+  std::vector<int64_t> numels;
+  for (const auto& p : params_) numels.push_back(p.numel());
+  const int parts = partitioned(options_) ? group_->size() : 1;
+  layout_ = FlatLayout::build(numels, parts, options_.reduce_bucket_size, options_.alignment);
+
+  const auto opts = params_.empty() ? at::TensorOptions().dtype(at::kFloat) : params_[0].options();
+  flat_params_ = at::zeros({layout_.total}, opts);
+  flat_grads_ = at::zeros({layout_.total}, opts);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& lp = layout_.params[i];
+    at::Tensor view =
+        flat_params_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes());
+    view.copy_(params_[i].detach());
+    // The module's parameter now lives in the flat buffer, and autograd accumulates its
+    // gradient straight into the flat gradient buffer.
+    params_[i].set_data(view);
+    params_[i].mutable_grad() =
+        flat_grads_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes());
+  }
+  // Every rank starts from rank 0's weights, as DeepSpeed broadcasts the model at init.
+  if (group_->size() > 1) group_->broadcast(flat_params_, 0).wait();
+
+  const int r = partitioned(options_) ? group_->rank() : 0;
+  master_ = at::empty({layout_.partition}, opts.dtype(at::kFloat));
+  for (const auto& b : layout_.buckets)
+    master_.slice(0, b.part_offset, b.part_offset + b.chunk)
+        .copy_(flat_params_.slice(0, b.begin + r * b.chunk, b.begin + (r + 1) * b.chunk));
+  grad_partition_ = at::zeros_like(master_);
+  optimizer_->add_shard(master_);
+
+  ReduceOptions ro;
+  ro.scatter = partitioned(options_);
+  ro.overlap_comm = options_.overlap_comm;
+  ro.prescale_gradients = options_.prescale_gradients;
+  ro.gradient_predivide_factor = options_.gradient_predivide_factor;
+  ro.communication_data_type = options_.communication_data_type;
+  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads_, group_, ro);
+  hooks_ = register_ready_hooks(params_, [this](int i) { buckets_->mark_ready(i); });
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::begin_backward(bool reduce) {
+  buckets_->begin(reduce);
+}
+
+void ZeroOptimizer::end_backward() {
+  buckets_->finish(grad_partition_);
+}
+
+StepResult ZeroOptimizer::step(double loss_scale) {
+  StepResult result;
+  const bool across = partitioned(options_) && group_->size() > 1;
+  // One small all-reduce carries both verdicts: [sum of squares, overflow flag].
+  at::Tensor stats = at::stack({grad_partition_.square().sum(),
+                                options_.check_overflow
+                                    ? grad_partition_.isfinite().logical_not().any().to(at::kFloat)
+                                    : at::zeros({}, grad_partition_.options())});
+  if (across) group_->all_reduce(stats, comm::ReduceOp::kSum).wait();
+  at::Tensor host = stats.cpu();
+  const double sumsq = host[0].item<double>();
+  const bool overflow =
+      options_.check_overflow && (host[1].item<double>() > 0 || !std::isfinite(sumsq));
+  if (overflow) {
+    grad_partition_.zero_();
+    return result;
+  }
+  result.grad_norm = std::sqrt(sumsq) / loss_scale;
+  // DeepSpeed's combined unscale and clip: divide by the loss scale, and further by
+  // (norm + 1e-6) / clip when that exceeds 1.
+  double combined = loss_scale;
+  if (options_.gradient_clipping > 0) {
+    double clip = (result.grad_norm + 1e-6) / options_.gradient_clipping;
+    if (clip > 1) combined *= clip;
+  }
+  if (combined != 1.0) grad_partition_.mul_(1.0 / combined);
+  optimizer_->step({grad_partition_});
+  grad_partition_.zero_();
+  publish_master();
+  result.applied = true;
+  return result;
+}
+
+void ZeroOptimizer::publish_master() {
+  if (!partitioned(options_)) {
+    flat_params_.copy_(master_);
+    return;
+  }
+  std::vector<comm::Work> works;
+  std::vector<at::Tensor> inputs;
+  for (const auto& b : layout_.buckets) {
+    inputs.push_back(
+        master_.slice(0, b.part_offset, b.part_offset + b.chunk).to(flat_params_.scalar_type()));
+    at::Tensor out = flat_params_.slice(0, b.begin, b.end);
+    if (group_->size() == 1) {
+      out.copy_(inputs.back());
+      continue;
+    }
+    works.push_back(group_->all_gather(out, inputs.back()));
+  }
+  for (auto& w : works) w.wait();
+}
+
+}  // namespace dscpp::zero

@@ -1,0 +1,72 @@
+// ZeRO stages 0, 1 and 2 over one parameter group: the flat 16-bit (or fp32) parameter
+// buffer whose views are the module's parameters, the flat gradient buffer whose views are
+// their .grad, the bucketed reduction (GradBuckets), and this rank's fp32 master partition
+// with its optimizer state. step() unscales, checks overflow across ranks, clips by the
+// global norm, runs the optimizer on the partition, and all-gathers the new parameters.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "optim/optimizer.h"
+#include "runtime/comm/process_group.h"
+#include "zero/flat_layout.h"
+#include "zero/grad_buckets.h"
+
+namespace dscpp::zero {
+
+struct ZeroOptions {
+  int stage = 0;
+  int64_t reduce_bucket_size = 500000000;
+  bool overlap_comm = false;
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  std::optional<at::ScalarType> communication_data_type;
+  double gradient_clipping = 0.0;  // 0: no clipping
+  bool check_overflow = false;     // fp16 (and bf16 with check_grad_overflow)
+  int64_t alignment = 8;           // elements; keeps every chunk 16-byte aligned in 16 bits
+};
+
+struct StepResult {
+  bool applied = false;    // false: an overflow skipped it
+  double grad_norm = 0.0;  // global norm of the unscaled gradients, before clipping
+};
+
+class ZeroOptimizer {
+ public:
+  // params: the trainable parameters in registration order, already in the training dtype
+  // and on the training device; they become views of the flat buffer.
+  ZeroOptimizer(std::vector<at::Tensor> params, std::unique_ptr<optim::Optimizer> optimizer,
+                std::shared_ptr<comm::ProcessGroup> group, ZeroOptions options);
+  ~ZeroOptimizer();
+
+  // Around each backward: whether this micro-step's gradients are reduced now.
+  void begin_backward(bool reduce);
+  void end_backward();
+  // At the accumulation boundary. loss_scale: what the loss was multiplied by.
+  StepResult step(double loss_scale);
+
+  const FlatLayout& layout() const { return layout_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  at::Tensor& master_partition() { return master_; }  // fp32, layout().partition elements
+  at::Tensor& flat_params() { return flat_params_; }
+  // Copies the master partition into the 16-bit parameters on every rank (after a step or
+  // a checkpoint load).
+  void publish_master();
+
+ private:
+  ZeroOptions options_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::vector<at::Tensor> params_;
+  FlatLayout layout_;
+  at::Tensor flat_params_, flat_grads_;
+  at::Tensor master_, grad_partition_;  // fp32, this rank's partition
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<GradBuckets> buckets_;
+  std::shared_ptr<void> hooks_;
+};
+
+}  // namespace dscpp::zero
