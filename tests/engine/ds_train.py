@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""engine_train's model, data and micro-batch assignment, trained by DeepSpeed itself.
+
+    DS_ACCELERATOR=cpu dscpp --num_gpus 2 --no_local_rank --master_port P python ds_train.py \
+        --init init.json --stage S --ga GA --steps N --out out.json
+
+The oracle for dscpp's engine: the MLP of engine_train.cpp (Linear(16,32) -> exact gelu ->
+Linear(32,32) -> tanh -> Linear(32,4), MSE loss), started from the weights that
+`engine_train --mode init` wrote, fed the same deterministic samples, trained by DeepSpeed on
+CPU (Gloo) in fp32 with torch's AdamW. Rank 0 writes {"losses": [global mean loss per step],
+"params": [flat, in module.parameters() order]} to --out.
+
+The rank comes from the environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+`--local_rank=K` is accepted, but the launcher inserts it right after the program it starts,
+which here is the Python interpreter and would reject it: start this with `--no_local_rank`."""
+import argparse
+import json
+import os
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+GLOBAL_BATCH = 16
+
+
+class Mlp(torch.nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(16, 32)
+        self.l2 = torch.nn.Linear(32, 32)
+        self.l3 = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.l3(torch.tanh(self.l2(F.gelu(self.l1(x)))))
+
+
+def samples(first, count):
+    """engine_train.cpp's samples(): computed in fp32 the same way, so the inputs are bitwise equal."""
+    i = torch.arange(first, first + count, dtype=torch.float32).unsqueeze(1)
+    x = torch.sin(i * 0.37 + torch.arange(16, dtype=torch.float32) * 0.11)
+    y = torch.cos(i * 0.21 + torch.arange(4, dtype=torch.float32) * 0.5)
+    return x, y
+
+
+def config(stage, ga):
+    return {
+        "train_batch_size": GLOBAL_BATCH,
+        "gradient_accumulation_steps": ga,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW",
+                      "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01,
+                                 "torch_adam": True}},
+        "zero_optimization": {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
+                              "reduce_bucket_size": 300},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--local_rank", type=int, default=None, help="set by a launcher; unused")
+    ap.add_argument("--init", required=True, help="engine_train --mode init's JSON")
+    ap.add_argument("--stage", type=int, required=True)
+    ap.add_argument("--ga", type=int, required=True, help="gradient_accumulation_steps")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    import deepspeed  # slow; after argument errors
+
+    torch.manual_seed(0)
+    model = Mlp()
+    with open(args.init) as f:
+        init = json.load(f)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            w = init[name]
+            p.copy_(torch.tensor(w["values"], dtype=torch.float64).reshape(w["shape"]).to(p.dtype))
+
+    # On the CPU accelerator DeepSpeed's TorchBackend JIT-compiles its shared-memory
+    # all-reduce op (deepspeed_shm_comm, ~2 min of g++) when it is created, after probing
+    # every op builder for compatibility (more compiler runs). The op serves only
+    # inference_all_reduce, never training, so declare no op compatible: build_shm_op() then
+    # returns None, nothing is probed or compiled, and collectives go through Gloo.
+    deepspeed.ops.__compatible_ops__ = {}
+    deepspeed.init_distributed(dist_backend="gloo")
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config(args.stage, args.ga))
+    n, r = engine.world_size, engine.global_rank
+    # Make sure DeepSpeed really runs the stage asked for: ZeRO 1 and 2 wrap the AdamW in its
+    # DeepSpeedZeroOptimizer (partitioned fp32 state, reduce-scattered gradients).
+    assert engine.zero_optimization_stage() == args.stage, engine.zero_optimization_stage()
+    want = "DeepSpeedZeroOptimizer" if args.stage in (1, 2) else "AdamW"
+    assert type(engine.optimizer).__name__ == want, type(engine.optimizer).__name__
+    assert type(engine.basic_optimizer) is torch.optim.AdamW, type(engine.basic_optimizer)
+    mb, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    assert mb * ga * n == GLOBAL_BATCH, (mb, ga, n)
+
+    losses = []
+    for s in range(args.steps):
+        loss_sum = 0.0
+        for m in range(ga):
+            x, y = samples(s * GLOBAL_BATCH + (m * n + r) * mb, mb)
+            loss = F.mse_loss(engine(x), y)
+            loss_sum += loss.item()
+            engine.backward(loss)
+            engine.step()
+        # The global batch's loss: the mean of every rank's micro-batch losses.
+        t = torch.tensor([loss_sum / ga], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        losses.append(t.item() / n)
+    assert engine.global_steps == args.steps, engine.global_steps
+
+    # At stages 1 and 2 each rank updates its partition of the fp32 weights and the updated
+    # partitions are all-gathered into the module's parameters at the end of every step, so
+    # rank 0's module holds the full weights. Check that every rank holds the same ones.
+    flat = torch.cat([p.detach().to(torch.float64).flatten() for p in engine.module.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(n)]
+    torch.distributed.all_gather(gathered, flat)
+    for k, g in enumerate(gathered):
+        assert torch.equal(g, flat), f"rank {k}'s module weights differ from rank {r}'s"
+    if r == 0:
+        with open(args.out, "w") as f:
+            json.dump({"losses": losses, "params": flat.tolist()}, f)
+            f.write("\n")
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main()
