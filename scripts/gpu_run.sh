@@ -30,7 +30,7 @@ configure() {
 step configure configure
 step build ninja -C build-cuda -j "$(nproc)"
 step report ./build-cuda/tools/dscpp_report
-step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E ConfigAgreesWithDeepSpeed"
+step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"DeepSpeed|AgreesWith|SingleRankOracle\""
 nvidia-smi >"$out/nvidia-smi.log" 2>&1 || true
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$gpus" -ge 2 ]; then
@@ -40,10 +40,15 @@ if [ "$gpus" -ge 2 ]; then
   step comm_bench ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29652 \
     ./build-cuda/tools/comm_bench --backend nccl --dtype bf16 --ops all_reduce,reduce_scatter,all_gather \
     --min-bytes 1048576 --max-bytes 1073741824 --iters 20 --warmup 5 --check
+  step engine_bf16 python3 tests/engine/bf16_gpu_oracle.py --launcher ./build-cuda/launcher/dscpp \
+    --train ./build-cuda/tests/engine/engine_train
 fi
+[ -x ./build-cuda/bench/fused_adam_bench ] && step fused_adam ./build-cuda/bench/fused_adam_bench
 echo "=== dscpp GPU run, $(date -u +%Y-%m-%dT%H:%MZ) ==="
 cat "$out/report.log" 2>/dev/null
 grep -E "tests passed|tests failed" "$out/ctest.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/nccl_collectives.log" 2>/dev/null | sort | uniq -c
 cat "$out/comm_bench.log" 2>/dev/null
+grep -vE "^\[" "$out/engine_bf16.log" 2>/dev/null | tail -5
+tail -12 "$out/fused_adam.log" 2>/dev/null
 printf '%s\n' "${summary[@]}"

@@ -22,7 +22,10 @@ class Engine {
 
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
-    return module_->forward(std::forward<Args>(args)...);
+    core_->forward_begin();
+    auto out = module_->forward(std::forward<Args>(args)...);
+    core_->forward_end();
+    return out;
   }
   void backward(const at::Tensor& loss) { core_->backward(loss); }
   void step() { core_->step(); }

@@ -84,7 +84,26 @@ std::vector<double> EngineCore::get_lr() const {
   return {zero_->optimizer().get_lr()};
 }
 
+double EngineCore::now_ms() {
+  // A one-element copy to the host waits for the current stream: only paid when the user
+  // asked for the breakdown.
+  if (device_.is_cuda()) (void)at::zeros({1}, at::TensorOptions().device(device_)).cpu();
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void EngineCore::forward_begin() {
+  if (config_.wall_clock_breakdown) forward_start_ = now_ms();
+}
+
+void EngineCore::forward_end() {
+  if (config_.wall_clock_breakdown) timers_.forward += now_ms() - forward_start_;
+}
+
 void EngineCore::backward(const at::Tensor& loss) {
+  const bool timed = config_.wall_clock_breakdown;
+  const double t0 = timed ? now_ms() : 0;
   const bool boundary = is_gradient_accumulation_boundary();
   // Stage 2 reduces every micro-step into the fp32 partition; stages 0 and 1 let the
   // gradients accumulate in the flat buffer and reduce once, at the boundary.
@@ -94,7 +113,13 @@ void EngineCore::backward(const at::Tensor& loss) {
     scaled = scaled / config_.gradient_accumulation_steps;
   if (scaler_->loss_scale() != 1.0) scaled = scaled * scaler_->loss_scale();
   scaled.backward();
+  const double t1 = timed ? now_ms() : 0;
   zero_->end_backward();
+  if (timed) {
+    const double t2 = now_ms();
+    timers_.backward += t2 - t0;
+    timers_.backward_reduce += t2 - t1;
+  }
 }
 
 void EngineCore::step() {
@@ -102,7 +127,9 @@ void EngineCore::step() {
   ++micro_steps_;
   samples_since_log_ += config_.train_micro_batch_size_per_gpu * group_->size();
   if (!boundary) return;
+  const double t0 = config_.wall_clock_breakdown ? now_ms() : 0;
   zero::StepResult r = zero_->step(scaler_->loss_scale());
+  if (config_.wall_clock_breakdown) timers_.step += now_ms() - t0;
   step_applied_ = r.applied;
   if (r.applied) grad_norm_ = r.grad_norm;
   if (scaler_->dynamic()) scaler_->update_scale(!r.applied);
@@ -129,6 +156,14 @@ void EngineCore::log_progress() {
                      zero_->optimizer().get_momentum(), scaler_->loss_scale(), grad_norm_,
                      secs > 0 ? samples_since_log_ / secs : 0.0)
               << std::flush;
+  if (config_.wall_clock_breakdown && group_->rank() == 0)
+    std::cout << fmt::format(
+                     "[dscpp] time (ms) | forward: {:.2f} | backward: {:.2f} | backward_inner: "
+                     "{:.2f} | backward_allreduce: {:.2f} | step: {:.2f}\n",
+                     timers_.forward, timers_.backward, timers_.backward - timers_.backward_reduce,
+                     timers_.backward_reduce, timers_.step)
+              << std::flush;
+  timers_ = Timers();
   last_log_ = now;
   samples_since_log_ = 0;
 }

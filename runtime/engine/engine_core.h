@@ -46,6 +46,9 @@ class EngineCore {
 
   void backward(const at::Tensor& loss);
   void step();
+  // Around the module's forward, for wall_clock_breakdown.
+  void forward_begin();
+  void forward_end();
 
   bool is_gradient_accumulation_boundary() const;
   int64_t global_steps() const { return global_steps_; }
@@ -72,6 +75,11 @@ class EngineCore {
 
  private:
   void log_progress();
+  // wall_clock_breakdown: milliseconds spent per phase since the last progress line.
+  struct Timers {
+    double forward = 0, backward = 0, backward_reduce = 0, step = 0;
+  };
+  double now_ms();  // waits for the device first, so GPU work is counted where it ran
 
   DSConfig config_;
   std::shared_ptr<comm::ProcessGroup> group_;
@@ -86,6 +94,8 @@ class EngineCore {
   bool step_applied_ = false;
   std::chrono::steady_clock::time_point last_log_;
   int64_t samples_since_log_ = 0;
+  Timers timers_;
+  double forward_start_ = 0;
 };
 
 }  // namespace dscpp

@@ -40,7 +40,7 @@ std::pair<torch::Tensor, torch::Tensor> samples(int64_t first, int64_t count) {
 std::vector<double> flat_params(torch::nn::Module& m) {
   std::vector<double> out;
   for (const auto& p : m.parameters()) {
-    auto t = p.detach().to(torch::kDouble).flatten().contiguous();
+    auto t = p.detach().to(torch::kCPU, torch::kDouble).flatten().contiguous();
     out.insert(out.end(), t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   }
   return out;
@@ -101,15 +101,18 @@ int main(int argc, char** argv) {
       double loss_sum = 0;
       for (int64_t m = 0; m < ga; ++m) {
         auto [x, y] = samples(s * global_batch + (m * n + r) * mb, mb);
-        auto loss = torch::mse_loss(engine.forward(x), y);
+        // On a GPU (NCCL) and in fp16/bf16 the model lives there and in that type.
+        auto dtype = model->parameters()[0].scalar_type();
+        auto out = engine.forward(x.to(engine.device(), dtype)).to(torch::kFloat);
+        auto loss = torch::mse_loss(out, y.to(engine.device()));
         engine.backward(loss);
         engine.step();
         loss_sum += loss.item<double>();
       }
       // The global batch's loss: the mean of every rank's micro-batch losses.
-      auto l = torch::tensor({loss_sum / ga}, torch::kFloat64);
+      auto l = torch::tensor({loss_sum / ga}, torch::kFloat64).to(engine.device());
       engine.core().group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
-      result["losses"].push_back(l.item<double>());
+      result["losses"].push_back(l.cpu().item<double>());
     }
     result["params"] = flat_params(*model);
     auto& zo = engine.core().zero_optimizer();

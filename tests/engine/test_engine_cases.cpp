@@ -120,3 +120,23 @@ TEST(EngineCases, StepAppliesOnlyAtTheAccumulationBoundary) {
   EXPECT_EQ(engine.global_steps(), 1);
   EXPECT_EQ(engine.global_samples(), 4);
 }
+
+TEST(EngineCases, ProgressLinesAndWallClockBreakdown) {
+  json cfg = base_config();
+  cfg["steps_per_print"] = 2;
+  cfg["wall_clock_breakdown"] = true;
+  torch::manual_seed(0);
+  TwoLayer model;
+  auto engine = dscpp::initialize(model, cfg);
+  testing::internal::CaptureStdout();
+  for (int s = 0; s < 4; ++s) {
+    engine.backward(engine.forward(at::ones({4, 4})).square().mean());
+    engine.step();
+  }
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("[dscpp] step=2, skipped=0, lr=[0.1]"), std::string::npos) << out;
+  EXPECT_NE(out.find("[dscpp] step=4, skipped=0"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step=1,"), std::string::npos) << out;
+  EXPECT_NE(out.find("time (ms) | forward: "), std::string::npos) << out;
+  EXPECT_NE(out.find("| backward_allreduce: "), std::string::npos) << out;
+}
