@@ -29,6 +29,38 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// A small transformer: token embedding, one pre-built encoder layer (2 heads, GELU, no
+// dropout), and a head over the 32-token vocabulary; predicts a function of each token.
+// GELU rather than ReLU: ReLU's exact zeros leave gradients that are zero in one summation
+// order and 1e-12 in another, which Adam's normalisation turns into lr-sized differences.
+struct TinyTransformerImpl : torch::nn::Module {
+  TinyTransformerImpl() {
+    embed = register_module("embed", torch::nn::Embedding(32, 16));
+    layer = register_module(
+        "layer",
+        torch::nn::TransformerEncoderLayer(
+            torch::nn::TransformerEncoderLayerOptions(16, 2).dim_feedforward(32).dropout(0.0).activation(torch::kGELU)));
+    head = register_module("head", torch::nn::Linear(16, 32));
+  }
+  torch::Tensor forward(torch::Tensor tokens) {
+    // [batch, seq] -> [seq, batch, 16] as the encoder layer expects, and back.
+    auto h = layer->forward(embed(tokens).transpose(0, 1)).transpose(0, 1);
+    return head(h);
+  }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::TransformerEncoderLayer layer{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(TinyTransformer);
+
+// Token sequences of length 8 and their targets, deterministic like samples().
+std::pair<torch::Tensor, torch::Tensor> token_samples(int64_t first, int64_t count) {
+  auto i = torch::arange(first, first + count, torch::kLong).unsqueeze(1);
+  auto j = torch::arange(8, torch::kLong);
+  auto tokens = (i * 7 + j * 3 + (i * j) % 5) % 32;
+  return {tokens, (tokens * 5 + 1) % 32};
+}
+
 // Sample i of the data set: deterministic, so every process builds the same batches.
 std::pair<torch::Tensor, torch::Tensor> samples(int64_t first, int64_t count) {
   auto i = torch::arange(first, first + count, torch::kFloat).unsqueeze(1);
@@ -48,27 +80,78 @@ std::vector<double> flat_params(torch::nn::Module& m) {
 
 }  // namespace
 
+// Trains with dscpp; returns rank 0's result, null on other ranks.
+template <typename Holder, typename LossOf>
+json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of) {
+  json result;
+  const int64_t global_batch = cfg["train_batch_size"].get<int64_t>();
+  auto engine = dscpp::initialize(model, cfg);
+  const int n = engine.world_size(), r = engine.global_rank();
+  const int64_t mb = engine.train_micro_batch_size_per_gpu();
+  const int64_t ga = engine.gradient_accumulation_steps();
+  auto forward = [&](torch::Tensor in) { return engine.forward(in); };
+  for (int s = 0; s < steps; ++s) {
+    double loss_sum = 0;
+    for (int64_t m = 0; m < ga; ++m) {
+      auto loss = loss_of(forward, s * global_batch + (m * n + r) * mb, mb, engine.device());
+      engine.backward(loss);
+      engine.step();
+      loss_sum += loss.template item<double>();
+    }
+    // The global batch's loss: the mean of every rank's micro-batch losses.
+    auto l = torch::tensor({loss_sum / ga}, torch::kFloat64).to(engine.device());
+    engine.core().group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
+    result["losses"].push_back(l.cpu().template item<double>());
+  }
+  result["params"] = flat_params(*model);
+  auto& zo = engine.core().zero_optimizer();
+  result["state_numel"] = zo.optimizer().state_numel();
+  result["partition"] = zo.layout().partition;
+  result["total"] = zo.layout().total;
+  return r == 0 ? result : json();
+}
+
 int main(int argc, char** argv) {
-  std::string mode, config_text, out_path;
+  std::string mode, config_text, out_path, model_name;
   int steps;
   po::options_description desc("engine_train");
   desc.add_options()("mode", po::value(&mode)->required(), "init, reference or dscpp")(
       "config", po::value(&config_text)->default_value("{\"train_batch_size\": 1}"),
       "ds_config JSON text")("steps", po::value(&steps)->default_value(20), "optimizer steps")(
       "out", po::value(&out_path)->required(), "where rank 0 writes its JSON")(
+      "model", po::value(&model_name)->default_value("mlp"), "mlp or transformer")(
       "local_rank", po::value<int>(), "set by the launcher");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
   json cfg = json::parse(config_text);
   torch::manual_seed(1234);
-  Mlp model;
+  const bool transformer = model_name == "transformer";
+  Mlp mlp{nullptr};
+  TinyTransformer tiny{nullptr};
+  if (transformer)
+    tiny = TinyTransformer();
+  else
+    mlp = Mlp();
+  torch::nn::Module& module =
+      transformer ? static_cast<torch::nn::Module&>(*tiny) : static_cast<torch::nn::Module&>(*mlp);
+  // The loss of samples [first, first + count) on the module's device and in its type.
+  auto loss_of = [&](auto&& forward, int64_t first, int64_t count, torch::Device device) {
+    auto dtype = module.parameters()[0].scalar_type();
+    if (transformer) {
+      auto [tokens, target] = token_samples(first, count);
+      auto logits = forward(tokens.to(device)).to(torch::kFloat);
+      return torch::cross_entropy_loss(logits.reshape({-1, 32}), target.to(device).reshape({-1}));
+    }
+    auto [x, y] = samples(first, count);
+    return torch::mse_loss(forward(x.to(device, dtype)).to(torch::kFloat), y.to(device));
+  };
   json result;
   const int64_t global_batch = cfg["train_batch_size"].get<int64_t>();
 
   if (mode == "init") {
     // The initial weights by name, for an outside trainer (DeepSpeed) to start from.
-    for (const auto& item : model->named_parameters()) {
+    for (const auto& item : module.named_parameters()) {
       auto t = item.value().detach().to(torch::kDouble).contiguous();
       result[item.key()] = {
           {"shape", t.sizes().vec()},
@@ -76,50 +159,30 @@ int main(int argc, char** argv) {
     }
   } else if (mode == "reference") {
     auto p = cfg["optimizer"]["params"];
-    torch::optim::AdamW opt(model->parameters(),
+    torch::optim::AdamW opt(module.parameters(),
                             torch::optim::AdamWOptions(p["lr"].get<double>())
                                 .betas({p["betas"][0], p["betas"][1]})
                                 .eps(p["eps"].get<double>())
                                 .weight_decay(p["weight_decay"].get<double>()));
     const double clip = cfg.value("gradient_clipping", 1.0);
     for (int s = 0; s < steps; ++s) {
-      auto [x, y] = samples(s * global_batch, global_batch);
-      auto loss = torch::mse_loss(model->forward(x), y);
+      auto forward = [&](torch::Tensor in) {
+        return transformer ? tiny->forward(in) : mlp->forward(in);
+      };
+      auto loss = loss_of(forward, s * global_batch, global_batch, torch::kCPU);
       opt.zero_grad();
       loss.backward();
-      if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
+      if (clip > 0) torch::nn::utils::clip_grad_norm_(module.parameters(), clip);
       opt.step();
       result["losses"].push_back(loss.item<double>());
     }
-    result["params"] = flat_params(*model);
+    result["params"] = flat_params(module);
+  } else if (transformer) {
+    result = train_dscpp(tiny, cfg, steps, loss_of);
+    if (result.is_null()) return 0;  // not rank 0
   } else {
-    auto engine = dscpp::initialize(model, cfg);
-    const int n = engine.world_size(), r = engine.global_rank();
-    const int64_t mb = engine.train_micro_batch_size_per_gpu();
-    const int64_t ga = engine.gradient_accumulation_steps();
-    for (int s = 0; s < steps; ++s) {
-      double loss_sum = 0;
-      for (int64_t m = 0; m < ga; ++m) {
-        auto [x, y] = samples(s * global_batch + (m * n + r) * mb, mb);
-        // On a GPU (NCCL) and in fp16/bf16 the model lives there and in that type.
-        auto dtype = model->parameters()[0].scalar_type();
-        auto out = engine.forward(x.to(engine.device(), dtype)).to(torch::kFloat);
-        auto loss = torch::mse_loss(out, y.to(engine.device()));
-        engine.backward(loss);
-        engine.step();
-        loss_sum += loss.item<double>();
-      }
-      // The global batch's loss: the mean of every rank's micro-batch losses.
-      auto l = torch::tensor({loss_sum / ga}, torch::kFloat64).to(engine.device());
-      engine.core().group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
-      result["losses"].push_back(l.cpu().item<double>());
-    }
-    result["params"] = flat_params(*model);
-    auto& zo = engine.core().zero_optimizer();
-    result["state_numel"] = zo.optimizer().state_numel();
-    result["partition"] = zo.layout().partition;
-    result["total"] = zo.layout().total;
-    if (r != 0) return 0;
+    result = train_dscpp(mlp, cfg, steps, loss_of);
+    if (result.is_null()) return 0;
   }
   std::ofstream(out_path) << result.dump() << "\n";
   return 0;

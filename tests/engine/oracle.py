@@ -3,7 +3,7 @@
 
     oracle.py --launcher build/launcher/dscpp --train build/tests/engine/engine_train
 
-Trains the same tiny model for 20 steps with plain LibTorch in one process (the reference)
+Trains the same tiny models (an MLP, and a small transformer) for 20 steps with plain LibTorch in one process (the reference)
 and with dscpp on N ranks through the launcher, for every stage in 0, 1, 2, overlap_comm on
 and off, gradient accumulation 1 and 4, N = 2 and 4; the losses and final weights must agree
 within 1e-5 relative (fp32 on CPU), and each rank's optimizer state must hold 1/N of the
@@ -19,13 +19,13 @@ import tempfile
 GLOBAL_BATCH = 16
 
 
-def config(stage, overlap, ga):
+def config(stage, overlap, ga, eps=1e-8):
     return {
         "train_batch_size": GLOBAL_BATCH,
         "gradient_accumulation_steps": ga,
         "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW",
-                      "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}},
+                      "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": eps, "weight_decay": 0.01}},
         # Small buckets, so that every run reduces several of them.
         "zero_optimization": {"stage": stage, "overlap_comm": overlap, "reduce_bucket_size": 300},
     }
@@ -53,18 +53,31 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
-    ref_out = os.path.join(tmp, "ref.json")
-    ref = run([args.train, "--mode", "reference", "--config", json.dumps(config(0, False, 1)),
-               "--steps", str(args.steps), "--out", ref_out], ref_out)
+    # The transformer's linear layers leave some gradients near Adam's eps, where 1-ulp
+    # differences of summation order (thread counts, rank splits) grow into 1e-4 weight
+    # differences within two steps, in plain LibTorch as much as in dscpp: its runs use
+    # eps 1e-4 so the comparison measures dscpp, not that amplification.
+    eps = {"mlp": 1e-8, "transformer": 1e-4}
+    refs = {}
+    for model in ("mlp", "transformer"):
+        ref_out = os.path.join(tmp, f"ref_{model}.json")
+        refs[model] = run([args.train, "--mode", "reference", "--model", model, "--config",
+                           json.dumps(config(0, False, 1, eps[model])), "--steps", str(args.steps),
+                           "--out", ref_out], ref_out)
+    # Every combination for the MLP; the transformer at 2 ranks with overlap on.
+    cases = [("mlp",) + c for c in itertools.product([0, 1, 2], [False, True], [1, 4], [2, 4])]
+    cases += [("transformer", s, True, ga, 2) for s in (0, 1, 2) for ga in (1, 4)]
     passed = failed = 0
     port = 29700
-    for stage, overlap, ga, n in itertools.product([0, 1, 2], [False, True], [1, 4], [2, 4]):
+    for model, stage, overlap, ga, n in cases:
         port += 1
-        out = os.path.join(tmp, f"s{stage}_o{int(overlap)}_ga{ga}_n{n}.json")
-        name = f"stage={stage} overlap_comm={overlap} accumulation={ga} ranks={n}"
+        ref = refs[model]
+        out = os.path.join(tmp, f"{model}_s{stage}_o{int(overlap)}_ga{ga}_n{n}.json")
+        name = f"{model} stage={stage} overlap_comm={overlap} accumulation={ga} ranks={n}"
         try:
             got = run([args.launcher, "--num_gpus", str(n), "--master_port", str(port), args.train,
-                       "--mode", "dscpp", "--config", json.dumps(config(stage, overlap, ga)),
+                       "--mode", "dscpp", "--model", model,
+                       "--config", json.dumps(config(stage, overlap, ga, eps[model])),
                        "--steps", str(args.steps), "--out", out], out)
             loss_err = rel_err(got["losses"], ref["losses"])
             param_err = rel_err(got["params"], ref["params"])
