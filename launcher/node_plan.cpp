@@ -59,8 +59,15 @@ std::vector<RankLaunch> plan_node(const NodeConfig& config) {
       set_env(r.env, "OMP_NUM_THREADS", std::to_string(cores_per_rank));
     }
     r.argv.push_back(config.program);
+    // `dscpp ... python3 train.py`: the flag belongs to the script, as DeepSpeed's launcher
+    // places it (python -u train.py --local_rank=N ...), not to the interpreter.
+    auto args = config.program_args.begin();
+    const std::string base = config.program.substr(config.program.find_last_of('/') + 1);
+    if (base.rfind("python", 0) == 0 && args != config.program_args.end() &&
+        args->rfind("-", 0) != 0)
+      r.argv.push_back(*args++);
     if (!config.no_local_rank) r.argv.push_back(fmt::format("--local_rank={}", local));
-    r.argv.insert(r.argv.end(), config.program_args.begin(), config.program_args.end());
+    r.argv.insert(r.argv.end(), args, config.program_args.end());
     ranks.push_back(std::move(r));
   }
   return ranks;

@@ -69,4 +69,14 @@ TEST(NodePlan, NodeRankOutOfRange) {
 }
 
 }  // namespace
+TEST(NodePlan, LocalRankGoesAfterAPythonScriptAsInDeepSpeed) {
+  NodeConfig c = two_nodes(0);
+  c.program = "/usr/bin/python3";
+  c.program_args = {"train.py", "--deepspeed_config", "ds.json"};
+  auto ranks = plan_node(c);
+  EXPECT_EQ(ranks[0].argv,
+            (std::vector<std::string>{"/usr/bin/python3", "train.py", "--local_rank=0",
+                                      "--deepspeed_config", "ds.json"}));
+}
+
 }  // namespace dscpp::launcher
