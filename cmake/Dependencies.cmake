@@ -53,6 +53,28 @@ target_link_libraries(dscpp_torch INTERFACE torch_cpu c10 Threads::Threads)
 target_link_options(dscpp_torch INTERFACE $<BUILD_INTERFACE:LINKER:-rpath,${DSCPP_TORCH_DIR}/lib>)
 
 if(DSCPP_CUDA)
+  # Our own kernels (optim/cuda/*.cu). nvcc's host compiler: g++ (g++ 12 here, g++ 13 from
+  # /opt/gcc/bin on the GPU machines, first on PATH), whatever compiles the C++ code (clang++
+  # here); the kernels' interface is plain C so the two need not match.
+  if(NOT CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX})
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+      set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
+    else()
+      find_program(DSCPP_CUDA_HOST_CXX NAMES g++ g++-13 g++-12 REQUIRED)
+      set(CMAKE_CUDA_HOST_COMPILER ${DSCPP_CUDA_HOST_CXX})
+    endif()
+  endif()
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  if(NOT CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90a)
+  endif()
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  # LibTorch uses the shared CUDA runtime; a second, static one would not share its state.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
   find_path(DSCPP_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
   find_library(DSCPP_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)

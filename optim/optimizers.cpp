@@ -18,6 +18,9 @@
 #include "optim/optimizer.h"
 #include "optim/param_reader.h"
 #include "runtime/config/config_error.h"
+#ifdef DSCPP_CUDA
+#include "optim/cuda/fused_adam.h"
+#endif
 
 namespace dscpp::optim {
 
@@ -167,6 +170,22 @@ class Adam final : public Algorithm {
     at::Tensor& p = s.param;
     at::Tensor& m = s.state.at("exp_avg");
     at::Tensor& v = s.state.at("exp_avg_sq");
+#ifdef DSCPP_CUDA
+    // A shard on a GPU: the same arithmetic in one fused kernel (optim/cuda/fused_adam.cu).
+    if (p.is_cuda()) {
+      cuda::AdamArgs a;
+      a.lr = lr;
+      a.beta1 = b1;
+      a.beta2 = b2;
+      a.eps = eps;
+      a.weight_decay = wd;
+      a.step = s.steps;
+      a.bias_correction = flag(h, "bias_correction");
+      a.adam_w_mode = decoupled_;
+      cuda::fused_adam_step(p, grad.contiguous(), m, v, a);
+      return;
+    }
+#endif
     at::Tensor g = grad;
     if (wd != 0) {
       if (decoupled_)

@@ -1,0 +1,69 @@
+// fused_adam_step: checks the tensors, works out the update's scalars as torch does (in
+// double, each rounded to float once) and launches the kernel on the current stream.
+#include "optim/cuda/fused_adam.h"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "optim/cuda/fused_adam_kernel.h"
+
+namespace dscpp::optim::cuda {
+namespace {
+
+void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& param) {
+  if (!t.defined())
+    throw std::invalid_argument(fmt::format("fused_adam_step: {} is undefined", what));
+  if (!t.is_cuda())
+    throw std::invalid_argument(
+        fmt::format("fused_adam_step: {} is on {}, not a CUDA device", what, t.device().str()));
+  if (t.scalar_type() != at::kFloat)
+    throw std::invalid_argument(
+        fmt::format("fused_adam_step: {} is {}, not fp32", what, c10::toString(t.scalar_type())));
+  if (!t.is_contiguous())
+    throw std::invalid_argument(fmt::format("fused_adam_step: {} is not contiguous", what));
+  if (t.device() != param.device())
+    throw std::invalid_argument(fmt::format("fused_adam_step: {} is on {}, param on {}", what,
+                                            t.device().str(), param.device().str()));
+  if (t.numel() != param.numel())
+    throw std::invalid_argument(fmt::format("fused_adam_step: {} has {} elements, param {}", what,
+                                            t.numel(), param.numel()));
+}
+
+}  // namespace
+
+void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                     at::Tensor& exp_avg_sq, const AdamArgs& a) {
+  check_tensor(param, "param", param);
+  check_tensor(grad, "grad", param);
+  check_tensor(exp_avg, "exp_avg", param);
+  check_tensor(exp_avg_sq, "exp_avg_sq", param);
+  if (a.step < 1)
+    throw std::invalid_argument(fmt::format("fused_adam_step: step is {}, not >= 1", a.step));
+  if (param.numel() == 0) return;
+
+  const double step = static_cast<double>(a.step);
+  const double bc1 = a.bias_correction ? 1 - std::pow(a.beta1, step) : 1.0;
+  const double bc2 = a.bias_correction ? 1 - std::pow(a.beta2, step) : 1.0;
+  FusedAdamScalars s{};
+  // With no weight decay both modes leave p and g alone: p * 1.0f is exact.
+  s.decoupled = (a.adam_w_mode || a.weight_decay == 0) ? 1 : 0;
+  s.decay = static_cast<float>(a.adam_w_mode ? 1 - a.lr * a.weight_decay : 1.0);
+  s.l2 = static_cast<float>(a.adam_w_mode ? 0.0 : a.weight_decay);
+  s.one_minus_b1 = static_cast<float>(1 - a.beta1);
+  s.beta2 = static_cast<float>(a.beta2);
+  s.one_minus_b2 = static_cast<float>(1 - a.beta2);
+  s.bc2_sqrt = static_cast<float>(std::pow(bc2, 0.5));
+  s.eps = static_cast<float>(a.eps);
+  s.neg_step = static_cast<float>(-(a.lr / bc1));
+
+  const c10::cuda::CUDAGuard guard(param.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(param.device().index()).stream();
+  launch_fused_adam(param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
+                    exp_avg_sq.data_ptr<float>(), param.numel(), s, stream);
+}
+
+}  // namespace dscpp::optim::cuda

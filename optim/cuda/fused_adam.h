@@ -1,0 +1,29 @@
+// One fused CUDA kernel per Adam/AdamW update of a flat fp32 shard: torch.optim.Adam(W)'s
+// single-tensor formula in one pass over param, grad, exp_avg and exp_avg_sq (read 4, write
+// 3 floats an element), on the current CUDA stream of the tensors' device.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dscpp::optim::cuda {
+
+struct AdamArgs {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  int64_t step = 1;             // this update's step count, 1 for the first
+  bool bias_correction = true;  // false: both corrections 1 (DeepSpeed's FusedAdam option)
+  bool adam_w_mode = true;      // true: decoupled decay p *= 1 - lr*wd; false: L2, g += wd*p
+};
+
+// Updates param, exp_avg and exp_avg_sq in place from grad. All four: defined, fp32,
+// contiguous, of the same numel, on the same CUDA device (any storage offset). Throws
+// std::invalid_argument naming the tensor that is not, std::runtime_error on a CUDA error.
+void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                     at::Tensor& exp_avg_sq, const AdamArgs& a);
+
+}  // namespace dscpp::optim::cuda

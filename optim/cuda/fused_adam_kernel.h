@@ -1,0 +1,29 @@
+// The plain interface between the host wrapper (fused_adam.cpp, C++ with LibTorch) and the
+// kernel (fused_adam.cu, nvcc): pointers, sizes and the update's float scalars only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace dscpp::optim::cuda {
+
+// The update's scalars as torch's float kernels see them (each rounded from double once).
+struct FusedAdamScalars {
+  float decay;         // AdamW: 1 - lr*wd (1 when wd is 0)
+  float l2;            // Adam: wd (0 when AdamW or wd is 0)
+  float one_minus_b1;  // lerp weight
+  float beta2;
+  float one_minus_b2;
+  float bc2_sqrt;  // sqrt(bias_correction2)
+  float eps;
+  float neg_step;  // -lr / bias_correction1
+  int decoupled;   // 1: apply decay; 0: apply l2 (when nonzero)
+};
+
+// Launches the update of n elements on stream (the current device must be the tensors').
+// Throws std::runtime_error naming the failing CUDA call, file and line.
+void launch_fused_adam(float* p, const float* g, float* m, float* v, int64_t n,
+                       const FusedAdamScalars& s, cudaStream_t stream);
+
+}  // namespace dscpp::optim::cuda

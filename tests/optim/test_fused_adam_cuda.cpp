@@ -1,0 +1,206 @@
+// The fused CUDA Adam/AdamW kernel against the CPU reference path (the same Optimizer on a
+// CPU copy of the shard): odd sizes, shards that start off a 16-byte boundary (so the kernel's
+// scalar head/tail and its all-scalar fallback run, not just its float4 body), several steps,
+// Adam (L2) and AdamW, bias correction and weight decay on and off. Skips without a GPU.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "optim/cuda/fused_adam.h"
+#include "optim/optimizer.h"
+
+namespace {
+
+using dscpp::optim::make_optimizer;
+using dscpp::optim::Optimizer;
+using dscpp::optim::cuda::AdamArgs;
+using dscpp::optim::cuda::fused_adam_step;
+using nlohmann::json;
+
+#define SKIP_WITHOUT_CUDA() \
+  if (c10::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+const std::vector<int64_t> kSizes = {1, 3, 1001, (int64_t{1} << 20) + 7};
+constexpr int kSteps = 4;
+constexpr double kTol = 1e-6;
+constexpr float kSentinel = 12345.0f;
+
+at::Tensor random_cpu(int64_t n, std::mt19937& rng, float scale) {
+  at::Tensor t = at::empty({n}, at::kFloat);
+  std::normal_distribution<float> d(0.0f, scale);
+  float* p = t.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) p[i] = d(rng);
+  return t;
+}
+
+// A CUDA copy of t that starts `offset` elements into a bigger buffer filled with a sentinel
+// (so a misaligned shard, and writes outside it show). Returns {slice, buffer}.
+std::pair<at::Tensor, at::Tensor> cuda_slice(const at::Tensor& t, int64_t offset) {
+  at::Tensor buf = at::full({t.numel() + offset + 5}, kSentinel,
+                            at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+  at::Tensor s = buf.narrow(0, offset, t.numel());
+  s.copy_(t);
+  return {s, buf};
+}
+
+// max |got - want| / max |want|.
+double rel_err(const at::Tensor& got, const at::Tensor& want) {
+  at::Tensor g = got.cpu();
+  const double diff = g.sub(want).abs().max().item<double>();
+  const double scale = want.abs().max().item<double>();
+  return diff / std::max(scale, 1e-30);
+}
+
+void expect_untouched_outside(const at::Tensor& buf, int64_t offset, int64_t n,
+                              const std::string& what) {
+  at::Tensor b = buf.cpu();
+  const float* d = b.data_ptr<float>();
+  for (int64_t i = 0; i < b.numel(); ++i)
+    if (i < offset || i >= offset + n)
+      ASSERT_EQ(d[i], kSentinel) << what << ": element " << i << " outside the shard changed";
+}
+
+struct Case {
+  std::string type;  // "adam" (L2 decay) or "adamw" (decoupled)
+  bool bias_correction;
+  double weight_decay;
+  std::string label() const {
+    return fmt::format("{} bias_correction={} weight_decay={}", type, bias_correction,
+                       weight_decay);
+  }
+  json params() const {
+    json p = {{"lr", 1e-2},
+              {"betas", {0.9, 0.999}},
+              {"eps", 1e-8},
+              {"weight_decay", weight_decay},
+              {"bias_correction", bias_correction}};
+    if (type == "adam") p["adam_w_mode"] = false;
+    return p;
+  }
+  AdamArgs args(int64_t step) const {
+    AdamArgs a;
+    a.lr = 1e-2;
+    a.beta1 = 0.9;
+    a.beta2 = 0.999;
+    a.eps = 1e-8;
+    a.weight_decay = weight_decay;
+    a.step = step;
+    a.bias_correction = bias_correction;
+    a.adam_w_mode = type == "adamw";
+    return a;
+  }
+};
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const char* type : {"adam", "adamw"})
+    for (bool bc : {true, false})
+      for (double wd : {0.0, 0.05}) cases.push_back({type, bc, wd});
+  return cases;
+}
+
+std::unique_ptr<Optimizer> make(const Case& c) {
+  dscpp::OptimizerConfig cfg;
+  cfg.type = c.type;
+  cfg.params = c.params();
+  return make_optimizer(cfg);
+}
+
+// The Optimizer on a CUDA shard (the fused kernel) against the same Optimizer on a CPU copy.
+TEST(FusedAdamCuda, OptimizerOnGpuMatchesCpuPath) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(1234);
+  for (const Case& c : all_cases())
+    for (int64_t n : kSizes)
+      for (int64_t offset : {0, 1}) {
+        SCOPED_TRACE(fmt::format("{} numel={} offset={}", c.label(), n, offset));
+        at::Tensor p0 = random_cpu(n, rng, 1.0f);
+        auto cpu = make(c);
+        auto gpu = make(c);
+        ASSERT_EQ(cpu->name(), gpu->name());
+        cpu->add_shard(p0.clone());
+        auto [gp, gp_buf] = cuda_slice(p0, offset);
+        gpu->add_shard(gp);
+        for (int step = 1; step <= kSteps; ++step) {
+          at::Tensor g = random_cpu(n, rng, 0.1f);
+          auto [gg, gg_buf] = cuda_slice(g, offset);
+          cpu->step({g});
+          gpu->step({gg});
+        }
+        EXPECT_LT(rel_err(gpu->shard(0), cpu->shard(0)), kTol) << "param";
+        EXPECT_LT(rel_err(gpu->state(0).at("exp_avg"), cpu->state(0).at("exp_avg")), kTol)
+            << "exp_avg";
+        EXPECT_LT(rel_err(gpu->state(0).at("exp_avg_sq"), cpu->state(0).at("exp_avg_sq")), kTol)
+            << "exp_avg_sq";
+        EXPECT_GT(cpu->shard(0).sub(p0).abs().max().item<double>(), 0.0) << "no update at all";
+        expect_untouched_outside(gp_buf, offset, n, "param buffer");
+      }
+}
+
+// fused_adam_step directly, with all four tensors at chosen offsets: equal offsets run the
+// scalar head + float4 body + scalar tail, mixed ones the all-scalar fallback.
+TEST(FusedAdamCuda, KernelMatchesCpuPathAtEveryAlignment) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(99);
+  const std::vector<std::vector<int64_t>> offsets = {{0, 0, 0, 0}, {1, 1, 1, 1}, {2, 2, 2, 2},
+                                                     {3, 3, 3, 3}, {1, 0, 2, 3}, {0, 1, 0, 0}};
+  for (const Case& c :
+       {Case{"adamw", true, 0.05}, Case{"adam", true, 0.05}, Case{"adamw", false, 0.0}})
+    for (int64_t n : kSizes)
+      for (const auto& off : offsets) {
+        SCOPED_TRACE(fmt::format("{} numel={} offsets=[{},{},{},{}]", c.label(), n, off[0], off[1],
+                                 off[2], off[3]));
+        at::Tensor p0 = random_cpu(n, rng, 1.0f);
+        auto cpu = make(c);
+        cpu->add_shard(p0.clone());
+        auto [p, p_buf] = cuda_slice(p0, off[0]);
+        auto [m, m_buf] = cuda_slice(at::zeros({n}, at::kFloat), off[2]);
+        auto [v, v_buf] = cuda_slice(at::zeros({n}, at::kFloat), off[3]);
+        for (int step = 1; step <= kSteps; ++step) {
+          at::Tensor g = random_cpu(n, rng, 0.1f);
+          auto [gg, gg_buf] = cuda_slice(g, off[1]);
+          cpu->step({g});
+          fused_adam_step(p, gg, m, v, c.args(step));
+        }
+        EXPECT_LT(rel_err(p, cpu->shard(0)), kTol) << "param";
+        EXPECT_LT(rel_err(m, cpu->state(0).at("exp_avg")), kTol) << "exp_avg";
+        EXPECT_LT(rel_err(v, cpu->state(0).at("exp_avg_sq")), kTol) << "exp_avg_sq";
+        expect_untouched_outside(p_buf, off[0], n, "param buffer");
+        expect_untouched_outside(m_buf, off[2], n, "exp_avg buffer");
+        expect_untouched_outside(v_buf, off[3], n, "exp_avg_sq buffer");
+      }
+}
+
+TEST(FusedAdamCuda, RejectsTensorsItCannotUpdate) {
+  SKIP_WITHOUT_CUDA();
+  const auto cuda = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+  at::Tensor p = at::zeros({16}, cuda), g = at::zeros({16}, cuda);
+  at::Tensor m = at::zeros({16}, cuda), v = at::zeros({16}, cuda);
+  AdamArgs a;
+  at::Tensor cpu_g = at::zeros({16}, at::kFloat);
+  EXPECT_THROW(fused_adam_step(p, cpu_g, m, v, a), std::invalid_argument);
+  at::Tensor short_m = at::zeros({15}, cuda);
+  EXPECT_THROW(fused_adam_step(p, g, short_m, v, a), std::invalid_argument);
+  at::Tensor dbl_v = at::zeros({16}, cuda.dtype(at::kDouble));
+  EXPECT_THROW(fused_adam_step(p, g, m, dbl_v, a), std::invalid_argument);
+  at::Tensor strided = at::zeros({32}, cuda).slice(0, 0, 32, 2);
+  EXPECT_THROW(fused_adam_step(strided, g, m, v, a), std::invalid_argument);
+  a.step = 0;
+  EXPECT_THROW(fused_adam_step(p, g, m, v, a), std::invalid_argument);
+  a.step = 1;
+  EXPECT_NO_THROW(fused_adam_step(p, g, m, v, a));
+  at::Tensor empty = at::zeros({0}, cuda);
+  EXPECT_NO_THROW(fused_adam_step(empty, empty, empty, empty, a));
+}
+
+}  // namespace
