@@ -65,9 +65,11 @@ void expect_untouched_outside(const at::Tensor& buf, int64_t offset, int64_t n,
                               const std::string& what) {
   at::Tensor b = buf.cpu();
   const float* d = b.data_ptr<float>();
-  for (int64_t i = 0; i < b.numel(); ++i)
-    if (i < offset || i >= offset + n)
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    if (i < offset || i >= offset + n) {
       ASSERT_EQ(d[i], kSentinel) << what << ": element " << i << " outside the shard changed";
+    }
+  }
 }
 
 struct Case {
