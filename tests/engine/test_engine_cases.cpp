@@ -67,10 +67,11 @@ TEST(EngineCases, Fp16OverflowSkipsTheStepAndFollowsTheScaler) {
     EXPECT_EQ(engine.was_step_applied(), !overflow);
     EXPECT_EQ(engine.skipped_steps(), skipped);
     EXPECT_DOUBLE_EQ(engine.loss_scale(), expected.loss_scale());
-    if (overflow)
+    if (overflow) {
       EXPECT_TRUE(at::equal(before, weights(model))) << "a skipped step changed weights";
-    else
+    } else {
       EXPECT_FALSE(at::equal(before, weights(model)));
+    }
   }
   EXPECT_EQ(engine.global_steps(), 9);
 }
