@@ -57,7 +57,7 @@ TEST(EngineCases, Fp16OverflowSkipsTheStepAndFollowsTheScaler) {
   int skipped = 0;
   for (bool overflow : pattern) {
     at::Tensor before = weights(model);
-    at::Tensor x = at::ones({4, 4}).to(at::kHalf);
+    at::Tensor x = at::ones({4, 4}).to(engine.device(), at::kHalf);
     at::Tensor loss = engine.forward(x).to(at::kFloat).square().mean();
     if (overflow) loss = loss * std::numeric_limits<float>::infinity();
     engine.backward(loss);
@@ -83,10 +83,10 @@ TEST(EngineCases, FrozenParametersStayAsTheyAre) {
   at::Tensor frozen = model->a->weight.detach().clone();
   auto engine = dscpp::initialize(model, base_config());
   for (int s = 0; s < 3; ++s) {
-    engine.backward(engine.forward(at::ones({4, 4})).square().mean());
+    engine.backward(engine.forward(at::ones({4, 4}).to(engine.device())).square().mean());
     engine.step();
   }
-  EXPECT_TRUE(at::equal(model->a->weight.detach(), frozen));
+  EXPECT_TRUE(at::equal(model->a->weight.detach().cpu(), frozen));
   EXPECT_EQ(engine.core().zero_optimizer().layout().params.size(), 5u);  // a.weight left out
 }
 
@@ -95,7 +95,8 @@ TEST(EngineCases, UnusedParametersOnlyDecay) {
   TwoLayer model;
   auto engine = dscpp::initialize(model, base_config());
   at::Tensor before = model->spare->weight.detach().clone();
-  engine.backward(engine.forward(at::ones({4, 4}), /*use_spare=*/false).square().mean());
+  engine.backward(
+      engine.forward(at::ones({4, 4}).to(engine.device()), /*use_spare=*/false).square().mean());
   engine.step();
   // A zero gradient moves AdamW by its decoupled weight decay alone: p * (1 - lr * wd).
   EXPECT_TRUE(at::allclose(model->spare->weight.detach(), before * (1 - 0.1 * 0.5), 1e-6, 0));
@@ -110,12 +111,12 @@ TEST(EngineCases, StepAppliesOnlyAtTheAccumulationBoundary) {
   EXPECT_EQ(engine.train_micro_batch_size_per_gpu(), 2);
   at::Tensor w0 = weights(model);
   EXPECT_FALSE(engine.is_gradient_accumulation_boundary());
-  engine.backward(engine.forward(at::ones({2, 4})).square().mean());
+  engine.backward(engine.forward(at::ones({2, 4}).to(engine.device())).square().mean());
   engine.step();
   EXPECT_TRUE(at::equal(w0, weights(model)));
   EXPECT_EQ(engine.global_steps(), 0);
   EXPECT_TRUE(engine.is_gradient_accumulation_boundary());
-  engine.backward(engine.forward(at::ones({2, 4})).square().mean());
+  engine.backward(engine.forward(at::ones({2, 4}).to(engine.device())).square().mean());
   engine.step();
   EXPECT_FALSE(at::equal(w0, weights(model)));
   EXPECT_EQ(engine.global_steps(), 1);
@@ -131,7 +132,7 @@ TEST(EngineCases, ProgressLinesAndWallClockBreakdown) {
   auto engine = dscpp::initialize(model, cfg);
   testing::internal::CaptureStdout();
   for (int s = 0; s < 4; ++s) {
-    engine.backward(engine.forward(at::ones({4, 4})).square().mean());
+    engine.backward(engine.forward(at::ones({4, 4}).to(engine.device())).square().mean());
     engine.step();
   }
   std::string out = testing::internal::GetCapturedStdout();
