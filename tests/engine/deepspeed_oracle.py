@@ -19,12 +19,14 @@ import sys
 import tempfile
 import time
 
+
 GLOBAL_BATCH = 16
 RANKS = 2
 TOLERANCE = 1e-5
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from ds_train import config  # noqa: E402  (the ds_config both sides train with)
+from oracle import rel_err  # noqa: E402  (one definition of the comparison for both oracles)
 
 
 def run(cmd, out, timeout):
@@ -39,9 +41,6 @@ def run(cmd, out, timeout):
         return json.load(f)
 
 
-def rel_err(a, b):
-    """Largest element error relative to the reference's largest magnitude."""
-    return max(abs(x - y) for x, y in zip(a, b)) / max(max(abs(y) for y in b), 1e-30)
 
 
 def main():

@@ -37,9 +37,10 @@ struct TinyTransformerImpl : torch::nn::Module {
   TinyTransformerImpl() {
     embed = register_module("embed", torch::nn::Embedding(32, 16));
     layer = register_module(
-        "layer",
-        torch::nn::TransformerEncoderLayer(
-            torch::nn::TransformerEncoderLayerOptions(16, 2).dim_feedforward(32).dropout(0.0).activation(torch::kGELU)));
+        "layer", torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(16, 2)
+                                                        .dim_feedforward(32)
+                                                        .dropout(0.0)
+                                                        .activation(torch::kGELU)));
     head = register_module("head", torch::nn::Linear(16, 32));
   }
   torch::Tensor forward(torch::Tensor tokens) {
