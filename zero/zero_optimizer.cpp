@@ -38,8 +38,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
     // The module's parameter now lives in the flat buffer, and autograd accumulates its
     // gradient straight into the flat gradient buffer.
     params_[i].set_data(view);
-    params_[i].mutable_grad() =
-        flat_grads_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes());
+    grad_views_.push_back(
+        flat_grads_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes()));
+    params_[i].mutable_grad() = grad_views_.back();
   }
   // Every rank starts from rank 0's weights, as DeepSpeed broadcasts the model at init.
   if (group_->size() > 1) group_->broadcast(flat_params_, 0).wait();
@@ -65,6 +66,11 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
 ZeroOptimizer::~ZeroOptimizer() = default;
 
 void ZeroOptimizer::begin_backward(bool reduce) {
+  // A module's zero_grad() (set_to_none by default) or an assignment to .grad detaches a
+  // parameter from the flat buffer, and autograd would then accumulate where no bucket
+  // looks: point it back before autograd runs.
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!params_[i].grad().is_same(grad_views_[i])) params_[i].mutable_grad() = grad_views_[i];
   buckets_->begin(reduce);
 }
 

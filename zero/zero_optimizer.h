@@ -61,6 +61,7 @@ class ZeroOptimizer {
   ZeroOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;
   std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> grad_views_;  // params_[i].grad() must stay this view
   FlatLayout layout_;
   at::Tensor flat_params_, flat_grads_;
   at::Tensor master_, grad_partition_;  // fp32, this rank's partition

@@ -142,3 +142,21 @@ TEST(EngineCases, ProgressLinesAndWallClockBreakdown) {
   EXPECT_NE(out.find("time (ms) | forward: "), std::string::npos) << out;
   EXPECT_NE(out.find("| backward_allreduce: "), std::string::npos) << out;
 }
+
+TEST(EngineCases, ModuleZeroGradDoesNotLoseGradients) {
+  // Two identical runs, one calling the module's zero_grad() (which sets .grad to None)
+  // before every backward: both must end with the same weights.
+  auto train = [](bool zero_grad) {
+    torch::manual_seed(0);
+    TwoLayer model;
+    auto engine = dscpp::initialize(model, base_config());
+    for (int s = 0; s < 3; ++s) {
+      if (zero_grad) model->zero_grad();
+      engine.backward(engine.forward(at::ones({4, 4}).to(engine.device())).square().mean());
+      engine.step();
+    }
+    return weights(model).cpu();
+  };
+  at::Tensor plain = train(false), with_zero_grad = train(true);
+  EXPECT_TRUE(at::equal(plain, with_zero_grad));
+}
