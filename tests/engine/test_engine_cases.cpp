@@ -160,3 +160,19 @@ TEST(EngineCases, ModuleZeroGradDoesNotLoseGradients) {
   at::Tensor plain = train(false), with_zero_grad = train(true);
   EXPECT_TRUE(at::equal(plain, with_zero_grad));
 }
+
+TEST(EngineCases, FeaturesTheEngineLacksAreAnnouncedNotSilent) {
+  json cfg = base_config();
+  cfg["zero_optimization"] = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
+  cfg["tensorboard"] = {{"enabled", true}};
+  torch::manual_seed(0);
+  TwoLayer model;
+  testing::internal::CaptureStderr();
+  auto engine = dscpp::initialize(model, cfg);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("'zero_optimization.offload_optimizer' (device cpu): not implemented by the "
+                     "engine yet, ignored"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("'tensorboard': not implemented by the engine yet"), std::string::npos) << err;
+}
