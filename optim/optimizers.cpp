@@ -18,6 +18,7 @@
 #include "optim/optimizer.h"
 #include "optim/param_reader.h"
 #include "runtime/config/config_error.h"
+#include "runtime/config/section.h"
 #ifdef DSCPP_CUDA
 #include "optim/cuda/fused_adam.h"
 #endif
@@ -422,16 +423,10 @@ class Lamb final : public Algorithm {
   }
 };
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {
-  const std::string type = lower(config.type);
+  const std::string type = config::lower(config.type);
   const std::string path = "optimizer.params";
   Hyper params = config.params.is_null() ? Hyper::object() : config.params;
   if (!params.is_object()) throw ConfigError(path, "expected an object of parameters");

@@ -15,19 +15,12 @@
 namespace dscpp {
 
 using config::Diagnostics;
+using config::is_auto;
+using config::lower;
 using config::Section;
 using nlohmann::json;
 
 namespace {
-
-bool is_auto(const json& v) {
-  return v.is_string() && v.get<std::string>() == "auto";
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
 
 // Fills "auto" values from the caller's table (dotted paths), as Hugging Face does.
 void fill_auto(json& root, const json& auto_values) {
@@ -473,11 +466,7 @@ DSConfig parse_ds_config(const json& input, const ConfigOptions& options) {
 }
 
 DSConfig load_ds_config(const std::string& path_or_text, const ConfigOptions& options) {
-  size_t first = path_or_text.find_first_not_of(" \t\r\n");
-  bool is_text = first != std::string::npos && path_or_text[first] == '{';
-  return parse_ds_config(is_text ? config::parse_config_text(path_or_text, "<config text>")
-                                 : config::read_config_file(path_or_text),
-                         options);
+  return parse_ds_config(config::read_config(path_or_text), options);
 }
 
 }  // namespace dscpp

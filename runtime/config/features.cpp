@@ -14,11 +14,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
 // A section counts as switched on when it is present and not {"enabled": false}.
 bool switched_on(const json* v) {
   if (!v || v->is_null()) return false;

@@ -254,6 +254,13 @@ json parse_config_text(const std::string& text, const std::string& source) {
   return RelaxedReader(text, source).read();
 }
 
+json read_config(const std::string& path_or_text) {
+  size_t first = path_or_text.find_first_not_of(" \t\r\n");
+  bool is_text = first != std::string::npos && path_or_text[first] == '{';
+  return is_text ? parse_config_text(path_or_text, "<config text>")
+                 : read_config_file(path_or_text);
+}
+
 json read_config_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("", fmt::format("cannot open config file '{}'", path));

@@ -15,4 +15,7 @@ nlohmann::json parse_config_text(const std::string& text, const std::string& sou
 // Reads and parses a file; a missing or unreadable file is a ConfigError.
 nlohmann::json read_config_file(const std::string& path);
 
+// A config given as a file path or as JSON text (text starts with '{').
+nlohmann::json read_config(const std::string& path_or_text);
+
 }  // namespace dscpp::config

@@ -13,16 +13,17 @@ namespace dscpp::config {
 
 using nlohmann::json;
 
-namespace {
-
 bool is_auto(const json& v) {
   return v.is_string() && v.get<std::string>() == "auto";
 }
 
 std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
 }
+
+namespace {
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);

@@ -74,4 +74,9 @@ std::string closest_key(const std::string& word, const std::vector<std::string>&
 // A JSON value shown in an error message: short, one line.
 std::string show_value(const nlohmann::json& v);
 
+// The string "auto" (DeepSpeed's placeholder).
+bool is_auto(const nlohmann::json& v);
+// ASCII lower case, for DeepSpeed's case-insensitive names.
+std::string lower(std::string s);
+
 }  // namespace dscpp::config

@@ -58,21 +58,12 @@ class Engine {
   std::shared_ptr<EngineCore> core_;
 };
 
-namespace detail {
-inline nlohmann::json config_json(const std::string& path_or_text) {
-  size_t first = path_or_text.find_first_not_of(" \t\r\n");
-  bool is_text = first != std::string::npos && path_or_text[first] == '{';
-  return is_text ? config::parse_config_text(path_or_text, "<config text>")
-                 : config::read_config_file(path_or_text);
-}
-}  // namespace detail
-
 // module: a LibTorch module holder (torch::nn::Linear, a TORCH_MODULE, ...).
 // config: a ds_config file path, JSON text, or parsed JSON.
 template <typename ModuleHolder>
 Engine<ModuleHolder> initialize(ModuleHolder module, const nlohmann::json& config,
                                 InitArgs args = {}) {
-  nlohmann::json cfg = config.is_string() ? detail::config_json(config.get<std::string>()) : config;
+  nlohmann::json cfg = config.is_string() ? config::read_config(config.get<std::string>()) : config;
   auto core = std::make_shared<EngineCore>(cfg, std::move(args));
   auto* impl = module.ptr().get();
   core->attach([impl](at::ScalarType dtype, at::Device device) { impl->to(device, dtype); },
