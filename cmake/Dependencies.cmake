@@ -76,10 +76,18 @@ if(DSCPP_CUDA)
   set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
-  find_path(DSCPP_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
-  find_library(DSCPP_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+  # NCCL: the copy torch itself loads (PyPI's nvidia-nccl, beside torch in site-packages)
+  # first, so that one libnccl.so.2 serves c10d and us; the toolkit's copy otherwise.
+  # That wheel ships only the versioned name, hence libnccl.so.2 among the names.
+  get_filename_component(_site_packages ${DSCPP_TORCH_DIR} DIRECTORY)
+  find_path(DSCPP_NCCL_INCLUDE nccl.h
+    HINTS ${_site_packages}/nvidia/nccl/include ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
+  find_library(DSCPP_NCCL_LIB NAMES nccl libnccl.so.2 NAMES_PER_DIR
+    HINTS ${_site_packages}/nvidia/nccl/lib ${CUDAToolkit_LIBRARY_DIR}
+          ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64 REQUIRED)
+  message(STATUS "dscpp: NCCL ${DSCPP_NCCL_LIB}")
   target_compile_definitions(dscpp_torch INTERFACE USE_C10D_NCCL USE_CUDA DSCPP_CUDA=1)
-  target_include_directories(dscpp_torch SYSTEM INTERFACE ${DSCPP_NCCL_INCLUDE})
+  target_include_directories(dscpp_torch SYSTEM INTERFACE $<BUILD_INTERFACE:${DSCPP_NCCL_INCLUDE}>)
   # --no-as-needed: libtorch_cuda registers CUDA kernels at load time, and nothing we
   # call may name one of its symbols directly.
   target_link_libraries(dscpp_torch INTERFACE -Wl,--no-as-needed torch_cuda c10_cuda
