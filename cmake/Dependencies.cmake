@@ -14,6 +14,8 @@ else()
   find_package(Boost 1.74 CONFIG REQUIRED COMPONENTS program_options)
 endif()
 find_package(Threads REQUIRED)
+# zlib: CRC-32 checks of checkpoint records (LibTorch's zip reader skips them).
+find_package(ZLIB REQUIRED)
 
 if(NOT DSCPP_PYTHON)
   if(EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/python3)
@@ -93,3 +95,23 @@ if(DSCPP_CUDA)
   target_link_libraries(dscpp_torch INTERFACE -Wl,--no-as-needed torch_cuda c10_cuda
                         -Wl,--as-needed CUDA::cudart ${DSCPP_NCCL_LIB})
 endif()
+
+# ---------------------------------------------------------------------------------------
+# runtime/monitor: Protocol Buffers for TensorBoard event files. Debian's libprotobuf-dev and
+# protobuf-compiler (3.21 on Debian 12 and on the GPU machines' Ubuntu 24.04). We link only
+# the lite runtime; DSCPP_PROTOBUF_LITE_LIBRARY is its file, named in the exported package.
+# CRC-32C: no package (Debian 12 has none); runtime/monitor/tfrecord.cpp has its own table.
+find_package(Protobuf 3.12 REQUIRED)
+set(DSCPP_PROTOC ${Protobuf_PROTOC_EXECUTABLE})
+if(NOT DSCPP_PROTOC)
+  message(FATAL_ERROR "dscpp: protoc not found; apt-get install protobuf-compiler")
+endif()
+if(Protobuf_LITE_LIBRARY_RELEASE)
+  set(DSCPP_PROTOBUF_LITE_LIBRARY ${Protobuf_LITE_LIBRARY_RELEASE})
+else()
+  set(DSCPP_PROTOBUF_LITE_LIBRARY ${Protobuf_LITE_LIBRARY})
+endif()
+if(NOT TARGET protobuf::libprotobuf-lite OR NOT DSCPP_PROTOBUF_LITE_LIBRARY)
+  message(FATAL_ERROR "dscpp: protobuf's lite library not found; apt-get install libprotobuf-dev")
+endif()
+message(STATUS "dscpp: protobuf ${Protobuf_VERSION}, ${DSCPP_PROTOBUF_LITE_LIBRARY}")

@@ -8,7 +8,9 @@ SUDO=""
 
 packages=(build-essential clang cmake ninja-build ccache git python3-venv python3-dev
   nlohmann-json3-dev libfmt-dev libboost-program-options-dev googletest libgtest-dev
-  libgloo-dev fortunes)
+  libgloo-dev fortunes zlib1g-dev
+  libprotobuf-dev protobuf-compiler  # runtime/monitor: TensorBoard event records
+  iso-codes)  # tests/data: text in ~150 languages (gettext catalogs) for the tokenizer test
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,8 +25,9 @@ if [ ! -x .venv/bin/python3 ]; then
   /usr/bin/python3 -m venv .venv
 fi
 pip=".venv/bin/pip --disable-pip-version-check -q"
-if ! .venv/bin/python3 -c "import torch, numpy, wheel" 2>/dev/null; then
-  echo "dscpp install: torch and numpy into .venv (a large download the first time)"
+# Every import requirements.txt provides, so that a package added there reaches old .venvs too.
+if ! .venv/bin/python3 -c "import torch, numpy, wheel, tokenizers, tensorboard" 2>/dev/null; then
+  echo "dscpp install: torch, numpy and the test references into .venv (large the first time)"
   $pip install -r requirements.txt
 fi
 if ! .venv/bin/python3 -c "import deepspeed" 2>/dev/null; then
