@@ -160,7 +160,6 @@ void note_ignored_features(Section& root, const DSConfig& c, Diagnostics& diag) 
     ignore(diag, "'gradient_allreduce_op': \"sum\" (dscpp averages)");
   const auto& ac = c.activation_checkpointing;
   if (ac.partition_activations) ignore(diag, "'activation_checkpointing.partition_activations'");
-  if (ac.cpu_checkpointing) ignore(diag, "'activation_checkpointing.cpu_checkpointing'");
   if (ac.contiguous_memory_optimization)
     ignore(diag, "'activation_checkpointing.contiguous_memory_optimization'");
   // DeepSpeed keys with nothing for dscpp to do.

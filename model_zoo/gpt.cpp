@@ -1,0 +1,231 @@
+// GPT's modules, their initialisation, activation checkpointing of the blocks, and the
+// LayerSpec form.
+#include "model_zoo/gpt.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <iostream>
+#include <utility>
+
+#include "runtime/config/config_error.h"
+
+namespace dscpp::model_zoo {
+
+namespace {
+
+void init_normal(const at::Tensor& w, double std) {
+  at::NoGradGuard no_grad;
+  w.normal_(0.0, std);
+}
+
+void init_zero(const at::Tensor& b) {
+  at::NoGradGuard no_grad;
+  b.zero_();
+}
+
+torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias = true) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  init_normal(l->weight, std);
+  if (bias) init_zero(l->bias);
+  return l;
+}
+
+torch::nn::LayerNorm make_layer_norm(const GPTConfig& c) {
+  // LibTorch's LayerNorm starts at weight 1, bias 0, as GPT-2 and Megatron do.
+  return torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layernorm_epsilon));
+}
+
+// Each residual branch's output adds to the stream once per block: scaling them keeps the
+// stream's variance independent of depth (GPT-2, Megatron's output_layer_init_method).
+double residual_std(const GPTConfig& c) {
+  return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+}
+
+at::Tensor tied_head(const GPTEmbeddingImpl& embedding, const at::Tensor& x) {
+  return at::linear(x, embedding.word->weight);
+}
+
+}  // namespace
+
+GPTEmbeddingImpl::GPTEmbeddingImpl(const GPTConfig& c) : dropout(c.hidden_dropout) {
+  word = register_module("word", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  position = register_module("position", torch::nn::Embedding(c.positions(), c.hidden_size));
+  init_normal(word->weight, c.init_method_std);
+  init_normal(position->weight, c.init_method_std);
+}
+
+at::Tensor GPTEmbeddingImpl::forward(const at::Tensor& input_ids) {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
+              "GPT: expected input_ids of shape [batch, seq] and dtype int64, got ",
+              input_ids.sizes(), " ", input_ids.scalar_type());
+  const int64_t seq = input_ids.size(1);
+  TORCH_CHECK(seq <= position->weight.size(0), "GPT: a sequence of ", seq,
+              " tokens is longer than max_position_embeddings (", position->weight.size(0), ")");
+  at::Tensor positions = at::arange(seq, input_ids.options());
+  return at::dropout(word(input_ids) + position(positions), dropout, is_training());
+}
+
+GPTAttentionImpl::GPTAttentionImpl(const GPTConfig& c)
+    : heads(c.num_attention_heads), dropout(c.attention_dropout) {
+  qkv = register_module("qkv", make_linear(c.hidden_size, 3 * c.hidden_size, c.init_method_std));
+  proj = register_module("proj", make_linear(c.hidden_size, c.hidden_size, residual_std(c)));
+}
+
+at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
+  // [B,S,3h] -> [3,B,heads,S,head_dim]: q, k and v with heads as a batch dimension.
+  at::Tensor qkv_heads =
+      qkv(x).view({batch, seq, 3, heads, hidden / heads}).permute({2, 0, 3, 1, 4});
+  at::Tensor y = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2],
+                                                  /*attn_mask=*/{}, is_training() ? dropout : 0.0,
+                                                  /*is_causal=*/true);
+  return proj(y.transpose(1, 2).reshape({batch, seq, hidden}));
+}
+
+GPTMLPImpl::GPTMLPImpl(const GPTConfig& c) : approximate(c.gelu_approximation) {
+  fc = register_module("fc", make_linear(c.hidden_size, c.ffn_size(), c.init_method_std));
+  proj = register_module("proj", make_linear(c.ffn_size(), c.hidden_size, residual_std(c)));
+}
+
+at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
+  return proj(at::gelu(fc(x), approximate));
+}
+
+GPTBlockImpl::GPTBlockImpl(const GPTConfig& c) : dropout(c.hidden_dropout) {
+  ln_1 = register_module("ln_1", make_layer_norm(c));
+  attn = register_module("attn", GPTAttention(c));
+  ln_2 = register_module("ln_2", make_layer_norm(c));
+  mlp = register_module("mlp", GPTMLP(c));
+}
+
+at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x + at::dropout(attn(ln_1(x)), dropout, is_training());
+  return h + at::dropout(mlp(ln_2(h)), dropout, is_training());
+}
+
+GPTImpl::GPTImpl(GPTConfig config) : config_(std::move(config)) {
+  config_.validate();
+  embedding = register_module("embedding", GPTEmbedding(config_));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    block_list_.emplace_back(config_);
+    blocks->push_back(block_list_.back());
+  }
+  final_norm = register_module("final_norm", make_layer_norm(config_));
+  if (!config_.tie_word_embeddings)
+    head = register_module(
+        "head", make_linear(config_.hidden_size, config_.vocab_size, config_.init_method_std,
+                            /*bias=*/false));
+  if (config_.checkpoint_activations) enable_activation_checkpointing();
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& input_ids) {
+  at::Tensor x = embedding(input_ids);
+  if (segments_ > 0) {
+    const auto layers = static_cast<int64_t>(block_list_.size());
+    int64_t begin = 0;
+    for (int64_t s = 0; s < segments_; ++s) {
+      const int64_t len = layers / segments_ + (s < layers % segments_ ? 1 : 0);
+      std::vector<GPTBlock> segment(block_list_.begin() + begin, block_list_.begin() + begin + len);
+      // The holders keep the blocks alive until backward has recomputed them.
+      auto run = [segment = std::move(segment)](const at::Tensor& input) {
+        at::Tensor h = input;
+        for (const auto& block : segment) h = block.ptr()->forward(h);
+        return h;
+      };
+      x = activation_checkpointing::checkpoint(std::move(run), x, checkpoint_options_);
+      begin += len;
+    }
+  } else {
+    for (auto& block : block_list_) x = block(x);
+  }
+  x = final_norm(x);
+  return head ? head(x) : tied_head(*embedding, x);
+}
+
+at::Tensor GPTImpl::loss(const at::Tensor& logits, const at::Tensor& targets) const {
+  TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+                  logits.size(1) == targets.size(1),
+              "GPT::loss: expected logits [B,S,V] and targets [B,S], got ", logits.sizes(), " and ",
+              targets.sizes());
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(2)}).to(at::kFloat),
+                                targets.reshape({-1}));
+}
+
+std::vector<std::string> GPTImpl::enable_activation_checkpointing(
+    const ActivationCheckpointingConfig& section) {
+  const int64_t layers = config_.num_layers;
+  const int64_t segments = section.number_checkpoints.value_or(layers);
+  if (segments < 1 || segments > layers)
+    throw ConfigError("activation_checkpointing.number_checkpoints",
+                      fmt::format("expected an integer in [1, {}] (the model's num_layers: how "
+                                  "many checkpointed segments its blocks form), found {}",
+                                  layers, segments));
+  std::vector<std::string> notes;
+  checkpoint_options_ = activation_checkpointing::options_from_config(section, &notes);
+  segments_ = segments;
+  for (const auto& note : notes) std::cerr << "dscpp: warning: " << note << "\n";
+  return notes;
+}
+
+std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config) {
+  config.validate();
+  std::vector<LayerSpec> specs;
+  const bool tied = config.tie_word_embeddings;
+  auto build_embedding = [config] { return GPTEmbedding(config).ptr(); };
+  specs.push_back({"embedding", build_embedding,
+                   [](torch::nn::Module& m, const at::Tensor& ids) {
+                     return static_cast<GPTEmbeddingImpl&>(m).forward(ids);
+                   },
+                   tied ? "embedding" : "",
+                   tied ? std::vector<std::string>{"word.weight"} : std::vector<std::string>{}});
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    specs.push_back({fmt::format("blocks.{}", i),
+                     [config] { return GPTBlock(config).ptr(); },
+                     [](torch::nn::Module& m, const at::Tensor& x) {
+                       return static_cast<GPTBlockImpl&>(m).forward(x);
+                     },
+                     "",
+                     {}});
+  }
+  specs.push_back({"final_norm",
+                   [config] { return make_layer_norm(config).ptr(); },
+                   [](torch::nn::Module& m, const at::Tensor& x) {
+                     return static_cast<torch::nn::LayerNormImpl&>(m).forward(x);
+                   },
+                   "",
+                   {}});
+  if (tied) {
+    specs.push_back({"head",
+                     build_embedding,
+                     [](torch::nn::Module& m, const at::Tensor& x) {
+                       return tied_head(static_cast<GPTEmbeddingImpl&>(m), x);
+                     },
+                     "embedding",
+                     {"word.weight"}});
+  } else {
+    specs.push_back({"head",
+                     [config] {
+                       return make_linear(config.hidden_size, config.vocab_size,
+                                          config.init_method_std, /*bias=*/false)
+                           .ptr();
+                     },
+                     [](torch::nn::Module& m, const at::Tensor& x) {
+                       return static_cast<torch::nn::LinearImpl&>(m).forward(x);
+                     },
+                     "",
+                     {}});
+  }
+  return specs;
+}
+
+}  // namespace dscpp::model_zoo

@@ -1,0 +1,121 @@
+// GPT: a decoder-only transformer as GPT-2 and Megatron-LM build it. Learned token and position
+// embeddings; pre-LayerNorm blocks of causal self-attention (fused scaled-dot-product
+// attention) and a GELU MLP, each added to the residual stream after dropout; a final
+// LayerNorm; an output head that multiplies by the token embedding (tied, the default) or has
+// its own weight. forward(input_ids [B,S] int64) gives logits [B,S,V] in the parameters' dtype;
+// loss() is the mean token cross entropy, computed in fp32.
+//
+// Initialisation (GPT-2 / Megatron): every weight matrix and embedding ~ normal(0,
+// init_method_std), except the output projection of each residual branch (attention's proj,
+// the MLP's proj) ~ normal(0, init_method_std / sqrt(2 * num_layers)); biases zero;
+// LayerNorm weights one.
+//
+// The same model as LayerSpecs (gpt_layer_specs): "embedding", "blocks.0" .. "blocks.<L-1>",
+// "final_norm", "head"; these are also GPT's submodule names, so state dict keys match.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+#include <vector>
+
+#include "model_zoo/gpt_config.h"
+#include "model_zoo/layer_spec.h"
+#include "runtime/activation_checkpointing/checkpointing.h"
+#include "runtime/config/ds_config.h"
+
+namespace dscpp::model_zoo {
+
+// Token plus position embedding, then dropout: input_ids [B,S] int64 -> [B,S,h].
+struct GPTEmbeddingImpl : torch::nn::Module {
+  explicit GPTEmbeddingImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& input_ids);
+
+  torch::nn::Embedding word{nullptr};      // [vocab_size, h]
+  torch::nn::Embedding position{nullptr};  // [max_position_embeddings, h]
+  double dropout = 0;                      // hidden_dropout
+};
+TORCH_MODULE(GPTEmbedding);
+
+// Causal multi-head self-attention: [B,S,h] -> [B,S,h] (before the residual dropout).
+struct GPTAttentionImpl : torch::nn::Module {
+  explicit GPTAttentionImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::Linear qkv{nullptr};   // [3h, h]: the rows of q, then k, then v; head-major in each
+  torch::nn::Linear proj{nullptr};  // [h, h]: the residual branch's output projection
+  int64_t heads = 0;
+  double dropout = 0;  // attention_dropout, on the attention probabilities
+};
+TORCH_MODULE(GPTAttention);
+
+// fc, GELU, proj: [B,S,h] -> [B,S,h] (before the residual dropout).
+struct GPTMLPImpl : torch::nn::Module {
+  explicit GPTMLPImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::Linear fc{nullptr};    // [ffn, h]
+  torch::nn::Linear proj{nullptr};  // [h, ffn]: the residual branch's output projection
+  std::string approximate;          // at::gelu's: "tanh" or "none"
+};
+TORCH_MODULE(GPTMLP);
+
+// x + drop(attn(ln_1(x))), then h + drop(mlp(ln_2(h))).
+struct GPTBlockImpl : torch::nn::Module {
+  explicit GPTBlockImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  GPTAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  GPTMLP mlp{nullptr};
+  double dropout = 0;  // hidden_dropout
+};
+TORCH_MODULE(GPTBlock);
+
+struct GPTImpl : torch::nn::Module {
+  explicit GPTImpl(GPTConfig config);
+
+  // input_ids [B,S] int64 with S <= max_position_embeddings -> logits [B,S,vocab_size].
+  at::Tensor forward(const at::Tensor& input_ids);
+  // Mean cross entropy of logits [B,S,V] against targets [B,S] int64, in fp32; targets of
+  // -100 are left out (PyTorch's ignore_index).
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
+
+  // Checkpoints the blocks from now on, as a ds_config "activation_checkpointing" section
+  // asks (its options, and number_checkpoints: how many checkpointed segments of consecutive
+  // blocks, as even as possible; absent: one per block). Returns, and prints to stderr, a
+  // note for each key that has no effect in dscpp. Throws ConfigError when
+  // number_checkpoints exceeds num_layers.
+  std::vector<std::string> enable_activation_checkpointing(
+      const ActivationCheckpointingConfig& section = {});
+  void disable_activation_checkpointing() { segments_ = 0; }
+  // Checkpointed segments of blocks; 0 when checkpointing is off.
+  int64_t activation_checkpointing_segments() const { return segments_; }
+
+  const GPTConfig& config() const { return config_; }
+
+  GPTEmbedding embedding{nullptr};
+  torch::nn::ModuleList blocks{nullptr};  // of GPTBlock
+  torch::nn::LayerNorm final_norm{nullptr};
+  torch::nn::Linear head{nullptr};  // only when the embeddings are not tied: [V, h], no bias
+
+ private:
+  GPTConfig config_;
+  std::vector<GPTBlock> block_list_;  // the blocks' typed holders, in order
+  int64_t segments_ = 0;
+  activation_checkpointing::Options checkpoint_options_;
+};
+TORCH_MODULE(GPT);
+
+// The GPT of `config` as a list of layers; the head is tied to the embedding (tied_key
+// "embedding", weight "word.weight") when tie_word_embeddings is on.
+std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config);
+
+}  // namespace dscpp::model_zoo

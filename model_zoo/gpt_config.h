@@ -1,0 +1,58 @@
+// GPTConfig: the shape of a decoder-only transformer (GPT-2 / Megatron style), read from a JSON
+// file with the key names practitioners use. Reading is strict by default: a missing required
+// key, a wrong type or range, or an unknown key is a ConfigError naming the key and what was
+// expected. The parameter count and training FLOPs per token are computed from the shape alone,
+// so they are available for models too large to build.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace dscpp::model_zoo {
+
+struct GPTConfig {
+  int64_t hidden_size = 0;              // width of the residual stream (required)
+  int64_t num_layers = 0;               // transformer blocks (required)
+  int64_t num_attention_heads = 0;      // divides hidden_size (required)
+  int64_t seq_length = 0;               // training sequence length (seq_length or
+                                        // max_position_embeddings is required)
+  int64_t max_position_embeddings = 0;  // rows of the position table; seq_length when absent
+  int64_t vocab_size = 0;               // rows of the token embedding (required)
+  int64_t ffn_hidden_size = 0;          // MLP width; 4 * hidden_size when absent
+  double hidden_dropout = 0.1;          // after the embeddings and each residual branch; 0: off
+  double attention_dropout = 0.1;       // on the attention probabilities; 0: off
+  double layernorm_epsilon = 1e-5;
+  double init_method_std = 0.02;            // std of the normal initialisation
+  bool tie_word_embeddings = true;          // the output head multiplies by the token embedding
+  std::string gelu_approximation = "tanh";  // "tanh" (GPT-2, the default) or "none" (exact erf)
+  bool checkpoint_activations = false;      // checkpoint each transformer block (Megatron's flag)
+  std::vector<std::string> warnings;        // unknown keys, when read with strict = false
+
+  // `strict` = false turns unknown keys into entries of `warnings` (for configs written for
+  // other tools, e.g. Hugging Face's config.json with its extra keys).
+  static GPTConfig from_json(const nlohmann::json& json, bool strict = true);
+  // A JSON file (comments and trailing commas allowed, as for ds_config).
+  static GPTConfig from_file(const std::string& path, bool strict = true);
+  // Every value under the keys from_json reads: from_json(to_json()) is the same config.
+  nlohmann::json to_json() const;
+
+  // Throws ConfigError when the shape is inconsistent (from_json calls it).
+  void validate() const;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t ffn_size() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  int64_t positions() const {
+    return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
+  }
+  // Trainable parameters of GPT(config), tied weights counted once.
+  int64_t num_parameters() const;
+  // Training FLOPs per token at `seq` (default seq_length): 6N for the forward and backward
+  // matrix products over all N parameters (the tied head's product counts through the
+  // embedding) plus 12 * L * h * seq for attention's scores and weighted sums (PaLM's
+  // formula, without activation recomputation).
+  double flops_per_token(int64_t seq = 0) const;
+};
+
+}  // namespace dscpp::model_zoo

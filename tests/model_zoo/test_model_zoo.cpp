@@ -1,0 +1,559 @@
+// GPT from model_zoo and activation checkpointing: config reading and its errors, the
+// shipped configs, parameter counts, initialisation statistics, the LayerSpec form against
+// the module, checkpointed gradients bit for bit against plain ones (dropout on and off),
+// the peak memory checkpointing saves (CPU allocator events; CUDA caching allocator stats in
+// the CUDA build), and training through dscpp::initialize.
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "dscpp.h"
+#include "model_zoo/gpt.h"
+#include "runtime/activation_checkpointing/checkpointing.h"
+
+using dscpp::ConfigError;
+using nlohmann::json;
+namespace mz = dscpp::model_zoo;
+namespace ac = dscpp::activation_checkpointing;
+
+namespace {
+
+json small_json() {
+  return {{"hidden_size", 32},       {"num_layers", 3},  {"num_attention_heads", 4},
+          {"seq_length", 16},        {"vocab_size", 61}, {"hidden_dropout", 0.0},
+          {"attention_dropout", 0.0}};
+}
+
+mz::GPTConfig small_config(double dropout = 0.0, bool tied = true) {
+  json j = small_json();
+  j["hidden_dropout"] = dropout;
+  j["attention_dropout"] = dropout;
+  j["tie_word_embeddings"] = tied;
+  return mz::GPTConfig::from_json(j);
+}
+
+std::string shipped(const std::string& name) {
+  return std::string(DSCPP_MODEL_ZOO_CONFIGS) + "/" + name;
+}
+
+// The message of the ConfigError `f` throws ("" when it throws none).
+template <typename F>
+std::string config_error(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int64_t count_parameters(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+std::map<std::string, at::Tensor> grads_of(torch::nn::Module& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : m.named_parameters())
+    out[item.key()] = item.value().grad().defined() ? item.value().grad().clone() : at::Tensor();
+  return out;
+}
+
+void zero_grads(torch::nn::Module& m) {
+  for (auto& p : m.parameters()) p.mutable_grad() = at::Tensor();
+}
+
+struct Batch {
+  at::Tensor ids, targets;
+};
+
+Batch random_batch(const mz::GPTConfig& c, int64_t batch, int64_t seq, uint64_t seed) {
+  at::manual_seed(seed);
+  return {at::randint(c.vocab_size, {batch, seq}, at::kLong),
+          at::randint(c.vocab_size, {batch, seq}, at::kLong)};
+}
+
+// One forward and backward from RNG seed `seed`; the loss, and the state of the RNG after.
+struct Step {
+  at::Tensor loss, rng_after;
+};
+Step train_step(mz::GPT& model, const Batch& b, uint64_t seed) {
+  zero_grads(*model);
+  at::manual_seed(seed);
+  at::Tensor loss = model->loss(model->forward(b.ids), b.targets);
+  loss.backward();
+  return {loss.detach(), at::rand({4})};
+}
+
+void expect_grads_identical(const std::map<std::string, at::Tensor>& a,
+                            const std::map<std::string, at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, g] : a) {
+    ASSERT_TRUE(g.defined()) << name;
+    ASSERT_TRUE(b.at(name).defined()) << name;
+    EXPECT_TRUE(at::equal(g, b.at(name)))
+        << name << " differs, max |diff| " << (g - b.at(name)).abs().max().item<double>();
+  }
+}
+
+// Live bytes and their high-water mark, from the CPU allocator's own reports: LibTorch's
+// DefaultCPUAllocator reports every allocation and free (with its size) to the thread's
+// PROFILER_STATE debug info when that says memory profiling is on. This is what the
+// profiler's memory events are built from; here nothing else listens.
+struct CpuAllocationCounter : c10::MemoryReportingInfoBase {
+  std::atomic<int64_t> live{0}, peak{0};
+  void reportMemoryUsage(void*, int64_t bytes, size_t, size_t, c10::Device device) override {
+    if (!device.is_cpu()) return;
+    int64_t now = live += bytes;
+    int64_t high = peak.load();
+    while (now > high && !peak.compare_exchange_weak(high, now)) {
+    }
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+struct MemoryUse {
+  int64_t after_forward = 0;  // bytes alive between forward and backward
+  int64_t peak = 0;           // high-water mark over forward and backward
+};
+
+// Allocation counts from before the forward: parameters and the batch exist already and are
+// not counted. The gradient buffers are new in both cases alike.
+MemoryUse cpu_memory_of_step(mz::GPT& model, const Batch& b) {
+  zero_grads(*model);
+  auto counter = std::make_shared<CpuAllocationCounter>();
+  MemoryUse use;
+  {
+    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, counter);
+    at::manual_seed(7);
+    at::Tensor loss = model->loss(model->forward(b.ids), b.targets);
+    use.after_forward = counter->live.load();
+    loss.backward();
+  }
+  use.peak = counter->peak.load();
+  return use;
+}
+
+mz::GPTConfig memory_config() {
+  // Deep and narrow, with attention dropout (its probabilities are kept): activations dwarf
+  // the weights, as in real training.
+  return mz::GPTConfig::from_json({{"hidden_size", 64},
+                                   {"num_layers", 8},
+                                   {"num_attention_heads", 4},
+                                   {"seq_length", 128},
+                                   {"vocab_size", 128},
+                                   {"hidden_dropout", 0.1},
+                                   {"attention_dropout", 0.1}});
+}
+
+}  // namespace
+
+// ---- configuration ---------------------------------------------------------------------------
+
+TEST(GPTConfig, ReadsPractitionerKeysWithDefaults) {
+  mz::GPTConfig c = mz::GPTConfig::from_json({{"hidden_size", 64},
+                                              {"num_layers", 2},
+                                              {"num_attention_heads", 8},
+                                              {"seq_length", 32},
+                                              {"vocab_size", 100}});
+  EXPECT_EQ(c.ffn_hidden_size, 256);
+  EXPECT_EQ(c.max_position_embeddings, 32);
+  EXPECT_EQ(c.head_dim(), 8);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c.hidden_dropout, 0.1);
+  EXPECT_DOUBLE_EQ(c.attention_dropout, 0.1);
+  EXPECT_DOUBLE_EQ(c.layernorm_epsilon, 1e-5);
+  EXPECT_DOUBLE_EQ(c.init_method_std, 0.02);
+  EXPECT_EQ(c.gelu_approximation, "tanh");
+  EXPECT_FALSE(c.checkpoint_activations);
+  // max_position_embeddings alone gives the sequence length; both may differ.
+  json j = c.to_json();
+  j.erase("seq_length");
+  j["max_position_embeddings"] = 48;
+  j["layer_norm_epsilon"] = 1e-6;
+  j.erase("layernorm_epsilon");
+  mz::GPTConfig d = mz::GPTConfig::from_json(j);
+  EXPECT_EQ(d.seq_length, 48);
+  EXPECT_DOUBLE_EQ(d.layernorm_epsilon, 1e-6);
+  j["seq_length"] = 40;
+  EXPECT_EQ(mz::GPTConfig::from_json(j).positions(), 48);
+  EXPECT_EQ(mz::GPTConfig::from_json(c.to_json()).to_json(), c.to_json());
+}
+
+TEST(GPTConfig, ErrorsNameTheKeyAndWhatWasExpected) {
+  auto error_with = [](const std::function<void(json&)>& edit) {
+    json j = small_json();
+    edit(j);
+    return config_error([&] { mz::GPTConfig::from_json(j); });
+  };
+  auto has = [](const std::string& message, const std::string& part) {
+    return message.find(part) != std::string::npos;
+  };
+  std::string e = error_with([](json& j) { j.erase("hidden_size"); });
+  EXPECT_TRUE(has(e, "hidden_size") && has(e, "required")) << e;
+  e = error_with([](json& j) { j["num_layers"] = "deep"; });
+  EXPECT_TRUE(has(e, "num_layers") && has(e, "expected an integer")) << e;
+  e = error_with([](json& j) { j["num_attention_heads"] = 5; });
+  EXPECT_TRUE(has(e, "num_attention_heads") && has(e, "divisor of hidden_size (32)")) << e;
+  e = error_with([](json& j) { j["max_position_embeddings"] = 8; });
+  EXPECT_TRUE(has(e, "max_position_embeddings") && has(e, "at least seq_length")) << e;
+  e = error_with([](json& j) { j["hidden_dropout"] = 1.5; });
+  EXPECT_TRUE(has(e, "hidden_dropout")) << e;
+  e = error_with([](json& j) { j["gelu_approximation"] = "exact"; });
+  EXPECT_TRUE(has(e, "gelu_approximation") && has(e, "\"tanh\", \"none\"")) << e;
+  e = error_with([](json& j) { j["num_layer"] = 4; });
+  EXPECT_TRUE(has(e, "num_layer") && has(e, "did you mean 'num_layers'")) << e;
+  e = error_with([](json& j) {
+    j["layernorm_epsilon"] = 1e-5;
+    j["layer_norm_eps"] = 1e-6;
+  });
+  EXPECT_TRUE(has(e, "layer_norm_eps") && has(e, "only one")) << e;
+  e = error_with([](json& j) { j.erase("seq_length"); });
+  EXPECT_TRUE(has(e, "seq_length") && has(e, "max_position_embeddings")) << e;
+
+  // Unknown keys: warnings instead of errors when asked.
+  json extra = small_json();
+  extra["model_type"] = "gpt2";
+  mz::GPTConfig lenient = mz::GPTConfig::from_json(extra, /*strict=*/false);
+  ASSERT_EQ(lenient.warnings.size(), 1u);
+  EXPECT_TRUE(has(lenient.warnings[0], "model_type"));
+
+  // A file's errors name the file.
+  std::string path = ::testing::TempDir() + "bad_gpt.json";
+  std::ofstream(path) << "{\"hidden_size\": 32, \"num_layers\": 0}";
+  e = config_error([&] { mz::GPTConfig::from_file(path); });
+  EXPECT_TRUE(has(e, "num_layers") && has(e, path)) << e;
+}
+
+TEST(GPTConfig, ShippedConfigsHaveThePublishedShapes) {
+  mz::GPTConfig tiny = mz::GPTConfig::from_file(shipped("gpt_tiny.json"));
+  EXPECT_EQ(tiny.vocab_size, 50304);
+  EXPECT_EQ(tiny.vocab_size % 128, 0);
+  EXPECT_LE(tiny.num_parameters(), 10'000'000);
+
+  mz::GPTConfig small = mz::GPTConfig::from_file(shipped("gpt_125M.json"));
+  // GPT-2 small's 124,439,808 parameters with the vocabulary padded from 50257 to 50304.
+  EXPECT_EQ(small.num_parameters(), 124'439'808 + 47 * 768);
+  EXPECT_DOUBLE_EQ(small.flops_per_token(), 6.0 * small.num_parameters() + 12.0 * 12 * 768 * 1024);
+
+  mz::GPTConfig xl = mz::GPTConfig::from_file(shipped("gpt_1.3B.json"));
+  EXPECT_EQ(xl.hidden_size, 2048);
+  EXPECT_EQ(xl.num_layers, 24);
+  EXPECT_EQ(xl.num_attention_heads, 16);
+  EXPECT_EQ(xl.seq_length, 1024);
+  EXPECT_EQ(xl.vocab_size, 50304);
+  EXPECT_NEAR(xl.num_parameters() / 1e9, 1.3, 0.05);
+
+  mz::GPTConfig big = mz::GPTConfig::from_file(shipped("gpt_13B.json"));
+  EXPECT_EQ(big.hidden_size, 5120);
+  EXPECT_EQ(big.num_layers, 40);
+  EXPECT_EQ(big.num_attention_heads, 40);
+  EXPECT_EQ(big.seq_length, 2048);
+  EXPECT_EQ(big.vocab_size, 50304);
+  EXPECT_NEAR(big.num_parameters() / 1e9, 12.9, 0.15);
+}
+
+// ---- the module ------------------------------------------------------------------------------
+
+TEST(GPT, NumParametersIsTheModulesCount) {
+  for (bool tied : {true, false}) {
+    mz::GPTConfig c = small_config(0.0, tied);
+    c.ffn_hidden_size = 40;
+    c.max_position_embeddings = 20;
+    mz::GPT model(c);
+    EXPECT_EQ(count_parameters(*model), c.num_parameters()) << "tied " << tied;
+  }
+  for (const char* file : {"gpt_tiny.json", "gpt_125M.json"}) {
+    mz::GPTConfig c = mz::GPTConfig::from_file(shipped(file));
+    mz::GPT model(c);
+    EXPECT_EQ(count_parameters(*model), c.num_parameters()) << file;
+  }
+}
+
+TEST(GPT, InitialisationIsGPT2AndMegatrons) {
+  mz::GPTConfig c = mz::GPTConfig::from_json({{"hidden_size", 256},
+                                              {"num_layers", 4},
+                                              {"num_attention_heads", 4},
+                                              {"seq_length", 64},
+                                              {"vocab_size", 1000},
+                                              {"tie_word_embeddings", false}});
+  at::manual_seed(0);
+  mz::GPT model(c);
+  const double scaled = 0.02 / std::sqrt(2.0 * 4);
+  int checked = 0;
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    const at::Tensor& p = item.value();
+    auto ends_with = [&](const std::string& tail) {
+      return name.size() >= tail.size() &&
+             name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (name.find("ln_") != std::string::npos || name.find("final_norm") != std::string::npos) {
+      EXPECT_TRUE(at::equal(p, ends_with("weight") ? at::ones_like(p) : at::zeros_like(p))) << name;
+    } else if (ends_with("bias")) {
+      EXPECT_TRUE(at::equal(p, at::zeros_like(p))) << name;
+    } else {
+      const double expected = ends_with("proj.weight") ? scaled : 0.02;
+      const double std = p.std().item<double>(), mean = p.mean().item<double>();
+      // 16k to 256k samples: the estimates' own spread is well under 1%.
+      EXPECT_NEAR(std / expected, 1.0, 0.03) << name;
+      EXPECT_NEAR(mean / expected, 0.0, 0.03) << name;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2 + 4 * 12 + 2 + 1);
+}
+
+TEST(GPT, ForwardShapesLossAndTiedHead) {
+  mz::GPTConfig c = small_config();
+  mz::GPT model(c);
+  Batch b = random_batch(c, 2, 9, 1);
+  at::Tensor logits = model->forward(b.ids);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, 9, c.vocab_size}));
+  at::Tensor loss = model->loss(logits, b.targets);
+  // Freshly initialised: close to the uniform prediction's log(V).
+  EXPECT_NEAR(loss.item<double>(), std::log(static_cast<double>(c.vocab_size)), 0.3);
+  EXPECT_FALSE(model->head);
+  EXPECT_THROW(model->forward(at::zeros({2, c.seq_length + 1}, at::kLong)), c10::Error);
+  EXPECT_THROW(model->forward(at::zeros({2, 3})), c10::Error);
+  // Causal: the logits of position t do not depend on tokens after t.
+  model->eval();
+  at::Tensor changed = b.ids.clone();
+  changed.select(1, 8).fill_(3);
+  at::Tensor a = model->forward(b.ids), d = model->forward(changed);
+  EXPECT_TRUE(at::equal(a.narrow(1, 0, 8), d.narrow(1, 0, 8)));
+  EXPECT_FALSE(at::equal(a.narrow(1, 8, 1), d.narrow(1, 8, 1)));
+}
+
+TEST(GPT, LayerSpecsInSequenceGiveTheModulesOutput) {
+  for (bool tied : {true, false}) {
+    mz::GPTConfig c = small_config(0.1, tied);
+    mz::GPT model(c);
+    std::vector<mz::LayerSpec> specs = mz::gpt_layer_specs(c);
+    ASSERT_EQ(specs.size(), static_cast<size_t>(c.num_layers + 3));
+    std::vector<mz::Layer> layers = mz::build_layers(specs);
+    // Tied: the head runs the embedding's module itself.
+    EXPECT_EQ(layers.front().module == layers.back().module, tied);
+
+    // The same weights, by name: layer name + "." + the name inside the layer.
+    std::map<std::string, at::Tensor> whole;
+    for (const auto& item : model->named_parameters()) whole[item.key()] = item.value();
+    std::set<std::string> covered;
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& layer : layers) {
+        if (layer.name == "head" && tied) continue;  // the embedding's parameters
+        for (const auto& item : layer.module->named_parameters()) {
+          std::string key = layer.name + "." + item.key();
+          ASSERT_TRUE(whole.count(key)) << key;
+          item.value().copy_(whole[key]);
+          covered.insert(key);
+        }
+      }
+    }
+    EXPECT_EQ(covered.size(), whole.size());
+
+    Batch b = random_batch(c, 3, 11, 2);
+    for (bool training : {false, true}) {
+      model->train(training);
+      for (auto& layer : layers) layer.module->train(training);
+      at::manual_seed(5);
+      at::Tensor expected = model->forward(b.ids);
+      at::manual_seed(5);
+      at::Tensor got = mz::run_layers(layers, b.ids);
+      EXPECT_TRUE(at::equal(expected, got)) << "tied " << tied << " training " << training;
+    }
+  }
+}
+
+// ---- activation checkpointing ----------------------------------------------------------------
+
+TEST(ActivationCheckpointing, GPTGradientsAreBitIdentical) {
+  for (double dropout : {0.0, 0.1}) {
+    mz::GPTConfig c = small_config(dropout);
+    at::manual_seed(3);
+    mz::GPT model(c);
+    Batch b = random_batch(c, 4, 16, 4);
+    Step plain = train_step(model, b, 11);
+    auto expected = grads_of(*model);
+
+    dscpp::ActivationCheckpointingConfig one_each, two_segments, on_cpu;
+    two_segments.number_checkpoints = 2;
+    on_cpu.cpu_checkpointing = true;  // nothing to move for CPU tensors: the same result
+    for (const auto* section : {&one_each, &two_segments, &on_cpu}) {
+      model->enable_activation_checkpointing(*section);
+      Step ckpt = train_step(model, b, 11);
+      SCOPED_TRACE("dropout " + std::to_string(dropout) + ", segments " +
+                   std::to_string(model->activation_checkpointing_segments()));
+      EXPECT_TRUE(at::equal(plain.loss, ckpt.loss));
+      // The RNG continues as it would have: the next batch sees the same stream.
+      EXPECT_TRUE(at::equal(plain.rng_after, ckpt.rng_after));
+      expect_grads_identical(expected, grads_of(*model));
+    }
+    model->disable_activation_checkpointing();
+    if (dropout > 0) {
+      // Dropout was really on: another seed gives another loss.
+      EXPECT_FALSE(at::equal(plain.loss, train_step(model, b, 12).loss));
+    }
+  }
+}
+
+TEST(ActivationCheckpointing, AnyFunctionOfSeveralTensors) {
+  at::manual_seed(0);
+  at::Tensor w = at::randn({5, 5}).requires_grad_();
+  at::Tensor x = at::randn({3, 5}).requires_grad_();
+  at::Tensor y = at::randn({3, 5});  // needs no gradient
+  auto fn = [w](const std::vector<at::Tensor>& in) {
+    at::Tensor h = at::dropout(at::tanh(in[0].matmul(w)), 0.5, true) * in[1];
+    return std::vector<at::Tensor>{h.sum(1), h.argmax(1), h * 2};
+  };
+  auto run = [&](bool checkpointed) {
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+    at::manual_seed(9);
+    auto out = checkpointed ? ac::checkpoint(fn, {x, y}) : fn({x, y});
+    EXPECT_FALSE(out[1].requires_grad());  // integer output
+    (out[0].sum() + out[2].pow(2).sum()).backward();
+    return std::vector<at::Tensor>{out[0].detach(), w.grad().clone(), x.grad().clone()};
+  };
+  auto plain = run(false), ckpt = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ckpt[i])) << i;
+}
+
+TEST(ActivationCheckpointing, RefusesAutogradGradAndNamesWhatItIgnores) {
+  at::Tensor x = at::randn({4}).requires_grad_();
+  at::Tensor y = ac::checkpoint([](const at::Tensor& t) { return (t * t).sum(); }, x);
+  EXPECT_THROW(torch::autograd::grad({y}, {x}), c10::Error);
+
+  mz::GPT model(small_config());
+  dscpp::ActivationCheckpointingConfig section;
+  section.partition_activations = true;
+  section.contiguous_memory_optimization = true;
+  std::vector<std::string> notes = model->enable_activation_checkpointing(section);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[0].find("partition_activations"), std::string::npos);
+  EXPECT_NE(notes[1].find("contiguous_memory_optimization"), std::string::npos);
+  section = {};
+  section.number_checkpoints = 4;  // three blocks
+  std::string e = config_error([&] { model->enable_activation_checkpointing(section); });
+  EXPECT_NE(e.find("activation_checkpointing.number_checkpoints"), std::string::npos) << e;
+  // The GPT config's own switch.
+  json j = small_json();
+  j["checkpoint_activations"] = true;
+  EXPECT_EQ(mz::GPT(mz::GPTConfig::from_json(j))->activation_checkpointing_segments(), 3);
+}
+
+TEST(ActivationCheckpointing, PeakCpuMemoryDrops) {
+  mz::GPTConfig c = memory_config();
+  at::manual_seed(0);
+  mz::GPT model(c);
+  Batch b = random_batch(c, 8, c.seq_length, 1);
+  MemoryUse plain = cpu_memory_of_step(model, b);
+  model->enable_activation_checkpointing();
+  MemoryUse ckpt = cpu_memory_of_step(model, b);
+  const double mib = 1024.0 * 1024.0;
+  std::cout << "CPU bytes held after forward: " << plain.after_forward / mib << " MiB plain, "
+            << ckpt.after_forward / mib << " MiB checkpointed; peak " << plain.peak / mib
+            << " MiB plain, " << ckpt.peak / mib << " MiB checkpointed\n";
+  // Checkpointed, a forward keeps each block's input ([B,S,h]) instead of everything the
+  // block's backward needs (attention probabilities and dropout masks among them).
+  EXPECT_LT(ckpt.after_forward, plain.after_forward / 4);
+  EXPECT_LT(ckpt.peak, plain.peak / 2);
+}
+
+#if defined(DSCPP_CUDA)
+TEST(ActivationCheckpointing, PeakCudaMemoryDrops) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU";
+  const at::Device gpu(at::kCUDA, 0);
+  mz::GPTConfig c = memory_config();
+  at::manual_seed(0);
+  mz::GPT model(c);
+  model->to(gpu);
+  Batch b = random_batch(c, 8, c.seq_length, 1);
+  b.ids = b.ids.to(gpu);
+  b.targets = b.targets.to(gpu);
+  auto measure = [&](std::map<std::string, at::Tensor>* grads) {
+    zero_grads(*model);
+    at::accelerator::synchronizeDevice(0);
+    const int64_t base = at::accelerator::getDeviceStats(0).allocated_bytes[0].current;
+    at::accelerator::resetPeakStats(0);
+    at::manual_seed(7);
+    model->loss(model->forward(b.ids), b.targets).backward();
+    at::accelerator::synchronizeDevice(0);
+    *grads = grads_of(*model);
+    return at::accelerator::getDeviceStats(0).allocated_bytes[0].peak - base;
+  };
+  std::map<std::string, at::Tensor> plain_grads, ckpt_grads, host_grads;
+  // A first step allocates what stays for good (cuBLAS workspaces): not the model's peak.
+  measure(&plain_grads);
+  const int64_t plain = measure(&plain_grads);
+  model->enable_activation_checkpointing();
+  const int64_t ckpt = measure(&ckpt_grads);
+  dscpp::ActivationCheckpointingConfig on_cpu;
+  on_cpu.cpu_checkpointing = true;
+  model->enable_activation_checkpointing(on_cpu);
+  const int64_t host = measure(&host_grads);
+  std::cout << "CUDA peak above the weights: " << plain / 1048576.0 << " MiB plain, "
+            << ckpt / 1048576.0 << " MiB checkpointed, " << host / 1048576.0
+            << " MiB with cpu_checkpointing\n";
+  EXPECT_LT(ckpt, plain / 2);
+  EXPECT_LT(host, ckpt);
+  // GPU kernels may sum in a different order from run to run (atomics): close, not equal.
+  for (const auto& [name, g] : plain_grads) {
+    EXPECT_TRUE(at::allclose(g, ckpt_grads.at(name), 1e-4, 1e-6)) << name;
+    EXPECT_TRUE(at::allclose(g, host_grads.at(name), 1e-4, 1e-6)) << name;
+  }
+}
+#endif
+
+// ---- with the engine -------------------------------------------------------------------------
+
+TEST(GPT, TrainsThroughTheEngineWithCheckpointing) {
+  mz::GPTConfig c = mz::GPTConfig::from_json({{"hidden_size", 32},
+                                              {"num_layers", 2},
+                                              {"num_attention_heads", 2},
+                                              {"seq_length", 16},
+                                              {"vocab_size", 64},
+                                              {"hidden_dropout", 0.0},
+                                              {"attention_dropout", 0.0}});
+  at::manual_seed(0);
+  mz::GPT model(c);
+  json ds = {{"train_batch_size", 4},
+             {"gradient_clipping", 1.0},
+             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}},
+             {"activation_checkpointing", {{"number_checkpoints", 1}}}};
+  auto engine = dscpp::initialize(model, ds);
+  model->enable_activation_checkpointing(engine.core().config().activation_checkpointing);
+  EXPECT_EQ(model->activation_checkpointing_segments(), 1);
+  // A periodic text: each token follows from the previous one.
+  at::Tensor start = at::arange(4, at::kLong).unsqueeze(1) * 5;
+  at::Tensor tokens = (start + at::arange(17, at::kLong) * 3) % c.vocab_size;
+  at::Tensor ids = tokens.narrow(1, 0, 16).to(engine.device());
+  at::Tensor targets = tokens.narrow(1, 1, 16).to(engine.device());
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    at::Tensor loss = model->loss(engine.forward(ids), targets);
+    engine.backward(loss);
+    engine.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  std::cout << "loss " << first << " -> " << last << "\n";
+  EXPECT_LT(last, first / 4) << "first loss " << first << ", last " << last;
+}
