@@ -45,11 +45,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // Every rank starts from rank 0's weights, as DeepSpeed broadcasts the model at init.
   if (group_->size() > 1) group_->broadcast(flat_params_, 0).wait();
 
-  const int r = partitioned(options_) ? group_->rank() : 0;
   master_ = at::empty({layout_.partition}, opts.dtype(at::kFloat));
-  for (const auto& b : layout_.buckets)
-    master_.slice(0, b.part_offset, b.part_offset + b.chunk)
-        .copy_(flat_params_.slice(0, b.begin + r * b.chunk, b.begin + (r + 1) * b.chunk));
+  refresh_master_from_params();
   grad_partition_ = at::zeros_like(master_);
   optimizer_->add_shard(master_);
 
@@ -109,6 +106,17 @@ StepResult ZeroOptimizer::step(double loss_scale) {
   publish_master();
   result.applied = true;
   return result;
+}
+
+int ZeroOptimizer::layout_rank() const {
+  return partitioned(options_) ? group_->rank() : 0;
+}
+
+void ZeroOptimizer::refresh_master_from_params() {
+  const int r = layout_rank();
+  for (const auto& b : layout_.buckets)
+    master_.slice(0, b.part_offset, b.part_offset + b.chunk)
+        .copy_(flat_params_.slice(0, b.begin + r * b.chunk, b.begin + (r + 1) * b.chunk));
 }
 
 void ZeroOptimizer::publish_master() {

@@ -54,8 +54,15 @@ class ZeroOptimizer {
   at::Tensor& master_partition() { return master_; }  // fp32, layout().partition elements
   at::Tensor& flat_params() { return flat_params_; }
   // Copies the master partition into the 16-bit parameters on every rank (after a step or
-  // a checkpoint load).
+  // a checkpoint load). Collective at stages 1 and 2.
   void publish_master();
+  // The other way: the master partition from the (16-bit) parameters, as at construction.
+  void refresh_master_from_params();
+  // Which chunk of every bucket this rank owns: its rank at stages 1-2, 0 at stage 0 (where
+  // the layout has one partition, the whole buffer).
+  int layout_rank() const;
+  const std::vector<at::Tensor>& params() const { return params_; }
+  int stage() const { return options_.stage; }
 
  private:
   ZeroOptions options_;

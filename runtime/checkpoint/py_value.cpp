@@ -23,6 +23,82 @@ PyValue PyValue::tuple(std::vector<PyValue> items) {
   return v;
 }
 
+PyValue PyValue::size(const std::vector<int64_t>& dims) {
+  PyValue v;
+  v.kind_ = Kind::Tuple;
+  v.torch_size_ = true;
+  for (int64_t d : dims) v.items_.emplace_back(d);
+  return v;
+}
+
+PyValue PyValue::from_json(const nlohmann::json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::null:
+      return PyValue();
+    case nlohmann::json::value_t::boolean:
+      return PyValue(j.get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return PyValue(j.get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned:
+      return PyValue(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::json::value_t::number_float:
+      return PyValue(j.get<double>());
+    case nlohmann::json::value_t::string:
+      return PyValue(j.get<std::string>());
+    case nlohmann::json::value_t::array: {
+      PyValue out = list();
+      for (const auto& x : j) out.append(from_json(x));
+      return out;
+    }
+    case nlohmann::json::value_t::object: {
+      PyValue out = dict();
+      for (const auto& [k, x] : j.items()) out.push_entry(PyValue(k), from_json(x));
+      return out;
+    }
+    default:
+      return PyValue();
+  }
+}
+
+nlohmann::json PyValue::to_json() const {
+  switch (kind_) {
+    case Kind::None:
+      return nullptr;
+    case Kind::Bool:
+      return int_ != 0;
+    case Kind::Int:
+      return int_;
+    case Kind::Double:
+      return double_;
+    case Kind::String:
+      return string_;
+    case Kind::List:
+    case Kind::Tuple: {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& x : items_) out.push_back(x.to_json());
+      return out;
+    }
+    case Kind::Dict: {
+      nlohmann::json out = nlohmann::json::object();
+      for (size_t i = 0; i < keys_.size(); ++i) {
+        const PyValue& k = keys_[i];
+        out[k.is_string() ? k.string_ : std::to_string(k.as_int())] = items_[i].to_json();
+      }
+      return out;
+    }
+    case Kind::Tensor:
+      break;
+  }
+  throw std::runtime_error("a tensor has no JSON form");
+}
+
+std::vector<int64_t> PyValue::as_ints() const {
+  if (kind_ != Kind::List && kind_ != Kind::Tuple) require(Kind::Tuple, "a tuple of ints");
+  std::vector<int64_t> out;
+  for (const auto& x : items_) out.push_back(x.as_int());
+  return out;
+}
+
 PyValue PyValue::dict(bool ordered) {
   PyValue v;
   v.kind_ = Kind::Dict;

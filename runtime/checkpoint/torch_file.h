@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -38,6 +39,10 @@ class PyValue {
 
   static PyValue list(std::vector<PyValue> items = {});
   static PyValue tuple(std::vector<PyValue> items = {});
+  // A torch.Size: a tuple of ints that pickles as torch.Size (DeepSpeed's param_shapes).
+  static PyValue size(const std::vector<int64_t>& dims);
+  // JSON's values as Python's: objects become dicts, arrays lists. Throws on nothing.
+  static PyValue from_json(const nlohmann::json& j);
   // A dict; ordered=true pickles as collections.OrderedDict (what state_dict() returns).
   static PyValue dict(bool ordered = false);
   static PyValue ordered_dict() { return dict(true); }
@@ -51,6 +56,7 @@ class PyValue {
   bool is_string() const { return kind_ == Kind::String; }
   bool is_list() const { return kind_ == Kind::List; }
   bool is_tuple() const { return kind_ == Kind::Tuple; }
+  bool is_torch_size() const { return kind_ == Kind::Tuple && torch_size_; }
   bool is_dict() const { return kind_ == Kind::Dict; }
   bool is_tensor() const { return kind_ == Kind::Tensor; }
 
@@ -81,6 +87,12 @@ class PyValue {
   // Adds without looking for an equal key (the unpickler's SETITEMS).
   void push_entry(PyValue key, PyValue value);
 
+  // The value as JSON (tuples as arrays, int dict keys as strings); throws
+  // std::runtime_error naming the first tensor met, which JSON cannot hold.
+  nlohmann::json to_json() const;
+  // A list or tuple of ints (torch.Size included) as a vector; throws otherwise.
+  std::vector<int64_t> as_ints() const;
+
   // Same kind and value; tensors compare by identity of their TensorImpl.
   bool same_key(const PyValue& other) const;
 
@@ -89,6 +101,7 @@ class PyValue {
 
   Kind kind_ = Kind::None;
   bool ordered_ = false;
+  bool torch_size_ = false;
   int64_t int_ = 0;
   double double_ = 0.0;
   std::string string_;

@@ -175,6 +175,14 @@ class Pickler {
         tensor(v.as_tensor());
         return;
       case PyValue::Kind::Tuple: {
+        if (v.is_torch_size()) {
+          // torch.Size(tuple): the class, its one argument, REDUCE.
+          global("torch", "Size");
+          int_tuple(v.as_ints());
+          op(0x85);
+          op('R');
+          return;
+        }
         const auto& items = v.items();
         if (items.empty()) {
           op(')');

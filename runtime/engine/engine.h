@@ -30,6 +30,19 @@ class Engine {
   void backward(const at::Tensor& loss) { core_->backward(loss); }
   void step() { core_->step(); }
   void train(bool on = true) { module_->train(on); }
+
+  // DeepSpeed's checkpoint calls; every rank calls them (see EngineCore).
+  void save_checkpoint(const std::string& save_dir, const std::string& tag = "",
+                       const checkpoint::PyValue& client_state = checkpoint::PyValue::dict()) {
+    core_->save_checkpoint(save_dir, tag, client_state);
+  }
+  LoadCheckpointResult load_checkpoint(const std::string& load_dir, const std::string& tag = "",
+                                       bool load_optimizer_states = true,
+                                       bool load_lr_scheduler_states = true,
+                                       bool load_module_only = false) {
+    return core_->load_checkpoint(
+        load_dir, tag, {load_optimizer_states, load_lr_scheduler_states, load_module_only});
+  }
   void eval() { module_->eval(); }
   ModuleHolder& module() { return module_; }
 
@@ -70,6 +83,12 @@ Engine<ModuleHolder> initialize(ModuleHolder module, const nlohmann::json& confi
                [impl]() {
                  EngineCore::NamedParams out;
                  for (const auto& item : impl->named_parameters(/*recurse=*/true))
+                   out.emplace_back(item.key(), item.value());
+                 return out;
+               },
+               [impl]() {
+                 EngineCore::NamedParams out;
+                 for (const auto& item : impl->named_buffers(/*recurse=*/true))
                    out.emplace_back(item.key(), item.value());
                  return out;
                });

@@ -5,11 +5,13 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <map>
 
 #include "optim/lr_schedules.h"
 #include "optim/optimizer.h"
 #include "runtime/comm/rendezvous.h"
 #include "runtime/config/config_error.h"
+#include "runtime/monitor/monitor.h"
 #include "runtime/precision/loss_scaler.h"
 #include "zero/zero_optimizer.h"
 
@@ -29,8 +31,6 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
     gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
   if (z.stage >= 1 && !z.reduce_scatter)
     gaps.push_back("'zero_optimization.reduce_scatter': false (dscpp reduce-scatters)");
-  if (c.tensorboard.enabled) gaps.push_back("'tensorboard'");
-  if (c.csv_monitor.enabled) gaps.push_back("'csv_monitor'");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
     gaps.push_back("'fp16.fp16_master_weights_and_grads'");
   if (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads)
@@ -70,15 +70,30 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   dtype_ = config_.fp16.enabled ? at::kHalf : config_.bf16.enabled ? at::kBFloat16 : at::kFloat;
   if (group_->backend_name() == "nccl") device_ = at::Device(at::kCUDA, local_rank_);
   scaler_ = std::make_unique<LossScaler>(config_.fp16);
+  monitor_ = std::make_unique<monitor::MonitorMaster>(config_, group_->rank());
 }
 
 EngineCore::~EngineCore() = default;
 
-void EngineCore::attach(const ModuleCast& cast, const std::function<NamedParams()>& named_params) {
+void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
+                        std::function<NamedParams()> named_buffers) {
   cast(dtype_, device_);
+  named_params_ = std::move(named_params);
+  named_buffers_ = std::move(named_buffers);
   std::vector<at::Tensor> params;
-  for (auto& [name, p] : named_params())
-    if (p.requires_grad()) params.push_back(p);
+  // A parameter registered under two names (tied embeddings) is one tensor: it gets one
+  // place in the flat buffer, and its other names are recorded as DeepSpeed's shared_params.
+  std::map<const void*, std::string> seen;
+  for (auto& [name, p] : named_params_()) {
+    auto [it, fresh] = seen.emplace(p.unsafeGetTensorImpl(), name);
+    if (!fresh) {
+      shared_params_.emplace_back(name, it->second);
+      continue;
+    }
+    if (!p.requires_grad()) continue;
+    params.push_back(p);
+    param_names_.push_back(name);
+  }
   const auto& z = config_.zero_optimization;
   zero::ZeroOptions zo;
   zo.stage = z.stage;
@@ -133,6 +148,10 @@ void EngineCore::backward(const at::Tensor& loss) {
   // Stage 2 reduces every micro-step into the fp32 partition; stages 0 and 1 let the
   // gradients accumulate in the flat buffer and reduce once, at the boundary.
   zero_->begin_backward(zero_optimization_stage() == 2 || boundary);
+  if (monitor_->enabled() && group_->rank() == 0) {
+    at::Tensor l = loss.detach().to(at::kDouble);
+    loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
+  }
   at::Tensor scaled = loss;
   if (config_.gradient_accumulation_steps > 1)
     scaled = scaled / config_.gradient_accumulation_steps;
@@ -165,9 +184,35 @@ void EngineCore::step() {
   }
   ++global_steps_;
   global_samples_ += config_.train_batch_size;
+  if (monitor_->enabled() && group_->rank() == 0) {
+    // The mean of rank 0's micro-batch losses of this step (one host sync, monitors only).
+    double loss =
+        loss_sum_.defined() ? loss_sum_.item<double>() / config_.gradient_accumulation_steps : 0.0;
+    loss_sum_ = at::Tensor();
+    write_monitor_events(loss);
+  }
   if (config_.steps_per_print && *config_.steps_per_print > 0 &&
       global_steps_ % *config_.steps_per_print == 0)
     log_progress();
+}
+
+void EngineCore::write_monitor_events(double train_loss) {
+  // DeepSpeed's event names, each at x = global_samples.
+  const int64_t x = global_samples_;
+  std::vector<monitor::Event> events = {{"Train/Samples/train_loss", train_loss, x},
+                                        {"Train/Samples/lr", zero_->optimizer().get_lr(), x}};
+  if (config_.fp16.enabled)
+    events.push_back({"Train/Samples/loss_scale", scaler_->loss_scale(), x});
+  if (config_.wall_clock_breakdown) {
+    events.push_back({"Train/Samples/elapsed_time_ms_forward", timers_.forward, x});
+    events.push_back({"Train/Samples/elapsed_time_ms_backward", timers_.backward, x});
+    events.push_back({"Train/Samples/elapsed_time_ms_backward_inner",
+                      timers_.backward - timers_.backward_reduce, x});
+    events.push_back(
+        {"Train/Samples/elapsed_time_ms_backward_allreduce", timers_.backward_reduce, x});
+    events.push_back({"Train/Samples/elapsed_time_ms_step", timers_.step, x});
+  }
+  monitor_->write_events(events);
 }
 
 void EngineCore::log_progress() {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/checkpoint/torch_file.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/config/ds_config.h"
 
@@ -25,6 +26,22 @@ namespace zero {
 class ZeroOptimizer;
 }
 class LossScaler;
+namespace monitor {
+class MonitorMaster;
+}
+
+// load_checkpoint's switches, DeepSpeed's names and defaults.
+struct LoadCheckpointOptions {
+  bool load_optimizer_states = true;     // false: fresh optimizer state, fp32 weights still loaded
+  bool load_lr_scheduler_states = true;  // false: the schedule keeps its current position
+  bool load_module_only = false;         // true: the module's weights only, nothing else
+};
+
+// What load_checkpoint found: the tag folder it read and the client_state saved with it.
+struct LoadCheckpointResult {
+  std::string path;
+  checkpoint::PyValue client_state = checkpoint::PyValue::dict();
+};
 
 // What initialize() takes besides the module and the config.
 struct InitArgs {
@@ -41,8 +58,18 @@ class EngineCore {
 
   EngineCore(const nlohmann::json& config, InitArgs args);
   ~EngineCore();
-  // Second half of construction, once the module is known.
-  void attach(const ModuleCast& cast, const std::function<NamedParams()>& named_params);
+  // Second half of construction, once the module is known. named_params: every parameter
+  // under its state_dict name (a shared one under each name); named_buffers likewise.
+  void attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
+              std::function<NamedParams()> named_buffers);
+
+  // DeepSpeed's save_checkpoint / load_checkpoint (runtime/engine/engine_checkpoint.cpp):
+  // collective, on every rank. tag "" means "global_step<N>" on save and <dir>/latest on
+  // load. client_state: a dict saved beside the engine's own keys, returned by load.
+  void save_checkpoint(const std::string& save_dir, const std::string& tag = "",
+                       const checkpoint::PyValue& client_state = checkpoint::PyValue::dict());
+  LoadCheckpointResult load_checkpoint(const std::string& load_dir, const std::string& tag = "",
+                                       const LoadCheckpointOptions& options = {});
 
   void backward(const at::Tensor& loss);
   void step();
@@ -75,6 +102,22 @@ class EngineCore {
 
  private:
   void log_progress();
+  void write_monitor_events(double train_loss);
+  // Checkpoint parts (engine_checkpoint.cpp).
+  checkpoint::PyValue model_states(const checkpoint::PyValue& client_state,
+                                   checkpoint::PyValue rng_states);
+  checkpoint::PyValue zero_states();  // collective at stages 1-2
+  checkpoint::PyValue gather_rng_states();
+  void restore_rng_state(const checkpoint::PyValue& states);
+  void check_tag_agrees(const std::string& tag);
+  void load_module(const checkpoint::PyValue& model, const std::string& path);
+  void load_stage0_optimizer(const checkpoint::PyValue& model, const std::string& path,
+                             bool load_optimizer_states);
+  void load_zero_partitions(const std::string& dir, const std::string& tag, int saved_world,
+                            bool load_optimizer_states);
+  // Throws on every rank when any rank's local_error is non-empty (after the same
+  // collective on all), so one rank's failure never leaves the others waiting.
+  void agree(const std::string& local_error, const char* what);
   // wall_clock_breakdown: milliseconds spent per phase since the last progress line.
   struct Timers {
     double forward = 0, backward = 0, backward_reduce = 0, step = 0;
@@ -95,6 +138,11 @@ class EngineCore {
   std::chrono::steady_clock::time_point last_log_;
   int64_t samples_since_log_ = 0;
   Timers timers_;
+  std::unique_ptr<monitor::MonitorMaster> monitor_;  // tensorboard / csv_monitor
+  at::Tensor loss_sum_;  // this accumulation's micro-batch losses, while a monitor is on
+  std::function<NamedParams()> named_params_, named_buffers_;
+  std::vector<std::string> param_names_;  // the trainable parameters, as the ZeRO buffer holds them
+  std::vector<std::pair<std::string, std::string>> shared_params_;  // alias -> first name
   double forward_start_ = 0;
 };
 

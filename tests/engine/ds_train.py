@@ -68,6 +68,9 @@ def main():
     ap.add_argument("--ga", type=int, required=True, help="gradient_accumulation_steps")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--save", help="checkpoint folder to save to after step --save-at")
+    ap.add_argument("--save-at", type=int, default=-1)
+    ap.add_argument("--load", help="checkpoint folder to resume from (its latest tag)")
     args = ap.parse_args()
 
     import deepspeed  # slow; after argument errors
@@ -100,8 +103,13 @@ def main():
     mb, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     assert mb * ga * n == GLOBAL_BATCH, (mb, ga, n)
 
+    first = 0
+    if args.load:
+        path, _ = engine.load_checkpoint(args.load)
+        assert path is not None, f"DeepSpeed found no checkpoint in {args.load}"
+        first = engine.global_steps
     losses = []
-    for s in range(args.steps):
+    for s in range(first, args.steps):
         loss_sum = 0.0
         for m in range(ga):
             x, y = samples(s * GLOBAL_BATCH + (m * n + r) * mb, mb)
@@ -113,6 +121,8 @@ def main():
         t = torch.tensor([loss_sum / ga], dtype=torch.float64)
         torch.distributed.all_reduce(t)
         losses.append(t.item() / n)
+        if s + 1 == args.save_at:
+            engine.save_checkpoint(args.save, client_state={"saved_at": s + 1})
     assert engine.global_steps == args.steps, engine.global_steps
 
     # At stages 1 and 2 each rank updates its partition of the fp32 weights and the updated
@@ -125,7 +135,7 @@ def main():
         assert torch.equal(g, flat), f"rank {k}'s module weights differ from rank {r}'s"
     if r == 0:
         with open(args.out, "w") as f:
-            json.dump({"losses": losses, "params": flat.tolist()}, f)
+            json.dump({"losses": losses, "params": flat.tolist(), "first_step": first}, f)
             f.write("\n")
     torch.distributed.barrier()
 

@@ -81,9 +81,17 @@ std::vector<double> flat_params(torch::nn::Module& m) {
 
 }  // namespace
 
+// Checkpointing around dscpp training: load from `load` first (its latest tag), save to
+// `save` after optimizer step `save_at` with a client_state that records that step.
+struct CheckpointArgs {
+  std::string save, load;
+  int save_at = -1;
+};
+
 // Trains with dscpp; returns rank 0's result, null on other ranks.
 template <typename Holder, typename LossOf>
-json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of) {
+json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
+                 const CheckpointArgs& ckpt) {
   json result;
   const int64_t global_batch = cfg["train_batch_size"].get<int64_t>();
   auto engine = dscpp::initialize(model, cfg);
@@ -91,7 +99,15 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of) {
   const int64_t mb = engine.train_micro_batch_size_per_gpu();
   const int64_t ga = engine.gradient_accumulation_steps();
   auto forward = [&](torch::Tensor in) { return engine.forward(in); };
-  for (int s = 0; s < steps; ++s) {
+  int first = 0;
+  if (!ckpt.load.empty()) {
+    auto loaded = engine.load_checkpoint(ckpt.load);
+    first = static_cast<int>(engine.global_steps());
+    result["client_state"] = loaded.client_state.to_json();
+  }
+  result["first_step"] = first;
+  result["losses"] = json::array();
+  for (int s = first; s < steps; ++s) {
     double loss_sum = 0;
     for (int64_t m = 0; m < ga; ++m) {
       auto loss = loss_of(forward, s * global_batch + (m * n + r) * mb, mb, engine.device());
@@ -103,6 +119,12 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of) {
     auto l = torch::tensor({loss_sum / ga}, torch::kFloat64).to(engine.device());
     engine.core().group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
     result["losses"].push_back(l.cpu().template item<double>());
+    if (s + 1 == ckpt.save_at) {
+      auto client = dscpp::checkpoint::PyValue::dict();
+      client.set("saved_at", s + 1);
+      client.set("note", "from engine_train");
+      engine.save_checkpoint(ckpt.save, "", client);
+    }
   }
   result["params"] = flat_params(*model);
   auto& zo = engine.core().zero_optimizer();
@@ -115,13 +137,17 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of) {
 int main(int argc, char** argv) {
   std::string mode, config_text, out_path, model_name;
   int steps;
+  CheckpointArgs ckpt;
   po::options_description desc("engine_train");
   desc.add_options()("mode", po::value(&mode)->required(), "init, reference or dscpp")(
       "config", po::value(&config_text)->default_value("{\"train_batch_size\": 1}"),
       "ds_config JSON text")("steps", po::value(&steps)->default_value(20), "optimizer steps")(
       "out", po::value(&out_path)->required(), "where rank 0 writes its JSON")(
       "model", po::value(&model_name)->default_value("mlp"), "mlp or transformer")(
-      "local_rank", po::value<int>(), "set by the launcher");
+      "local_rank", po::value<int>(), "set by the launcher")(
+      "save", po::value(&ckpt.save), "dscpp mode: checkpoint folder to save to")(
+      "save-at", po::value(&ckpt.save_at), "dscpp mode: save after this optimizer step")(
+      "load", po::value(&ckpt.load), "dscpp mode: checkpoint folder to resume from");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
@@ -179,10 +205,10 @@ int main(int argc, char** argv) {
     }
     result["params"] = flat_params(module);
   } else if (transformer) {
-    result = train_dscpp(tiny, cfg, steps, loss_of);
+    result = train_dscpp(tiny, cfg, steps, loss_of, ckpt);
     if (result.is_null()) return 0;  // not rank 0
   } else {
-    result = train_dscpp(mlp, cfg, steps, loss_of);
+    result = train_dscpp(mlp, cfg, steps, loss_of, ckpt);
     if (result.is_null()) return 0;
   }
   std::ofstream(out_path) << result.dump() << "\n";

@@ -5,6 +5,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "dscpp.h"
@@ -164,7 +166,7 @@ TEST(EngineCases, ModuleZeroGradDoesNotLoseGradients) {
 TEST(EngineCases, FeaturesTheEngineLacksAreAnnouncedNotSilent) {
   json cfg = base_config();
   cfg["zero_optimization"] = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
-  cfg["tensorboard"] = {{"enabled", true}};
+  cfg["data_types"] = {{"grad_accum_dtype", "fp32"}};
   torch::manual_seed(0);
   TwoLayer model;
   testing::internal::CaptureStderr();
@@ -174,5 +176,56 @@ TEST(EngineCases, FeaturesTheEngineLacksAreAnnouncedNotSilent) {
                      "engine yet, ignored"),
             std::string::npos)
       << err;
-  EXPECT_NE(err.find("'tensorboard': not implemented by the engine yet"), std::string::npos) << err;
+  EXPECT_NE(err.find("'data_types.grad_accum_dtype': not implemented by the engine yet"),
+            std::string::npos)
+      << err;
+}
+
+TEST(EngineCases, CsvMonitorRecordsLossLrAndScaleAtEveryStep) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dscpp_monitor_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  json cfg = base_config();
+  cfg["gradient_accumulation_steps"] = 2;
+  cfg["fp16"] = {{"enabled", true}, {"initial_scale_power", 4}};
+  cfg["csv_monitor"] = {{"enabled", true}, {"output_path", dir.string()}, {"job_name", "job"}};
+  torch::manual_seed(0);
+  TwoLayer model;
+  auto engine = dscpp::initialize(model, cfg);
+  std::vector<double> losses, lrs;
+  for (int step = 0; step < 3; ++step) {
+    double sum = 0;
+    for (int m = 0; m < 2; ++m) {
+      at::Tensor x = at::sin(at::arange(8, at::kFloat).reshape({2, 4}) * (step * 2 + m + 1));
+      at::Tensor loss = model->forward(x.to(at::kHalf)).to(at::kFloat).square().mean();
+      sum += loss.item<double>();
+      engine.backward(loss);
+      engine.step();
+    }
+    losses.push_back(sum / 2);
+    lrs.push_back(engine.get_lr()[0]);
+  }
+  auto rows = [&](const std::string& name) {
+    std::ifstream in(dir / "job" / ("Train_Samples_" + name + ".csv"));
+    std::vector<std::pair<int64_t, double>> out;
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line, "step," + name + "\r");
+    while (std::getline(in, line)) {
+      auto comma = line.find(',');
+      out.emplace_back(std::stoll(line.substr(0, comma)), std::stod(line.substr(comma + 1)));
+    }
+    return out;
+  };
+  auto loss_rows = rows("train_loss"), lr_rows = rows("lr"), scale_rows = rows("loss_scale");
+  ASSERT_EQ(loss_rows.size(), 3u);
+  ASSERT_EQ(lr_rows.size(), 3u);
+  ASSERT_EQ(scale_rows.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(loss_rows[i].first, 4 * (i + 1));  // x = global_samples after the step
+    EXPECT_NEAR(loss_rows[i].second, losses[i], 1e-12 * std::abs(losses[i]));
+    EXPECT_DOUBLE_EQ(lr_rows[i].second, lrs[i]);
+    EXPECT_DOUBLE_EQ(scale_rows[i].second, 16.0);
+  }
+  fs::remove_all(dir);
 }

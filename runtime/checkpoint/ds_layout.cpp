@@ -1,0 +1,128 @@
+// DeepSpeed's checkpoint layout: see ds_layout.h.
+#include "runtime/checkpoint/ds_layout.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace dscpp::checkpoint {
+
+namespace fs = std::filesystem;
+
+std::string tag_dir(const std::string& dir, const std::string& tag) {
+  return (fs::path(dir) / tag).string();
+}
+
+std::string model_states_path(const std::string& dir, const std::string& tag) {
+  return (fs::path(dir) / tag / "mp_rank_00_model_states.pt").string();
+}
+
+std::string zero_states_path(const std::string& dir, const std::string& tag, int dp_rank,
+                             bool bf16) {
+  return (fs::path(dir) / tag /
+          ((bf16 ? "bf16_" : "") + std::string("zero_pp_rank_") + std::to_string(dp_rank) +
+           "_mp_rank_00_optim_states.pt"))
+      .string();
+}
+
+std::string find_zero_states(const std::string& dir, const std::string& tag, int dp_rank) {
+  for (bool bf16 : {false, true}) {
+    std::string p = zero_states_path(dir, tag, dp_rank, bf16);
+    if (fs::is_regular_file(p)) return p;
+  }
+  throw CheckpointError("checkpoint '" + tag_dir(dir, tag) +
+                        "' has no ZeRO partition file of rank " + std::to_string(dp_rank) +
+                        " (expected " + zero_states_path(dir, tag, dp_rank, false) +
+                        " or its bf16_ variant)");
+}
+
+std::optional<std::string> read_latest(const std::string& dir) {
+  fs::path p = fs::path(dir) / "latest";
+  if (!fs::is_regular_file(p)) return std::nullopt;
+  std::ifstream in(p);
+  std::string tag;
+  std::getline(in, tag);
+  while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
+  if (tag.empty()) throw CheckpointError("'" + p.string() + "' is empty: it should name a tag");
+  return tag;
+}
+
+void write_latest(const std::string& dir, const std::string& tag) {
+  const std::string path = (fs::path(dir) / "latest").string();
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  auto fail = [&](const char* what) {
+    int e = errno;
+    if (fd >= 0) ::close(fd);
+    throw CheckpointError("cannot write '" + path + "': " + what + ": " + std::strerror(e));
+  };
+  if (fd < 0) fail("open");
+  // DeepSpeed writes the bare tag, no newline.
+  if (::write(fd, tag.data(), tag.size()) != static_cast<ssize_t>(tag.size())) fail("write");
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    fd = -1;
+    fail("close");
+  }
+  fd = -1;
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename");
+  // The rename itself is durable once the directory is synced.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void make_tag_dir(const std::string& dir, const std::string& tag) {
+  std::error_code ec;
+  fs::create_directories(fs::path(dir) / tag, ec);
+  // Another rank may have created it between the check and the mkdir.
+  if (ec && !fs::is_directory(fs::path(dir) / tag)) {
+    throw CheckpointError("cannot create checkpoint folder '" + tag_dir(dir, tag) +
+                          "': " + ec.message());
+  }
+}
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
+      tag.find('\0') != std::string::npos) {
+    throw CheckpointError("checkpoint tag '" + tag +
+                          "' is not a folder name (empty, '.', '..' or holding '/')");
+  }
+}
+
+const std::vector<std::string>& engine_state_keys() {
+  static const std::vector<std::string> keys = {"module",
+                                                "buffer_names",
+                                                "optimizer",
+                                                "param_shapes",
+                                                "frozen_param_shapes",
+                                                "shared_params",
+                                                "frozen_param_fragments",
+                                                "lr_scheduler",
+                                                "data_sampler",
+                                                "random_ltd",
+                                                "sparse_tensor_module_names",
+                                                "skipped_steps",
+                                                "global_steps",
+                                                "global_samples",
+                                                "dp_world_size",
+                                                "mp_world_size",
+                                                "checkpoint_parallel_dimensions",
+                                                "ds_config",
+                                                "ds_version",
+                                                "dscpp_version",
+                                                "dscpp_zero_stage",
+                                                "dscpp_loss_scaler",
+                                                "dscpp_rng_states",
+                                                "dscpp_micro_steps",
+                                                "universal_checkpoint_info"};
+  return keys;
+}
+
+}  // namespace dscpp::checkpoint

@@ -1,0 +1,43 @@
+// DeepSpeed's checkpoint directory layout (deepspeed/runtime/engine.py):
+//   <dir>/latest                                         the last complete tag, one line
+//   <dir>/<tag>/mp_rank_00_model_states.pt               module weights, counters, schedule
+//   <dir>/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt   rank r's ZeRO partition
+// and the keys inside them that both DeepSpeed and dscpp read. Errors are CheckpointError,
+// naming the directory or file and what is wrong with it.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dscpp::checkpoint {
+
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The version of DeepSpeed whose format we write ("ds_version"; DeepSpeed parses it).
+inline constexpr const char* kDsFormatVersion = "0.19.8";
+
+std::string tag_dir(const std::string& dir, const std::string& tag);
+std::string model_states_path(const std::string& dir, const std::string& tag);
+std::string zero_states_path(const std::string& dir, const std::string& tag, int dp_rank,
+                             bool bf16);
+// The zero file of dp_rank, whichever prefix it was written with; throws if neither exists.
+std::string find_zero_states(const std::string& dir, const std::string& tag, int dp_rank);
+
+// The tag <dir>/latest names, or nullopt when there is no such file.
+std::optional<std::string> read_latest(const std::string& dir);
+// Writes <dir>/latest atomically (temporary file, fsync, rename).
+void write_latest(const std::string& dir, const std::string& tag);
+// Creates <dir>/<tag>/ (and <dir>); safe when several processes race to create it.
+void make_tag_dir(const std::string& dir, const std::string& tag);
+// A tag must name one folder: not empty, no '/', not "." or "..".
+void check_tag(const std::string& tag);
+
+// Keys of the model-states file that are DeepSpeed's or ours, never the client's.
+const std::vector<std::string>& engine_state_keys();
+
+}  // namespace dscpp::checkpoint

@@ -1,0 +1,117 @@
+// Consolidated fp32 weights from a checkpoint: see fp32_state.h.
+#include "runtime/checkpoint/fp32_state.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "runtime/checkpoint/ds_layout.h"
+
+namespace dscpp::checkpoint {
+
+namespace {
+
+const PyValue& need(const PyValue& dict, const char* key, const std::string& path) {
+  const PyValue* v = dict.is_dict() ? dict.find(PyValue(key)) : nullptr;
+  if (!v) throw CheckpointError("'" + path + "' has no '" + key + "' entry");
+  return *v;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
+                                                 const std::string& tag_in) {
+  std::string tag = tag_in;
+  if (tag.empty()) {
+    auto latest = read_latest(dir);
+    if (!latest) throw CheckpointError("'" + dir + "' has no 'latest' file: pass a tag");
+    tag = *latest;
+  }
+  check_tag(tag);
+  const std::string path = model_states_path(dir, tag);
+  PyValue model = load_torch_file(path);
+  const PyValue& module = need(model, "module", path);
+
+  // The trainable parameters' fp32 values, by name.
+  std::map<std::string, at::Tensor> fp32;
+  const PyValue& shapes_v = need(model, "param_shapes", path);
+  const PyValue& optimizer = need(model, "optimizer", path);
+  if (!optimizer.is_none()) {
+    // Stage 0: the module holds the weights; 16-bit ones have their fp32 copy beside the
+    // optimizer state (ours), in param_shapes' order.
+    if (const PyValue* list = optimizer.find(PyValue("dscpp_fp32_params"))) {
+      if (shapes_v.is_none() || shapes_v.size() != 1 || shapes_v.items()[0].size() != list->size())
+        throw CheckpointError("'" + path + "': dscpp_fp32_params does not match param_shapes");
+      const PyValue& shapes = shapes_v.items()[0];
+      for (size_t i = 0; i < list->size(); ++i)
+        fp32[shapes.keys()[i].as_string()] = list->items()[i].as_tensor().to(at::kFloat);
+    }
+  } else {
+    if (shapes_v.is_none() || !shapes_v.is_list())
+      throw CheckpointError("'" + path + "' has no param_shapes: not a ZeRO checkpoint");
+    const int64_t world = need(model, "dp_world_size", path).as_int();
+    std::vector<at::Tensor> groups_flat(shapes_v.size());
+    std::vector<std::vector<int64_t>> paddings(shapes_v.size());
+    for (int64_t r = 0; r < world; ++r) {
+      const std::string zpath = find_zero_states(dir, tag, static_cast<int>(r));
+      PyValue z = load_torch_file(zpath);
+      const PyValue& osd = need(z, "optimizer_state_dict", zpath);
+      const PyValue& parts = need(osd, "single_partition_of_fp32_groups", zpath);
+      if (parts.size() != shapes_v.size())
+        throw CheckpointError("'" + zpath + "' holds " + std::to_string(parts.size()) +
+                              " parameter groups, param_shapes " + std::to_string(shapes_v.size()));
+      if (const PyValue* p = osd.find(PyValue("param_alignment_paddings"))) {
+        for (size_t g = 0; g < p->size() && g < paddings.size(); ++g)
+          paddings[g] = p->items()[g].as_ints();
+      }
+      for (size_t g = 0; g < parts.size(); ++g) {
+        at::Tensor t = parts.items()[g].as_tensor().to(at::kFloat).reshape({-1});
+        groups_flat[g] = r == 0 ? t : at::cat({groups_flat[g], t});
+      }
+    }
+    for (size_t g = 0; g < shapes_v.size(); ++g) {
+      const PyValue& shapes = shapes_v.items()[g];
+      int64_t offset = 0;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        std::vector<int64_t> shape = shapes.values()[i].as_ints();
+        const int64_t n = numel_of(shape);
+        if (offset + n > groups_flat[g].numel())
+          throw CheckpointError("'" + tag_dir(dir, tag) + "': the partitions hold " +
+                                std::to_string(groups_flat[g].numel()) +
+                                " elements, fewer than param_shapes needs");
+        fp32[shapes.keys()[i].as_string()] =
+            groups_flat[g].slice(0, offset, offset + n).view(shape).clone();
+        offset += n + (i < paddings[g].size() ? paddings[g][i] : 0);
+      }
+    }
+  }
+
+  PyValue out = PyValue::ordered_dict();
+  for (size_t i = 0; i < module.size(); ++i) {
+    const std::string& name = module.keys()[i].as_string();
+    auto it = fp32.find(name);
+    const PyValue& v = module.values()[i];
+    if (it != fp32.end()) {
+      out.set(PyValue(name), PyValue(it->second));
+    } else if (v.is_tensor()) {
+      at::Tensor t = v.as_tensor();
+      out.set(PyValue(name), PyValue(t.is_floating_point() ? t.to(at::kFloat) : t));
+    }
+  }
+  // Shared parameters: each alias is its source's tensor.
+  if (const PyValue* shared = model.find(PyValue("shared_params")); shared && shared->is_dict()) {
+    for (size_t i = 0; i < shared->size(); ++i) {
+      const PyValue* src = out.find(shared->values()[i]);
+      if (src) out.set(shared->keys()[i], *src);
+    }
+  }
+  return out;
+}
+
+}  // namespace dscpp::checkpoint
