@@ -1,8 +1,27 @@
 #!/usr/bin/env bash
-# The main job. Until the GPT training program exists: build, print the environment
-# report and resolve the demo config with dscpp_report.
+# The main job: the scaled-down GPT pre-training. Builds dscpp, turns Debian's fortunes into a
+# GPT-2-tokenized Megatron dataset (runs/corpus), and trains model_zoo/configs/gpt_tiny.json
+# through the dscpp launcher with ZeRO-2: on every GPU when there are GPUs (the CUDA build),
+# otherwise on 2 CPU ranks over Gloo. Logs, TensorBoard and CSV files and the checkpoint go
+# under runs/. Environment: DEMO_ITERS (default 150), DEMO_RANKS (CPU ranks, default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh cpu
-./build/tools/dscpp_report
-./build/tools/dscpp_report --config ds_configs/ds_config_small.json --world-size 2
+variant=cpu
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then variant=cuda; fi
+scripts/build.sh "$variant"
+build=build
+[ "$variant" = cuda ] && build=build-cuda
+export DSCPP_PYTHON=${DSCPP_PYTHON:-$PWD/.venv/bin/python3}
+if [ ! -f runs/corpus/fortunes_text_document.idx ]; then
+  PREPROCESS_DATA=$build/tools/preprocess_data scripts/prepare_corpus.sh runs/corpus
+fi
+ranks=()
+[ "$variant" = cpu ] && ranks=(--num_gpus "${DEMO_RANKS:-2}")
+# One OpenMP thread per rank: the ranks share the machine's cores.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${DEMO_RANKS:-2} > 0 ? $(nproc) / ${DEMO_RANKS:-2} : 1 ))}
+"$build/launcher/dscpp" "${ranks[@]}" "$build/examples/train_gpt" \
+  --model-config model_zoo/configs/gpt_tiny.json \
+  --train-data-path runs/corpus/fortunes_text_document \
+  --deepspeed_config ds_configs/gpt_tiny_cpu.json \
+  --train-iters "${DEMO_ITERS:-150}" --log-interval 10 \
+  --save runs/checkpoints --save-interval 50 --load runs/checkpoints --seed 1234

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The PyTorch reference dscpp's GPT throughput is compared with, run beside it in the same call.
+
+    torchrun --nproc_per_node 2 bench/pytorch_gpt.py --model-config model_zoo/configs/gpt_1.3B.json \
+        --mode fsdp2|ddp|single --micro-batch 8 --steps 30 --warmup 10
+
+Plain PyTorch as a user would write it (../shared/GPU.md): the same GPT as model_zoo's (pre-LN,
+tanh GELU, learned positions, tied embeddings, SDPA causal attention), bf16 autocast with fp32
+weights for DDP/single, FSDP2 with bf16 parameters and fp32 gradient reduction, fused AdamW.
+Random tokens. Rank 0 prints one line: tokens/s per GPU, TFLOP/s per GPU (6N + 12*L*h*s per
+token), peak memory."""
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+
+    def __init__(self, h, heads, ffn, eps):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(h, eps=eps), nn.LayerNorm(h, eps=eps)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc, self.out = nn.Linear(h, ffn), nn.Linear(ffn, h)
+        self.heads = heads
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+        x = x + self.proj(a)
+        return x + self.out(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+
+    def __init__(self, c):
+        super().__init__()
+        h = c["hidden_size"]
+        self.wte = nn.Embedding(c["vocab_size"], h)
+        self.wpe = nn.Embedding(c.get("max_position_embeddings", c["seq_length"]), h)
+        self.blocks = nn.ModuleList(
+            Block(h, c["num_attention_heads"], c.get("ffn_hidden_size", 4 * h), c.get("layernorm_epsilon", 1e-5))
+            for _ in range(c["num_layers"]))
+        self.ln_f = nn.LayerNorm(h, eps=c.get("layernorm_epsilon", 1e-5))
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, ids):
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+        for b in self.blocks:
+            x = b(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-config", required=True)
+    ap.add_argument("--mode", choices=["single", "ddp", "fsdp2"], default="fsdp2")
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=10)
+    args = ap.parse_args()
+    with open(args.model_config) as f:
+        c = json.load(f)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    if world > 1:
+        dist.init_process_group("nccl")
+    torch.manual_seed(0)
+    model = GPT(c).cuda()
+    n_params = sum(p.numel() for p in model.parameters())
+    autocast = True
+    if args.mode == "ddp":
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[local])
+    elif args.mode == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for b in model.blocks:
+            fully_shard(b, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        autocast = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    seq, vocab = c["seq_length"], c["vocab_size"]
+    ids = torch.randint(0, vocab, (args.micro_batch, seq + 1), device="cuda")
+    flops_per_token = 6 * n_params + 12 * c["num_layers"] * c["hidden_size"] * seq
+    torch.cuda.reset_peak_memory_stats()
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    tps = args.steps * args.micro_batch * seq / secs
+    if rank == 0:
+        print(f"pytorch {args.mode} ranks={world}: {tps:,.0f} tokens/s per GPU, "
+              f"{tps * flops_per_token / 1e12:.0f} TFLOP/s per GPU, "
+              f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB, N={n_params / 1e9:.3f}B, "
+              f"final loss {loss.item():.3f}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
