@@ -27,4 +27,4 @@ esac
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=${DSCPP_BUILD_TYPE:-RelWithDebInfo} \
   "${compilers[@]}" "${extra[@]}" ${DSCPP_CMAKE_ARGS:-} >"$dir.configure.log" 2>&1 ||
   { cat "$dir.configure.log"; exit 1; }
-ninja -C "$dir" -j "$jobs"
+ninja -C "$dir" -j "$jobs" "${@:2}"  # targets after the variant: only those

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=cpu
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then variant=cuda; fi
-scripts/build.sh "$variant"
+scripts/build.sh "$variant" train_gpt preprocess_data dscpp_launcher
 build=build
 [ "$variant" = cuda ] && build=build-cuda
 export DSCPP_PYTHON=${DSCPP_PYTHON:-$PWD/.venv/bin/python3}

@@ -31,20 +31,42 @@ step configure configure
 # -k 0: one target that fails to build must not keep the others from being tested.
 step build ninja -C build-cuda -k 0 -j "$(nproc)"
 step report ./build-cuda/tools/dscpp_report
-step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"DeepSpeed|AgreesWith|SingleRankOracle\""
 nvidia-smi >"$out/nvidia-smi.log" 2>&1 || true
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$gpus" -ge 2 ]; then
   # The collectives suite over NCCL on CUDA tensors, then nccl-tests-style figures.
   step nccl_collectives env DSCPP_TEST_BACKEND=nccl ./build-cuda/launcher/dscpp --num_gpus 2 \
     --master_port 29651 ./build-cuda/tests/comm/comm_collectives
-  step comm_bench ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29652 \
+  [ "${GPU_BENCH_COMM:-0}" = 1 ] && step comm_bench ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29652 \
     ./build-cuda/tools/comm_bench --backend nccl --dtype bf16 --ops all_reduce,reduce_scatter,all_gather \
     --min-bytes 1048576 --max-bytes 1073741824 --iters 20 --warmup 5 --check
   step engine_bf16 python3 tests/engine/bf16_gpu_oracle.py --launcher ./build-cuda/launcher/dscpp \
     --train ./build-cuda/tests/engine/engine_train
+  # Checkpoints over NCCL: bit-exact resume at stages 0-2.
+  step checkpoint_resume python3 tests/checkpoint/checkpoint_oracle.py --part resume \
+    --launcher ./build-cuda/launcher/dscpp --train ./build-cuda/tests/engine/engine_train \
+    --zero-to-fp32 ./build-cuda/tools/zero_to_fp32
 fi
-[ -x ./build-cuda/bench/fused_adam_bench ] && step fused_adam ./build-cuda/bench/fused_adam_bench
+if [ "${GPU_BENCH_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/fused_adam_bench ]; then
+  step fused_adam ./build-cuda/bench/fused_adam_bench
+fi
+# GPT 1.3B training throughput: dscpp's train_gpt beside plain PyTorch in the same call
+# (GPU.md: compare only figures of one call). Data: the fortunes corpus carried in .gpu/corpus.
+gpt_bench() {  # gpt_bench NAME RANKS DS_CONFIG
+  ./build-cuda/launcher/dscpp --num_gpus "$2" --master_port $((29700 + $2)) ./build-cuda/examples/train_gpt \
+    --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
+    --deepspeed_config "$3" --train-iters "${GPT_ITERS:-30}" --log-interval 10
+}
+if [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ]; then
+  r=$(( gpus >= 2 ? 2 : 1 ))
+  step gpt_dscpp gpt_bench gpt_dscpp "$r" ds_configs/gpt_bf16_zero2.json
+  step gpt_pytorch_fsdp2 python3 -m torch.distributed.run --nproc_per_node "$r" --master_port 29720 \
+    bench/pytorch_gpt.py --model-config bench/configs/gpt_1.3B_bench.json --mode fsdp2 --steps 20 --warmup 10
+  step gpt_pytorch_ddp python3 -m torch.distributed.run --nproc_per_node "$r" --master_port 29721 \
+    bench/pytorch_gpt.py --model-config bench/configs/gpt_1.3B_bench.json --mode ddp --steps 20 --warmup 10
+fi
+# The suite last: the figures above come back even if the call's time runs out here.
+step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"DeepSpeed|AgreesWith|SingleRankOracle|Oracle_\""
 echo "=== dscpp GPU run, $(date -u +%Y-%m-%dT%H:%MZ) ==="
 cat "$out/report.log" 2>/dev/null
 grep -E "tests passed|tests failed" "$out/ctest.log" 2>/dev/null
@@ -52,4 +74,7 @@ grep -E "PASSED|FAILED" "$out/nccl_collectives.log" 2>/dev/null | sort | uniq -c
 cat "$out/comm_bench.log" 2>/dev/null
 grep -vE "^\[" "$out/engine_bf16.log" 2>/dev/null | tail -5
 tail -12 "$out/fused_adam.log" 2>/dev/null
+grep -E "PASS|FAIL|passed" "$out/checkpoint_resume.log" 2>/dev/null
+grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
+grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
 printf '%s\n' "${summary[@]}"
