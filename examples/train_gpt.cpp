@@ -1,8 +1,8 @@
 // train_gpt: GPT pre-training on a Megatron indexed dataset with the dscpp engine, the way a
 // practitioner runs a scaled-down job before scaling out:
 //
-//   dscpp --num_gpus N build/examples/train_gpt --model-config model_zoo/configs/gpt_tiny.json \
-//       --train-data-path runs/corpus/fortunes_text_document --deepspeed_config ds_configs/X.json \
+//   dscpp --num_gpus N build/examples/train_gpt --model-config model_zoo/configs/gpt_tiny.json
+//       --train-data-path runs/corpus/fortunes_text_document --deepspeed_config ds_configs/X.json
 //       --train-iters 200 --save runs/ckpt --save-interval 50 --load runs/ckpt --log-interval 10
 //
 // Rank 0 logs every --log-interval optimizer steps: loss (mean over ranks and micro-batches),
@@ -178,15 +178,17 @@ int main(int argc, char** argv) try {
       const double tokens_per_s = interval_steps * tokens_per_step / secs;
       const double tflops = tokens_per_s * flops_per_token / world / 1e12;
       if (rank == 0)
-        std::cout
-            << fmt::format(
-                   "[train_gpt] step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | "
-                   "loss scale {:g} | {:.0f} tokens/s | {:.3f} TFLOP/s per rank | MFU {} | {}\n",
-                   done, args.train_iters, l.item<double>(), engine.get_lr()[0],
-                   engine.get_global_grad_norm(), engine.loss_scale(), tokens_per_s, tflops,
-                   peak > 0 ? fmt::format("{:.1f}%", 100 * tflops / peak) : std::string("n/a"),
-                   peak_memory(engine.device()))
-            << std::flush;
+        std::cout << fmt::format(
+                         "[train_gpt] step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | "
+                         "loss scale {:g} | {:.0f} tokens/s ({:.0f} per rank) | {:.3f} TFLOP/s per "
+                         "rank | MFU {} | {}\n",
+                         done, args.train_iters, l.item<double>(), engine.get_lr()[0],
+                         engine.get_global_grad_norm(), engine.loss_scale(), tokens_per_s,
+                         tokens_per_s / world, tflops,
+                         peak > 0 ? fmt::format("{:.1f}%", 100 * tflops / peak)
+                                  : std::string("n/a"),
+                         peak_memory(engine.device()))
+                  << std::flush;
       interval_loss.zero_();
       interval_steps = 0;
       t0 = std::chrono::steady_clock::now();

@@ -66,7 +66,7 @@ if [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ]; then
     bench/pytorch_gpt.py --model-config bench/configs/gpt_1.3B_bench.json --mode ddp --steps 20 --warmup 10
 fi
 # The suite last: the figures above come back even if the call's time runs out here.
-step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"DeepSpeed|AgreesWith|SingleRankOracle|Oracle_\""
+step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"DeepSpeed|AgreesWith|SingleRankOracle|Oracle_|TokenIdsEqual\""
 echo "=== dscpp GPU run, $(date -u +%Y-%m-%dT%H:%MZ) ==="
 cat "$out/report.log" 2>/dev/null
 grep -E "tests passed|tests failed" "$out/ctest.log" 2>/dev/null

@@ -40,8 +40,8 @@ json config(int stage) {
 template <typename E>
 void train(E& engine, int steps) {
   for (int s = 0; s < steps; ++s) {
-    at::Tensor x =
-        at::sin(at::arange(16, at::kFloat).reshape({4, 4}) * (engine.global_steps() + 1));
+    at::Tensor x = at::sin(at::arange(16, at::kFloat).reshape({4, 4}) * (engine.global_steps() + 1))
+                       .to(engine.device());
     at::Tensor loss = engine.forward(x).square().mean();
     engine.backward(loss);
     engine.step();

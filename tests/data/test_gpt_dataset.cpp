@@ -135,7 +135,9 @@ TEST(BatchPlan, RankSharesAreDisjointAndTogetherCoverTheEpoch) {
     int64_t batches = -1;
     for (int64_t rank = 0; rank < world; ++rank) {
       BatchPlan plan{mb, rank, world};
-      if (batches >= 0) EXPECT_EQ(plan.batches(n), batches) << "every rank as many batches";
+      if (batches >= 0) {
+        EXPECT_EQ(plan.batches(n), batches) << "every rank as many batches";
+      }
       batches = plan.batches(n);
       EXPECT_EQ(batches, n / world / mb);
       for (int64_t b = 0; b < batches; ++b)

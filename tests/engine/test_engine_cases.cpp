@@ -197,7 +197,8 @@ TEST(EngineCases, CsvMonitorRecordsLossLrAndScaleAtEveryStep) {
     double sum = 0;
     for (int m = 0; m < 2; ++m) {
       at::Tensor x = at::sin(at::arange(8, at::kFloat).reshape({2, 4}) * (step * 2 + m + 1));
-      at::Tensor loss = model->forward(x.to(at::kHalf)).to(at::kFloat).square().mean();
+      at::Tensor loss =
+          model->forward(x.to(engine.device(), at::kHalf)).to(at::kFloat).square().mean();
       sum += loss.item<double>();
       engine.backward(loss);
       engine.step();
