@@ -44,7 +44,7 @@ void GradBuckets::launch(int b) {
   const double pre =
       options_.prescale_gradients ? 1.0 / n : 1.0 / options_.gradient_predivide_factor;
   if (pre != 1.0) data.mul_(pre);
-  if (options_.scatter) {
+  if (options_.scatter && options_.use_reduce_scatter) {
     results_[b] = at::empty({bucket.chunk}, data.options());
     works_[b] = group_->reduce_scatter(results_[b], data, comm::ReduceOp::kSum);
   } else {
@@ -68,10 +68,15 @@ void GradBuckets::finish(at::Tensor& grad_partition) {
     at::Tensor target = options_.scatter ? grad_partition.slice(0, bucket.part_offset,
                                                                 bucket.part_offset + bucket.chunk)
                                          : grad_partition.slice(0, bucket.begin, bucket.end);
+    at::Tensor source = results_[b];
+    if (options_.scatter && !options_.use_reduce_scatter) {
+      const int64_t r = group_->rank();
+      source = source.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk);
+    }
     if (post == 1.0)
-      target.add_(results_[b].to(at::kFloat));
+      target.add_(source.to(at::kFloat));
     else
-      target.add_(results_[b].to(at::kFloat), post);
+      target.add_(source.to(at::kFloat), post);
     works_[b] = comm::Work();
     results_[b] = at::Tensor();
   }

@@ -20,7 +20,11 @@
 namespace dscpp::zero {
 
 struct ReduceOptions {
-  bool scatter = false;       // reduce-scatter (stages 1, 2) instead of all-reduce (stage 0)
+  bool scatter = false;  // keep only this rank's chunk (stages 1, 2) instead of the whole bucket
+  // With scatter: one reduce-scatter per bucket (DeepSpeed's reduce_scatter: true), or an
+  // all-reduce of which each rank keeps its chunk (false: more traffic, DeepSpeed's choice
+  // for reductions the scatter cannot do).
+  bool use_reduce_scatter = true;
   bool overlap_comm = false;  // keep collectives in flight until finish()
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;

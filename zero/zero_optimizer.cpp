@@ -53,6 +53,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   ReduceOptions ro;
   ro.scatter = partitioned(options_);
   ro.overlap_comm = options_.overlap_comm;
+  ro.use_reduce_scatter = options_.reduce_scatter;
   ro.prescale_gradients = options_.prescale_gradients;
   ro.gradient_predivide_factor = options_.gradient_predivide_factor;
   ro.communication_data_type = options_.communication_data_type;

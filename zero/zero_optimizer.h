@@ -22,6 +22,7 @@ struct ZeroOptions {
   int stage = 0;
   int64_t reduce_bucket_size = 500000000;
   bool overlap_comm = false;
+  bool reduce_scatter = true;  // stages 1-2: false all-reduces and keeps this rank's chunk
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   std::optional<at::ScalarType> communication_data_type;

@@ -29,8 +29,6 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
                    ")");
   if (z.offload_param && z.offload_param->device != "none")
     gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
-  if (z.stage >= 1 && !z.reduce_scatter)
-    gaps.push_back("'zero_optimization.reduce_scatter': false (dscpp reduce-scatters)");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
     gaps.push_back("'fp16.fp16_master_weights_and_grads'");
   if (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads)
@@ -63,10 +61,16 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   }
   if (config_.zero_optimization.stage > 2)
     throw ConfigError("zero_optimization.stage", "stage 3 is not implemented yet; use 0, 1 or 2");
-  if (!config_.optimizer)
+  if (!config_.optimizer && !args.optimizer)
     throw ConfigError("optimizer",
-                      "no optimizer: the config must name one (client optimizers are "
-                      "not supported yet)");
+                      "no optimizer: name one in the config, or pass a client optimizer "
+                      "(InitArgs::optimizer)");
+  if (config_.optimizer && args.optimizer)
+    throw ConfigError("optimizer",
+                      "both the config and the client (InitArgs::optimizer) give an optimizer: "
+                      "keep one");
+  client_.optimizer = std::move(args.optimizer);
+  client_.lr_scheduler = std::move(args.lr_scheduler);
   dtype_ = config_.fp16.enabled ? at::kHalf : config_.bf16.enabled ? at::kBFloat16 : at::kFloat;
   if (group_->backend_name() == "nccl") device_ = at::Device(at::kCUDA, local_rank_);
   scaler_ = std::make_unique<LossScaler>(config_.fp16);
@@ -99,16 +103,23 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   zo.stage = z.stage;
   zo.reduce_bucket_size = z.reduce_bucket_size;
   zo.overlap_comm = z.overlap_comm;
+  zo.reduce_scatter = z.reduce_scatter;
   zo.prescale_gradients = config_.prescale_gradients;
   zo.gradient_predivide_factor = config_.gradient_predivide_factor;
   zo.communication_data_type = dtype_of(config_.communication_data_type);
   zo.gradient_clipping = config_.gradient_clipping;
   zo.check_overflow =
       config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
-  auto optimizer = optim::make_optimizer(*config_.optimizer);
+  auto optimizer =
+      config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
+  if (!optimizer) throw std::invalid_argument("initialize: the client optimizer factory gave null");
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
-  if (config_.scheduler) scheduler_ = optim::make_scheduler(*config_.scheduler, *opt);
+  if (config_.scheduler) {
+    scheduler_ = optim::make_scheduler(*config_.scheduler, *opt);
+  } else if (client_.lr_scheduler) {
+    scheduler_ = client_.lr_scheduler(*opt);
+  }
   last_log_ = std::chrono::steady_clock::now();
 }
 

@@ -21,7 +21,8 @@ namespace dscpp {
 
 namespace optim {
 class LRScheduler;
-}
+class Optimizer;
+}  // namespace optim
 namespace zero {
 class ZeroOptimizer;
 }
@@ -48,6 +49,13 @@ struct InitArgs {
   nlohmann::json auto_values = nlohmann::json::object();  // values for "auto" keys
   std::shared_ptr<comm::ProcessGroup> group;  // data-parallel group; default: init_distributed()
   bool strict_config = false;
+  // A client optimizer (DeepSpeed's `optimizer=` argument): builds one on flat fp32 shards
+  // (optim/optimizer.h), used when the config has no "optimizer" section (both: an error,
+  // as in DeepSpeed). The engine registers its master partition with it.
+  std::function<std::unique_ptr<optim::Optimizer>()> optimizer;
+  // A client LR schedule (`lr_scheduler=`) over the engine's optimizer; a "scheduler" section
+  // in the config takes precedence, as in DeepSpeed.
+  std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)> lr_scheduler;
 };
 
 class EngineCore {
@@ -138,6 +146,7 @@ class EngineCore {
   std::chrono::steady_clock::time_point last_log_;
   int64_t samples_since_log_ = 0;
   Timers timers_;
+  InitArgs client_;  // the client optimizer and schedule factories, used by attach()
   std::unique_ptr<monitor::MonitorMaster> monitor_;  // tensorboard / csv_monitor
   at::Tensor loss_sum_;  // this accumulation's micro-batch losses, while a monitor is on
   std::function<NamedParams()> named_params_, named_buffers_;

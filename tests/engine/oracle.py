@@ -19,7 +19,7 @@ import tempfile
 GLOBAL_BATCH = 16
 
 
-def config(stage, overlap, ga, eps=1e-8):
+def config(stage, overlap, ga, eps=1e-8, reduce_scatter=True):
     return {
         "train_batch_size": GLOBAL_BATCH,
         "gradient_accumulation_steps": ga,
@@ -27,7 +27,8 @@ def config(stage, overlap, ga, eps=1e-8):
         "optimizer": {"type": "AdamW",
                       "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": eps, "weight_decay": 0.01}},
         # Small buckets, so that every run reduces several of them.
-        "zero_optimization": {"stage": stage, "overlap_comm": overlap, "reduce_bucket_size": 300},
+        "zero_optimization": {"stage": stage, "overlap_comm": overlap, "reduce_bucket_size": 300,
+                              "reduce_scatter": reduce_scatter},
     }
 
 
@@ -65,19 +66,24 @@ def main():
                            json.dumps(config(0, False, 1, eps[model])), "--steps", str(args.steps),
                            "--out", ref_out], ref_out)
     # Every combination for the MLP; the transformer at 2 ranks with overlap on.
-    cases = [("mlp",) + c for c in itertools.product([0, 1, 2], [False, True], [1, 4], [2, 4])]
-    cases += [("transformer", s, True, ga, 2) for s in (0, 1, 2) for ga in (1, 4)]
+    cases = [("mlp",) + c + (True,) for c in itertools.product([0, 1, 2], [False, True], [1, 4], [2, 4])]
+    cases += [("transformer", s, True, ga, 2, True) for s in (0, 1, 2) for ga in (1, 4)]
+    # reduce_scatter: false (all-reduce, keep one's chunk) at the partitioned stages.
+    cases += [("mlp", s, True, 4, 2, False) for s in (1, 2)]
     passed = failed = 0
     port = 29700
-    for model, stage, overlap, ga, n in cases:
+    for model, stage, overlap, ga, n, rs in cases:
         port += 1
         ref = refs[model]
         out = os.path.join(tmp, f"{model}_s{stage}_o{int(overlap)}_ga{ga}_n{n}.json")
         name = f"{model} stage={stage} overlap_comm={overlap} accumulation={ga} ranks={n}"
+        if not rs:
+            name += " reduce_scatter=false"
+            out = out.replace(".json", "_nors.json")
         try:
             got = run([args.launcher, "--num_gpus", str(n), "--master_port", str(port), args.train,
                        "--mode", "dscpp", "--model", model,
-                       "--config", json.dumps(config(stage, overlap, ga, eps[model])),
+                       "--config", json.dumps(config(stage, overlap, ga, eps[model], rs)),
                        "--steps", str(args.steps), "--out", out], out)
             loss_err = rel_err(got["losses"], ref["losses"])
             param_err = rel_err(got["params"], ref["params"])

@@ -9,7 +9,12 @@
 #include <fstream>
 #include <limits>
 
+#include <ATen/core/grad_mode.h>
+
 #include "dscpp.h"
+#include "optim/lr_schedules.h"
+#include "optim/optimizer.h"
+#include "runtime/config/config_error.h"
 #include "runtime/precision/loss_scaler.h"
 #include "zero/zero_optimizer.h"
 
@@ -229,4 +234,93 @@ TEST(EngineCases, CsvMonitorRecordsLossLrAndScaleAtEveryStep) {
     EXPECT_DOUBLE_EQ(scale_rows[i].second, 16.0);
   }
   fs::remove_all(dir);
+}
+
+namespace {
+
+// A client optimizer a user writes: plain SGD on the flat shards, lr from its group.
+class PlainSgd : public dscpp::optim::Optimizer {
+ public:
+  explicit PlainSgd(double lr) : Optimizer(dscpp::optim::Hyper{{"lr", lr}}) {}
+  std::string name() const override { return "PlainSgd"; }
+
+ protected:
+  void init_state(Shard&) override {}
+  void update(Shard& s, const at::Tensor& grad) override {
+    s.param.sub_(grad, s.hyper["lr"].get<double>());
+  }
+  dscpp::optim::Hyper resolve(const dscpp::optim::Hyper& given, const std::string&,
+                              bool) const override {
+    dscpp::optim::Hyper h = defaults_;
+    for (auto& [k, v] : given.items()) h[k] = v;
+    return h;
+  }
+};
+
+json without_optimizer() {
+  json cfg = base_config();
+  cfg.erase("optimizer");
+  return cfg;
+}
+
+}  // namespace
+
+TEST(EngineCases, ClientOptimizerAndScheduleTrainAsConfiguredOnesDo) {
+  auto run = [](json cfg, dscpp::InitArgs args) {
+    torch::manual_seed(0);
+    TwoLayer model;
+    auto engine = dscpp::initialize(model, cfg, std::move(args));
+    for (int s = 0; s < 3; ++s) {
+      at::Tensor x = at::sin(at::arange(16, at::kFloat).reshape({4, 4}) * (s + 1));
+      engine.backward(model->forward(x.to(engine.device())).square().mean());
+      engine.step();
+    }
+    return std::make_pair(weights(model), engine.get_lr()[0]);
+  };
+  json configured = base_config();
+  configured["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 5}}}};
+  dscpp::InitArgs client;
+  client.optimizer = [] {
+    dscpp::OptimizerConfig oc;
+    oc.type = "AdamW";
+    oc.params = {{"lr", 0.1}, {"weight_decay", 0.5}};
+    return dscpp::optim::make_optimizer(oc);
+  };
+  client.lr_scheduler = [](dscpp::optim::Optimizer& opt) {
+    dscpp::SchedulerConfig sc;
+    sc.type = "WarmupLR";
+    sc.params = {{"warmup_num_steps", 5}};
+    return dscpp::optim::make_scheduler(sc, opt);
+  };
+  auto [want_w, want_lr] = run(configured, {});
+  auto [got_w, got_lr] = run(without_optimizer(), client);
+  EXPECT_TRUE(at::equal(want_w, got_w));
+  EXPECT_DOUBLE_EQ(want_lr, got_lr);
+
+  // A user's own optimizer class: three SGD steps by hand.
+  torch::manual_seed(0);
+  TwoLayer ref;
+  at::Tensor w = weights(ref);
+  dscpp::InitArgs sgd;
+  sgd.optimizer = [] { return std::make_unique<PlainSgd>(0.5); };
+  auto [sgd_w, sgd_lr] = run(without_optimizer(), sgd);
+  EXPECT_DOUBLE_EQ(sgd_lr, 0.5);
+  EXPECT_FALSE(at::equal(sgd_w, w));  // it did train
+  {
+    torch::manual_seed(0);
+    TwoLayer by_hand;
+    for (int s = 0; s < 3; ++s) {
+      for (auto& p : by_hand->parameters()) p.mutable_grad() = at::Tensor();
+      at::Tensor x = at::sin(at::arange(16, at::kFloat).reshape({4, 4}) * (s + 1));
+      by_hand->forward(x).square().mean().backward();
+      at::NoGradGuard ng;
+      for (auto& p : by_hand->parameters()) p.sub_(p.grad(), 0.5);
+    }
+    EXPECT_TRUE(at::allclose(sgd_w, weights(by_hand), 1e-6, 1e-7));
+  }
+
+  // Both a configured and a client optimizer: refused, as DeepSpeed does.
+  torch::manual_seed(0);
+  TwoLayer model;
+  EXPECT_THROW(dscpp::initialize(model, base_config(), sgd), dscpp::ConfigError);
 }
