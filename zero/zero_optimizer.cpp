@@ -13,6 +13,9 @@ namespace {
 bool partitioned(const ZeroOptions& o) {
   return o.stage >= 1;
 }
+bool params_partitioned(const ZeroOptions& o) {
+  return o.stage >= 3;
+}
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
@@ -30,6 +33,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   const auto opts = params_.empty() ? at::TensorOptions().dtype(at::kFloat) : params_[0].options();
   flat_params_ = at::zeros({layout_.total}, opts);
   flat_grads_ = at::zeros({layout_.total}, opts);
+  for (const auto& p : params_) param_shapes_.push_back(p.sizes().vec());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& lp = layout_.params[i];
     at::Tensor view =
@@ -59,6 +63,14 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   ro.communication_data_type = options_.communication_data_type;
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads_, group_, ro);
   hooks_ = register_ready_hooks(params_, [this](int i) { buckets_->mark_ready(i); });
+  if (params_partitioned(options_)) {
+    // Stage 3: this rank keeps only its 16-bit chunks; the parameters are released until
+    // gather() brings the whole buffer back. After the hooks: autograd's accumulator nodes
+    // record a parameter's shape when they are made, and must see the whole one.
+    part16_ = master_.to(flat_params_.scalar_type());
+    gathered_ = true;
+    release();
+  }
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
@@ -114,13 +126,77 @@ int ZeroOptimizer::layout_rank() const {
 }
 
 void ZeroOptimizer::refresh_master_from_params() {
+  if (params_partitioned(options_) && !gathered_ && part16_.defined()) {
+    master_.copy_(part16_);
+    return;
+  }
   const int r = layout_rank();
   for (const auto& b : layout_.buckets)
     master_.slice(0, b.part_offset, b.part_offset + b.chunk)
         .copy_(flat_params_.slice(0, b.begin + r * b.chunk, b.begin + (r + 1) * b.chunk));
 }
 
+void ZeroOptimizer::gather() {
+  if (!params_partitioned(options_) || gathered_) return;
+  const auto opts = part16_.options();
+  flat_params_ = at::empty({layout_.total}, opts);
+  std::vector<comm::Work> works;
+  for (const auto& b : layout_.buckets) {
+    at::Tensor out = flat_params_.slice(0, b.begin, b.end);
+    at::Tensor mine = part16_.slice(0, b.part_offset, b.part_offset + b.chunk);
+    if (group_->size() == 1) {
+      out.copy_(mine);
+    } else {
+      works.push_back(group_->all_gather(out, mine));
+    }
+  }
+  for (auto& w : works) w.wait();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& lp = layout_.params[i];
+    params_[i].set_data(
+        flat_params_.slice(0, lp.offset, lp.offset + lp.numel).view(param_shapes_[i]));
+  }
+  gathered_ = true;
+  ++gathers_;
+}
+
+void ZeroOptimizer::release() {
+  if (!params_partitioned(options_) || !gathered_) return;
+  // A parameter at rest is an empty tensor of its dtype and device, as in DeepSpeed; the
+  // gathered buffer is freed with the last view of it.
+  for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
+  flat_params_ = at::Tensor();
+  gathered_ = false;
+}
+
+void ZeroOptimizer::scatter_gathered_from(int src_rank) {
+  if (!params_partitioned(options_) || !gathered_) return;
+  // Every rank takes src_rank's values, then keeps its own chunks of them.
+  if (group_->size() > 1) group_->broadcast(flat_params_, src_rank).wait();
+  const int r = group_->rank();
+  for (const auto& b : layout_.buckets) {
+    at::Tensor mine = flat_params_.slice(0, b.begin + r * b.chunk, b.begin + (r + 1) * b.chunk);
+    part16_.slice(0, b.part_offset, b.part_offset + b.chunk).copy_(mine);
+    master_.slice(0, b.part_offset, b.part_offset + b.chunk).copy_(mine);
+  }
+}
+
+int64_t ZeroOptimizer::params_numel_held() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  return n;
+}
+
 void ZeroOptimizer::publish_master() {
+  if (params_partitioned(options_)) {
+    // Only this rank's 16-bit chunks change; the next gather() spreads them.
+    part16_.copy_(master_);
+    if (gathered_) {
+      release();
+      gather();
+    }
+    return;
+  }
   if (!partitioned(options_)) {
     flat_params_.copy_(master_);
     return;

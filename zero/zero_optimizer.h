@@ -62,6 +62,21 @@ class ZeroOptimizer {
   // Which chunk of every bucket this rank owns: its rank at stages 1-2, 0 at stage 0 (where
   // the layout has one partition, the whole buffer).
   int layout_rank() const;
+
+  // Stage 3: the parameters hold empty tensors at rest. gather() all-gathers the 16-bit
+  // buffer and points every parameter back into it; release() frees it again. Collective
+  // (gather); no-ops at stages 0-2 and when already in that state.
+  void gather();
+  void release();
+  bool gathered() const { return gathered_ || options_.stage < 3; }
+  // While gathered: every rank takes rank src's parameter values into its partition (16-bit
+  // and fp32 master), so a change made on one rank reaches all. Collective.
+  void scatter_gathered_from(int src_rank);
+  // Elements the module's parameters hold now (all of them at stages 0-2; 0 at rest at stage 3),
+  // and of this rank's 16-bit partition (stage 3), for the 1/N memory assertions.
+  int64_t params_numel_held() const;
+  int64_t partition16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
+  int64_t gathers() const { return gathers_; }  // how many times gather() ran
   const std::vector<at::Tensor>& params() const { return params_; }
   int stage() const { return options_.stage; }
 
@@ -76,6 +91,10 @@ class ZeroOptimizer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<GradBuckets> buckets_;
   std::shared_ptr<void> hooks_;
+  std::vector<std::vector<int64_t>> param_shapes_;
+  at::Tensor part16_;  // stage 3: this rank's 16-bit chunks, laid out as master_
+  bool gathered_ = false;
+  int64_t gathers_ = 0;
 };
 
 }  // namespace dscpp::zero

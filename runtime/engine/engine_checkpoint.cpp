@@ -263,6 +263,8 @@ PyValue EngineCore::zero_states() {
 
 void EngineCore::save_checkpoint(const std::string& save_dir, const std::string& tag_in,
                                  const PyValue& client_state) {
+  if (zero_->stage() >= 3)
+    throw CheckpointError("save_checkpoint: ZeRO stage 3 checkpoints are not implemented yet");
   const std::string tag = tag_in.empty() ? "global_step" + std::to_string(global_steps_) : tag_in;
   checkpoint::check_tag(tag);
   if (!client_state.is_dict())
@@ -466,6 +468,8 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
                                                  const std::string& tag_in,
                                                  const LoadCheckpointOptions& options) {
   namespace fs = std::filesystem;
+  if (zero_->stage() >= 3)
+    throw CheckpointError("load_checkpoint: ZeRO stage 3 checkpoints are not implemented yet");
   LoadCheckpointResult result;
   std::string error;
   PyValue rng;

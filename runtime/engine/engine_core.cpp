@@ -2,6 +2,7 @@
 #include "runtime/engine/engine_core.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
 #include <iostream>
@@ -27,6 +28,12 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
   if (z.offload_optimizer && z.offload_optimizer->device != "none")
     gaps.push_back("'zero_optimization.offload_optimizer' (device " + z.offload_optimizer->device +
                    ")");
+  if (z.stage == 3)
+    gaps.push_back(
+        "'zero_optimization.stage3_prefetch_bucket_size', 'stage3_max_live_parameters', "
+        "'stage3_max_reuse_distance', 'stage3_param_persistence_threshold' (stage 3 gathers the "
+        "whole module around its forward and backward; per-layer gathering, prefetch and "
+        "stage 3 checkpoints are not implemented yet)");
   if (z.offload_param && z.offload_param->device != "none")
     gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
@@ -59,8 +66,6 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
     for (const auto& g : engine_gaps(config_))
       std::cerr << "dscpp: " << g << ": not implemented by the engine yet, ignored\n";
   }
-  if (config_.zero_optimization.stage > 2)
-    throw ConfigError("zero_optimization.stage", "stage 3 is not implemented yet; use 0, 1 or 2");
   if (!config_.optimizer && !args.optimizer)
     throw ConfigError("optimizer",
                       "no optimizer: name one in the config, or pass a client optimizer "
@@ -146,9 +151,13 @@ double EngineCore::now_ms() {
 
 void EngineCore::forward_begin() {
   if (config_.wall_clock_breakdown) forward_start_ = now_ms();
+  // Stage 3: the whole module is gathered for its forward and kept until its backward is done.
+  zero_->gather();
 }
 
 void EngineCore::forward_end() {
+  // A forward without autograd (evaluation) has no backward to wait for.
+  if (!at::GradMode::is_enabled()) zero_->release();
   if (config_.wall_clock_breakdown) timers_.forward += now_ms() - forward_start_;
 }
 
@@ -156,9 +165,9 @@ void EngineCore::backward(const at::Tensor& loss) {
   const bool timed = config_.wall_clock_breakdown;
   const double t0 = timed ? now_ms() : 0;
   const bool boundary = is_gradient_accumulation_boundary();
-  // Stage 2 reduces every micro-step into the fp32 partition; stages 0 and 1 let the
+  // Stages 2-3 reduce every micro-step into the fp32 partition; stages 0 and 1 let the
   // gradients accumulate in the flat buffer and reduce once, at the boundary.
-  zero_->begin_backward(zero_optimization_stage() == 2 || boundary);
+  zero_->begin_backward(zero_optimization_stage() >= 2 || boundary);
   if (monitor_->enabled() && group_->rank() == 0) {
     at::Tensor l = loss.detach().to(at::kDouble);
     loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
@@ -170,6 +179,7 @@ void EngineCore::backward(const at::Tensor& loss) {
   scaled.backward();
   const double t1 = timed ? now_ms() : 0;
   zero_->end_backward();
+  zero_->release();  // stage 3: the gradients are reduced, the parameters go back to rest
   if (timed) {
     const double t2 = now_ms();
     timers_.backward += t2 - t0;

@@ -11,6 +11,7 @@
 
 #include "dscpp.h"
 #include "optim/optimizer.h"
+#include "zero/gathered_parameters.h"
 #include "zero/zero_optimizer.h"
 
 namespace po = boost::program_options;
@@ -126,8 +127,14 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
       engine.save_checkpoint(ckpt.save, "", client);
     }
   }
-  result["params"] = flat_params(*model);
   auto& zo = engine.core().zero_optimizer();
+  // At stage 3 the parameters are empty at rest: what they hold now, then their full values.
+  result["params_at_rest"] = zo.params_numel_held();
+  result["partition16"] = zo.partition16_numel();
+  {
+    dscpp::zero::GatheredParameters gathered(zo);
+    result["params"] = flat_params(*model);
+  }
   result["state_numel"] = zo.optimizer().state_numel();
   result["partition"] = zo.layout().partition;
   result["total"] = zo.layout().total;

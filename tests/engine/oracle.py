@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The single-rank oracle for ZeRO stages 0-2.
+"""The single-rank oracle for ZeRO stages 0-3.
 
     oracle.py --launcher build/launcher/dscpp --train build/tests/engine/engine_train
 
 Trains the same tiny models (an MLP, and a small transformer) for 20 steps with plain LibTorch in one process (the reference)
-and with dscpp on N ranks through the launcher, for every stage in 0, 1, 2, overlap_comm on
+and with dscpp on N ranks through the launcher, for every stage in 0, 1, 2 (and 3), overlap_comm on
 and off, gradient accumulation 1 and 4, N = 2 and 4; the losses and final weights must agree
 within 1e-5 relative (fp32 on CPU), and each rank's optimizer state must hold 1/N of the
 elements at stages 1 and 2. Prints one line per case and `N passed, M failed` last."""
@@ -68,6 +68,9 @@ def main():
     # Every combination for the MLP; the transformer at 2 ranks with overlap on.
     cases = [("mlp",) + c + (True,) for c in itertools.product([0, 1, 2], [False, True], [1, 4], [2, 4])]
     cases += [("transformer", s, True, ga, 2, True) for s in (0, 1, 2) for ga in (1, 4)]
+    # Stage 3 (parameters partitioned, the whole module gathered around forward and backward).
+    cases += [("mlp", 3, o, ga, n, True) for o in (False, True) for ga in (1, 4) for n in (2, 4)]
+    cases += [("transformer", 3, True, ga, 2, True) for ga in (1, 4)]
     # reduce_scatter: false (all-reduce, keep one's chunk) at the partitioned stages.
     cases += [("mlp", s, True, 4, 2, False) for s in (1, 2)]
     passed = failed = 0
@@ -98,6 +101,13 @@ def main():
             if got["partition"] != expect_part or got["state_numel"] != 2 * expect_part:
                 problems.append(f"optimizer state {got['state_numel']} for partition {got['partition']}, "
                                 f"expected 2 x {expect_part}")
+            # Stage 3: at rest the module's parameters hold nothing and each rank keeps 1/N of
+            # the 16-bit (here fp32) parameters.
+            if stage == 3 and (got["params_at_rest"] != 0 or got["partition16"] != expect_part):
+                problems.append(f"at rest the parameters hold {got['params_at_rest']} elements and the "
+                                f"partition {got['partition16']}, expected 0 and {expect_part}")
+            if stage < 3 and got["params_at_rest"] != len(got["params"]):
+                problems.append(f"parameters hold {got['params_at_rest']} elements at rest, expected all")
             ok = not problems
             msg = f"losses {loss_err:.1e}, weights {param_err:.1e}" if ok else "; ".join(problems)
         except Exception as e:  # noqa: BLE001 - any failure of the run is this case's failure

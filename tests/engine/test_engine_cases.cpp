@@ -16,6 +16,7 @@
 #include "optim/optimizer.h"
 #include "runtime/config/config_error.h"
 #include "runtime/precision/loss_scaler.h"
+#include "zero/gathered_parameters.h"
 #include "zero/zero_optimizer.h"
 
 using nlohmann::json;
@@ -323,4 +324,38 @@ TEST(EngineCases, ClientOptimizerAndScheduleTrainAsConfiguredOnesDo) {
   torch::manual_seed(0);
   TwoLayer model;
   EXPECT_THROW(dscpp::initialize(model, base_config(), sgd), dscpp::ConfigError);
+}
+
+TEST(EngineCases, Stage3ParametersAreEmptyAtRestAndGatheredOnDemand) {
+  json cfg = base_config();
+  cfg["zero_optimization"] = {{"stage", 3}};
+  torch::manual_seed(0);
+  TwoLayer model;
+  const at::Tensor before = weights(model);
+  auto engine = dscpp::initialize(model, cfg);
+  auto& zo = engine.core().zero_optimizer();
+  EXPECT_EQ(zo.params_numel_held(), 0);
+  for (const auto& p : model->parameters()) EXPECT_EQ(p.numel(), 0);
+  {
+    dscpp::zero::GatheredParameters all(zo);
+    EXPECT_TRUE(at::equal(weights(model).to(at::kCPU), before));
+  }
+  EXPECT_EQ(zo.params_numel_held(), 0);
+  // A change made in a modifier scope is what the next forward computes with.
+  {
+    dscpp::zero::GatheredParameters edit(zo, /*modifier_rank=*/0);
+    at::NoGradGuard no_grad;
+    model->a->weight.fill_(0.25);
+  }
+  {
+    dscpp::zero::GatheredParameters all(zo);
+    EXPECT_TRUE(at::all(model->a->weight == 0.25).item<bool>());
+  }
+  // Training gathers around forward/backward and releases after.
+  at::Tensor x = at::ones({4, 4}).to(engine.device());
+  engine.backward(engine.forward(x).square().mean());
+  EXPECT_EQ(zo.params_numel_held(), 0);
+  engine.step();
+  EXPECT_EQ(engine.global_steps(), 1);
+  EXPECT_GE(zo.gathers(), 3);
 }
