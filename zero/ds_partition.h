@@ -17,19 +17,36 @@
 
 namespace dscpp::zero {
 
+//
+// Stage 3 partitions each parameter on its own instead: rank r holds elements
+// [r*c, min((r+1)*c, numel)) of a parameter of numel elements, c = ceil(numel / W), and its
+// file (fp32_flat_groups) lays those slices end to end, each padded to c.
 struct DsLayout {
-  std::vector<int64_t> offsets;  // each parameter's first element, registration order
+  std::vector<int64_t> numels;   // registration order
+  std::vector<int64_t> offsets;  // stages 1-2: each parameter's first element in the buffer
   int64_t total = 0;             // elements with content (past the last parameter: padding)
   int world_size = 1;
-  int64_t partition = 0;  // P: elements per rank, padding included
+  int64_t partition = 0;       // P: elements per rank, padding included
+  bool per_parameter = false;  // stage 3's layout
 
   // numels in registration order; paddings: DeepSpeed's per-parameter alignment padding
   // (PARAM_ALIGNMENT_PADDINGS; empty means none).
   static DsLayout build(const std::vector<int64_t>& numels, int world_size,
                         const std::vector<int64_t>& paddings = {});
-  // [begin, end) of rank r's range that its file holds (the padding left out).
-  int64_t begin(int r) const { return r * partition; }
+  static DsLayout build_stage3(const std::vector<int64_t>& numels, int world_size);
+  // Stages 1-2: [begin, end) of rank r's range that its file holds (the padding left out).
+  int64_t begin(int r) const { return per_parameter ? 0 : r * partition; }
   int64_t end(int r) const;
+  // Elements of rank r's file.
+  int64_t held(int r) const { return per_parameter ? partition : end(r) - begin(r); }
+
+  // One run of a parameter's elements in rank r's file: elements [first, first + count) of
+  // parameter `param` sit at file position `at`.
+  struct Segment {
+    int param;
+    int64_t first, count, at;
+  };
+  std::vector<Segment> segments(int r) const;
 };
 
 // This rank's DeepSpeed partition of a tensor laid out as our partition (the fp32 master or

@@ -78,6 +78,8 @@ class ZeroOptimizer {
   int64_t partition16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
   int64_t gathers() const { return gathers_; }  // how many times gather() ran
   const std::vector<at::Tensor>& params() const { return params_; }
+  // Parameter i's shape (a stage-3 parameter at rest holds an empty tensor).
+  const std::vector<int64_t>& param_shape(size_t i) const { return param_shapes_.at(i); }
   int stage() const { return options_.stage; }
 
  private:

@@ -21,6 +21,12 @@ std::string model_states_path(const std::string& dir, const std::string& tag) {
   return (fs::path(dir) / tag / "mp_rank_00_model_states.pt").string();
 }
 
+std::string zero_model_states_path(const std::string& dir, const std::string& tag, int dp_rank) {
+  return (fs::path(dir) / tag /
+          ("zero_pp_rank_" + std::to_string(dp_rank) + "_mp_rank_00_model_states.pt"))
+      .string();
+}
+
 std::string zero_states_path(const std::string& dir, const std::string& tag, int dp_rank,
                              bool bf16) {
   return (fs::path(dir) / tag /

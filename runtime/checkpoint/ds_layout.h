@@ -23,6 +23,8 @@ inline constexpr const char* kDsFormatVersion = "0.19.8";
 
 std::string tag_dir(const std::string& dir, const std::string& tag);
 std::string model_states_path(const std::string& dir, const std::string& tag);
+// Stage 3's per-rank model states: <dir>/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt.
+std::string zero_model_states_path(const std::string& dir, const std::string& tag, int dp_rank);
 std::string zero_states_path(const std::string& dir, const std::string& tag, int dp_rank,
                              bool bf16);
 // The zero file of dp_rank, whichever prefix it was written with; throws if neither exists.

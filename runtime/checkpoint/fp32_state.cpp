@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <map>
 
 #include "runtime/checkpoint/ds_layout.h"
@@ -34,7 +35,11 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
     tag = *latest;
   }
   check_tag(tag);
-  const std::string path = model_states_path(dir, tag);
+  std::string path = model_states_path(dir, tag);
+  // Stage 3 writes one model-states file per rank instead: rank 0's has what we need.
+  if (!std::filesystem::exists(path) &&
+      std::filesystem::exists(zero_model_states_path(dir, tag, 0)))
+    path = zero_model_states_path(dir, tag, 0);
   PyValue model = load_torch_file(path);
   const PyValue& module = need(model, "module", path);
 
@@ -57,11 +62,18 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
       throw CheckpointError("'" + path + "' has no param_shapes: not a ZeRO checkpoint");
     const int64_t world = need(model, "dp_world_size", path).as_int();
     std::vector<at::Tensor> groups_flat(shapes_v.size());
+    std::vector<at::Tensor> stage3_flat;  // stage 3: each rank's fp32_flat_groups[0]
     std::vector<std::vector<int64_t>> paddings(shapes_v.size());
     for (int64_t r = 0; r < world; ++r) {
       const std::string zpath = find_zero_states(dir, tag, static_cast<int>(r));
       PyValue z = load_torch_file(zpath);
       const PyValue& osd = need(z, "optimizer_state_dict", zpath);
+      if (const PyValue* flat = osd.find(PyValue("fp32_flat_groups"))) {
+        if (flat->size() != 1 || shapes_v.size() != 1)
+          throw CheckpointError("'" + zpath + "': dscpp reads stage-3 checkpoints of one group");
+        stage3_flat.push_back(flat->items()[0].as_tensor().to(at::kFloat).reshape({-1}));
+        continue;
+      }
       const PyValue& parts = need(osd, "single_partition_of_fp32_groups", zpath);
       if (parts.size() != shapes_v.size())
         throw CheckpointError("'" + zpath + "' holds " + std::to_string(parts.size()) +
@@ -75,7 +87,27 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
         groups_flat[g] = r == 0 ? t : at::cat({groups_flat[g], t});
       }
     }
-    for (size_t g = 0; g < shapes_v.size(); ++g) {
+    if (!stage3_flat.empty()) {
+      // Stage 3: rank r holds elements [r*c, (r+1)*c) of each parameter (c = ceil(numel/W)),
+      // the parameters' slices end to end.
+      const PyValue& shapes = shapes_v.items()[0];
+      int64_t offset = 0;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        std::vector<int64_t> shape = shapes.values()[i].as_ints();
+        const int64_t n = numel_of(shape), c = (n + world - 1) / world;
+        std::vector<at::Tensor> pieces;
+        for (const auto& flat : stage3_flat) {
+          if (offset + c > flat.numel())
+            throw CheckpointError("'" + tag_dir(dir, tag) +
+                                  "': a partition is shorter than param_shapes needs");
+          pieces.push_back(flat.slice(0, offset, offset + c));
+        }
+        fp32[shapes.keys()[i].as_string()] = at::cat(pieces).slice(0, 0, n).view(shape).clone();
+        offset += c;
+      }
+      groups_flat.clear();
+    }
+    for (size_t g = 0; g < groups_flat.size(); ++g) {
       const PyValue& shapes = shapes_v.items()[g];
       int64_t offset = 0;
       for (size_t i = 0; i < shapes.size(); ++i) {
@@ -93,6 +125,13 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
   }
 
   PyValue out = PyValue::ordered_dict();
+  // Stage 3's module holds no partitioned parameter: those come in param_shapes' order.
+  if (module.size() == 0 || !module.contains(PyValue(fp32.empty() ? "" : fp32.begin()->first))) {
+    if (!shapes_v.is_none())
+      for (const auto& g : shapes_v.items())
+        for (const auto& k : g.keys())
+          if (fp32.count(k.as_string())) out.set(k, PyValue(fp32[k.as_string()]));
+  }
   for (size_t i = 0; i < module.size(); ++i) {
     const std::string& name = module.keys()[i].as_string();
     auto it = fp32.find(name);

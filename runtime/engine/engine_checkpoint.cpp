@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <set>
 
 #include "optim/lr_schedules.h"
@@ -61,10 +62,17 @@ PyValue param_groups(const optim::Optimizer& opt, int64_t num_params) {
   return PyValue::list({group});
 }
 
-std::vector<int64_t> numels_of(const std::vector<at::Tensor>& params) {
+std::vector<int64_t> numels_of(const zero::ZeroOptimizer& zero) {
   std::vector<int64_t> n;
-  for (const auto& p : params) n.push_back(p.numel());
+  for (const auto& p : zero.layout().params) n.push_back(p.numel);
   return n;
+}
+
+// DeepSpeed's layout of the saved partitions: stage 3 partitions each parameter on its own.
+zero::DsLayout ds_layout(int stage, const std::vector<int64_t>& numels, int world,
+                         const std::vector<int64_t>& paddings = {}) {
+  return stage >= 3 ? zero::DsLayout::build_stage3(numels, world)
+                    : zero::DsLayout::build(numels, world, paddings);
 }
 
 }  // namespace
@@ -141,7 +149,13 @@ void EngineCore::restore_rng_state(const PyValue& states) {
 
 PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states) {
   PyValue module = PyValue::ordered_dict();
-  for (const auto& [name, p] : named_params_()) module.set(PyValue(name), PyValue(p.detach()));
+  // At stage 3 the parameters are empty at rest: their values live in the ZeRO files only,
+  // and `module` holds the buffers (as DeepSpeed's stage-3 files do).
+  std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
+  for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
+  for (const auto& [name, p] : named_params_())
+    if (zero_->stage() < 3 || !partitioned.count(name))
+      module.set(PyValue(name), PyValue(p.detach()));
   PyValue buffer_names = PyValue::list();
   for (const auto& [name, b] : named_buffers_()) {
     module.set(PyValue(name), PyValue(b.detach()));
@@ -150,7 +164,7 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
   const auto& params = zero_->params();
   PyValue shapes = PyValue::ordered_dict();
   for (size_t i = 0; i < params.size(); ++i)
-    shapes.set(PyValue(param_names_[i]), PyValue::size(params[i].sizes().vec()));
+    shapes.set(PyValue(param_names_[i]), PyValue::size(zero_->param_shape(i)));
   PyValue shared = PyValue::dict();
   for (const auto& [alias, name] : shared_params_) shared.set(PyValue(alias), PyValue(name));
 
@@ -218,9 +232,10 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
 PyValue EngineCore::zero_states() {
   auto& opt = zero_->optimizer();
   const auto& layout = zero_->layout();
-  const auto ds = zero::DsLayout::build(numels_of(zero_->params()), group_->size());
+  const bool stage3 = zero_->stage() >= 3;
+  const auto ds = ds_layout(zero_->stage(), numels_of(*zero_), group_->size());
   const int r = group_->rank();
-  const int64_t held = ds.end(r) - ds.begin(r);
+  const int64_t held = ds.held(r);
 
   PyValue entry = PyValue::dict();
   entry.set(PyValue("step"),
@@ -244,14 +259,19 @@ PyValue EngineCore::zero_states() {
   osd.set(PyValue("dynamic_loss_scale"), PyValue(scaler_->dynamic()));
   osd.set(PyValue("overflow"), PyValue(false));
   osd.set(PyValue("clip_grad"), PyValue(config_.gradient_clipping));
-  osd.set(PyValue("base_optimizer_state"), std::move(base));
-  osd.set(PyValue("single_partition_of_fp32_groups"),
+  // Stage 3's keys differ: DeepSpeed's DeepSpeedZeroOptimizer_Stage3.state_dict().
+  osd.set(PyValue(stage3 ? "optimizer_state_dict" : "base_optimizer_state"), std::move(base));
+  osd.set(PyValue(stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups"),
           PyValue::list(
               {PyValue(zero::to_ds_partition(layout, ds, zero_->master_partition(), *group_))}));
   osd.set(PyValue("zero_stage"), PyValue(zero_->stage()));
-  osd.set(PyValue("group_paddings"), PyValue::list({PyValue(ds.partition - held)}));
-  osd.set(PyValue("param_alignment_paddings"), PyValue::list({std::move(paddings)}));
-  osd.set(PyValue("partition_count"), PyValue::list({PyValue(group_->size())}));
+  if (stage3) {
+    osd.set(PyValue("partition_count"), PyValue(group_->size()));
+  } else {
+    osd.set(PyValue("group_paddings"), PyValue::list({PyValue(ds.partition - held)}));
+    osd.set(PyValue("param_alignment_paddings"), PyValue::list({std::move(paddings)}));
+    osd.set(PyValue("partition_count"), PyValue::list({PyValue(group_->size())}));
+  }
   osd.set(PyValue("ds_version"), PyValue(checkpoint::kDsFormatVersion));
 
   PyValue file = PyValue::dict();
@@ -263,8 +283,6 @@ PyValue EngineCore::zero_states() {
 
 void EngineCore::save_checkpoint(const std::string& save_dir, const std::string& tag_in,
                                  const PyValue& client_state) {
-  if (zero_->stage() >= 3)
-    throw CheckpointError("save_checkpoint: ZeRO stage 3 checkpoints are not implemented yet");
   const std::string tag = tag_in.empty() ? "global_step" + std::to_string(global_steps_) : tag_in;
   checkpoint::check_tag(tag);
   if (!client_state.is_dict())
@@ -287,7 +305,12 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
       checkpoint::save_torch_file(
           zero_file,
           checkpoint::zero_states_path(save_dir, tag, group_->rank(), dtype_ == at::kBFloat16));
-    if (group_->rank() == 0)
+    // Stage 3: every rank writes its own model-states file, as DeepSpeed does.
+    if (zero_->stage() >= 3)
+      checkpoint::save_torch_file(
+          model_states(client_state, std::move(rng)),
+          checkpoint::zero_model_states_path(save_dir, tag, group_->rank()));
+    else if (group_->rank() == 0)
       checkpoint::save_torch_file(model_states(client_state, std::move(rng)),
                                   checkpoint::model_states_path(save_dir, tag));
   } catch (const std::exception& e) {
@@ -311,7 +334,7 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
 void EngineCore::load_module(const PyValue& model, const std::string& path) {
   const PyValue& module = need(model, "module", path);
   if (!module.is_dict()) throw CheckpointError("'" + path + "': 'module' is not a state dict");
-  std::vector<std::string> missing, mismatched;
+  std::vector<std::string> missing, mismatched, unexpected_params;
   std::set<std::string> ours;
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   auto visit = [&](const NamedParams& named) {
@@ -331,9 +354,38 @@ void EngineCore::load_module(const PyValue& model, const std::string& path) {
       copies.emplace_back(t, src);
     }
   };
-  visit(named_params_());
+  if (zero_->stage() < 3) {
+    visit(named_params_());
+  } else {
+    // Parameters outside ZeRO (frozen ones) are in `module` as at the other stages.
+    std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
+    for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
+    NamedParams others;
+    for (const auto& [name, p] : named_params_())
+      if (!partitioned.count(name)) others.emplace_back(name, p);
+    visit(others);
+    // The parameters' values come from the ZeRO files; their names and shapes must match.
+    const PyValue& shapes_v = need(model, "param_shapes", path);
+    std::map<std::string, std::vector<int64_t>> saved;
+    if (shapes_v.is_list())
+      for (const auto& g : shapes_v.items())
+        for (size_t i = 0; i < g.size(); ++i)
+          saved[g.keys()[i].as_string()] = g.values()[i].as_ints();
+    for (size_t i = 0; i < param_names_.size(); ++i) {
+      auto it = saved.find(param_names_[i]);
+      if (it == saved.end()) {
+        missing.push_back(param_names_[i]);
+      } else if (it->second != zero_->param_shape(i)) {
+        mismatched.push_back(fmt::format("{} (checkpoint {}, model {})", param_names_[i],
+                                         fmt::join(it->second, "x"),
+                                         fmt::join(zero_->param_shape(i), "x")));
+      }
+      saved.erase(param_names_[i]);
+    }
+    for (const auto& [name, shape] : saved) unexpected_params.push_back(name);
+  }
   visit(named_buffers_());
-  std::vector<std::string> unexpected;
+  std::vector<std::string> unexpected = unexpected_params;
   for (const auto& k : module.keys())
     if (!k.is_string() || !ours.count(k.as_string()))
       unexpected.push_back(k.is_string() ? k.as_string() : "<non-string key>");
@@ -401,7 +453,7 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
   auto& opt = zero_->optimizer();
   const auto& layout = zero_->layout();
   const int me = zero_->layout_rank();
-  const auto numels = numels_of(zero_->params());
+  const auto numels = numels_of(*zero_);
   int64_t step = -1;
   for (int f = 0; f < saved_world; ++f) {
     const std::string path = checkpoint::find_zero_states(dir, tag, f);
@@ -413,18 +465,22 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
           fmt::format("'{}' is a ZeRO stage {} checkpoint; this engine runs "
                       "stage {}",
                       path, stage, zero_->stage()));
-    const PyValue& count = need(osd, "partition_count", path);
-    if (count.size() != 1 || count.items()[0].as_int() != saved_world)
+    const bool stage3 = stage >= 3;
+    const PyValue& count_v = need(osd, "partition_count", path);
+    const int64_t count = count_v.is_int()      ? count_v.as_int()
+                          : count_v.size() == 1 ? count_v.items()[0].as_int()
+                                                : -1;
+    if (count != saved_world)
       throw CheckpointError(fmt::format("'{}' was written by {} ranks, the model states say {}",
-                                        path, count.size() ? count.items()[0].as_int() : 0,
-                                        saved_world));
+                                        path, count, saved_world));
     std::vector<int64_t> paddings;
     if (const PyValue* p = osd.find(PyValue("param_alignment_paddings")))
       if (p->is_list() && p->size() == 1) paddings = p->items()[0].as_ints();
-    const auto ds = zero::DsLayout::build(numels, saved_world, paddings);
-    const int64_t held = ds.end(f) - ds.begin(f);
+    const auto ds = ds_layout(static_cast<int>(stage), numels, saved_world, paddings);
+    const int64_t held = ds.held(f);
 
-    const PyValue& groups = need(osd, "single_partition_of_fp32_groups", path);
+    const PyValue& groups =
+        need(osd, stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups", path);
     if (!groups.is_list() || groups.size() != 1)
       throw CheckpointError("'" + path + "' holds " + std::to_string(groups.size()) +
                             " parameter groups; this engine has 1");
@@ -435,7 +491,7 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
     zero::from_ds_partition(layout, me, ds, f, fp32, zero_->master_partition());
 
     if (!load_optimizer_states) continue;
-    const PyValue& base = need(osd, "base_optimizer_state", path);
+    const PyValue& base = need(osd, stage3 ? "optimizer_state_dict" : "base_optimizer_state", path);
     if (base.is_list())
       throw CheckpointError("'" + path +
                             "' is an elastic checkpoint (zero_optimization.elastic_checkpoint), "
@@ -468,8 +524,6 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
                                                  const std::string& tag_in,
                                                  const LoadCheckpointOptions& options) {
   namespace fs = std::filesystem;
-  if (zero_->stage() >= 3)
-    throw CheckpointError("load_checkpoint: ZeRO stage 3 checkpoints are not implemented yet");
   LoadCheckpointResult result;
   std::string error;
   PyValue rng;
@@ -483,9 +537,12 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       tag = *latest;
     }
     checkpoint::check_tag(tag);
-    const std::string path = checkpoint::model_states_path(load_dir, tag);
     if (!fs::is_directory(checkpoint::tag_dir(load_dir, tag)))
       throw CheckpointError("no checkpoint '" + tag + "' in '" + load_dir + "'");
+    // Stages 0-2 keep one model-states file; stage 3 one per rank (rank 0's is read).
+    std::string path = checkpoint::model_states_path(load_dir, tag);
+    if (!fs::exists(path) && fs::exists(checkpoint::zero_model_states_path(load_dir, tag, 0)))
+      path = checkpoint::zero_model_states_path(load_dir, tag, 0);
     PyValue model = checkpoint::load_torch_file(path);
     result.path = checkpoint::tag_dir(load_dir, tag);
 

@@ -32,8 +32,8 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
     gaps.push_back(
         "'zero_optimization.stage3_prefetch_bucket_size', 'stage3_max_live_parameters', "
         "'stage3_max_reuse_distance', 'stage3_param_persistence_threshold' (stage 3 gathers the "
-        "whole module around its forward and backward; per-layer gathering, prefetch and "
-        "stage 3 checkpoints are not implemented yet)");
+        "whole module around its forward and backward; per-layer gathering and prefetch are "
+        "not implemented yet)");
   if (z.offload_param && z.offload_param->device != "none")
     gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)

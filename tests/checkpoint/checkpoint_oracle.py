@@ -4,13 +4,13 @@
     checkpoint_oracle.py --launcher build/launcher/dscpp --train build/tests/engine/engine_train \
         --zero-to-fp32 build/tools/zero_to_fp32 [--part resume|ranks|deepspeed]
 
-resume:    for ZeRO stages 0, 1, 2 on 2 ranks, training to step 20 in one go gives bit-for-bit
+resume:    for ZeRO stages 0, 1, 2, 3 on 2 ranks, training to step 20 in one go gives bit-for-bit
            the losses and weights of training to 10, saving, and resuming to 20 in new
            processes; client_state comes back; every file opens with torch.load's defaults
            (weights_only=True).
-ranks:     a checkpoint of N ranks continues on M (2->4, 4->2, 2->1, stages 1 and 2) as the
+ranks:     a checkpoint of N ranks continues on M (2->4, 4->2, 2->1, stages 1, 2 and 3) as the
            single-process LibTorch reference trains (1e-5 relative).
-deepspeed: DeepSpeed's zero_to_fp32 gives our tools/zero_to_fp32's weights for stages 1 and 2;
+deepspeed: DeepSpeed's zero_to_fp32 gives our tools/zero_to_fp32's weights for stages 1, 2, 3;
            DeepSpeed loads our checkpoints of stages 0-2 and continues as we do, and we load
            its checkpoints and continue as it does (1e-5 relative, fp32 on CPU).
 Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
@@ -96,7 +96,7 @@ def compare(got, ref, what, exact):
 
 
 def part_resume(r, report):
-    for stage in (0, 1, 2):
+    for stage in (0, 1, 2, 3):
         cfg = config(stage, 2)
         ckpt = os.path.join(r.tmp, f"resume_s{stage}")
         full = r.dscpp(f"full_s{stage}", 2, cfg)
@@ -118,7 +118,7 @@ def part_resume(r, report):
 
 
 def part_ranks(r, report):
-    for stage, saved, loaded in [(1, 2, 4), (2, 2, 4), (2, 4, 2), (1, 4, 2), (2, 2, 1)]:
+    for stage, saved, loaded in [(1, 2, 4), (2, 2, 4), (2, 4, 2), (1, 4, 2), (2, 2, 1), (3, 2, 4), (3, 4, 2)]:
         cfg = config(stage, 2)
         ckpt = os.path.join(r.tmp, f"ranks_s{stage}_{saved}")
         if not os.path.isdir(ckpt):
@@ -172,6 +172,22 @@ def part_deepspeed(r, report):
         if ours_resumed.get("client_state", {}).get("saved_at") != SAVE_AT:
             problems.append(f"client_state from DeepSpeed's checkpoint: {ours_resumed.get('client_state')}")
         report(f"deepspeed interop stage={stage}", problems)
+    # Stage 3: DeepSpeed's zero_to_fp32 reads our per-parameter partitions as ours does.
+    cfg = config(3, 2)
+    ours = os.path.join(r.tmp, "ours_s3")
+    full = r.dscpp("ds_full_s3", 2, cfg)
+    r.dscpp("ds_first_s3", 2, cfg, ["--save", ours, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+    ds_sd = get_fp32_state_dict_from_zero_checkpoint(ours)
+    out = os.path.join(r.tmp, "fp32_s3.pt")
+    subprocess.run([r.args.zero_to_fp32, ours, out], check=True, capture_output=True)
+    our_sd = torch.load(out)
+    problems = []
+    if sorted(ds_sd) != sorted(our_sd):
+        problems.append(f"zero_to_fp32 keys differ: DeepSpeed {sorted(ds_sd)}, ours {sorted(our_sd)}")
+    elif any(not torch.equal(ds_sd[k].contiguous(), our_sd[k]) for k in ds_sd):
+        problems.append("zero_to_fp32 values differ")
+    problems += opens_with_torch_load(ours)
+    report("deepspeed zero_to_fp32 stage=3", problems)
 
 
 def main():
