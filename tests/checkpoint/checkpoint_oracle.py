@@ -8,6 +8,7 @@ resume:    for ZeRO stages 0, 1, 2, 3 on 2 ranks, training to step 20 in one go 
            the losses and weights of training to 10, saving, and resuming to 20 in new
            processes; client_state comes back; every file opens with torch.load's defaults
            (weights_only=True).
+kill:      a job SIGKILLed at random moments while saving every step resumes from `latest`.
 ranks:     a checkpoint of N ranks continues on M (2->4, 4->2, 2->1, stages 1, 2 and 3) as the
            single-process LibTorch reference trains (1e-5 relative).
 deepspeed: DeepSpeed's zero_to_fp32 gives our tools/zero_to_fp32's weights for stages 1, 2, 3;
@@ -117,6 +118,42 @@ def part_resume(r, report):
         report(f"resume stage={stage} ranks=2 (bit-exact)", problems)
 
 
+def part_kill(r, report):
+    """A job killed (SIGKILL, every process) at random moments while it saves every step still
+    resumes from the checkpoint `latest` names, and that checkpoint is complete."""
+    import random
+    import signal
+    rng = random.Random(1234)
+    for stage in (0, 2, 3):
+        cfg = config(stage, 1)
+        ckpt = os.path.join(r.tmp, f"kill_s{stage}")
+        problems = []
+        for attempt in range(3):
+            r.port += 1
+            out = os.path.join(r.tmp, f"kill_s{stage}_{attempt}.json")
+            cmd = [r.args.launcher, "--num_gpus", "2", "--master_port", str(r.port), r.args.train, "--mode",
+                   "dscpp", "--config", json.dumps(cfg), "--steps", "100000", "--save", ckpt, "--save-interval",
+                   "1", "--out", out] + (["--load", ckpt] if os.path.exists(os.path.join(ckpt, "latest")) else [])
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+            time.sleep(rng.uniform(2.0, 4.0))
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            time.sleep(0.5)  # let the killed ranks' exits settle before the next job
+        if not os.path.exists(os.path.join(ckpt, "latest")):
+            problems.append("no checkpoint was completed before the kills")
+        else:
+            with open(os.path.join(ckpt, "latest")) as f:
+                tag = f.read()
+            saved = int(tag.replace("global_step", ""))
+            got = r.dscpp(f"kill_resume_s{stage}", 2, cfg, ["--load", ckpt], steps=saved + 2)
+            if got["first_step"] != saved or len(got["losses"]) != 2:
+                problems.append(f"resumed at {got['first_step']} with {len(got['losses'])} steps, latest is {tag}")
+            problems += opens_with_torch_load(ckpt)
+        report(f"kill during saves stage={stage} (3 SIGKILLs, resumed from latest)", problems)
+
+
 def part_ranks(r, report):
     for stage, saved, loaded in [(1, 2, 4), (2, 2, 4), (2, 4, 2), (1, 4, 2), (2, 2, 1), (3, 2, 4), (3, 4, 2)]:
         cfg = config(stage, 2)
@@ -195,7 +232,7 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", dest="zero_to_fp32", required=True)
-    ap.add_argument("--part", choices=["resume", "ranks", "deepspeed", "all"], default="all")
+    ap.add_argument("--part", choices=["resume", "kill", "ranks", "deepspeed", "all"], default="all")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="checkpoint_oracle_")
@@ -208,7 +245,7 @@ def main():
         counts[0 if ok else 1] += 1
         print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ': ' + '; '.join(problems)}", flush=True)
 
-    parts = {"resume": part_resume, "ranks": part_ranks, "deepspeed": part_deepspeed}
+    parts = {"resume": part_resume, "kill": part_kill, "ranks": part_ranks, "deepspeed": part_deepspeed}
     for name, fn in parts.items():
         if args.part in (name, "all"):
             try:

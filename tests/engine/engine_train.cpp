@@ -87,6 +87,7 @@ std::vector<double> flat_params(torch::nn::Module& m) {
 struct CheckpointArgs {
   std::string save, load;
   int save_at = -1;
+  int save_interval = 0;  // also save after every this many steps (0: never)
 };
 
 // Trains with dscpp; returns rank 0's result, null on other ranks.
@@ -120,7 +121,7 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
     auto l = torch::tensor({loss_sum / ga}, torch::kFloat64).to(engine.device());
     engine.core().group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
     result["losses"].push_back(l.cpu().template item<double>());
-    if (s + 1 == ckpt.save_at) {
+    if (s + 1 == ckpt.save_at || (ckpt.save_interval > 0 && (s + 1) % ckpt.save_interval == 0)) {
       auto client = dscpp::checkpoint::PyValue::dict();
       client.set("saved_at", s + 1);
       client.set("note", "from engine_train");
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
       "local_rank", po::value<int>(), "set by the launcher")(
       "save", po::value(&ckpt.save), "dscpp mode: checkpoint folder to save to")(
       "save-at", po::value(&ckpt.save_at), "dscpp mode: save after this optimizer step")(
+      "save-interval", po::value(&ckpt.save_interval), "dscpp mode: save every K steps")(
       "load", po::value(&ckpt.load), "dscpp mode: checkpoint folder to resume from");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
