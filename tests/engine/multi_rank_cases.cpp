@@ -1,0 +1,99 @@
+// Engine behaviours that need several ranks, run by the launcher (tests/engine/CMakeLists.txt):
+//  - stage 3's GatheredParameters with a modifier rank: what that rank writes in the scope is
+//    every rank's value afterwards (in the next gather and in training);
+//  - checkpoint.tag_validation: ranks saving under different tags fail together with "FAIL"
+//    (no rank left waiting), and save with a warning under "WARN".
+// Exits 0 when every check holds on this rank; prints what failed otherwise.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "dscpp.h"
+#include "runtime/checkpoint/ds_layout.h"
+#include "zero/gathered_parameters.h"
+#include "zero/zero_optimizer.h"
+
+using nlohmann::json;
+
+namespace {
+
+int failures = 0;
+void check(bool ok, const std::string& what, int rank) {
+  if (!ok) {
+    std::cerr << "rank " << rank << ": FAILED: " << what << "\n";
+    ++failures;
+  }
+}
+
+json config(int stage, const char* tag_validation) {
+  return {{"train_batch_size", 4},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+          {"zero_optimization", {{"stage", stage}}},
+          {"checkpoint", {{"tag_validation", tag_validation}}}};
+}
+
+// The same value on every rank: max and min over the group agree.
+bool same_everywhere(dscpp::comm::ProcessGroup& g, at::Tensor t) {
+  at::Tensor hi = t.clone(), lo = -t;
+  g.all_reduce(hi, dscpp::comm::ReduceOp::kMax).wait();
+  g.all_reduce(lo, dscpp::comm::ReduceOp::kMax).wait();
+  return at::equal(hi, -lo);
+}
+
+}  // namespace
+
+int main() try {
+  torch::manual_seed(0);
+  torch::nn::Linear net(4, 3);
+  auto engine = dscpp::initialize(net, config(3, "FAIL"));
+  const int rank = engine.global_rank();
+  auto& zo = engine.core().zero_optimizer();
+  auto& group = engine.core().group();
+
+  check(zo.params_numel_held() == 0, "stage 3 parameters are empty at rest", rank);
+  {
+    dscpp::zero::GatheredParameters edit(zo, /*modifier_rank=*/1);
+    at::NoGradGuard no_grad;
+    if (rank == 1) net->weight.fill_(0.5);  // only rank 1 changes it
+  }
+  {
+    dscpp::zero::GatheredParameters all(zo);
+    check(at::all(net->weight == 0.5).item<bool>(), "rank 1's change reached this rank", rank);
+    check(same_everywhere(group, net->weight.detach().clone()), "weights agree across ranks", rank);
+  }
+  // Training computes with the changed weights on every rank.
+  at::Tensor x = at::ones({2, 4}).to(engine.device());
+  at::Tensor out = engine.forward(x);
+  check(same_everywhere(group, out.detach().clone()), "forward agrees across ranks", rank);
+  engine.backward(out.square().mean());
+  engine.step();
+
+  // tag_validation FAIL: different tags on the ranks are an error on every rank.
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dscpp_multi_rank_" + std::to_string(::getppid()));
+  bool failed = false;
+  try {
+    engine.save_checkpoint(dir.string(), "tag_of_rank_" + std::to_string(rank));
+  } catch (const dscpp::checkpoint::CheckpointError& e) {
+    failed = std::string(e.what()).find("is not the same on every rank") != std::string::npos;
+  }
+  check(failed, "different tags fail the save under tag_validation FAIL", rank);
+  check(!dscpp::checkpoint::read_latest(dir.string()), "no 'latest' after the refused save", rank);
+  // The same tag everywhere saves.
+  engine.save_checkpoint(dir.string(), "agreed");
+  check(dscpp::checkpoint::read_latest(dir.string()) == std::string("agreed"),
+        "an agreed tag saves", rank);
+  group.barrier().wait();
+  if (rank == 0) std::filesystem::remove_all(dir);
+  if (failures == 0 && rank == 0) std::cout << "multi_rank_cases: all checks passed\n";
+  return failures == 0 ? 0 : 1;
+} catch (const std::exception& e) {
+  std::cerr << "multi_rank_cases: " << e.what() << "\n";
+  return 1;
+}
