@@ -1,20 +1,29 @@
 // FlatLayout::build: pure arithmetic, no tensors.
 #include "zero/flat_layout.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace dscpp::zero {
 
 FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
-                             int64_t bucket_size, int64_t alignment) {
+                             int64_t bucket_size, int64_t alignment,
+                             const std::vector<int>& group_of) {
   if (world_size < 1 || bucket_size < 1 || alignment < 1)
     throw std::invalid_argument("FlatLayout: world_size, bucket_size and alignment must be >= 1");
+  if (!group_of.empty() && group_of.size() != numels.size())
+    throw std::invalid_argument("FlatLayout: a group for every parameter");
+  int num_groups = 1;
+  for (int g : group_of) {
+    if (g < 0) throw std::invalid_argument("FlatLayout: negative group");
+    num_groups = std::max(num_groups, g + 1);
+  }
   FlatLayout l;
   l.world_size = world_size;
   l.params.resize(numels.size());
   const int64_t quantum = world_size * alignment;
   int64_t offset = 0;
-  FlatLayout::Bucket open{0, 0, 0, 0, {}};
+  FlatLayout::Bucket open{0, 0, 0, 0, {}, 0};
   auto close = [&]() {
     int64_t used = offset - open.begin;
     int64_t padded = (used + quantum - 1) / quantum * quantum;
@@ -23,16 +32,24 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
     open.part_offset = l.partition;
     l.partition += open.chunk;
     offset = open.end;
+    const int group = open.group;
     l.buckets.push_back(open);
-    open = FlatLayout::Bucket{offset, offset, 0, 0, {}};
+    open = FlatLayout::Bucket{offset, offset, 0, 0, {}, group};
   };
-  for (int i = static_cast<int>(numels.size()) - 1; i >= 0; --i) {
-    l.params[i] = {offset, numels[i], static_cast<int>(l.buckets.size())};
-    open.params.push_back(i);
-    offset += numels[i];
-    if (offset - open.begin >= bucket_size) close();
+  for (int g = 0; g < num_groups; ++g) {
+    const int64_t part_begin = l.partition;
+    open.group = g;
+    // Within a group, reverse registration order: the order backward produces gradients.
+    for (int i = static_cast<int>(numels.size()) - 1; i >= 0; --i) {
+      if ((group_of.empty() ? 0 : group_of[i]) != g) continue;
+      l.params[i] = {offset, numels[i], static_cast<int>(l.buckets.size())};
+      open.params.push_back(i);
+      offset += numels[i];
+      if (offset - open.begin >= bucket_size) close();
+    }
+    if (!open.params.empty()) close();
+    l.groups.push_back({part_begin, l.partition});
   }
-  if (!open.params.empty()) close();
   l.total = offset;
   return l;
 }

@@ -24,16 +24,24 @@ struct FlatLayout {
     int64_t chunk;            // (end - begin) / world_size: one rank's share
     int64_t part_offset;      // where this rank's chunk sits in its partition
     std::vector<int> params;  // indices of the parameters inside
+    int group = 0;            // the parameter group all of them belong to
+  };
+  struct GroupRange {
+    int64_t part_begin, part_end;  // the group's chunks in a rank's partition (contiguous)
   };
   std::vector<Param> params;    // in registration order
   std::vector<Bucket> buckets;  // in buffer order = the order backward fills them
   int64_t total = 0;            // elements of the flat buffer, padding included
   int64_t partition = 0;        // elements of each rank's partition
   int world_size = 1;
+  std::vector<GroupRange> groups;  // one per parameter group
 
   // numels: in registration order. alignment: elements (a chunk starts at a multiple).
+  // group_of: each parameter's group (empty: one group). Groups are laid out one after the
+  // other, and no bucket holds two groups, so a group's chunks are contiguous in every
+  // partition and one optimizer shard with the group's settings covers them.
   static FlatLayout build(const std::vector<int64_t>& numels, int world_size, int64_t bucket_size,
-                          int64_t alignment);
+                          int64_t alignment, const std::vector<int>& group_of = {});
 };
 
 }  // namespace dscpp::zero

@@ -28,7 +28,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
   const int parts = partitioned(options_) ? group_->size() : 1;
-  layout_ = FlatLayout::build(numels, parts, options_.reduce_bucket_size, options_.alignment);
+  layout_ = FlatLayout::build(numels, parts, options_.reduce_bucket_size, options_.alignment,
+                              options_.group_of);
 
   const auto opts = params_.empty() ? at::TensorOptions().dtype(at::kFloat) : params_[0].options();
   flat_params_ = at::zeros({layout_.total}, opts);
@@ -52,7 +53,13 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   master_ = at::empty({layout_.partition}, opts.dtype(at::kFloat));
   refresh_master_from_params();
   grad_partition_ = at::zeros_like(master_);
-  optimizer_->add_shard(master_);
+  // One optimizer shard per parameter group: the group's chunks, contiguous in the partition.
+  for (size_t g = 0; g < layout_.groups.size(); ++g) {
+    const auto& gr = layout_.groups[g];
+    optimizer_->add_shard(
+        master_.slice(0, gr.part_begin, gr.part_end),
+        g < options_.group_options.size() ? options_.group_options[g] : optim::Hyper::object());
+  }
 
   ReduceOptions ro;
   ro.scatter = partitioned(options_);
@@ -114,11 +121,40 @@ StepResult ZeroOptimizer::step(double loss_scale) {
     if (clip > 1) combined *= clip;
   }
   if (combined != 1.0) grad_partition_.mul_(1.0 / combined);
-  optimizer_->step({grad_partition_});
+  std::vector<at::Tensor> grads;
+  for (const auto& gr : layout_.groups)
+    grads.push_back(grad_partition_.slice(0, gr.part_begin, gr.part_end));
+  optimizer_->step(grads);
   grad_partition_.zero_();
   publish_master();
   result.applied = true;
   return result;
+}
+
+std::vector<std::string> ZeroOptimizer::state_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : optimizer_->state(0)) names.push_back(name);
+  return names;
+}
+
+at::Tensor ZeroOptimizer::state_partition(const std::string& name) {
+  if (optimizer_->num_shards() == 1) return optimizer_->state(0).at(name);
+  std::vector<at::Tensor> parts;
+  for (int g = 0; g < optimizer_->num_shards(); ++g) parts.push_back(optimizer_->state(g).at(name));
+  return at::cat(parts);
+}
+
+void ZeroOptimizer::load_state_partition(const std::string& name, const at::Tensor& values) {
+  for (int g = 0; g < optimizer_->num_shards(); ++g) {
+    const auto& gr = layout_.groups[g];
+    at::Tensor& dst = optimizer_->state(g).at(name);
+    at::Tensor src = values.slice(0, gr.part_begin, gr.part_end);
+    if (!dst.is_same(src)) dst.copy_(src);
+  }
+}
+
+void ZeroOptimizer::set_step_count(int64_t steps) {
+  for (int g = 0; g < optimizer_->num_shards(); ++g) optimizer_->step_count(g) = steps;
 }
 
 int ZeroOptimizer::layout_rank() const {

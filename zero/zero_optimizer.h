@@ -29,6 +29,10 @@ struct ZeroOptions {
   double gradient_clipping = 0.0;  // 0: no clipping
   bool check_overflow = false;     // fp16 (and bf16 with check_grad_overflow)
   int64_t alignment = 8;           // elements; keeps every chunk 16-byte aligned in 16 bits
+  // Parameter groups: each parameter's group (empty: one group) and each group's optimizer
+  // settings over the optimizer's defaults (lr, weight_decay, betas, ...).
+  std::vector<int> group_of;
+  std::vector<optim::Hyper> group_options;
 };
 
 struct StepResult {
@@ -78,6 +82,13 @@ class ZeroOptimizer {
   int64_t partition16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
   int64_t gathers() const { return gathers_; }  // how many times gather() ran
   const std::vector<at::Tensor>& params() const { return params_; }
+  // An optimizer state (or the step count) over the whole partition, whatever the number of
+  // groups (one optimizer shard each): what checkpoints save and load.
+  at::Tensor state_partition(const std::string& name);
+  void load_state_partition(const std::string& name, const at::Tensor& values);
+  std::vector<std::string> state_names();
+  int64_t step_count() { return optimizer_->step_count(0); }
+  void set_step_count(int64_t steps);
   // Parameter i's shape (a stage-3 parameter at rest holds an empty tensor).
   const std::vector<int64_t>& param_shape(size_t i) const { return param_shapes_.at(i); }
   int stage() const { return options_.stage; }

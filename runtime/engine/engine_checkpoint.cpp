@@ -54,12 +54,18 @@ int64_t step_of(const PyValue& v) {
   return v.is_tensor() ? static_cast<int64_t>(v.as_tensor().item<double>()) : v.as_int();
 }
 
-PyValue param_groups(const optim::Optimizer& opt, int64_t num_params) {
-  PyValue group = PyValue::from_json(opt.hyper(0));
-  PyValue ids = PyValue::list();
-  for (int64_t i = 0; i < num_params; ++i) ids.append(PyValue(i));
-  group.set(PyValue("params"), ids);
-  return PyValue::list({group});
+// torch.optim's param_groups: each group's settings and the indices of its parameters
+// (ids[g]).
+PyValue param_groups(const optim::Optimizer& opt, const std::vector<std::vector<int64_t>>& ids) {
+  PyValue groups = PyValue::list();
+  for (int g = 0; g < opt.num_shards(); ++g) {
+    PyValue group = PyValue::from_json(opt.hyper(g));
+    PyValue list = PyValue::list();
+    for (int64_t i : ids.at(g)) list.append(PyValue(i));
+    group.set(PyValue("params"), list);
+    groups.append(std::move(group));
+  }
+  return groups;
 }
 
 std::vector<int64_t> numels_of(const zero::ZeroOptimizer& zero) {
@@ -182,14 +188,18 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
       };
       PyValue entry = PyValue::dict();
       entry.set(PyValue("step"),
-                PyValue(at::scalar_tensor(static_cast<double>(opt.step_count(0)), at::kFloat)));
-      for (const auto& [name, t] : opt.state(0)) entry.set(PyValue(name), PyValue(per_param(t)));
+                PyValue(at::scalar_tensor(static_cast<double>(zero_->step_count()), at::kFloat)));
+      for (const auto& name : zero_->state_names())
+        entry.set(PyValue(name), PyValue(per_param(zero_->state_partition(name))));
       state.push_entry(PyValue(static_cast<int64_t>(i)), std::move(entry));
       if (dtype_ != at::kFloat) fp32.append(PyValue(per_param(zero_->master_partition())));
     }
     optimizer = PyValue::dict();
     optimizer.set(PyValue("state"), std::move(state));
-    optimizer.set(PyValue("param_groups"), param_groups(opt, static_cast<int64_t>(params.size())));
+    std::vector<std::vector<int64_t>> ids(opt.num_shards());
+    for (size_t i = 0; i < params.size(); ++i)
+      ids.at(layout.buckets[layout.params[i].bucket].group).push_back(static_cast<int64_t>(i));
+    optimizer.set(PyValue("param_groups"), param_groups(opt, ids));
     // 16-bit parameters do not hold the fp32 master weights: keep those too.
     if (dtype_ != at::kFloat) optimizer.set(PyValue("dscpp_fp32_params"), std::move(fp32));
   }
@@ -239,8 +249,9 @@ PyValue EngineCore::zero_states() {
 
   PyValue entry = PyValue::dict();
   entry.set(PyValue("step"),
-            PyValue(at::scalar_tensor(static_cast<double>(opt.step_count(0)), at::kFloat)));
-  for (const auto& [name, t] : opt.state(0)) {
+            PyValue(at::scalar_tensor(static_cast<double>(zero_->step_count()), at::kFloat)));
+  for (const auto& name : zero_->state_names()) {
+    const at::Tensor t = zero_->state_partition(name);
     // DeepSpeed's (rigid) optimizer state covers the whole partition, padding included.
     at::Tensor full = at::zeros({ds.partition}, at::kFloat);
     full.slice(0, 0, held).copy_(zero::to_ds_partition(layout, ds, t, *group_));
@@ -250,7 +261,9 @@ PyValue EngineCore::zero_states() {
   state.push_entry(PyValue(0), std::move(entry));
   PyValue base = PyValue::dict();
   base.set(PyValue("state"), std::move(state));
-  base.set(PyValue("param_groups"), param_groups(opt, 1));
+  // One flat partition holds every group (the groups' settings follow, each naming it).
+  base.set(PyValue("param_groups"),
+           param_groups(opt, std::vector<std::vector<int64_t>>(opt.num_shards(), {0})));
 
   PyValue paddings = PyValue::list();
   for (size_t i = 0; i < zero_->params().size(); ++i) paddings.append(PyValue(0));
@@ -406,7 +419,6 @@ void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& 
   const PyValue& optimizer = need(model, "optimizer", path);
   if (optimizer.is_none())
     throw CheckpointError("'" + path + "' holds no optimizer state (a ZeRO stage 1-2 checkpoint?)");
-  auto& opt = zero_->optimizer();
   const auto& layout = zero_->layout();
   const auto& params = zero_->params();
   const PyValue* fp32 = optimizer.find(PyValue("dscpp_fp32_params"));
@@ -426,6 +438,8 @@ void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& 
   const std::string where = path + ": optimizer";
   const PyValue& state = need(optimizer, "state", where);
   int64_t step = 0;
+  std::map<std::string, at::Tensor> parts;  // each state over the whole partition
+  for (const auto& name : zero_->state_names()) parts[name] = zero_->state_partition(name);
   for (size_t i = 0; i < params.size(); ++i) {
     const PyValue* entry = state.find(PyValue(static_cast<int64_t>(i)));
     if (!entry) {
@@ -433,7 +447,7 @@ void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& 
       continue;
     }
     const auto& lp = layout.params[i];
-    for (auto& [name, t] : opt.state(0)) {
+    for (auto& [name, t] : parts) {
       const std::string entry_path = path + ": optimizer state " + std::to_string(i);
       const PyValue& src = need(*entry, name.c_str(), entry_path);
       if (src.as_tensor().numel() != lp.numel)
@@ -445,16 +459,18 @@ void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& 
     }
     if (const PyValue* s = entry->find(PyValue("step"))) step = step_of(*s);
   }
-  opt.step_count(0) = step;
+  for (const auto& [name, t] : parts) zero_->load_state_partition(name, t);
+  zero_->set_step_count(step);
 }
 
 void EngineCore::load_zero_partitions(const std::string& dir, const std::string& tag,
                                       int saved_world, bool load_optimizer_states) {
-  auto& opt = zero_->optimizer();
   const auto& layout = zero_->layout();
   const int me = zero_->layout_rank();
   const auto numels = numels_of(*zero_);
   int64_t step = -1;
+  std::map<std::string, at::Tensor> parts;  // each state over the whole partition
+  for (const auto& name : zero_->state_names()) parts[name] = zero_->state_partition(name);
   for (int f = 0; f < saved_world; ++f) {
     const std::string path = checkpoint::find_zero_states(dir, tag, f);
     PyValue file = checkpoint::load_torch_file(path);
@@ -500,7 +516,7 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
     const PyValue& state = need(base, "state", base_path);
     const PyValue* entry = state.find(PyValue(0));
     if (!entry) continue;  // never stepped: zeros, as ours are
-    for (auto& [name, t] : opt.state(0)) {
+    for (auto& [name, t] : parts) {
       const at::Tensor& src = need(*entry, name.c_str(), base_path).as_tensor();
       if (src.numel() < held)
         throw CheckpointError(
@@ -517,7 +533,9 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
       step = st;
     }
   }
-  if (load_optimizer_states && step >= 0) opt.step_count(0) = step;
+  if (!load_optimizer_states) return;
+  for (const auto& [name, t] : parts) zero_->load_state_partition(name, t);
+  if (step >= 0) zero_->set_step_count(step);
 }
 
 LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,

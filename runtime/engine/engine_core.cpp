@@ -75,6 +75,7 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
                       "both the config and the client (InitArgs::optimizer) give an optimizer: "
                       "keep one");
   client_.optimizer = std::move(args.optimizer);
+  client_.param_groups = std::move(args.param_groups);
   client_.lr_scheduler = std::move(args.lr_scheduler);
   dtype_ = config_.fp16.enabled ? at::kHalf : config_.bf16.enabled ? at::kBFloat16 : at::kFloat;
   if (group_->backend_name() == "nccl") device_ = at::Device(at::kCUDA, local_rank_);
@@ -115,6 +116,31 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   zo.gradient_clipping = config_.gradient_clipping;
   zo.check_overflow =
       config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
+  // Parameter groups: each trainable parameter's group, by name.
+  if (!client_.param_groups.empty()) {
+    std::map<std::string, int> group_of_name;
+    const int listed = static_cast<int>(client_.param_groups.size());
+    for (int g = 0; g < listed; ++g) {
+      for (const auto& name : client_.param_groups[g].params) {
+        if (!group_of_name.emplace(name, g).second)
+          throw std::invalid_argument("initialize: parameter '" + name +
+                                      "' is in more than one parameter group");
+      }
+      zo.group_options.push_back(client_.param_groups[g].options);
+    }
+    bool unlisted = false;
+    for (const auto& name : param_names_) {
+      auto it = group_of_name.find(name);
+      unlisted |= it == group_of_name.end();
+      zo.group_of.push_back(it == group_of_name.end() ? listed : it->second);
+      if (it != group_of_name.end()) group_of_name.erase(it);
+    }
+    if (!group_of_name.empty())
+      throw std::invalid_argument("initialize: parameter groups name '" +
+                                  group_of_name.begin()->first +
+                                  "', which is not a trainable parameter of the module");
+    if (unlisted) zo.group_options.push_back(nlohmann::json::object());
+  }
   auto optimizer =
       config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
   if (!optimizer) throw std::invalid_argument("initialize: the client optimizer factory gave null");
@@ -137,7 +163,10 @@ double EngineCore::loss_scale() const {
 }
 
 std::vector<double> EngineCore::get_lr() const {
-  return {zero_->optimizer().get_lr()};
+  std::vector<double> lrs;
+  for (int g = 0; g < std::max(1, zero_->optimizer().num_shards()); ++g)
+    lrs.push_back(zero_->optimizer().get_lr(g));
+  return lrs;
 }
 
 double EngineCore::now_ms() {

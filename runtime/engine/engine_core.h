@@ -44,11 +44,21 @@ struct LoadCheckpointResult {
   checkpoint::PyValue client_state = checkpoint::PyValue::dict();
 };
 
+// A parameter group (DeepSpeed's model_parameters as a list of dicts): parameters by their
+// state_dict names, and optimizer settings over the config's ("lr", "weight_decay", ...).
+struct ParamGroup {
+  std::vector<std::string> params;
+  nlohmann::json options = nlohmann::json::object();
+};
+
 // What initialize() takes besides the module and the config.
 struct InitArgs {
   nlohmann::json auto_values = nlohmann::json::object();  // values for "auto" keys
   std::shared_ptr<comm::ProcessGroup> group;  // data-parallel group; default: init_distributed()
   bool strict_config = false;
+  // Parameter groups; trainable parameters in none of them form one more group with the
+  // config's settings. Empty: one group of every trainable parameter.
+  std::vector<ParamGroup> param_groups;
   // A client optimizer (DeepSpeed's `optimizer=` argument): builds one on flat fp32 shards
   // (optim/optimizer.h), used when the config has no "optimizer" section (both: an error,
   // as in DeepSpeed). The engine registers its master partition with it.

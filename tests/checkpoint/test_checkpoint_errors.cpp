@@ -11,6 +11,7 @@
 #include "dscpp.h"
 #include "optim/optimizer.h"
 #include "runtime/checkpoint/ds_layout.h"
+#include "zero/gathered_parameters.h"
 #include "zero/zero_optimizer.h"
 
 using dscpp::checkpoint::CheckpointError;
@@ -260,4 +261,31 @@ TEST_F(Checkpoints, ClientStateMayNotUseTheEngineKeys) {
   client.set("global_steps", 5);
   EXPECT_THROW(ea.save_checkpoint(dir(), "", client), std::invalid_argument);
   EXPECT_FALSE(fs::exists(dir_ / "latest"));
+}
+
+TEST_F(Checkpoints, ParameterGroupsResumeExactly) {
+  for (int stage : {0, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    fs::remove_all(dir_);
+    dscpp::InitArgs args;
+    args.param_groups.push_back({{"b.weight", "b.bias"}, {{"lr", 0.01}, {"weight_decay", 0.3}}});
+    torch::manual_seed(0);
+    Net a;
+    auto ea = dscpp::initialize(a, config(stage), args);
+    train(ea, 3);
+    ea.save_checkpoint(dir());
+    train(ea, 2);
+    torch::manual_seed(1);
+    Net b;
+    auto eb = dscpp::initialize(b, config(stage), args);
+    eb.load_checkpoint(dir());
+    train(eb, 2);
+    auto full = [&](Net& m, auto& e) {
+      dscpp::zero::GatheredParameters g(e.core().zero_optimizer());
+      return weights(m);
+    };
+    EXPECT_TRUE(at::equal(full(a, ea), full(b, eb)));
+    EXPECT_EQ(ea.get_lr(), eb.get_lr());
+    EXPECT_EQ(eb.get_lr().size(), 2u);
+  }
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
 
 #include <filesystem>
 #include <fstream>
@@ -358,4 +359,49 @@ TEST(EngineCases, Stage3ParametersAreEmptyAtRestAndGatheredOnDemand) {
   engine.step();
   EXPECT_EQ(engine.global_steps(), 1);
   EXPECT_GE(zo.gathers(), 3);
+}
+
+TEST(EngineCases, ParameterGroupsTrainAsTorchAdamWGroupsDo) {
+  // Layer a in a group of its own (lr 0.05, no weight decay), b and spare left to the
+  // config's settings (lr 0.1, weight decay 0.5): LibTorch's AdamW with the same two groups
+  // is the reference.
+  auto x_of = [](int s) { return at::sin(at::arange(16, at::kFloat).reshape({4, 4}) * (s + 1)); };
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    json cfg = base_config();
+    cfg["zero_optimization"] = {{"stage", stage}, {"reduce_bucket_size", 20}};
+    dscpp::InitArgs args;
+    args.param_groups.push_back({{"a.weight", "a.bias"}, {{"lr", 0.05}, {"weight_decay", 0.0}}});
+    torch::manual_seed(0);
+    TwoLayer model;
+    auto engine = dscpp::initialize(model, cfg, args);
+    for (int s = 0; s < 3; ++s) {
+      engine.backward(engine.forward(x_of(s).to(engine.device())).square().mean());
+      engine.step();
+    }
+    EXPECT_EQ(engine.get_lr(), (std::vector<double>{0.05, 0.1}));
+
+    torch::manual_seed(0);
+    TwoLayer ref;
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<at::Tensor>{ref->a->weight, ref->a->bias},
+                        std::make_unique<torch::optim::AdamWOptions>(
+                            torch::optim::AdamWOptions(0.05).weight_decay(0.0)));
+    groups.emplace_back(
+        std::vector<at::Tensor>{ref->b->weight, ref->b->bias, ref->spare->weight, ref->spare->bias},
+        std::make_unique<torch::optim::AdamWOptions>(
+            torch::optim::AdamWOptions(0.1).weight_decay(0.5)));
+    torch::optim::AdamW opt(std::move(groups), torch::optim::AdamWOptions(0.1));
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      ref->forward(x_of(s)).square().mean().backward();
+      opt.step();
+    }
+    EXPECT_TRUE(at::allclose(weights(model).to(at::kCPU), weights(ref), 1e-5, 1e-7));
+  }
+  torch::manual_seed(0);
+  TwoLayer model;
+  dscpp::InitArgs bad;
+  bad.param_groups.push_back({{"a.weight", "nope"}, {}});
+  EXPECT_THROW(dscpp::initialize(model, base_config(), bad), std::invalid_argument);
 }
