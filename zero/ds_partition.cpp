@@ -105,7 +105,7 @@ void from_ds_partition(const FlatLayout& ours, int rank, const DsLayout& ds, int
                              std::to_string(saved.numel()) + " elements, more than its " +
                              std::to_string(ds.partition));
   }
-  at::Tensor src_all = saved.to(partition.device(), at::kFloat);
+  at::Tensor src_all = saved.detach().to(partition.device(), at::kFloat);
   for (const auto& s : ds.segments(file_rank)) {
     if (s.at + s.count > saved.numel())
       throw std::runtime_error("partition " + std::to_string(file_rank) + " is shorter (" +

@@ -2,6 +2,7 @@
 #include "zero/zero_optimizer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 
@@ -96,6 +97,8 @@ void ZeroOptimizer::end_backward() {
 }
 
 StepResult ZeroOptimizer::step(double loss_scale) {
+  // The update is arithmetic on buffers, never something autograd should record.
+  at::NoGradGuard no_grad;
   StepResult result;
   const bool across = partitioned(options_) && group_->size() > 1;
   // One small all-reduce carries both verdicts: [sum of squares, overflow flag].

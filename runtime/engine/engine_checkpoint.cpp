@@ -308,6 +308,7 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
                                   "' is one the engine writes itself");
   }
   check_tag_agrees(tag);
+  at::NoGradGuard no_grad;
   // The collective parts first, on every rank, before any file is touched.
   PyValue rng = gather_rng_states();
   PyValue zero_file = zero_->stage() >= 1 ? zero_states() : PyValue();
@@ -542,6 +543,9 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
                                                  const std::string& tag_in,
                                                  const LoadCheckpointOptions& options) {
   namespace fs = std::filesystem;
+  // Files may hold tensors that require grad (DeepSpeed saves its fp32 partitions as
+  // parameters): copying them into our buffers must not build an autograd graph.
+  at::NoGradGuard no_grad;
   LoadCheckpointResult result;
   std::string error;
   PyValue rng;
