@@ -1,0 +1,281 @@
+// EngineCore::save_checkpoint and its parts: DeepSpeed's files (runtime/checkpoint/ds_layout.h)
+// filled from the engine's state (engine_checkpoint_load.cpp reads them back). What goes where:
+//   model states (rank 0 writes, all read): the module's state_dict, DeepSpeed's bookkeeping
+//     keys, the LR schedule, at stage 0 the optimizer in torch's per-parameter layout, and
+//     ours: loss scaler, every rank's RNG states, the micro-step count;
+//   ZeRO files (stages 1-3, one per rank): DeepSpeed's partition of the fp32 master weights
+//     and of the optimizer state, re-mapped from our bucket layout (zero/ds_partition.h).
+// Saving is safe against a crash: each file is renamed into place once complete, and `latest`
+// moves only after every rank has written; loading reads every saved partition, so any
+// number of ranks loads any other's checkpoint.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "optim/lr_schedules.h"
+#include "optim/optimizer.h"
+#include "runtime/checkpoint/ds_layout.h"
+#include "runtime/engine/checkpoint_parts.h"
+#include "runtime/engine/engine_core.h"
+#include "runtime/precision/loss_scaler.h"
+#include "zero/ds_partition.h"
+#include "zero/zero_optimizer.h"
+
+namespace dscpp {
+
+using checkpoint::CheckpointError;
+using checkpoint::PyValue;
+using namespace engine_checkpoint;
+
+void EngineCore::agree(const std::string& local_error, const char* what) {
+  at::Tensor flag = at::full({1}, local_error.empty() ? 0.0f : 1.0f,
+                             at::TensorOptions().dtype(at::kFloat).device(device_));
+  if (group_->size() > 1) group_->all_reduce(flag, comm::ReduceOp::kMax).wait();
+  if (flag.item<float>() == 0.0f) return;
+  if (!local_error.empty()) throw CheckpointError(local_error);
+  throw CheckpointError(
+      fmt::format("{}: failed on another rank (this is rank {})", what, group_->rank()));
+}
+
+void EngineCore::check_tag_agrees(const std::string& tag) {
+  const std::string& mode = config_.checkpoint.tag_validation;
+  if (mode == "IGNORE" || group_->size() == 1) return;
+  // Every rank's tag hash, as [h, -h]: one MAX all-reduce gives both the maximum and minimum.
+  const double h = static_cast<double>(std::hash<std::string>()(tag) % (1ull << 52));
+  at::Tensor t = at::tensor({h, -h}, at::TensorOptions().dtype(at::kDouble)).to(device_);
+  group_->all_reduce(t, comm::ReduceOp::kMax).wait();
+  at::Tensor host = t.cpu();
+  if (host[0].item<double>() == -host[1].item<double>()) return;
+  const std::string msg = fmt::format(
+      "checkpoint tag '{}' (rank {}) is not the same on every rank "
+      "(checkpoint.tag_validation is {})",
+      tag, group_->rank(), mode);
+  if (mode == "FAIL") throw CheckpointError(msg);
+  std::cerr << "dscpp: warning: " << msg << "\n";
+}
+
+PyValue EngineCore::gather_rng_states() {
+  at::Tensor cpu = at::globalContext().defaultGenerator(at::kCPU).get_state();
+  at::Tensor cuda;
+  if (device_.is_cuda()) cuda = at::globalContext().defaultGenerator(device_).get_state();
+  at::Tensor mine = cuda.defined() ? at::cat({cpu, cuda}) : cpu;
+  const int64_t n = mine.numel(), w = group_->size();
+  at::Tensor all = at::empty({w * n}, mine.options().device(device_));
+  if (w > 1) {
+    group_->all_gather(all, mine.to(device_)).wait();
+  } else {
+    all.copy_(mine);
+  }
+  all = all.cpu();
+  PyValue out = PyValue::list();
+  for (int64_t r = 0; r < w; ++r) {
+    at::Tensor row = all.slice(0, r * n, (r + 1) * n);
+    PyValue s = PyValue::dict();
+    s.set(PyValue("cpu"), PyValue(row.slice(0, 0, cpu.numel()).clone()));
+    s.set(PyValue("cuda"),
+          cuda.defined() ? PyValue(row.slice(0, cpu.numel(), n).clone()) : PyValue());
+    out.append(std::move(s));
+  }
+  return out;
+}
+
+PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states) {
+  PyValue module = PyValue::ordered_dict();
+  // At stage 3 the parameters are empty at rest: their values live in the ZeRO files only,
+  // and `module` holds the buffers (as DeepSpeed's stage-3 files do).
+  std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
+  for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
+  for (const auto& [name, p] : named_params_())
+    if (zero_->stage() < 3 || !partitioned.count(name))
+      module.set(PyValue(name), PyValue(p.detach()));
+  PyValue buffer_names = PyValue::list();
+  for (const auto& [name, b] : named_buffers_()) {
+    module.set(PyValue(name), PyValue(b.detach()));
+    buffer_names.append(PyValue(name));
+  }
+  const auto& params = zero_->params();
+  PyValue shapes = PyValue::ordered_dict();
+  for (size_t i = 0; i < params.size(); ++i)
+    shapes.set(PyValue(param_names_[i]), PyValue::size(zero_->param_shape(i)));
+  PyValue shared = PyValue::dict();
+  for (const auto& [alias, name] : shared_params_) shared.set(PyValue(alias), PyValue(name));
+
+  PyValue optimizer;  // None: at stages 1-2 the optimizer lives in the ZeRO files
+  if (zero_->stage() == 0) {
+    // torch.optim's state_dict: per-parameter state keyed by index, one group.
+    auto& opt = zero_->optimizer();
+    const auto& layout = zero_->layout();
+    PyValue state = PyValue::dict();
+    PyValue fp32 = PyValue::list();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& lp = layout.params[i];
+      auto per_param = [&](const at::Tensor& flat) {
+        return flat.slice(0, lp.offset, lp.offset + lp.numel).view(params[i].sizes()).clone();
+      };
+      PyValue entry = PyValue::dict();
+      entry.set(PyValue("step"),
+                PyValue(at::scalar_tensor(static_cast<double>(zero_->step_count()), at::kFloat)));
+      for (const auto& name : zero_->state_names())
+        entry.set(PyValue(name), PyValue(per_param(zero_->state_partition(name))));
+      state.push_entry(PyValue(static_cast<int64_t>(i)), std::move(entry));
+      if (dtype_ != at::kFloat) fp32.append(PyValue(per_param(zero_->master_partition())));
+    }
+    optimizer = PyValue::dict();
+    optimizer.set(PyValue("state"), std::move(state));
+    std::vector<std::vector<int64_t>> ids(opt.num_shards());
+    for (size_t i = 0; i < params.size(); ++i)
+      ids.at(layout.buckets[layout.params[i].bucket].group).push_back(static_cast<int64_t>(i));
+    optimizer.set(PyValue("param_groups"), param_groups(opt, ids));
+    // 16-bit parameters do not hold the fp32 master weights: keep those too.
+    if (dtype_ != at::kFloat) optimizer.set(PyValue("dscpp_fp32_params"), std::move(fp32));
+  }
+
+  PyValue sd = PyValue::dict();
+  sd.set(PyValue("module"), std::move(module));
+  sd.set(PyValue("buffer_names"), std::move(buffer_names));
+  sd.set(PyValue("optimizer"), std::move(optimizer));
+  // DeepSpeed writes param_shapes only at stages 1-3; we always do, so that tools can name
+  // the trainable parameters in ZeRO's order at stage 0 too.
+  sd.set(PyValue("param_shapes"), PyValue::list({std::move(shapes)}));
+  sd.set(PyValue("frozen_param_shapes"), PyValue());
+  sd.set(PyValue("shared_params"), std::move(shared));
+  sd.set(PyValue("frozen_param_fragments"), PyValue());
+  sd.set(PyValue("lr_scheduler"),
+         scheduler_ ? PyValue::from_json(scheduler_->state_dict()) : PyValue());
+  sd.set(PyValue("data_sampler"), PyValue());
+  sd.set(PyValue("random_ltd"), PyValue());
+  sd.set(PyValue("skipped_steps"), PyValue(skipped_steps_));
+  sd.set(PyValue("global_steps"), PyValue(global_steps_));
+  sd.set(PyValue("global_samples"), PyValue(global_samples_));
+  sd.set(PyValue("dp_world_size"), PyValue(group_->size()));
+  sd.set(PyValue("mp_world_size"), PyValue(1));
+  PyValue dims = PyValue::dict();
+  dims.set(PyValue("pp_degree"), PyValue(1));
+  dims.set(PyValue("tp_degree"), PyValue(1));
+  sd.set(PyValue("checkpoint_parallel_dimensions"), std::move(dims));
+  sd.set(PyValue("ds_config"), PyValue::from_json(config_.source));
+  sd.set(PyValue("ds_version"), PyValue(checkpoint::kDsFormatVersion));
+  sd.set(PyValue("dscpp_version"), PyValue(DSCPP_VERSION));
+  sd.set(PyValue("dscpp_zero_stage"), PyValue(zero_->stage()));
+  sd.set(PyValue("dscpp_loss_scaler"), PyValue::from_json(scaler_->state_dict()));
+  sd.set(PyValue("dscpp_rng_states"), std::move(rng_states));
+  sd.set(PyValue("dscpp_micro_steps"), PyValue(micro_steps_));
+  for (size_t i = 0; i < client_state.size(); ++i)
+    sd.set(client_state.keys()[i], client_state.values()[i]);
+  return sd;
+}
+
+PyValue EngineCore::zero_states() {
+  auto& opt = zero_->optimizer();
+  const auto& layout = zero_->layout();
+  const bool stage3 = zero_->stage() >= 3;
+  const auto ds = ds_layout(zero_->stage(), numels_of(*zero_), group_->size());
+  const int r = group_->rank();
+  const int64_t held = ds.held(r);
+
+  PyValue entry = PyValue::dict();
+  entry.set(PyValue("step"),
+            PyValue(at::scalar_tensor(static_cast<double>(zero_->step_count()), at::kFloat)));
+  for (const auto& name : zero_->state_names()) {
+    const at::Tensor t = zero_->state_partition(name);
+    // DeepSpeed's (rigid) optimizer state covers the whole partition, padding included.
+    at::Tensor full = at::zeros({ds.partition}, at::kFloat);
+    full.slice(0, 0, held).copy_(zero::to_ds_partition(layout, ds, t, *group_));
+    entry.set(PyValue(name), PyValue(full));
+  }
+  PyValue state = PyValue::dict();
+  state.push_entry(PyValue(0), std::move(entry));
+  PyValue base = PyValue::dict();
+  base.set(PyValue("state"), std::move(state));
+  // One flat partition holds every group (the groups' settings follow, each naming it).
+  base.set(PyValue("param_groups"),
+           param_groups(opt, std::vector<std::vector<int64_t>>(opt.num_shards(), {0})));
+
+  PyValue paddings = PyValue::list();
+  for (size_t i = 0; i < zero_->params().size(); ++i) paddings.append(PyValue(0));
+
+  PyValue osd = PyValue::dict();
+  osd.set(PyValue("dynamic_loss_scale"), PyValue(scaler_->dynamic()));
+  osd.set(PyValue("overflow"), PyValue(false));
+  osd.set(PyValue("clip_grad"), PyValue(config_.gradient_clipping));
+  // Stage 3's keys differ: DeepSpeed's DeepSpeedZeroOptimizer_Stage3.state_dict().
+  osd.set(PyValue(stage3 ? "optimizer_state_dict" : "base_optimizer_state"), std::move(base));
+  osd.set(PyValue(stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups"),
+          PyValue::list(
+              {PyValue(zero::to_ds_partition(layout, ds, zero_->master_partition(), *group_))}));
+  osd.set(PyValue("zero_stage"), PyValue(zero_->stage()));
+  if (stage3) {
+    osd.set(PyValue("partition_count"), PyValue(group_->size()));
+  } else {
+    osd.set(PyValue("group_paddings"), PyValue::list({PyValue(ds.partition - held)}));
+    osd.set(PyValue("param_alignment_paddings"), PyValue::list({std::move(paddings)}));
+    osd.set(PyValue("partition_count"), PyValue::list({PyValue(group_->size())}));
+  }
+  osd.set(PyValue("ds_version"), PyValue(checkpoint::kDsFormatVersion));
+
+  PyValue file = PyValue::dict();
+  file.set(PyValue("optimizer_state_dict"), std::move(osd));
+  file.set(PyValue("ds_config"), PyValue::from_json(config_.source));
+  file.set(PyValue("ds_version"), PyValue(checkpoint::kDsFormatVersion));
+  return file;
+}
+
+void EngineCore::save_checkpoint(const std::string& save_dir, const std::string& tag_in,
+                                 const PyValue& client_state) {
+  const std::string tag = tag_in.empty() ? "global_step" + std::to_string(global_steps_) : tag_in;
+  checkpoint::check_tag(tag);
+  if (!client_state.is_dict())
+    throw std::invalid_argument("save_checkpoint: client_state must be a dict");
+  for (const auto& k : client_state.keys()) {
+    const auto& reserved = checkpoint::engine_state_keys();
+    if (k.is_string() &&
+        std::find(reserved.begin(), reserved.end(), k.as_string()) != reserved.end())
+      throw std::invalid_argument("save_checkpoint: client_state key '" + k.as_string() +
+                                  "' is one the engine writes itself");
+  }
+  check_tag_agrees(tag);
+  at::NoGradGuard no_grad;
+  // The collective parts first, on every rank, before any file is touched.
+  PyValue rng = gather_rng_states();
+  PyValue zero_file = zero_->stage() >= 1 ? zero_states() : PyValue();
+  std::string error;
+  try {
+    checkpoint::make_tag_dir(save_dir, tag);
+    if (zero_->stage() >= 1)
+      checkpoint::save_torch_file(
+          zero_file,
+          checkpoint::zero_states_path(save_dir, tag, group_->rank(), dtype_ == at::kBFloat16));
+    // Stage 3: every rank writes its own model-states file, as DeepSpeed does.
+    if (zero_->stage() >= 3)
+      checkpoint::save_torch_file(
+          model_states(client_state, std::move(rng)),
+          checkpoint::zero_model_states_path(save_dir, tag, group_->rank()));
+    else if (group_->rank() == 0)
+      checkpoint::save_torch_file(model_states(client_state, std::move(rng)),
+                                  checkpoint::model_states_path(save_dir, tag));
+  } catch (const std::exception& e) {
+    error = fmt::format("save_checkpoint '{}' (rank {}): {}", checkpoint::tag_dir(save_dir, tag),
+                        group_->rank(), e.what());
+  }
+  agree(error, "save_checkpoint");
+  // Only now is the tag complete on every rank: a crash before this line leaves `latest`
+  // naming the previous checkpoint.
+  error.clear();
+  if (group_->rank() == 0) {
+    try {
+      checkpoint::write_latest(save_dir, tag);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(error, "save_checkpoint");
+}
+
+}  // namespace dscpp
