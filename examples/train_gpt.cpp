@@ -9,22 +9,36 @@
 // lr, grad norm, loss scale, tokens/s, TFLOP/s per rank and MFU (model FLOPs 6N + 12*L*h*s per
 // token over --peak-tflops), and peak memory. --load resumes weights, optimizer, schedule,
 // counters and the data position from the checkpoint's latest tag when there is one.
+//
+// --profile-step N --profile-out trace.json records optimizer step N (1-based, as the log counts)
+// with LibTorch's Kineto profiler (CPU ops, and CUDA kernels through CUPTI on a GPU) and saves a
+// Chrome trace (plain JSON; gzip it for bench/trace_summary.py or keep it plain). Rank 0 only, or
+// every rank to PATH with "-rank<R>" before the extension with --profile-all-ranks. The step is
+// bracketed by device synchronisations and left out of its interval's tokens/s; its loss still
+// counts. The step carries user scopes train_gpt::step, ::forward, ::backward, ::optimizer.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <set>
 
 #include "dscpp.h"
 #include "model_zoo/gpt.h"
+#include "model_zoo/layer_module.h"
 #include "runtime/checkpoint/ds_layout.h"
+#include "runtime/config/json_text.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/monitor/monitor.h"
 #ifdef DSCPP_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace po = boost::program_options;
@@ -35,6 +49,10 @@ struct Args {
   std::string model_config, data_path, ds_config, save, load;
   int64_t train_iters = 100, save_interval = 0, log_interval = 10, seed = 1234;
   double peak_tflops = 0;
+  int64_t profile_step = 0;  // 0: no profiling
+  std::string profile_out = "train_gpt_trace.json";
+  bool profile_all_ranks = false;
+  bool layer_specs = false;  // the GPT as LayerSpecs at any stage (always at stage 3)
 };
 
 Args parse(int argc, char** argv) {
@@ -54,7 +72,17 @@ Args parse(int argc, char** argv) {
       "seed", po::value(&a.seed)->default_value(1234), "initialisation and data order")(
       "peak-tflops", po::value(&a.peak_tflops)->default_value(0),
       "a rank's peak TFLOP/s for MFU (0: 989 on a CUDA device, the H100/H200 bf16 dense "
-      "peak; none on the CPU)")("local_rank", po::value<int>(), "set by the launcher");
+      "peak; none on the CPU)")(
+      "profile-step", po::value(&a.profile_step)->default_value(0),
+      "record optimizer step N (1-based) with the Kineto profiler (0: off)")(
+      "profile-out", po::value(&a.profile_out)->default_value(a.profile_out),
+      "Chrome trace JSON written by --profile-step")(
+      "profile-all-ranks", po::bool_switch(&a.profile_all_ranks),
+      "every rank writes its trace (PATH with -rank<R> before the extension), not only rank 0")(
+      "layer-specs", po::bool_switch(&a.layer_specs),
+      "build the GPT as its LayerSpecs (model_zoo::LayerModule) at every ZeRO stage; at stage 3 "
+      "it always is, so that parameters are gathered layer by layer")(
+      "local_rank", po::value<int>(), "set by the launcher");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, o), vm);
   if (vm.count("help")) {
@@ -87,14 +115,59 @@ std::string peak_memory(at::Device device) {
   return "n/a";
 }
 
-}  // namespace
+// Waits for the device's queued work, so a profile or a timing holds exactly one step.
+void device_sync(at::Device device) {
+#ifdef DSCPP_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+  (void)device;
+}
 
-int main(int argc, char** argv) try {
-  const Args args = parse(argc, argv);
-  at::manual_seed(static_cast<uint64_t>(args.seed));
-  auto cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
-  dscpp::model_zoo::GPT model(cfg);
-  auto engine = dscpp::initialize(model, args.ds_config);
+// One step under LibTorch's Kineto profiler (the C++ side of torch.profiler): start() before
+// the step, stop() after it saves the Chrome trace. Kineto is compiled into the pip LibTorch
+// (torch.autograd.kineto_available()), with CUPTI for the CUDA kernels. Autograd's worker
+// threads inherit the profiler through the thread-local state of backward, so backward's ops
+// are recorded too.
+class StepProfiler {
+ public:
+  StepProfiler(at::Device device, std::string path) : device_(device), path_(std::move(path)) {}
+
+  void start() {
+    namespace impl = torch::profiler::impl;
+    std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
+    if (device_.is_cuda()) activities.insert(impl::ActivityType::CUDA);
+    const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/true,
+                                      /*profile_memory=*/false);
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    device_sync(device_);
+    torch::autograd::profiler::enableProfiler(config, activities);
+  }
+
+  void stop() {
+    device_sync(device_);  // the step's last kernels must have run before CUPTI is flushed
+    auto result = torch::autograd::profiler::disableProfiler();
+    result->save(path_);
+  }
+
+ private:
+  at::Device device_;
+  std::string path_;
+};
+
+// PATH for rank 0 alone; PATH with "-rank<R>" before its extension when every rank writes.
+std::string profile_path(const std::string& path, int rank, bool all_ranks) {
+  if (!all_ranks) return path;
+  const std::filesystem::path p(path);
+  const std::string name =
+      p.stem().string() + fmt::format("-rank{}", rank) + p.extension().string();
+  return (p.parent_path() / name).string();
+}
+
+// The training loop, for the GPT module or its LayerSpec form (a LayerModule).
+template <typename Model>
+int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
+          const nlohmann::json& ds_config) {
+  auto engine = dscpp::initialize(model, ds_config);
   const int rank = engine.global_rank(), world = engine.world_size();
   const auto& ds = engine.core().config();
 
@@ -153,29 +226,65 @@ int main(int argc, char** argv) try {
                 << std::flush;
   };
 
+  const bool profiling_rank = rank == 0 || args.profile_all_ranks;
+  std::optional<StepProfiler> profiler;
+  if (args.profile_step > 0 && profiling_rank)
+    profiler.emplace(engine.device(), profile_path(args.profile_out, rank, args.profile_all_ranks));
+
   at::Tensor interval_loss =
       at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(engine.device()));
-  int64_t interval_steps = 0;
+  int64_t interval_steps = 0, timed_steps = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = first; step < args.train_iters; ++step) {
-    for (int64_t m = 0; m < ga; ++m) {
-      auto batch = loader.next();
-      at::Tensor input = batch->input.to(engine.device()),
-                 target = batch->target.to(engine.device());
-      at::Tensor loss = model->loss(engine.forward(input), target);
-      engine.backward(loss);
-      engine.step();
-      interval_loss += loss.detach().to(at::kDouble) / ga;
+    const int64_t done = step + 1;
+    const bool profiled = done == args.profile_step;
+    // The steps before keep their queued kernels inside their own timing.
+    if (profiled) device_sync(engine.device());
+    const auto p0 = std::chrono::steady_clock::now();
+    if (profiled && profiler) profiler->start();
+    {
+      RECORD_USER_SCOPE("train_gpt::step");
+      for (int64_t m = 0; m < ga; ++m) {
+        auto batch = loader.next();
+        at::Tensor input = batch->input.to(engine.device()),
+                   target = batch->target.to(engine.device());
+        at::Tensor loss;
+        {
+          RECORD_USER_SCOPE("train_gpt::forward");
+          loss = dscpp::model_zoo::gpt_loss(engine.forward(input), target,
+                                            cfg.cross_entropy_loss_fusion);
+        }
+        {
+          RECORD_USER_SCOPE("train_gpt::backward");
+          engine.backward(loss);
+        }
+        {
+          RECORD_USER_SCOPE("train_gpt::optimizer");
+          engine.step();
+        }
+        interval_loss += loss.detach().to(at::kDouble) / ga;
+      }
     }
     ++interval_steps;
-    const int64_t done = step + 1;
+    if (profiled) {
+      // Out of the interval's timing: the profiled step, its synchronisations and the save.
+      if (profiler) {
+        profiler->stop();
+        std::cout << fmt::format("[train_gpt] rank {} profiled step {} into {}\n", rank, done,
+                                 profile_path(args.profile_out, rank, args.profile_all_ranks))
+                  << std::flush;
+      }
+      t0 += std::chrono::steady_clock::now() - p0;
+    } else {
+      ++timed_steps;
+    }
     if (done % args.log_interval == 0 || done == args.train_iters) {
       // One all-reduce per log line: the mean loss over ranks, micro-batches and steps.
       at::Tensor l = interval_loss / interval_steps;
       engine.core().group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double tokens_per_s = interval_steps * tokens_per_step / secs;
+      const double tokens_per_s = timed_steps * tokens_per_step / secs;
       const double tflops = tokens_per_s * flops_per_token / world / 1e12;
       if (rank == 0)
         std::cout << fmt::format(
@@ -190,7 +299,7 @@ int main(int argc, char** argv) try {
                          peak_memory(engine.device()))
                   << std::flush;
       interval_loss.zero_();
-      interval_steps = 0;
+      interval_steps = timed_steps = 0;
       t0 = std::chrono::steady_clock::now();
     }
     if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) save(done);
@@ -215,6 +324,26 @@ int main(int argc, char** argv) try {
     std::cout << "\n";
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Args args = parse(argc, argv);
+  at::manual_seed(static_cast<uint64_t>(args.seed));
+  auto cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
+  const nlohmann::json ds_config = dscpp::config::read_config(args.ds_config);
+  // ZeRO stage 3 gathers a model given as layers one layer at a time, and any other module
+  // whole: the GPT goes in as its LayerSpecs there (the same modules, names and numerics).
+  // (A malformed stage is left for the engine's config reader to report.)
+  const auto zero = ds_config.is_object() ? ds_config.find("zero_optimization") : ds_config.end();
+  const bool stage3 = zero != ds_config.end() && zero->is_object() && zero->contains("stage") &&
+                      (*zero)["stage"].is_number_integer() && (*zero)["stage"] == 3;
+  const bool layered = stage3 || args.layer_specs;
+  if (layered)
+    return train(args, cfg, dscpp::model_zoo::LayerModule(dscpp::model_zoo::gpt_layer_specs(cfg)),
+                 ds_config);
+  return train(args, cfg, dscpp::model_zoo::GPT(cfg), ds_config);
 } catch (const std::exception& e) {
   std::cerr << "train_gpt: " << e.what() << "\n";
   return 1;

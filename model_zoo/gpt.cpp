@@ -7,7 +7,6 @@
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/gelu.h>
-#include <ATen/ops/linear.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <fmt/format.h>
 
@@ -16,6 +15,8 @@
 #include <utility>
 
 #include "runtime/config/config_error.h"
+#include "runtime/kernels/fused_ops.h"
+#include "zero/linear.h"
 
 namespace dscpp::model_zoo {
 
@@ -50,8 +51,14 @@ double residual_std(const GPTConfig& c) {
   return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
 }
 
+// Every matrix product goes through zero::linear, which saves the weight parameter itself
+// for backward, so ZeRO stage 3 can release a layer between its forward and backward.
+at::Tensor linear_of(const torch::nn::Linear& l, const at::Tensor& x) {
+  return zero::linear(x, l->weight, l->bias);
+}
+
 at::Tensor tied_head(const GPTEmbeddingImpl& embedding, const at::Tensor& x) {
-  return at::linear(x, embedding.word->weight);
+  return zero::linear(x, embedding.word->weight);
 }
 
 }  // namespace
@@ -82,22 +89,29 @@ GPTAttentionImpl::GPTAttentionImpl(const GPTConfig& c)
 
 at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
-  // [B,S,3h] -> [3,B,heads,S,head_dim]: q, k and v with heads as a batch dimension.
-  at::Tensor qkv_heads =
-      qkv(x).view({batch, seq, 3, heads, hidden / heads}).permute({2, 0, 3, 1, 4});
+  // [B,S,3h] -> [3,B,heads,S,head_dim]: q, k and v with heads as a batch dimension. unbind,
+  // not indexing: the backward of three selects zero-fills three whole-size gradients, copies
+  // into each and adds them up; unbind's backward is one stack.
+  auto qkv_heads = linear_of(qkv, x)
+                       .view({batch, seq, 3, heads, hidden / heads})
+                       .permute({2, 0, 3, 1, 4})
+                       .unbind(0);
   at::Tensor y = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2],
                                                   /*attn_mask=*/{}, is_training() ? dropout : 0.0,
                                                   /*is_causal=*/true);
-  return proj(y.transpose(1, 2).reshape({batch, seq, hidden}));
+  return linear_of(proj, y.transpose(1, 2).reshape({batch, seq, hidden}));
 }
 
-GPTMLPImpl::GPTMLPImpl(const GPTConfig& c) : approximate(c.gelu_approximation) {
+GPTMLPImpl::GPTMLPImpl(const GPTConfig& c)
+    : approximate(c.gelu_approximation), fused(c.bias_gelu_fusion) {
   fc = register_module("fc", make_linear(c.hidden_size, c.ffn_size(), c.init_method_std));
   proj = register_module("proj", make_linear(c.ffn_size(), c.hidden_size, residual_std(c)));
 }
 
 at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
-  return proj(at::gelu(fc(x), approximate));
+  if (!fused) return linear_of(proj, at::gelu(linear_of(fc, x), approximate));
+  return linear_of(
+      proj, kernels::bias_gelu(zero::linear(x, fc->weight), fc->bias, approximate == "tanh"));
 }
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& c) : dropout(c.hidden_dropout) {
@@ -149,16 +163,22 @@ at::Tensor GPTImpl::forward(const at::Tensor& input_ids) {
     for (auto& block : block_list_) x = block(x);
   }
   x = final_norm(x);
-  return head ? head(x) : tied_head(*embedding, x);
+  return head ? linear_of(head, x) : tied_head(*embedding, x);
 }
 
-at::Tensor GPTImpl::loss(const at::Tensor& logits, const at::Tensor& targets) const {
+at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused) {
   TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
                   logits.size(1) == targets.size(1),
               "GPT::loss: expected logits [B,S,V] and targets [B,S], got ", logits.sizes(), " and ",
               targets.sizes());
+  if (fused)
+    return kernels::cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(2)}).to(at::kFloat),
                                 targets.reshape({-1}));
+}
+
+at::Tensor GPTImpl::loss(const at::Tensor& logits, const at::Tensor& targets) const {
+  return gpt_loss(logits, targets, config_.cross_entropy_loss_fusion);
 }
 
 std::vector<std::string> GPTImpl::enable_activation_checkpointing(
@@ -188,11 +208,17 @@ std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config) {
                    },
                    tied ? "embedding" : "",
                    tied ? std::vector<std::string>{"word.weight"} : std::vector<std::string>{}});
+  // checkpoint_activations: each block is its own checkpointed segment, as DeepSpeed's
+  // PipelineModule(activation_checkpoint_interval=1) makes them.
+  const bool checkpointed = config.checkpoint_activations;
   for (int64_t i = 0; i < config.num_layers; ++i) {
     specs.push_back({fmt::format("blocks.{}", i),
                      [config] { return GPTBlock(config).ptr(); },
-                     [](torch::nn::Module& m, const at::Tensor& x) {
-                       return static_cast<GPTBlockImpl&>(m).forward(x);
+                     [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
+                       auto& block = static_cast<GPTBlockImpl&>(m);
+                       if (!checkpointed) return block.forward(x);
+                       return activation_checkpointing::checkpoint(
+                           [&block](const at::Tensor& in) { return block.forward(in); }, x);
                      },
                      "",
                      {}});
@@ -220,7 +246,8 @@ std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config) {
                            .ptr();
                      },
                      [](torch::nn::Module& m, const at::Tensor& x) {
-                       return static_cast<torch::nn::LinearImpl&>(m).forward(x);
+                       auto& head = static_cast<torch::nn::LinearImpl&>(m);
+                       return zero::linear(x, head.weight, head.bias);
                      },
                      "",
                      {}});

@@ -63,6 +63,7 @@ struct GPTMLPImpl : torch::nn::Module {
   torch::nn::Linear fc{nullptr};    // [ffn, h]
   torch::nn::Linear proj{nullptr};  // [h, ffn]: the residual branch's output projection
   std::string approximate;          // at::gelu's: "tanh" or "none"
+  bool fused = true;                // bias add and GELU in one kernel (bias_gelu_fusion)
 };
 TORCH_MODULE(GPTMLP);
 
@@ -114,7 +115,13 @@ struct GPTImpl : torch::nn::Module {
 };
 TORCH_MODULE(GPT);
 
-// The GPT of `config` as a list of layers; the head is tied to the embedding (tied_key
+// GPT's loss: the mean token cross entropy of logits [B,S,V] against targets [B,S] int64, in
+// fp32, targets of -100 left out. For the LayerSpec form, whose module has no loss().
+// fused: cross_entropy_loss_fusion (kernels::cross_entropy), else the eager fp32 upcast.
+at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused = true);
+
+// The GPT of `config` as a list of layers (each block checkpointed when
+// config.checkpoint_activations); the head is tied to the embedding (tied_key
 // "embedding", weight "word.weight") when tie_word_embeddings is on.
 std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config);
 

@@ -66,6 +66,9 @@ GPTConfig GPTConfig::from_json(const json& j, bool strict) {
   c.tie_word_embeddings = s.get_bool("tie_word_embeddings", c.tie_word_embeddings);
   c.gelu_approximation = s.get_choice("gelu_approximation", c.gelu_approximation, {"tanh", "none"});
   c.checkpoint_activations = s.get_bool("checkpoint_activations", c.checkpoint_activations);
+  c.bias_gelu_fusion = s.get_bool("bias_gelu_fusion", c.bias_gelu_fusion);
+  c.cross_entropy_loss_fusion =
+      s.get_bool("cross_entropy_loss_fusion", c.cross_entropy_loss_fusion);
   s.finish();
   c.warnings = diag.warnings;
   c.validate();
@@ -98,7 +101,9 @@ json GPTConfig::to_json() const {
           {"init_method_std", init_method_std},
           {"tie_word_embeddings", tie_word_embeddings},
           {"gelu_approximation", gelu_approximation},
-          {"checkpoint_activations", checkpoint_activations}};
+          {"checkpoint_activations", checkpoint_activations},
+          {"bias_gelu_fusion", bias_gelu_fusion},
+          {"cross_entropy_loss_fusion", cross_entropy_loss_fusion}};
 }
 
 void GPTConfig::validate() const {

@@ -28,7 +28,12 @@ struct GPTConfig {
   bool tie_word_embeddings = true;          // the output head multiplies by the token embedding
   std::string gelu_approximation = "tanh";  // "tanh" (GPT-2, the default) or "none" (exact erf)
   bool checkpoint_activations = false;      // checkpoint each transformer block (Megatron's flag)
-  std::vector<std::string> warnings;        // unknown keys, when read with strict = false
+  // Megatron's fusion flags: the MLP's bias add and GELU in one kernel, and the loss's
+  // cross entropy read straight from the 16-bit logits (runtime/kernels; an exact ATen path
+  // where no kernel applies). false: eager LibTorch ops, the reference.
+  bool bias_gelu_fusion = true;
+  bool cross_entropy_loss_fusion = true;
+  std::vector<std::string> warnings;  // unknown keys, when read with strict = false
 
   // `strict` = false turns unknown keys into entries of `warnings` (for configs written for
   // other tools, e.g. Hugging Face's config.json with its extra keys).

@@ -34,8 +34,13 @@ class Optimizer {
   int add_shard(at::Tensor param, const Hyper& overrides = Hyper::object());
 
   // One update of every shard: grads[i] is shard i's gradient (1-D fp32, same size).
-  // Grads are already unscaled, averaged and clipped.
-  void step(const std::vector<at::Tensor>& grads);
+  // Grads are already averaged; unscaled and clipped too, unless grad_scale (a 0-dim fp32
+  // tensor on the shards' device) is given: then each gradient counts as grad * grad_scale,
+  // which only an optimizer that fuses_grad_scale() accepts.
+  void step(const std::vector<at::Tensor>& grads, const at::Tensor& grad_scale = {});
+  // Whether step() takes grad_scale: the fused CUDA Adam multiplies as it reads the
+  // gradient, saving a pass over it, and reads the scale on the device (no host wait).
+  virtual bool fuses_grad_scale() const { return false; }
 
   // The learning rate and first momentum coefficient of every group, as LR schedules set
   // them (DeepSpeed's schedulers write param_group["lr"]; OneCycle writes "betas" only, so it
@@ -66,8 +71,10 @@ class Optimizer {
   // Creates the shard's state (zeros; Adagrad's sum at its initial value) when the shard is
   // registered, so checkpoints can load into it before the first step.
   virtual void init_state(Shard& s) = 0;
-  // Updates s.param in place from grad; s.steps is already incremented.
+  // Updates s.param in place from grad; s.steps is already incremented. grad_scale_: see
+  // step() (set only for optimizers that fuse it, during step).
   virtual void update(Shard& s, const at::Tensor& grad) = 0;
+  const at::Tensor* grad_scale_ = nullptr;
   // Checks a group's hyper-parameters and fills the defaults; ConfigError names path.key.
   // strict (a config's params): unknown keys are errors, as DeepSpeed's constructors raise
   // TypeError; otherwise (a group's overrides) they are kept, as torch keeps group keys.

@@ -44,7 +44,9 @@ int Optimizer::add_shard(at::Tensor param, const Hyper& overrides) {
   return index;
 }
 
-void Optimizer::step(const std::vector<at::Tensor>& grads) {
+void Optimizer::step(const std::vector<at::Tensor>& grads, const at::Tensor& grad_scale) {
+  if (grad_scale.defined() && !fuses_grad_scale())
+    throw std::invalid_argument(name() + ": this optimizer takes no grad_scale");
   if (grads.size() != shards_.size())
     throw std::invalid_argument(
         fmt::format("{}: {} gradients for {} shards", name(), grads.size(), shards_.size()));
@@ -57,7 +59,9 @@ void Optimizer::step(const std::vector<at::Tensor>& grads) {
     Shard& s = shards_[i];
     if (s.state.empty() && s.steps == 0) init_state(s);
     ++s.steps;
+    grad_scale_ = grad_scale.defined() ? &grad_scale : nullptr;
     update(s, grads[i].reshape({-1}));
+    grad_scale_ = nullptr;
   }
 }
 
@@ -159,6 +163,14 @@ class Adam final : public Algorithm {
     return h;
   }
 
+  bool fuses_grad_scale() const override {
+#ifdef DSCPP_CUDA
+    return !shards_.empty() && shards_[0].param.is_cuda();
+#else
+    return false;
+#endif
+  }
+
   void init_state(Shard& s) override {
     s.state["exp_avg"] = at::zeros_like(s.param);
     s.state["exp_avg_sq"] = at::zeros_like(s.param);
@@ -183,6 +195,7 @@ class Adam final : public Algorithm {
       a.step = s.steps;
       a.bias_correction = flag(h, "bias_correction");
       a.adam_w_mode = decoupled_;
+      if (grad_scale_) a.grad_scale = grad_scale_;
       cuda::fused_adam_step(p, grad.contiguous(), m, v, a);
       return;
     }

@@ -8,11 +8,14 @@ namespace dscpp::zero {
 
 FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
                              int64_t bucket_size, int64_t alignment,
-                             const std::vector<int>& group_of) {
+                             const std::vector<int>& group_of, const std::vector<int>& unit_of) {
   if (world_size < 1 || bucket_size < 1 || alignment < 1)
     throw std::invalid_argument("FlatLayout: world_size, bucket_size and alignment must be >= 1");
   if (!group_of.empty() && group_of.size() != numels.size())
     throw std::invalid_argument("FlatLayout: a group for every parameter");
+  if (!unit_of.empty() && unit_of.size() != numels.size())
+    throw std::invalid_argument("FlatLayout: a unit for every parameter");
+  auto unit = [&](int i) { return unit_of.empty() ? 0 : unit_of[i]; };
   int num_groups = 1;
   for (int g : group_of) {
     if (g < 0) throw std::invalid_argument("FlatLayout: negative group");
@@ -23,7 +26,7 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
   l.params.resize(numels.size());
   const int64_t quantum = world_size * alignment;
   int64_t offset = 0;
-  FlatLayout::Bucket open{0, 0, 0, 0, {}, 0};
+  FlatLayout::Bucket open{0, 0, 0, 0, {}, 0, 0};
   auto close = [&]() {
     int64_t used = offset - open.begin;
     int64_t padded = (used + quantum - 1) / quantum * quantum;
@@ -34,14 +37,23 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
     offset = open.end;
     const int group = open.group;
     l.buckets.push_back(open);
-    open = FlatLayout::Bucket{offset, offset, 0, 0, {}, group};
+    open = FlatLayout::Bucket{offset, offset, 0, 0, {}, group, 0};
   };
   for (int g = 0; g < num_groups; ++g) {
     const int64_t part_begin = l.partition;
     open.group = g;
-    // Within a group, reverse registration order: the order backward produces gradients.
-    for (int i = static_cast<int>(numels.size()) - 1; i >= 0; --i) {
-      if ((group_of.empty() ? 0 : group_of[i]) != g) continue;
+    std::vector<int> order;
+    for (int i = 0; i < static_cast<int>(numels.size()); ++i)
+      if ((group_of.empty() ? 0 : group_of[i]) == g) order.push_back(i);
+    // Highest unit first, -1 (persistent) last; within a unit, reverse registration order:
+    // the order backward produces gradients.
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      if (unit(a) != unit(b)) return unit(a) > unit(b);
+      return a > b;
+    });
+    for (int i : order) {
+      if (!open.params.empty() && open.unit != unit(i)) close();
+      open.unit = unit(i);
       l.params[i] = {offset, numels[i], static_cast<int>(l.buckets.size())};
       open.params.push_back(i);
       offset += numels[i];

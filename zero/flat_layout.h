@@ -25,6 +25,7 @@ struct FlatLayout {
     int64_t part_offset;      // where this rank's chunk sits in its partition
     std::vector<int> params;  // indices of the parameters inside
     int group = 0;            // the parameter group all of them belong to
+    int unit = 0;             // the gathering unit all of them belong to (see build)
   };
   struct GroupRange {
     int64_t part_begin, part_end;  // the group's chunks in a rank's partition (contiguous)
@@ -40,8 +41,15 @@ struct FlatLayout {
   // group_of: each parameter's group (empty: one group). Groups are laid out one after the
   // other, and no bucket holds two groups, so a group's chunks are contiguous in every
   // partition and one optimizer shard with the group's settings covers them.
+  //
+  // unit_of (stage 3 by layer; empty: one unit): each parameter's gathering unit, for
+  // instance the first layer that uses it, or -1. No bucket holds two units either, so a
+  // unit is gathered bucket by bucket without fetching any other. Within a group, buckets go
+  // by unit from the highest down (the order backward reaches layers) with -1 last, and
+  // within a unit in reverse registration order.
   static FlatLayout build(const std::vector<int64_t>& numels, int world_size, int64_t bucket_size,
-                          int64_t alignment, const std::vector<int>& group_of = {});
+                          int64_t alignment, const std::vector<int>& group_of = {},
+                          const std::vector<int>& unit_of = {});
 };
 
 }  // namespace dscpp::zero

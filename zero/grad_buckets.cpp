@@ -2,13 +2,19 @@
 #include "zero/grad_buckets.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 namespace dscpp::zero {
 
 GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
+                         std::vector<at::Tensor> params, at::TensorOptions grad_options,
                          std::shared_ptr<comm::ProcessGroup> group, ReduceOptions options)
     : layout_(layout),
       flat_grads_(std::move(flat_grads)),
+      params_(std::move(params)),
+      grad_options_(grad_options),
+      storage_(layout.buckets.size()),
+      written_(layout.params.size(), 0),
       group_(std::move(group)),
       options_(options),
       pending_(layout.buckets.size()),
@@ -16,16 +22,64 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
       results_(layout.buckets.size()) {}
 
 void GradBuckets::begin(bool reduce) {
+  // Per-bucket storage exists only while a bucket waits for its collective: a micro-step
+  // that does not reduce would have nowhere to keep its gradients.
+  if (per_bucket() && !reduce)
+    throw std::logic_error("GradBuckets: per-bucket gradient storage reduces every micro-step");
   reducing_ = reduce;
   next_launch_ = 0;
+  peak_held_ = held_;
   for (size_t b = 0; b < layout_.buckets.size(); ++b)
     pending_[b] = static_cast<int>(layout_.buckets[b].params.size());
 }
 
 void GradBuckets::mark_ready(int param) {
   if (!reducing_) return;
-  --pending_[layout_.params[param].bucket];
+  const auto& lp = layout_.params[param];
+  if (per_bucket()) {
+    at::Tensor& grad = params_[param].mutable_grad();
+    if (grad.defined()) {
+      at::NoGradGuard no_grad;
+      at::Tensor& store = storage_[lp.bucket];
+      if (!store.defined()) {
+        const auto& b = layout_.buckets[lp.bucket];
+        store = at::empty({b.end - b.begin}, grad_options_);
+        held_ += store.numel();
+        peak_held_ = std::max(peak_held_, held_);
+      }
+      const int64_t at = lp.offset - layout_.buckets[lp.bucket].begin;
+      store.slice(0, at, at + lp.numel).copy_(grad.reshape({-1}));
+      written_[param] = 1;
+      // The copy is the gradient now; autograd makes a fresh .grad next backward.
+      grad.reset();
+    }
+  }
+  --pending_[lp.bucket];
   launch_ready();
+}
+
+at::Tensor GradBuckets::bucket_data(int b) {
+  const auto& bucket = layout_.buckets[b];
+  at::Tensor& store = storage_[b];
+  if (!store.defined()) {  // no gradient reached this bucket (unused parameters)
+    store = at::zeros({bucket.end - bucket.begin}, grad_options_);
+    held_ += store.numel();
+    peak_held_ = std::max(peak_held_, held_);
+  } else {
+    int64_t end = bucket.begin;
+    for (int i : bucket.params) {
+      const auto& lp = layout_.params[i];
+      if (!written_[i])
+        store.slice(0, lp.offset - bucket.begin, lp.offset - bucket.begin + lp.numel).zero_();
+      end = std::max(end, lp.offset + lp.numel);
+    }
+    if (end < bucket.end) store.slice(0, end - bucket.begin).zero_();  // alignment padding
+  }
+  for (int i : bucket.params) written_[i] = 0;
+  at::Tensor data = std::move(store);
+  store = at::Tensor();
+  held_ -= data.numel();
+  return data;
 }
 
 void GradBuckets::launch_ready() {
@@ -36,7 +90,8 @@ void GradBuckets::launch_ready() {
 void GradBuckets::launch(int b) {
   const auto& bucket = layout_.buckets[b];
   const int n = group_->size();
-  at::Tensor data = flat_grads_.slice(0, bucket.begin, bucket.end);
+  // Per-bucket storage is dropped here: the collective keeps it alive until it has run.
+  at::Tensor data = per_bucket() ? bucket_data(b) : flat_grads_.slice(0, bucket.begin, bucket.end);
   if (options_.communication_data_type && *options_.communication_data_type != data.scalar_type())
     data = data.to(*options_.communication_data_type);
   // DeepSpeed's averaging: divide before the sum (prescale_gradients), or divide by the
@@ -81,7 +136,7 @@ void GradBuckets::finish(at::Tensor& grad_partition) {
     results_[b] = at::Tensor();
   }
   // The reduced 16-bit gradients are in the fp32 partition now: start the next window empty.
-  flat_grads_.zero_();
+  if (!per_bucket()) flat_grads_.zero_();
   reducing_ = false;
 }
 

@@ -1,9 +1,15 @@
 // The gradient reduction of ZeRO stages 0-2, one mechanism for all: as backward fills the
 // flat gradient buffer, each bucket whose parameters are all ready is reduced, strictly in
 // bucket order on every rank (so every rank issues the same collectives in the same
-// order). Stage 0 all-reduces a bucket; stages 1 and 2 reduce-scatter it, each rank keeping
+// order). Stage 0 all-reduces a bucket; stages 1-3 reduce-scatter it, each rank keeping
 // its chunk. finish() waits for the reductions and adds the averaged results into the fp32
 // gradient partition, then zeroes the reduced 16-bit buckets for the next accumulation.
+//
+// Where the 16-bit gradients live: stages 0 and 1 accumulate over micro-steps in one flat
+// buffer (the parameters' .grad are views of it). Stages 2 and 3 reduce every micro-step, so
+// no whole buffer is kept: a bucket's storage is made when its first gradient arrives, each
+// gradient is copied in and the parameter's .grad dropped, and the storage goes as soon as
+// its collective is issued. Only buckets in flight hold 16-bit gradients.
 // With overlap_comm the collectives run while backward goes on (on CUDA, on NCCL's own
 // stream behind an event); without it each one is waited for as it is issued.
 #pragma once
@@ -33,14 +39,20 @@ struct ReduceOptions {
 
 class GradBuckets {
  public:
-  GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
-              std::shared_ptr<comm::ProcessGroup> group, ReduceOptions options);
+  // flat_grads: the whole buffer (stages 0-1), or undefined for per-bucket storage (stages
+  // 2-3), where params are read for their .grad and grad_options give the storage's type.
+  GradBuckets(const FlatLayout& layout, at::Tensor flat_grads, std::vector<at::Tensor> params,
+              at::TensorOptions grad_options, std::shared_ptr<comm::ProcessGroup> group,
+              ReduceOptions options);
 
   // Starts a backward; when `reduce` is false (a micro-step inside an accumulation window
   // of stages 0 and 1) gradients just accumulate in the flat buffer.
   void begin(bool reduce);
   // Parameter i's gradient is complete for this backward.
   void mark_ready(int param);
+  // Elements of 16-bit gradient storage held now and at most since begin() (per-bucket mode).
+  int64_t held_numel() const { return held_; }
+  int64_t peak_held_numel() const { return peak_held_; }
   // Reduces what backward left (unused parameters), waits, and adds the averaged gradients
   // into grad_partition (fp32, layout.partition elements).
   void finish(at::Tensor& grad_partition);
@@ -48,9 +60,16 @@ class GradBuckets {
  private:
   void launch_ready();
   void launch(int bucket);
+  bool per_bucket() const { return !flat_grads_.defined(); }
+  at::Tensor bucket_data(int bucket);  // per-bucket mode: complete, padding and unused zeroed
 
   const FlatLayout& layout_;
   at::Tensor flat_grads_;
+  std::vector<at::Tensor> params_;
+  at::TensorOptions grad_options_;
+  std::vector<at::Tensor> storage_;  // per bucket (per-bucket mode): until its launch
+  std::vector<char> written_;        // per parameter (per-bucket mode): copied in this backward
+  int64_t held_ = 0, peak_held_ = 0;
   std::shared_ptr<comm::ProcessGroup> group_;
   ReduceOptions options_;
   bool reducing_ = false;

@@ -30,20 +30,27 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   for (const auto& p : params_) numels.push_back(p.numel());
   const int parts = partitioned(options_) ? group_->size() : 1;
   layout_ = FlatLayout::build(numels, parts, options_.reduce_bucket_size, options_.alignment,
-                              options_.group_of);
+                              options_.group_of, options_.unit_of);
 
   const auto opts = params_.empty() ? at::TensorOptions().dtype(at::kFloat) : params_[0].options();
+  // Stages 0-1 accumulate gradients over micro-steps in one flat buffer whose views are the
+  // parameters' .grad; stages 2-3 reduce every micro-step from per-bucket storage.
+  const bool flat_grads = options_.stage < 2;
   flat_params_ = at::zeros({layout_.total}, opts);
-  flat_grads_ = at::zeros({layout_.total}, opts);
+  if (flat_grads) flat_grads_ = at::zeros({layout_.total}, opts);
   for (const auto& p : params_) param_shapes_.push_back(p.sizes().vec());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& lp = layout_.params[i];
     at::Tensor view =
         flat_params_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes());
     view.copy_(params_[i].detach());
-    // The module's parameter now lives in the flat buffer, and autograd accumulates its
-    // gradient straight into the flat gradient buffer.
+    // The module's parameter now lives in the flat buffer, and (stages 0-1) autograd
+    // accumulates its gradient straight into the flat gradient buffer.
     params_[i].set_data(view);
+    if (!flat_grads) {
+      params_[i].mutable_grad().reset();
+      continue;
+    }
     grad_views_.push_back(
         flat_grads_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes()));
     params_[i].mutable_grad() = grad_views_.back();
@@ -53,14 +60,6 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
 
   master_ = at::empty({layout_.partition}, opts.dtype(at::kFloat));
   refresh_master_from_params();
-  grad_partition_ = at::zeros_like(master_);
-  // One optimizer shard per parameter group: the group's chunks, contiguous in the partition.
-  for (size_t g = 0; g < layout_.groups.size(); ++g) {
-    const auto& gr = layout_.groups[g];
-    optimizer_->add_shard(
-        master_.slice(0, gr.part_begin, gr.part_end),
-        g < options_.group_options.size() ? options_.group_options[g] : optim::Hyper::object());
-  }
 
   ReduceOptions ro;
   ro.scatter = partitioned(options_);
@@ -69,15 +68,26 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   ro.prescale_gradients = options_.prescale_gradients;
   ro.gradient_predivide_factor = options_.gradient_predivide_factor;
   ro.communication_data_type = options_.communication_data_type;
-  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads_, group_, ro);
+  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads_, params_, opts, group_, ro);
   hooks_ = register_ready_hooks(params_, [this](int i) { buckets_->mark_ready(i); });
   if (params_partitioned(options_)) {
     // Stage 3: this rank keeps only its 16-bit chunks; the parameters are released until
-    // gather() brings the whole buffer back. After the hooks: autograd's accumulator nodes
-    // record a parameter's shape when they are made, and must see the whole one.
+    // their buckets are gathered. After the hooks: autograd's accumulator nodes record a
+    // parameter's shape when they are made, and must see the whole one. Before the fp32
+    // gradient partition and the optimizer state exist, so that the whole 16-bit model and
+    // those are never held at once (a model sized for stage 3 would not fit).
     part16_ = master_.to(flat_params_.scalar_type());
-    gathered_ = true;
-    release();
+    buckets16_.resize(layout_.buckets.size());
+    for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
+    flat_params_ = at::Tensor();
+  }
+  grad_partition_ = at::zeros_like(master_);
+  // One optimizer shard per parameter group: the group's chunks, contiguous in the partition.
+  for (size_t g = 0; g < layout_.groups.size(); ++g) {
+    const auto& gr = layout_.groups[g];
+    optimizer_->add_shard(
+        master_.slice(0, gr.part_begin, gr.part_end),
+        g < options_.group_options.size() ? options_.group_options[g] : optim::Hyper::object());
   }
 }
 
@@ -86,10 +96,24 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 void ZeroOptimizer::begin_backward(bool reduce) {
   // A module's zero_grad() (set_to_none by default) or an assignment to .grad detaches a
   // parameter from the flat buffer, and autograd would then accumulate where no bucket
-  // looks: point it back before autograd runs.
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (!params_[i].grad().is_same(grad_views_[i])) params_[i].mutable_grad() = grad_views_[i];
+  // looks: point it back before autograd runs. With per-bucket storage (stages 2-3) .grad
+  // must start empty, so that autograd's result is this backward's gradient alone.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (grad_views_.empty()) {
+      params_[i].mutable_grad().reset();
+    } else if (!params_[i].grad().is_same(grad_views_[i])) {
+      params_[i].mutable_grad() = grad_views_[i];
+    }
+  }
   buckets_->begin(reduce);
+}
+
+int64_t ZeroOptimizer::grad_storage_numel() const {
+  return flat_grads_.defined() ? flat_grads_.numel() : buckets_->held_numel();
+}
+
+int64_t ZeroOptimizer::peak_grad_storage_numel() const {
+  return flat_grads_.defined() ? flat_grads_.numel() : buckets_->peak_held_numel();
 }
 
 void ZeroOptimizer::end_backward() {
@@ -101,33 +125,36 @@ StepResult ZeroOptimizer::step(double loss_scale) {
   at::NoGradGuard no_grad;
   StepResult result;
   const bool across = partitioned(options_) && group_->size() > 1;
-  // One small all-reduce carries both verdicts: [sum of squares, overflow flag].
-  at::Tensor stats = at::stack({grad_partition_.square().sum(),
-                                options_.check_overflow
-                                    ? grad_partition_.isfinite().logical_not().any().to(at::kFloat)
-                                    : at::zeros({}, grad_partition_.options())});
+  // The global sum of squares carries both verdicts: the norm, and the overflow check (an
+  // inf or NaN anywhere makes it non-finite on every rank; DeepSpeed tests a sum the same
+  // way). It is summed a slice at a time, because a whole-partition temporary is a quarter of
+  // a large model's partitioned state (below one slice: the same arithmetic as one sum).
+  constexpr int64_t kSlice = int64_t{1} << 27;
+  at::Tensor stats = grad_partition_.slice(0, 0, kSlice).square().sum();
+  for (int64_t begin = kSlice; begin < grad_partition_.numel(); begin += kSlice)
+    stats += grad_partition_.slice(0, begin, begin + kSlice).square().sum();
   if (across) group_->all_reduce(stats, comm::ReduceOp::kSum).wait();
-  at::Tensor host = stats.cpu();
-  const double sumsq = host[0].item<double>();
-  const bool overflow =
-      options_.check_overflow && (host[1].item<double>() > 0 || !std::isfinite(sumsq));
-  if (overflow) {
+  // Only an overflow check needs the host (to skip the step); otherwise the norm, the clip
+  // and the unscale stay on the device, in float64 as the host would compute them, and the
+  // step enqueues without waiting for the device.
+  at::Tensor sumsq = stats.to(at::kDouble);
+  if (options_.check_overflow && !std::isfinite(stats.item<double>())) {
     grad_partition_.zero_();
     return result;
   }
-  result.grad_norm = std::sqrt(sumsq) / loss_scale;
+  result.grad_norm = sumsq.sqrt() / loss_scale;
   // DeepSpeed's combined unscale and clip: divide by the loss scale, and further by
   // (norm + 1e-6) / clip when that exceeds 1.
-  double combined = loss_scale;
-  if (options_.gradient_clipping > 0) {
-    double clip = (result.grad_norm + 1e-6) / options_.gradient_clipping;
-    if (clip > 1) combined *= clip;
-  }
-  if (combined != 1.0) grad_partition_.mul_(1.0 / combined);
+  at::Tensor combined = at::full({}, loss_scale, sumsq.options());
+  if (options_.gradient_clipping > 0)
+    combined = combined * ((result.grad_norm + 1e-6) / options_.gradient_clipping).clamp_min(1.0);
+  at::Tensor scale = combined.reciprocal().to(at::kFloat);
+  // An optimizer that multiplies by the scale as it reads the gradient saves a pass over it.
+  if (!optimizer_->fuses_grad_scale()) grad_partition_.mul_(scale);
   std::vector<at::Tensor> grads;
   for (const auto& gr : layout_.groups)
     grads.push_back(grad_partition_.slice(0, gr.part_begin, gr.part_end));
-  optimizer_->step(grads);
+  optimizer_->step(grads, optimizer_->fuses_grad_scale() ? scale : at::Tensor());
   grad_partition_.zero_();
   publish_master();
   result.applied = true;
@@ -165,7 +192,8 @@ int ZeroOptimizer::layout_rank() const {
 }
 
 void ZeroOptimizer::refresh_master_from_params() {
-  if (params_partitioned(options_) && !gathered_ && part16_.defined()) {
+  // Stage 3 (once constructed): the 16-bit partition is the parameters' truth.
+  if (part16_.defined()) {
     master_.copy_(part16_);
     return;
   }
@@ -175,48 +203,106 @@ void ZeroOptimizer::refresh_master_from_params() {
         .copy_(flat_params_.slice(0, b.begin + r * b.chunk, b.begin + (r + 1) * b.chunk));
 }
 
-void ZeroOptimizer::gather() {
-  if (!params_partitioned(options_) || gathered_) return;
-  const auto opts = part16_.options();
-  flat_params_ = at::empty({layout_.total}, opts);
-  std::vector<comm::Work> works;
-  for (const auto& b : layout_.buckets) {
-    at::Tensor out = flat_params_.slice(0, b.begin, b.end);
-    at::Tensor mine = part16_.slice(0, b.part_offset, b.part_offset + b.chunk);
-    if (group_->size() == 1) {
-      out.copy_(mine);
-    } else {
-      works.push_back(group_->all_gather(out, mine));
-    }
+bool ZeroOptimizer::gathered() const {
+  if (!params_partitioned(options_)) return true;
+  for (const auto& g : buckets16_)
+    if (g.state != BucketState::kGathered) return false;
+  return true;
+}
+
+ZeroOptimizer::BucketState ZeroOptimizer::bucket_state(int b) const {
+  return params_partitioned(options_) ? buckets16_.at(b).state : BucketState::kGathered;
+}
+
+bool ZeroOptimizer::persistent(int b) const {
+  return params_partitioned(options_) && buckets16_.at(b).persistent;
+}
+
+void ZeroOptimizer::start_gather(int b) {
+  if (!params_partitioned(options_)) return;
+  Gathered& g = buckets16_.at(b);
+  if (g.state != BucketState::kRest) return;
+  const auto& bucket = layout_.buckets[b];
+  g.buffer = at::empty({bucket.end - bucket.begin}, part16_.options());
+  at::Tensor mine = part16_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk);
+  if (group_->size() == 1) {
+    g.buffer.copy_(mine);
+  } else {
+    g.work = group_->all_gather(g.buffer, mine);
   }
-  for (auto& w : works) w.wait();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& lp = layout_.params[i];
-    params_[i].set_data(
-        flat_params_.slice(0, lp.offset, lp.offset + lp.numel).view(param_shapes_[i]));
+  g.state = BucketState::kInFlight;
+  if (!g.persistent) {
+    live_ += g.buffer.numel();
+    peak_live_ = std::max(peak_live_, live_);
   }
-  gathered_ = true;
   ++gathers_;
 }
 
-void ZeroOptimizer::release() {
-  if (!params_partitioned(options_) || !gathered_) return;
+void ZeroOptimizer::finish_gather(int b) {
+  if (!params_partitioned(options_)) return;
+  Gathered& g = buckets16_.at(b);
+  if (g.state == BucketState::kGathered) return;
+  if (g.state == BucketState::kRest) start_gather(b);
+  g.work.wait();
+  g.work = comm::Work();
+  const auto& bucket = layout_.buckets[b];
+  for (int i : bucket.params) {
+    const auto& lp = layout_.params[i];
+    params_[i].set_data(
+        g.buffer.slice(0, lp.offset - bucket.begin, lp.offset - bucket.begin + lp.numel)
+            .view(param_shapes_[i]));
+  }
+  g.state = BucketState::kGathered;
+}
+
+void ZeroOptimizer::release_bucket(int b) {
+  if (!params_partitioned(options_)) return;
+  Gathered& g = buckets16_.at(b);
+  if (g.state == BucketState::kRest) return;
+  if (g.state == BucketState::kInFlight) g.work.wait();  // a collective in flight keeps its buffer
+  g.work = comm::Work();
   // A parameter at rest is an empty tensor of its dtype and device, as in DeepSpeed; the
-  // gathered buffer is freed with the last view of it.
-  for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
-  flat_params_ = at::Tensor();
-  gathered_ = false;
+  // bucket's buffer is freed with the last view of it.
+  for (int i : layout_.buckets[b].params) params_[i].set_data(at::empty({0}, part16_.options()));
+  if (!g.persistent) live_ -= g.buffer.numel();
+  g.buffer = at::Tensor();
+  g.state = BucketState::kRest;
+}
+
+void ZeroOptimizer::make_persistent(int b) {
+  if (!params_partitioned(options_)) return;
+  Gathered& g = buckets16_.at(b);
+  if (g.persistent) return;
+  if (g.state != BucketState::kRest) live_ -= g.buffer.numel();
+  g.persistent = true;
+  finish_gather(b);
+}
+
+void ZeroOptimizer::gather() {
+  if (!params_partitioned(options_)) return;
+  for (size_t b = 0; b < buckets16_.size(); ++b) start_gather(static_cast<int>(b));
+  for (size_t b = 0; b < buckets16_.size(); ++b) finish_gather(static_cast<int>(b));
+}
+
+void ZeroOptimizer::release() {
+  if (!params_partitioned(options_)) return;
+  for (size_t b = 0; b < buckets16_.size(); ++b)
+    if (!buckets16_[b].persistent) release_bucket(static_cast<int>(b));
 }
 
 void ZeroOptimizer::scatter_gathered_from(int src_rank) {
-  if (!params_partitioned(options_) || !gathered_) return;
-  // Every rank takes src_rank's values, then keeps its own chunks of them.
-  if (group_->size() > 1) group_->broadcast(flat_params_, src_rank).wait();
+  if (!params_partitioned(options_)) return;
   const int r = group_->rank();
-  for (const auto& b : layout_.buckets) {
-    at::Tensor mine = flat_params_.slice(0, b.begin + r * b.chunk, b.begin + (r + 1) * b.chunk);
-    part16_.slice(0, b.part_offset, b.part_offset + b.chunk).copy_(mine);
-    master_.slice(0, b.part_offset, b.part_offset + b.chunk).copy_(mine);
+  for (size_t b = 0; b < buckets16_.size(); ++b) {
+    Gathered& g = buckets16_[b];
+    if (g.state == BucketState::kRest) continue;
+    finish_gather(static_cast<int>(b));
+    // Every rank takes src_rank's values, then keeps its own chunk of them.
+    if (group_->size() > 1) group_->broadcast(g.buffer, src_rank).wait();
+    const auto& bucket = layout_.buckets[b];
+    at::Tensor mine = g.buffer.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk);
+    part16_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk).copy_(mine);
+    master_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk).copy_(mine);
   }
 }
 
@@ -228,12 +314,23 @@ int64_t ZeroOptimizer::params_numel_held() const {
 
 void ZeroOptimizer::publish_master() {
   if (params_partitioned(options_)) {
-    // Only this rank's 16-bit chunks change; the next gather() spreads them.
+    // Only this rank's 16-bit chunks change; the next gather spreads them. Buckets gathered
+    // now (persistent ones, or all inside a GatheredParameters scope) are refreshed in place.
     part16_.copy_(master_);
-    if (gathered_) {
-      release();
-      gather();
+    std::vector<comm::Work> works;
+    for (size_t b = 0; b < buckets16_.size(); ++b) {
+      Gathered& g = buckets16_[b];
+      if (g.state == BucketState::kRest) continue;
+      finish_gather(static_cast<int>(b));
+      const auto& bucket = layout_.buckets[b];
+      at::Tensor mine = part16_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk);
+      if (group_->size() == 1) {
+        g.buffer.copy_(mine);
+      } else {
+        works.push_back(group_->all_gather(g.buffer, mine));
+      }
     }
+    for (auto& w : works) w.wait();
     return;
   }
   if (!partitioned(options_)) {

@@ -1,7 +1,8 @@
-// ZeRO stages 0, 1 and 2 over one parameter group: the flat 16-bit (or fp32) parameter
-// buffer whose views are the module's parameters, the flat gradient buffer whose views are
-// their .grad, the bucketed reduction (GradBuckets), and this rank's fp32 master partition
-// with its optimizer state. step() unscales, checks overflow across ranks, clips by the
+// ZeRO stages 0-3 over the trainable parameters: where the 16-bit (or fp32) parameters live
+// (stages 0-2: one flat buffer whose views are the module's parameters; stage 3: this
+// rank's chunks, gathered a bucket at a time), the bucketed gradient reduction
+// (GradBuckets), and this rank's fp32 master partition with its optimizer state (one shard
+// per parameter group). step() unscales, checks overflow across ranks, clips by the
 // global norm, runs the optimizer on the partition, and all-gathers the new parameters.
 #pragma once
 
@@ -33,11 +34,16 @@ struct ZeroOptions {
   // settings over the optimizer's defaults (lr, weight_decay, betas, ...).
   std::vector<int> group_of;
   std::vector<optim::Hyper> group_options;
+  // Stage 3 by layer: each parameter's gathering unit (FlatLayout::build's unit_of; -1:
+  // persistent). Empty: one unit, gathered as a whole.
+  std::vector<int> unit_of;
 };
 
 struct StepResult {
-  bool applied = false;    // false: an overflow skipped it
-  double grad_norm = 0.0;  // global norm of the unscaled gradients, before clipping
+  bool applied = false;  // false: an overflow skipped it
+  // Global norm of the unscaled gradients, before clipping: a 0-dim float64 tensor on the
+  // training device, so that the step itself never waits for the device (read it when needed).
+  at::Tensor grad_norm;
 };
 
 class ZeroOptimizer {
@@ -57,7 +63,7 @@ class ZeroOptimizer {
   const FlatLayout& layout() const { return layout_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   at::Tensor& master_partition() { return master_; }  // fp32, layout().partition elements
-  at::Tensor& flat_params() { return flat_params_; }
+  at::Tensor& flat_params() { return flat_params_; }  // stages 0-2
   // Copies the master partition into the 16-bit parameters on every rank (after a step or
   // a checkpoint load). Collective at stages 1 and 2.
   void publish_master();
@@ -67,20 +73,44 @@ class ZeroOptimizer {
   // the layout has one partition, the whole buffer).
   int layout_rank() const;
 
-  // Stage 3: the parameters hold empty tensors at rest. gather() all-gathers the 16-bit
-  // buffer and points every parameter back into it; release() frees it again. Collective
-  // (gather); no-ops at stages 0-2 and when already in that state.
+  // Stage 3: the parameters hold empty tensors at rest, and are gathered a bucket at a time
+  // (a bucket's chunks are all-gathered into a buffer of its own, and the bucket's
+  // parameters become views of it). gather() / release(): every bucket; gathered(): all are.
+  // Collective (gather); no-ops at stages 0-2 and when already in that state.
   void gather();
-  void release();
-  bool gathered() const { return gathered_ || options_.stage < 3; }
+  void release();  // leaves persistent buckets gathered
+  bool gathered() const;
+  // One bucket: start_gather issues its all-gather (asynchronously where the backend allows),
+  // finish_gather waits for it and points the bucket's parameters at the result (it starts
+  // the gather itself when none is in flight). Every rank must gather the same buckets in
+  // the same order.
+  void start_gather(int bucket);
+  void finish_gather(int bucket);
+  void release_bucket(int bucket);
+  enum class BucketState { kRest, kInFlight, kGathered };
+  BucketState bucket_state(int bucket) const;
+  // A persistent bucket is gathered now and stays so (DeepSpeed's
+  // stage3_param_persistence_threshold): release() leaves it, and steps refresh it.
+  void make_persistent(int bucket);
+  bool persistent(int bucket) const;
+  // Elements of 16-bit parameter buffers gathered or in flight now, and their peak since
+  // reset_peak_live(), persistent buckets left out (DeepSpeed's live parameters).
+  int64_t live_numel() const { return live_; }
+  int64_t peak_live_numel() const { return peak_live_; }
+  void reset_peak_live() { peak_live_ = live_; }
   // While gathered: every rank takes rank src's parameter values into its partition (16-bit
   // and fp32 master), so a change made on one rank reaches all. Collective.
   void scatter_gathered_from(int src_rank);
-  // Elements the module's parameters hold now (all of them at stages 0-2; 0 at rest at stage 3),
-  // and of this rank's 16-bit partition (stage 3), for the 1/N memory assertions.
+  // Elements the module's parameters hold now (all of them at stages 0-2; at rest at stage 3
+  // only the persistent ones), and of this rank's 16-bit partition (stage 3), for the 1/N
+  // memory assertions.
   int64_t params_numel_held() const;
   int64_t partition16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
-  int64_t gathers() const { return gathers_; }  // how many times gather() ran
+  int64_t gathers() const { return gathers_; }  // how many bucket gathers ran
+  // Elements of 16-bit gradient storage (stages 2-3: only buckets waiting for their
+  // reduction) held now, and at most during the last backward.
+  int64_t grad_storage_numel() const;
+  int64_t peak_grad_storage_numel() const;
   const std::vector<at::Tensor>& params() const { return params_; }
   // An optimizer state (or the step count) over the whole partition, whatever the number of
   // groups (one optimizer shard each): what checkpoints save and load.
@@ -106,7 +136,14 @@ class ZeroOptimizer {
   std::shared_ptr<void> hooks_;
   std::vector<std::vector<int64_t>> param_shapes_;
   at::Tensor part16_;  // stage 3: this rank's 16-bit chunks, laid out as master_
-  bool gathered_ = false;
+  struct Gathered {    // stage 3, per bucket
+    BucketState state = BucketState::kRest;
+    bool persistent = false;
+    at::Tensor buffer;  // the whole bucket while in flight or gathered
+    comm::Work work;
+  };
+  std::vector<Gathered> buckets16_;
+  int64_t live_ = 0, peak_live_ = 0;
   int64_t gathers_ = 0;
 };
 

@@ -60,10 +60,19 @@ void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
   s.eps = static_cast<float>(a.eps);
   s.neg_step = static_cast<float>(-(a.lr / bc1));
 
+  const float* grad_scale = nullptr;
+  if (a.grad_scale) {
+    const at::Tensor& gs = *a.grad_scale;
+    if (!gs.defined() || gs.numel() != 1 || gs.scalar_type() != at::kFloat ||
+        gs.device() != param.device())
+      throw std::invalid_argument(
+          "fused_adam_step: grad_scale must be one fp32 element on the param's device");
+    grad_scale = gs.data_ptr<float>();
+  }
   const c10::cuda::CUDAGuard guard(param.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(param.device().index()).stream();
   launch_fused_adam(param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
-                    exp_avg_sq.data_ptr<float>(), param.numel(), s, stream);
+                    exp_avg_sq.data_ptr<float>(), param.numel(), s, grad_scale, stream);
 }
 
 }  // namespace dscpp::optim::cuda

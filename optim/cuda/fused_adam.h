@@ -18,6 +18,9 @@ struct AdamArgs {
   int64_t step = 1;             // this update's step count, 1 for the first
   bool bias_correction = true;  // false: both corrections 1 (DeepSpeed's FusedAdam option)
   bool adam_w_mode = true;      // true: decoupled decay p *= 1 - lr*wd; false: L2, g += wd*p
+  // A 0-dim fp32 tensor on the shard's device: the gradient counts as grad * grad_scale
+  // (read on the device, so the host never waits for it). nullptr: 1.
+  const at::Tensor* grad_scale = nullptr;
 };
 
 // Updates param, exp_avg and exp_avg_sq in place from grad. All four: defined, fp32,

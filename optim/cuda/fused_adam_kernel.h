@@ -23,7 +23,8 @@ struct FusedAdamScalars {
 
 // Launches the update of n elements on stream (the current device must be the tensors').
 // Throws std::runtime_error naming the failing CUDA call, file and line.
+// grad_scale: a device pointer to one float multiplying every gradient, or nullptr.
 void launch_fused_adam(float* p, const float* g, float* m, float* v, int64_t n,
-                       const FusedAdamScalars& s, cudaStream_t stream);
+                       const FusedAdamScalars& s, const float* grad_scale, cudaStream_t stream);
 
 }  // namespace dscpp::optim::cuda

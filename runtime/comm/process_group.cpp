@@ -140,8 +140,11 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op, backend_->native_avg);
     opts.timeout = timeout_;
+    // The input is not kept here: both backends hold it until the collective has run
+    // (Gloo's work object; NCCL's record-stream or stash), and ZeRO frees a bucket's
+    // gradients by dropping it as soon as its reduce-scatter is issued.
     at::Tensor in = input.contiguous();
-    w.state_->keep_alive = {output, in};
+    w.state_->keep_alive = {output};
     w.state_->work = backend_->backend->_reduce_scatter_base(output, in, opts);
     if (op == ReduceOp::kAvg && !backend_->native_avg) {
       at::Tensor out = output;

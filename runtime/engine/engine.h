@@ -11,6 +11,7 @@
 
 #include "runtime/config/json_text.h"
 #include "runtime/engine/engine_core.h"
+#include "zero/layer_hooks.h"
 
 namespace dscpp {
 
@@ -42,6 +43,10 @@ class Engine {
                                        bool load_module_only = false) {
     return core_->load_checkpoint(
         load_dir, tag, {load_optimizer_states, load_lr_scheduler_states, load_module_only});
+  }
+  bool save_16bit_model(const std::string& save_dir,
+                        const std::string& save_filename = "pytorch_model.bin") {
+    return core_->save_16bit_model(save_dir, save_filename);
   }
   void eval() { module_->eval(); }
   ModuleHolder& module() { return module_; }
@@ -91,7 +96,8 @@ Engine<ModuleHolder> initialize(ModuleHolder module, const nlohmann::json& confi
                  for (const auto& item : impl->named_buffers(/*recurse=*/true))
                    out.emplace_back(item.key(), item.value());
                  return out;
-               });
+               },
+               dynamic_cast<zero::Layered*>(impl));
   return Engine<ModuleHolder>(std::move(module), std::move(core));
 }
 

@@ -7,6 +7,7 @@
 
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "optim/lr_schedules.h"
 #include "optim/optimizer.h"
@@ -14,6 +15,7 @@
 #include "runtime/config/config_error.h"
 #include "runtime/monitor/monitor.h"
 #include "runtime/precision/loss_scaler.h"
+#include "zero/layer_gather.h"
 #include "zero/zero_optimizer.h"
 
 namespace dscpp {
@@ -28,12 +30,6 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
   if (z.offload_optimizer && z.offload_optimizer->device != "none")
     gaps.push_back("'zero_optimization.offload_optimizer' (device " + z.offload_optimizer->device +
                    ")");
-  if (z.stage == 3)
-    gaps.push_back(
-        "'zero_optimization.stage3_prefetch_bucket_size', 'stage3_max_live_parameters', "
-        "'stage3_max_reuse_distance', 'stage3_param_persistence_threshold' (stage 3 gathers the "
-        "whole module around its forward and backward; per-layer gathering and prefetch are "
-        "not implemented yet)");
   if (z.offload_param && z.offload_param->device != "none")
     gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
@@ -83,10 +79,67 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   monitor_ = std::make_unique<monitor::MonitorMaster>(config_, group_->rank());
 }
 
-EngineCore::~EngineCore() = default;
+EngineCore::~EngineCore() {
+  // The module outlives the engine inside Engine<M>; its hooks must not outlive the coordinator.
+  if (layered_) layered_->set_layer_hooks(nullptr);
+}
+
+std::vector<int> EngineCore::layer_units(const std::vector<at::Tensor>& params) {
+  std::map<std::string, std::string> canonical(shared_params_.begin(), shared_params_.end());
+  std::map<std::string, int> first_layer;
+  const auto layers = layered_->layer_parameters();
+  for (int l = 0; l < static_cast<int>(layers.size()); ++l)
+    for (const auto& name : layers[l]) {
+      auto it = canonical.find(name);
+      first_layer.emplace(it == canonical.end() ? name : it->second, l);
+    }
+  const auto& z = config_.zero_optimization;
+  int64_t persisted = 0;
+  std::vector<int> units;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = first_layer.find(param_names_[i]);
+    const int64_t n = params[i].numel();
+    // Small parameters stay whole, as DeepSpeed decides it (at most the persistence threshold
+    // each, the model persistence threshold together), and so does one that no layer names:
+    // nothing would gather it.
+    const bool small = n <= z.stage3_param_persistence_threshold &&
+                       persisted + n <= z.stage3_model_persistence_threshold;
+    if (small) persisted += n;
+    units.push_back(it == first_layer.end() || small ? -1 : it->second);
+  }
+  return units;
+}
+
+void EngineCore::start_layer_gather() {
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < param_names_.size(); ++i) index[param_names_[i]] = static_cast<int>(i);
+  for (const auto& [alias, name] : shared_params_) {
+    auto it = index.find(name);
+    if (it != index.end()) index[alias] = it->second;
+  }
+  const auto& layout = zero_->layout();
+  for (size_t b = 0; b < layout.buckets.size(); ++b)
+    if (layout.buckets[b].unit < 0) zero_->make_persistent(static_cast<int>(b));
+  std::vector<std::vector<int>> layer_buckets;
+  for (const auto& names : layered_->layer_parameters()) {
+    std::set<int> buckets;
+    for (const auto& name : names) {
+      auto it = index.find(name);
+      if (it != index.end()) buckets.insert(layout.params[it->second].bucket);
+    }
+    layer_buckets.emplace_back(buckets.begin(), buckets.end());
+  }
+  const auto& z = config_.zero_optimization;
+  zero::LayerGatherOptions lo;
+  lo.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
+  lo.max_live_parameters = z.stage3_max_live_parameters;
+  lo.max_reuse_distance = z.stage3_max_reuse_distance;
+  layer_gather_ = std::make_unique<zero::LayerGather>(*zero_, std::move(layer_buckets), lo);
+  layered_->set_layer_hooks(layer_gather_.get());
+}
 
 void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
-                        std::function<NamedParams()> named_buffers) {
+                        std::function<NamedParams()> named_buffers, zero::Layered* layered) {
   cast(dtype_, device_);
   named_params_ = std::move(named_params);
   named_buffers_ = std::move(named_buffers);
@@ -107,6 +160,16 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   const auto& z = config_.zero_optimization;
   zero::ZeroOptions zo;
   zo.stage = z.stage;
+  if (z.stage == 3 && layered) {
+    layered_ = layered;
+    zo.unit_of = layer_units(params);
+  } else if (z.stage == 3 && group_->rank() == 0) {
+    std::cerr << "dscpp: stage 3 gathers this module as a whole around its forward and "
+                 "backward (give it as a LayerSpec list, model_zoo::LayerModule, to gather layer "
+                 "by layer); 'stage3_prefetch_bucket_size', 'stage3_max_live_parameters', "
+                 "'stage3_max_reuse_distance' and 'stage3_param_persistence_threshold' have no "
+                 "effect on it\n";
+  }
   zo.reduce_bucket_size = z.reduce_bucket_size;
   zo.overlap_comm = z.overlap_comm;
   zo.reduce_scatter = z.reduce_scatter;
@@ -146,6 +209,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   if (!optimizer) throw std::invalid_argument("initialize: the client optimizer factory gave null");
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
+  if (layered_) start_layer_gather();
   if (config_.scheduler) {
     scheduler_ = optim::make_scheduler(*config_.scheduler, *opt);
   } else if (client_.lr_scheduler) {
@@ -156,6 +220,10 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
 
 bool EngineCore::is_gradient_accumulation_boundary() const {
   return (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0;
+}
+
+double EngineCore::get_global_grad_norm() const {
+  return grad_norm_.defined() ? grad_norm_.item<double>() : 0.0;
 }
 
 double EngineCore::loss_scale() const {
@@ -180,13 +248,14 @@ double EngineCore::now_ms() {
 
 void EngineCore::forward_begin() {
   if (config_.wall_clock_breakdown) forward_start_ = now_ms();
-  // Stage 3: the whole module is gathered for its forward and kept until its backward is done.
-  zero_->gather();
+  // Stage 3 of a module without layers: gathered as a whole for its forward and kept until
+  // its backward is done. A layered module gathers layer by layer through its hooks.
+  if (!layer_gather_) zero_->gather();
 }
 
 void EngineCore::forward_end() {
   // A forward without autograd (evaluation) has no backward to wait for.
-  if (!at::GradMode::is_enabled()) zero_->release();
+  if (!at::GradMode::is_enabled()) layer_gather_ ? layer_gather_->end_step() : zero_->release();
   if (config_.wall_clock_breakdown) timers_.forward += now_ms() - forward_start_;
 }
 
@@ -208,7 +277,8 @@ void EngineCore::backward(const at::Tensor& loss) {
   scaled.backward();
   const double t1 = timed ? now_ms() : 0;
   zero_->end_backward();
-  zero_->release();  // stage 3: the gradients are reduced, the parameters go back to rest
+  // Stage 3: the gradients are reduced, the parameters go back to rest.
+  layer_gather_ ? layer_gather_->end_step() : zero_->release();
   if (timed) {
     const double t2 = now_ms();
     timers_.backward += t2 - t0;
@@ -273,8 +343,8 @@ void EngineCore::log_progress() {
                      "[dscpp] step={}, skipped={}, lr=[{:.6g}], mom=[{:.6g}], loss_scale={:g}, "
                      "grad_norm={:.4g}, samples/sec={:.2f}\n",
                      global_steps_, skipped_steps_, zero_->optimizer().get_lr(),
-                     zero_->optimizer().get_momentum(), scaler_->loss_scale(), grad_norm_,
-                     secs > 0 ? samples_since_log_ / secs : 0.0)
+                     zero_->optimizer().get_momentum(), scaler_->loss_scale(),
+                     get_global_grad_norm(), secs > 0 ? samples_since_log_ / secs : 0.0)
               << std::flush;
   if (config_.wall_clock_breakdown && group_->rank() == 0)
     std::cout << fmt::format(

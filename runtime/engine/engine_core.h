@@ -25,7 +25,9 @@ class Optimizer;
 }  // namespace optim
 namespace zero {
 class ZeroOptimizer;
-}
+class LayerGather;
+class Layered;
+}  // namespace zero
 class LossScaler;
 namespace monitor {
 class MonitorMaster;
@@ -78,8 +80,10 @@ class EngineCore {
   ~EngineCore();
   // Second half of construction, once the module is known. named_params: every parameter
   // under its state_dict name (a shared one under each name); named_buffers likewise.
+  // layered: the module's layer structure (a LayerModule), for stage 3 by layer; nullptr:
+  // any other module, gathered as a whole at stage 3.
   void attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
-              std::function<NamedParams()> named_buffers);
+              std::function<NamedParams()> named_buffers, zero::Layered* layered = nullptr);
 
   // DeepSpeed's save_checkpoint / load_checkpoint (runtime/engine/engine_checkpoint.cpp):
   // collective, on every rank. tag "" means "global_step<N>" on save and <dir>/latest on
@@ -88,6 +92,13 @@ class EngineCore {
                        const checkpoint::PyValue& client_state = checkpoint::PyValue::dict());
   LoadCheckpointResult load_checkpoint(const std::string& load_dir, const std::string& tag = "",
                                        const LoadCheckpointOptions& options = {});
+
+  // DeepSpeed's save_16bit_model: the whole module's state_dict in the training dtype to
+  // save_dir/save_filename, written by rank 0 (runtime/engine/engine_save_16bit.cpp). At stage
+  // 3 only with stage3_gather_16bit_weights_on_model_save; false when nothing was written.
+  // Collective.
+  bool save_16bit_model(const std::string& save_dir,
+                        const std::string& save_filename = "pytorch_model.bin");
 
   void backward(const at::Tensor& loss);
   void step();
@@ -101,7 +112,8 @@ class EngineCore {
   int64_t skipped_steps() const { return skipped_steps_; }
   int64_t micro_steps() const { return micro_steps_; }
   std::vector<double> get_lr() const;
-  double get_global_grad_norm() const { return grad_norm_; }
+  // Waits for the last step's norm (kept on the device so the step itself does not wait).
+  double get_global_grad_norm() const;
   double loss_scale() const;
   bool was_step_applied() const { return step_applied_; }
   int64_t train_micro_batch_size_per_gpu() const { return config_.train_micro_batch_size_per_gpu; }
@@ -116,6 +128,8 @@ class EngineCore {
   const DSConfig& config() const { return config_; }
   comm::ProcessGroup& group() { return *group_; }
   zero::ZeroOptimizer& zero_optimizer() { return *zero_; }
+  // Stage 3 by layer: the coordinator (nullptr otherwise).
+  zero::LayerGather* layer_gather() { return layer_gather_.get(); }
   optim::LRScheduler* lr_scheduler() { return scheduler_.get(); }
 
  private:
@@ -148,10 +162,15 @@ class EngineCore {
   at::Device device_ = at::kCPU;
   at::ScalarType dtype_ = at::kFloat;
   std::unique_ptr<zero::ZeroOptimizer> zero_;
+  std::unique_ptr<zero::LayerGather> layer_gather_;
+  zero::Layered* layered_ = nullptr;  // whose hooks point at layer_gather_
+  // Stage 3 by layer: each trainable parameter's unit (first layer using it, -1: persistent).
+  std::vector<int> layer_units(const std::vector<at::Tensor>& params);
+  void start_layer_gather();
   std::unique_ptr<optim::LRScheduler> scheduler_;
   std::unique_ptr<LossScaler> scaler_;
   int64_t micro_steps_ = 0, global_steps_ = 0, global_samples_ = 0, skipped_steps_ = 0;
-  double grad_norm_ = 0.0;
+  at::Tensor grad_norm_;  // 0-dim, on the device; undefined before the first applied step
   bool step_applied_ = false;
   std::chrono::steady_clock::time_point last_log_;
   int64_t samples_since_log_ = 0;

@@ -5,8 +5,9 @@
 
 bf16 cannot match an fp32 run to 1e-5, so the tolerance comes from a measurement: the
 1-GPU bf16 run's distance from the fp32 reference (plain LibTorch on the CPU). Data
-parallelism on 2 GPUs at stages 0, 1 and 2 (over NCCL) must then stay as close to the
-1-GPU bf16 run as twice that distance. Prints one line per case, `N passed, M failed` last."""
+parallelism on 2 GPUs at stages 0-3 (over NCCL) must then stay as close to the 1-GPU bf16
+run as twice that distance: for the MLP, and for model_zoo's GPT as LayerSpecs (at stage 3
+gathered layer by layer, with prefetch, and with a live-parameter bound below two layers). Prints one line per case, `N passed, M failed` last."""
 import argparse
 import json
 import os
@@ -18,8 +19,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import config, rel_err  # noqa: E402
 
 
-def bf16_config(stage):
-    c = config(stage, True, 1)
+EPS = {"mlp": 1e-8, "gpt": 1e-4}  # as oracle.py: the GPT's small gradients meet Adam's eps
+
+
+def bf16_config(stage, model, extra=None):
+    c = config(stage, True, 1, EPS[model], True, extra)
     c["bf16"] = {"enabled": True}
     return c
 
@@ -39,27 +43,42 @@ def main():
     ap.add_argument("--train", required=True)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
-    ref = run([args.train, "--mode", "reference", "--config", json.dumps(config(0, False, 1)),
-               "--out", f"{tmp}/ref.json"], f"{tmp}/ref.json")
-    one = run([args.launcher, "--num_gpus", "1", "--master_port", "29661", args.train, "--mode", "dscpp",
-               "--config", json.dumps(bf16_config(0)), "--out", f"{tmp}/one.json"], f"{tmp}/one.json")
-    loss_tol = 2 * rel_err(one["losses"], ref["losses"])
-    param_tol = 2 * rel_err(one["params"], ref["params"])
-    print(f"1 GPU bf16 vs fp32 reference: losses {loss_tol / 2:.2e}, weights {param_tol / 2:.2e}")
     passed = failed = 0
-    for stage in (0, 1, 2):
-        out = f"{tmp}/s{stage}.json"
-        try:
-            got = run([args.launcher, "--num_gpus", "2", "--master_port", str(29662 + stage), args.train,
-                       "--mode", "dscpp", "--config", json.dumps(bf16_config(stage)), "--out", out], out)
-            le, pe = rel_err(got["losses"], one["losses"]), rel_err(got["params"], one["params"])
-            ok = le <= loss_tol and pe <= param_tol
-            msg = f"losses {le:.2e} (tolerance {loss_tol:.2e}), weights {pe:.2e} (tolerance {param_tol:.2e})"
-        except Exception as e:  # noqa: BLE001
-            ok, msg = False, str(e)
-        print(f"{'PASS' if ok else 'FAIL'} bf16 stage={stage} 2 GPUs vs 1 GPU: {msg}", flush=True)
-        passed += ok
-        failed += not ok
+    port = 29660
+    for model in ("mlp", "gpt"):
+        ref = run([args.train, "--mode", "reference", "--model", model,
+                   "--config", json.dumps(config(0, False, 1, EPS[model])),
+                   "--out", f"{tmp}/ref_{model}.json"], f"{tmp}/ref_{model}.json")
+        port += 1
+        one = run([args.launcher, "--num_gpus", "1", "--master_port", str(port), args.train, "--mode",
+                   "dscpp", "--model", model, "--config", json.dumps(bf16_config(0, model)),
+                   "--out", f"{tmp}/one_{model}.json"], f"{tmp}/one_{model}.json")
+        loss_tol = 2 * rel_err(one["losses"], ref["losses"])
+        param_tol = 2 * rel_err(one["params"], ref["params"])
+        print(f"{model}: 1 GPU bf16 vs fp32 reference: losses {loss_tol / 2:.2e}, weights {param_tol / 2:.2e}")
+        cases = [(s, None) for s in (0, 1, 2, 3)]
+        if model == "gpt":
+            cases.append((3, {"stage3_param_persistence_threshold": 0}))
+            cases.append((3, {"stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 2000,
+                              "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1000}))
+        for stage, extra in cases:
+            port += 1
+            out = f"{tmp}/{model}_s{stage}_{port}.json"
+            name = f"{model} bf16 stage={stage}" + (f" {extra}" if extra else "")
+            try:
+                got = run([args.launcher, "--num_gpus", "2", "--master_port", str(port), args.train, "--mode",
+                           "dscpp", "--model", model, "--config", json.dumps(bf16_config(stage, model, extra)),
+                           "--out", out], out)
+                le, pe = rel_err(got["losses"], one["losses"]), rel_err(got["params"], one["params"])
+                ok = le <= loss_tol and pe <= param_tol
+                msg = f"losses {le:.2e} (tolerance {loss_tol:.2e}), weights {pe:.2e} (tolerance {param_tol:.2e})"
+                if "peak_live" in got:
+                    msg += f", peak live {got['peak_live']} (layer {got['max_layer']})"
+            except Exception as e:  # noqa: BLE001
+                ok, msg = False, str(e)
+            print(f"{'PASS' if ok else 'FAIL'} {name} 2 GPUs vs 1 GPU: {msg}", flush=True)
+            passed += ok
+            failed += not ok
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 

@@ -10,8 +10,11 @@
 #include <iostream>
 
 #include "dscpp.h"
+#include "model_zoo/gpt.h"
+#include "model_zoo/layer_module.h"
 #include "optim/optimizer.h"
 #include "zero/gathered_parameters.h"
+#include "zero/layer_gather.h"
 #include "zero/zero_optimizer.h"
 
 namespace po = boost::program_options;
@@ -54,6 +57,19 @@ struct TinyTransformerImpl : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 TORCH_MODULE(TinyTransformer);
+
+// model_zoo's GPT as LayerSpecs (embedding, 2 blocks, final norm, tied head), so that ZeRO
+// stage 3 gathers it layer by layer; the same 32-token task as the transformer's.
+dscpp::model_zoo::LayerModule tiny_gpt() {
+  dscpp::model_zoo::GPTConfig c;
+  c.vocab_size = 32;
+  c.hidden_size = 16;
+  c.num_layers = 2;
+  c.num_attention_heads = 2;
+  c.seq_length = 8;
+  c.hidden_dropout = c.attention_dropout = 0.0;
+  return dscpp::model_zoo::LayerModule(dscpp::model_zoo::gpt_layer_specs(c));
+}
 
 // Token sequences of length 8 and their targets, deterministic like samples().
 std::pair<torch::Tensor, torch::Tensor> token_samples(int64_t first, int64_t count) {
@@ -129,6 +145,12 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
     }
   }
   auto& zo = engine.core().zero_optimizer();
+  // Stage 3 by layer: the most elements gathered at once during training, and the bound.
+  if (auto* gather = engine.core().layer_gather()) {
+    result["peak_live"] = zo.peak_live_numel();
+    result["max_layer"] = gather->max_layer_numel();
+    result["gathers"] = zo.gathers();
+  }
   // At stage 3 the parameters are empty at rest: what they hold now, then their full values.
   result["params_at_rest"] = zo.params_numel_held();
   result["partition16"] = zo.partition16_numel();
@@ -151,8 +173,9 @@ int main(int argc, char** argv) {
       "config", po::value(&config_text)->default_value("{\"train_batch_size\": 1}"),
       "ds_config JSON text")("steps", po::value(&steps)->default_value(20), "optimizer steps")(
       "out", po::value(&out_path)->required(), "where rank 0 writes its JSON")(
-      "model", po::value(&model_name)->default_value("mlp"), "mlp or transformer")(
-      "local_rank", po::value<int>(), "set by the launcher")(
+      "model", po::value(&model_name)->default_value("mlp"),
+      "mlp, transformer or gpt (LayerSpecs)")("local_rank", po::value<int>(),
+                                              "set by the launcher")(
       "save", po::value(&ckpt.save), "dscpp mode: checkpoint folder to save to")(
       "save-at", po::value(&ckpt.save_at), "dscpp mode: save after this optimizer step")(
       "save-interval", po::value(&ckpt.save_interval), "dscpp mode: save every K steps")(
@@ -162,15 +185,27 @@ int main(int argc, char** argv) {
   po::notify(vm);
   json cfg = json::parse(config_text);
   torch::manual_seed(1234);
-  const bool transformer = model_name == "transformer";
+  const bool gpt = model_name == "gpt";
+  const bool transformer = model_name == "transformer" || gpt;
   Mlp mlp{nullptr};
   TinyTransformer tiny{nullptr};
-  if (transformer)
+  dscpp::model_zoo::LayerModule layered{nullptr};
+  if (gpt)
+    layered = tiny_gpt();
+  else if (transformer)
     tiny = TinyTransformer();
   else
     mlp = Mlp();
-  torch::nn::Module& module =
-      transformer ? static_cast<torch::nn::Module&>(*tiny) : static_cast<torch::nn::Module&>(*mlp);
+  torch::nn::Module& module = gpt           ? static_cast<torch::nn::Module&>(*layered)
+                              : transformer ? static_cast<torch::nn::Module&>(*tiny)
+                                            : static_cast<torch::nn::Module&>(*mlp);
+  // Parameters small enough to stay whole at stage 3 (the persistence threshold's rule),
+  // counted from the module, for the at-rest assertion.
+  int64_t small_numel = 0;
+  const int64_t persist = cfg.value("zero_optimization", json::object())
+                              .value("stage3_param_persistence_threshold", int64_t{100000});
+  for (const auto& p : module.parameters())
+    if (p.numel() <= persist) small_numel += p.numel();
   // The loss of samples [first, first + count) on the module's device and in its type.
   auto loss_of = [&](auto&& forward, int64_t first, int64_t count, torch::Device device) {
     auto dtype = module.parameters()[0].scalar_type();
@@ -203,7 +238,7 @@ int main(int argc, char** argv) {
     const double clip = cfg.value("gradient_clipping", 1.0);
     for (int s = 0; s < steps; ++s) {
       auto forward = [&](torch::Tensor in) {
-        return transformer ? tiny->forward(in) : mlp->forward(in);
+        return gpt ? layered->forward(in) : transformer ? tiny->forward(in) : mlp->forward(in);
       };
       auto loss = loss_of(forward, s * global_batch, global_batch, torch::kCPU);
       opt.zero_grad();
@@ -213,6 +248,10 @@ int main(int argc, char** argv) {
       result["losses"].push_back(loss.item<double>());
     }
     result["params"] = flat_params(module);
+  } else if (gpt) {
+    result = train_dscpp(layered, cfg, steps, loss_of, ckpt);
+    if (result.is_null()) return 0;  // not rank 0
+    result["small_numel"] = small_numel;
   } else if (transformer) {
     result = train_dscpp(tiny, cfg, steps, loss_of, ckpt);
     if (result.is_null()) return 0;  // not rank 0

@@ -2,7 +2,9 @@
 //  - stage 3's GatheredParameters with a modifier rank: what that rank writes in the scope is
 //    every rank's value afterwards (in the next gather and in training);
 //  - checkpoint.tag_validation: ranks saving under different tags fail together with "FAIL"
-//    (no rank left waiting), and save with a warning under "WARN".
+//    (no rank left waiting), and save with a warning under "WARN";
+//  - save_16bit_model at stage 3: refused (false, no file) without
+//    stage3_gather_16bit_weights_on_model_save; with it, the file holds the gathered weights.
 // Exits 0 when every check holds on this rank; prints what failed otherwise.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -89,6 +91,36 @@ int main() try {
   engine.save_checkpoint(dir.string(), "agreed");
   check(dscpp::checkpoint::read_latest(dir.string()) == std::string("agreed"),
         "an agreed tag saves", rank);
+
+  // save_16bit_model: this engine's config leaves stage3_gather_16bit_weights_on_model_save off.
+  const auto dir16 = dir / "model16";
+  check(!engine.save_16bit_model(dir16.string()), "save_16bit_model refused without the flag",
+        rank);
+  check(!std::filesystem::exists(dir16 / "pytorch_model.bin"), "no file without the flag", rank);
+  torch::nn::Linear net2(4, 3);
+  json cfg2 = config(3, "FAIL");
+  cfg2["bf16"] = {{"enabled", true}};
+  cfg2["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = true;
+  dscpp::InitArgs same_group;
+  same_group.group = group.shared_from_this();
+  auto engine2 = dscpp::initialize(net2, cfg2, same_group);
+  check(engine2.save_16bit_model(dir16.string(), "model.bin"), "save_16bit_model with the flag",
+        rank);
+  {
+    dscpp::zero::GatheredParameters all(engine2.core().zero_optimizer());  // collective
+    auto sd = dscpp::checkpoint::PyValue::dict();
+    if (rank == 0) sd = dscpp::checkpoint::load_torch_file((dir16 / "model.bin").string());
+    for (const char* name : {"weight", "bias"}) {
+      if (rank != 0) break;
+      const auto* v = sd.find(dscpp::checkpoint::PyValue(name));
+      check(v && v->is_tensor(), std::string("the 16-bit file holds ") + name, rank);
+      if (!v || !v->is_tensor()) continue;
+      const at::Tensor& t = v->as_tensor();
+      const at::Tensor& p = std::string(name) == "weight" ? net2->weight : net2->bias;
+      check(t.scalar_type() == at::kBFloat16 && at::equal(t, p.detach().cpu()),
+            std::string("the saved ") + name + " is the gathered bf16 value", rank);
+    }
+  }
   group.barrier().wait();
   if (rank == 0) std::filesystem::remove_all(dir);
   if (failures == 0 && rank == 0) std::cout << "multi_rank_cases: all checks passed\n";

@@ -47,7 +47,9 @@ json base_config() {
 
 at::Tensor weights(TwoLayer& m) {
   std::vector<at::Tensor> all;
-  for (const auto& p : m->parameters()) all.push_back(p.detach().flatten().to(at::kFloat));
+  // On the CPU, so that a module the engine moved to a GPU compares with one it never had.
+  for (const auto& p : m->parameters())
+    all.push_back(p.detach().flatten().to(at::kCPU, at::kFloat));
   return at::cat(all);
 }
 

@@ -56,3 +56,20 @@ TEST(FlatLayout, EveryElementBelongsToExactlyOneParameterOrPadding) {
     EXPECT_EQ(l.partition * world, l.total);
   }
 }
+
+TEST(FlatLayout, UnitsNeverShareABucketAndGoLastLayerFirst) {
+  // Layers 0, 0, 1, 1 and a persistent (-1) parameter registered between them; buckets large
+  // enough to hold everything, so only the unit boundaries split them.
+  auto l = FlatLayout::build({4, 4, 4, 4, 2}, 2, 1000, 1, {}, {0, 0, 1, 1, -1});
+  ASSERT_EQ(l.buckets.size(), 3u);
+  EXPECT_EQ(l.buckets[0].unit, 1);  // backward reaches layer 1 first
+  EXPECT_EQ(l.buckets[1].unit, 0);
+  EXPECT_EQ(l.buckets[2].unit, -1);  // persistent parameters last
+  EXPECT_EQ(l.buckets[0].params, (std::vector<int>{3, 2}));
+  EXPECT_EQ(l.buckets[1].params, (std::vector<int>{1, 0}));
+  EXPECT_EQ(l.buckets[2].params, (std::vector<int>{4}));
+  EXPECT_EQ(l.params[3].offset, 0);
+  EXPECT_EQ(l.params[1].offset, 8);
+  EXPECT_EQ(l.total, 18);
+  EXPECT_THROW(FlatLayout::build({4, 4}, 2, 8, 1, {}, {0}), std::invalid_argument);
+}

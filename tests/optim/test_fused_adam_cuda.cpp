@@ -3,8 +3,11 @@
 // scalar head/tail and its all-scalar fallback run, not just its float4 body), several steps,
 // Adam (L2) and AdamW, bias correction and weight decay on and off. Skips without a GPU.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -203,6 +206,29 @@ TEST(FusedAdamCuda, RejectsTensorsItCannotUpdate) {
   EXPECT_NO_THROW(fused_adam_step(p, g, m, v, a));
   at::Tensor empty = at::zeros({0}, cuda);
   EXPECT_NO_THROW(fused_adam_step(empty, empty, empty, empty, a));
+}
+
+// grad_scale read on the device gives the same bits as multiplying the gradient first (one
+// float rounding either way), at the vectorised body's sizes and the scalar tail's.
+TEST(FusedAdamCuda, DeviceGradScaleEqualsPremultipliedGradient) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(7);
+  for (int64_t n : {int64_t{5}, (int64_t{1} << 16) + 3}) {
+    at::Tensor p0 = random_cpu(n, rng, 1.0f), g = random_cpu(n, rng, 3.0f);
+    at::Tensor scale = at::full({}, 0.37f, at::TensorOptions().dtype(at::kFloat)).cuda();
+    AdamArgs a;
+    a.weight_decay = 0.1;
+    at::Tensor pa = p0.cuda(), ma = at::zeros_like(pa), va = at::zeros_like(pa);
+    at::Tensor pb = p0.cuda(), mb = at::zeros_like(pb), vb = at::zeros_like(pb);
+    at::Tensor gcuda = g.cuda();
+    at::Tensor pre = at::mul(gcuda, scale);
+    fused_adam_step(pa, pre, ma, va, a);
+    a.grad_scale = &scale;
+    fused_adam_step(pb, gcuda, mb, vb, a);
+    EXPECT_TRUE(at::equal(pa, pb)) << "n=" << n;
+    EXPECT_TRUE(at::equal(ma, mb)) << "n=" << n;
+    EXPECT_TRUE(at::equal(va, vb)) << "n=" << n;
+  }
 }
 
 }  // namespace

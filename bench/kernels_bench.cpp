@@ -1,0 +1,295 @@
+// The fused ops (runtime/kernels) against the eager ATen compositions they replace, at the GPT
+// 1.3B's shapes on one GPU: bias_gelu on [tokens, ffn] bf16 vs gelu(x + bias), cross_entropy
+// on [tokens, vocab] bf16 logits vs cross_entropy_loss(logits.float()). Each variant runs
+// forward, and forward + backward through autograd (leaf grads reset every time, so nothing
+// accumulates), timed one call at a time by CUDA events on the current stream: the median of
+// --iters after --warmup. GB/s counts the minimal bytes of the op (what the fused kernels
+// move), the same for both variants, so it reads as effective bandwidth; the device-to-device
+// copy line is the bandwidth there is. "its kernels alone" calls the fused op's two halves
+// without autograd (the difference to the line above is the wrapper's cost). For
+// cross-entropy, each variant's peak allocation in one forward + backward above what was
+// allocated before it.
+//   kernels_bench [--tokens 8192] [--ffn 8192] [--vocab 50304] [--gelu tanh|none]
+//                 [--iters 20] [--warmup 5] [--device 0]
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <c10/core/GradMode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/fused_ops.h"
+#include "runtime/kernels/ops_impl.h"
+
+namespace {
+
+void check(cudaError_t err, const char* call, const char* file, int line) {
+  if (err != cudaSuccess)
+    throw std::runtime_error(fmt::format("{} failed: {} ({}) at {}:{}", call, cudaGetErrorName(err),
+                                         cudaGetErrorString(err), file, line));
+}
+#define CUDA_CHECK(call) check((call), #call, __FILE__, __LINE__)
+
+struct Options {
+  int64_t tokens = 8192;  // micro-batch 8 x seq 1024
+  int64_t ffn = 8192;
+  int64_t vocab = 50304;
+  bool tanh = true;  // the GPT configs' gelu_approximation
+  int iters = 20;
+  int warmup = 5;
+  int device = 0;
+};
+
+// The median over `iters` calls of fn's GPU time, each call between its own pair of events
+// (host launch gaps inside a call count; those between calls do not).
+double median_ms(const std::function<void()>& fn, const Options& o, cudaStream_t stream) {
+  for (int i = 0; i < o.warmup; ++i) fn();
+  std::vector<cudaEvent_t> start(o.iters), stop(o.iters);
+  for (int i = 0; i < o.iters; ++i) {
+    CUDA_CHECK(cudaEventCreate(&start[i]));
+    CUDA_CHECK(cudaEventCreate(&stop[i]));
+  }
+  for (int i = 0; i < o.iters; ++i) {
+    CUDA_CHECK(cudaEventRecord(start[i], stream));
+    fn();
+    CUDA_CHECK(cudaEventRecord(stop[i], stream));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> ms(o.iters);
+  for (int i = 0; i < o.iters; ++i) {
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, start[i], stop[i]));
+    ms[i] = t;
+    CUDA_CHECK(cudaEventDestroy(start[i]));
+    CUDA_CHECK(cudaEventDestroy(stop[i]));
+  }
+  std::nth_element(ms.begin(), ms.begin() + o.iters / 2, ms.end());
+  return ms[o.iters / 2];
+}
+
+// Bytes above what was allocated before, at the peak of one call of fn.
+double peak_gib(const std::function<void()>& fn, c10::DeviceIndex device) {
+  namespace alloc = c10::cuda::CUDACachingAllocator;
+  CUDA_CHECK(cudaDeviceSynchronize());
+  alloc::resetPeakStats(device);
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const int64_t before = alloc::getDeviceStats(device).allocated_bytes[agg].current;
+  fn();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const int64_t peak = alloc::getDeviceStats(device).allocated_bytes[agg].peak;
+  return static_cast<double>(peak - before) / (1 << 30);
+}
+
+struct Timing {
+  double fwd_ms, step_ms;  // forward; forward + backward
+};
+
+void print_header() {
+  fmt::print("  {:<34} {:>9} {:>9} {:>11} {:>9}\n", "", "fwd ms", "fwd GB/s", "fwd+bwd ms", "GB/s");
+}
+
+void print_row(const std::string& name, const Timing& t, double fwd_bytes, double step_bytes) {
+  fmt::print("  {:<34} {:>9.3f} {:>9.0f} {:>11.3f} {:>9.0f}\n", name, t.fwd_ms,
+             fwd_bytes / (t.fwd_ms * 1e-3) / 1e9, t.step_ms, step_bytes / (t.step_ms * 1e-3) / 1e9);
+}
+
+void print_ratio(const Timing& fused, const Timing& eager) {
+  fmt::print("  fused vs eager: forward {:.2f}x, forward+backward {:.2f}x the speed\n",
+             eager.fwd_ms / fused.fwd_ms, eager.step_ms / fused.step_ms);
+}
+
+double copy_gbps(const Options& o, const at::TensorOptions& opts, cudaStream_t stream) {
+  const int64_t bytes = int64_t{1} << 30;
+  at::Tensor src = at::empty({bytes}, opts.dtype(at::kByte)).fill_(1);
+  at::Tensor dst = at::empty({bytes}, opts.dtype(at::kByte));
+  const double ms = median_ms([&] { dst.copy_(src); }, o, stream);
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+void bench_bias_gelu(const Options& o, const at::TensorOptions& opts, cudaStream_t stream) {
+  const auto bf16 = opts.dtype(at::kBFloat16);
+  const at::Tensor x = at::randn({o.tokens, o.ffn}, bf16).requires_grad_();
+  const at::Tensor b = at::randn({o.ffn}, bf16).mul_(0.1).requires_grad_();
+  const at::Tensor g = at::randn({o.tokens, o.ffn}, bf16);
+  const char* approximate = o.tanh ? "tanh" : "none";
+  const auto reset = [&] {
+    x.mutable_grad() = at::Tensor();
+    b.mutable_grad() = at::Tensor();
+  };
+  const auto fused = [&] { return dscpp::kernels::bias_gelu(x, b, o.tanh); };
+  const auto eager = [&] { return at::gelu(x.add(b), approximate); };
+  const auto time = [&](const std::function<at::Tensor()>& f) {
+    Timing t{};
+    t.fwd_ms = median_ms([&] { f(); }, o, stream);
+    t.step_ms = median_ms(
+        [&] {
+          f().backward(g);
+          reset();
+        },
+        o, stream);
+    return t;
+  };
+  // Minimal traffic, bf16: forward reads x, writes y; backward reads grad and x, writes dx.
+  const double mn = static_cast<double>(o.tokens) * static_cast<double>(o.ffn);
+  const double fwd_bytes = 2 * 2 * mn, step_bytes = 2 * 5 * mn;
+  fmt::print("\nbias_gelu: x [{}, {}] bf16, bias [{}], gelu {}\n", o.tokens, o.ffn, o.ffn,
+             approximate);
+  print_header();
+  const Timing tf = time(fused);
+  print_row("fused dscpp::kernels::bias_gelu", tf, fwd_bytes, step_bytes);
+  // The same two halves called directly: what the autograd wrapper adds is the difference.
+  {
+    namespace detail = dscpp::kernels::detail;
+    const c10::NoGradGuard no_grad;
+    Timing tk{};
+    tk.fwd_ms = median_ms([&] { detail::bias_gelu_forward(x, b, o.tanh); }, o, stream);
+    tk.step_ms = median_ms(
+        [&] {
+          detail::bias_gelu_forward(x, b, o.tanh);
+          detail::bias_gelu_backward(g, x, b, o.tanh, true, true);
+        },
+        o, stream);
+    print_row("  its kernels alone (no autograd)", tk, fwd_bytes, step_bytes);
+  }
+  const Timing te = time(eager);
+  print_row("eager gelu(x + bias)", te, fwd_bytes, step_bytes);
+  print_ratio(tf, te);
+  fmt::print(
+      "  predicted from bytes moved: forward 2.00x (8 vs 4 bytes an element), "
+      "forward+backward 1.60x (16 vs 10)\n");
+}
+
+void bench_cross_entropy(const Options& o, const at::TensorOptions& opts, cudaStream_t stream) {
+  const auto bf16 = opts.dtype(at::kBFloat16);
+  const at::Tensor logits = at::randn({o.tokens, o.vocab}, bf16).mul_(3).requires_grad_();
+  const at::Tensor targets = at::randint(o.vocab, {o.tokens}, opts.dtype(at::kLong));
+  const auto fused = [&] { return dscpp::kernels::cross_entropy(logits, targets); };
+  const auto eager = [&] { return at::cross_entropy_loss(logits.to(at::kFloat), targets); };
+  const auto step = [&](const std::function<at::Tensor()>& f) {
+    f().backward();
+    logits.mutable_grad() = at::Tensor();
+  };
+  const auto time = [&](const std::function<at::Tensor()>& f) {
+    Timing t{};
+    t.fwd_ms = median_ms([&] { f(); }, o, stream);
+    t.step_ms = median_ms([&] { step(f); }, o, stream);
+    return t;
+  };
+  const double nv = static_cast<double>(o.tokens) * static_cast<double>(o.vocab);
+  // Minimal traffic, bf16: forward reads the logits; backward reads them, writes dlogits.
+  const double fwd_bytes = 2 * nv, step_bytes = 2 * 3 * nv;
+  fmt::print("\ncross_entropy: logits [{}, {}] bf16 ({:.2f} GiB)\n", o.tokens, o.vocab,
+             2 * nv / (1 << 30));
+  const double lf = fused().item<double>(), le = eager().item<double>();
+  fmt::print("  loss: fused {:.6f}, eager {:.6f} (relative difference {:.1e})\n", lf, le,
+             std::abs(lf - le) / std::abs(le));
+  print_header();
+  const Timing tf = time(fused);
+  print_row("fused dscpp::kernels::cross_entropy", tf, fwd_bytes, step_bytes);
+  {
+    namespace detail = dscpp::kernels::detail;
+    const c10::NoGradGuard no_grad;
+    const at::Tensor one = at::ones({}, opts.dtype(at::kFloat));
+    Timing tk{};
+    tk.fwd_ms = median_ms([&] { detail::cross_entropy_forward(logits, targets, -100); }, o, stream);
+    tk.step_ms = median_ms(
+        [&] {
+          const auto f = detail::cross_entropy_forward(logits, targets, -100);
+          detail::cross_entropy_backward(one, logits, targets, f.lse, f.count, -100);
+        },
+        o, stream);
+    print_row("  its kernels alone (no autograd)", tk, fwd_bytes, step_bytes);
+  }
+  const Timing te = time(eager);
+  print_row("eager cross_entropy_loss(x.float())", te, fwd_bytes, step_bytes);
+  print_ratio(tf, te);
+  fmt::print(
+      "  predicted from bytes moved: forward ~7x (14 vs 2 bytes an element), "
+      "forward+backward ~6x (36 vs 6)\n");
+  const auto device = static_cast<c10::DeviceIndex>(o.device);
+  const double pf = peak_gib([&] { step(fused); }, device);
+  const double pe = peak_gib([&] { step(eager); }, device);
+  fmt::print(
+      "  peak memory above the logits, forward+backward: fused {:.2f} GiB, eager {:.2f} GiB "
+      "(predicted: fused 1.00x the bf16 logits = {:.2f} GiB, eager ~6x)\n",
+      pf, pe, 2 * nv / (1 << 30));
+}
+
+int64_t parse_int(const char* s, const char* flag) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s, &end, 0);
+  if (end == s || *end != '\0' || v < 0)
+    throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative integer", flag, s));
+  return v;
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + a);
+    const char* v = argv[++i];
+    if (a == "--tokens")
+      o.tokens = parse_int(v, "--tokens");
+    else if (a == "--ffn")
+      o.ffn = parse_int(v, "--ffn");
+    else if (a == "--vocab")
+      o.vocab = parse_int(v, "--vocab");
+    else if (a == "--iters")
+      o.iters = static_cast<int>(parse_int(v, "--iters"));
+    else if (a == "--warmup")
+      o.warmup = static_cast<int>(parse_int(v, "--warmup"));
+    else if (a == "--device")
+      o.device = static_cast<int>(parse_int(v, "--device"));
+    else if (a == "--gelu" && (std::string(v) == "tanh" || std::string(v) == "none"))
+      o.tanh = std::string(v) == "tanh";
+    else
+      throw std::invalid_argument("unknown option or value: " + a + " " + v +
+                                  " (expected --tokens, --ffn, --vocab, --gelu tanh|none, "
+                                  "--iters, --warmup, --device)");
+  }
+  if (o.tokens < 1 || o.ffn < 1 || o.vocab < 1 || o.iters < 1)
+    throw std::invalid_argument("--tokens, --ffn, --vocab and --iters must be >= 1");
+  if (c10::cuda::device_count() <= o.device)
+    throw std::runtime_error(fmt::format("no CUDA device {}", o.device));
+
+  const auto device = static_cast<c10::DeviceIndex>(o.device);
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+  const auto opts = at::TensorOptions().device(at::kCUDA, device);
+  fmt::print("device {}: {}; median of {} calls after {} warm-up\n", o.device, prop.name, o.iters,
+             o.warmup);
+  fmt::print("device-to-device copy: {:.0f} GB/s (read + write)\n", copy_gbps(o, opts, stream));
+  bench_bias_gelu(o, opts, stream);
+  bench_cross_entropy(o, opts, stream);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kernels_bench: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,56 @@
+// EngineCore::save_16bit_model: DeepSpeed's engine.save_16bit_model. The module's whole
+// state_dict in its training dtype (16-bit under fp16/bf16), as one torch.save file that
+// PyTorch and Hugging Face load directly. At stage 3 the parameters are gathered for it, and
+// only when zero_optimization.stage3_gather_16bit_weights_on_model_save is on (gathering a
+// whole model is expensive, so DeepSpeed makes it opt-in); otherwise nothing is written and
+// the call returns false on every rank.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "runtime/checkpoint/torch_file.h"
+#include "runtime/engine/engine_core.h"
+#include "zero/gathered_parameters.h"
+#include "zero/zero_optimizer.h"
+
+namespace dscpp {
+
+using checkpoint::PyValue;
+
+bool EngineCore::save_16bit_model(const std::string& save_dir, const std::string& save_filename) {
+  const std::string path = (std::filesystem::path(save_dir) / save_filename).string();
+  if (zero_->stage() >= 3 && !config_.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
+    if (group_->rank() == 0)
+      std::cerr << "dscpp: did not save the model " << path
+                << " because zero_optimization.stage3_gather_16bit_weights_on_model_save is "
+                   "false\n";
+    return false;
+  }
+  at::NoGradGuard no_grad;
+  std::string error;
+  {
+    // Collective at stage 3 (every rank gathers); nothing at stages 0-2.
+    zero::GatheredParameters gathered(*zero_);
+    if (group_->rank() == 0) {
+      try {
+        // Parameters, then buffers, each under every name it has (a tied weight under both).
+        PyValue sd = PyValue::ordered_dict();
+        for (const auto& [name, p] : named_params_())
+          sd.set(PyValue(name), PyValue(p.detach().to(at::kCPU).clone()));
+        for (const auto& [name, b] : named_buffers_())
+          sd.set(PyValue(name), PyValue(b.detach().to(at::kCPU).clone()));
+        std::filesystem::create_directories(save_dir);
+        checkpoint::save_torch_file(sd, path);  // written beside, renamed into place
+      } catch (const std::exception& e) {
+        error = fmt::format("save_16bit_model '{}': {}", path, e.what());
+      }
+    }
+  }
+  agree(error, "save_16bit_model");
+  return true;
+}
+
+}  // namespace dscpp
