@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
 """The PyTorch reference dscpp's GPT throughput is compared with, run beside it in the same call.
 
-    torchrun --nproc_per_node 2 bench/pytorch_gpt.py --model-config model_zoo/configs/gpt_1.3B.json \
-        --mode fsdp2|ddp|single --micro-batch 8 --steps 30 --warmup 10
+    torchrun --nproc_per_node 2 bench/pytorch_gpt.py --model-config bench/configs/gpt_1.3B_bench.json \
+        --mode fsdp2|ddp --micro-batch 8 --steps 20 --warmup 10 [--compile]
+    python3 bench/pytorch_gpt.py --model-config ... --mode single [--compile]     # one GPU
 
 Plain PyTorch as a user would write it (../shared/GPU.md): the same GPT as model_zoo's (pre-LN,
 tanh GELU, learned positions, tied embeddings, SDPA causal attention), bf16 autocast with fp32
 weights for DDP/single, FSDP2 with bf16 parameters and fp32 gradient reduction, fused AdamW.
-Random tokens. Rank 0 prints one line: tokens/s per GPU, TFLOP/s per GPU (6N + 12*L*h*s per
-token), peak memory."""
+--compile wraps each transformer block in torch.compile (before DDP/fully_shard wraps it, as
+torchtitan does, so FSDP2's hooks stay outside the compiled graphs). Random tokens.
+
+Timing starts after --warmup steps (compilation happens inside them) and ends with a device
+synchronisation. Rank 0 prints one machine-readable line (read by bench/gpt_table.py):
+    pytorch mode=M compile=0|1 gpus=N micro_batch=B seq=S steps=K params=P
+        tokens_per_s_per_gpu=X tflops_per_gpu=Y peak_mem_gib=Z steady_peak_mem_gib=W loss=L secs=T
+TFLOP/s count 6N + 12*L*h*s per token (the formula train_gpt uses); peak_mem_gib is the
+caching allocator's peak allocated bytes over the whole run (as train_gpt reports), steady_*
+the peak over the timed steps only."""
 import argparse
 import json
-import math
 import os
 import time
 
@@ -64,8 +72,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-config", required=True)
     ap.add_argument("--mode", choices=["single", "ddp", "fsdp2"], default="fsdp2")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     ap.add_argument("--micro-batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=10)
     args = ap.parse_args()
     with open(args.model_config) as f:
@@ -73,12 +82,19 @@ def main():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.mode == "single" and world > 1:
+        raise SystemExit("--mode single runs on one GPU: start it with python3, not torchrun with several ranks")
     torch.cuda.set_device(local)
     if world > 1:
-        dist.init_process_group("nccl")
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     torch.manual_seed(0)
     model = GPT(c).cuda()
     n_params = sum(p.numel() for p in model.parameters())
+    if args.compile:
+        # Per block, before any wrapper: the 24 blocks share one compiled graph (their
+        # parameters are graph inputs), and DDP's/FSDP2's communication stays eager around them.
+        for i, b in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(b)
     autocast = True
     if args.mode == "ddp":
         model = nn.parallel.DistributedDataParallel(model, device_ids=[local])
@@ -94,9 +110,12 @@ def main():
     ids = torch.randint(0, vocab, (args.micro_batch, seq + 1), device="cuda")
     flops_per_token = 6 * n_params + 12 * c["num_layers"] * c["hidden_size"] * seq
     torch.cuda.reset_peak_memory_stats()
+    run_peak = 0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             torch.cuda.synchronize()
+            run_peak = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             logits = model(ids[:, :-1])
@@ -107,12 +126,15 @@ def main():
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
+    steady_peak = torch.cuda.max_memory_allocated()
     tps = args.steps * args.micro_batch * seq / secs
     if rank == 0:
-        print(f"pytorch {args.mode} ranks={world}: {tps:,.0f} tokens/s per GPU, "
-              f"{tps * flops_per_token / 1e12:.0f} TFLOP/s per GPU, "
-              f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB, N={n_params / 1e9:.3f}B, "
-              f"final loss {loss.item():.3f}", flush=True)
+        print(f"pytorch mode={args.mode} compile={int(args.compile)} gpus={world} micro_batch={args.micro_batch} "
+              f"seq={seq} steps={args.steps} params={n_params} tokens_per_s_per_gpu={tps:.1f} "
+              f"tflops_per_gpu={tps * flops_per_token / 1e12:.2f} "
+              f"peak_mem_gib={max(run_peak, steady_peak) / 2**30:.3f} steady_peak_mem_gib={steady_peak / 2**30:.3f} "
+              f"loss={loss.item():.4f} secs={secs:.3f}",
+              flush=True)
     if world > 1:
         dist.destroy_process_group()
 

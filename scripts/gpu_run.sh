@@ -3,11 +3,25 @@
 # (carried in .gpu/: Boost.Program_options' library, gloo's headers), build the CUDA
 # variant, run the environment report and the test suite, then GPU tests and benchmarks
 # as they exist. Full logs go to $OUT (or ./gpu-out); a short summary is printed last.
+# A device call returns at most 8 files from $OUT: when there are more, the *.log files are
+# packed into $OUT/logs.tgz at the end.
+# Opt-in steps (environment):
+#   GPU_TESTS=0     skip the tests and the default GPT benchmark; build only train_gpt, the
+#                   launcher and dscpp_report (for calls that only run the table or a profile)
+#   GPU_TABLE=1     bench/gpt_table.sh: issue 7's table (ROWS, LOGDIR, ... as that script says;
+#                   it replaces the default GPT benchmark, whose rows it holds); -> gpt_table.md
+#   GPU_PROFILE=1   one step (15 of 20) of dscpp ZeRO-2 on 2 GPUs under Kineto: gzipped traces
+#                   profile-rank{0,1}.json.gz and bench/trace_summary.py's profile_summary.md
+#   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
+#   GPU_DEADLINE_S  seconds from this script's start by which the table must be printed
+#                   (e.g. 570 under a 600 s device call); rows that would not fit are left for
+#                   the next call
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+tests=${GPU_TESTS:-1}
 deps=/opt/deps
 mkdir -p "$deps"
 for f in .gpu/*.deb; do dpkg -x "$f" "$deps"; done
@@ -17,6 +31,7 @@ summary=()
 step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records the outcome
   local name=$1; shift
   local t0=$SECONDS
+  if [[ " ${GPU_SKIP:-} " == *" $name "* ]]; then summary+=("skip  $name (GPU_SKIP)"); return 0; fi
   if "$@" >"$out/$name.log" 2>&1; then summary+=("ok    $name ($((SECONDS - t0)) s)")
   else summary+=("FAIL  $name ($((SECONDS - t0)) s): see $name.log"); fi
 }
@@ -29,11 +44,13 @@ configure() {
 }
 step configure configure
 # -k 0: one target that fails to build must not keep the others from being tested.
-step build ninja -C build-cuda -k 0 -j "$(nproc)"
+targets=()
+[ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report)
+step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 step report ./build-cuda/tools/dscpp_report
 nvidia-smi >"$out/nvidia-smi.log" 2>&1 || true
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [ "$gpus" -ge 2 ]; then
+if [ "$gpus" -ge 2 ] && [ "$tests" = 1 ]; then
   # The collectives suite over NCCL on CUDA tensors, then nccl-tests-style figures.
   step nccl_collectives env DSCPP_TEST_BACKEND=nccl ./build-cuda/launcher/dscpp --num_gpus 2 \
     --master_port 29651 ./build-cuda/tests/comm/comm_collectives
@@ -50,6 +67,12 @@ fi
 if [ "${GPU_BENCH_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/fused_adam_bench ]; then
   step fused_adam ./build-cuda/bench/fused_adam_bench
 fi
+# The GPT's fused kernels: their CUDA tests against float64 references, then their timing
+# beside the eager ops at the 1.3B model's shapes.
+if [ "$tests" = 1 ] && [ "$gpus" -ge 1 ] && [ -x ./build-cuda/tests/kernels/test_kernels_cuda ]; then
+  step kernels_cuda ./build-cuda/tests/kernels/test_kernels_cuda
+  step kernels_bench ./build-cuda/bench/kernels_bench
+fi
 # GPT 1.3B training throughput: dscpp's train_gpt beside plain PyTorch in the same call
 # (GPU.md: compare only figures of one call). Data: the fortunes corpus carried in .gpu/corpus.
 gpt_bench() {  # gpt_bench NAME RANKS DS_CONFIG
@@ -57,7 +80,8 @@ gpt_bench() {  # gpt_bench NAME RANKS DS_CONFIG
     --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
     --deepspeed_config "$3" --train-iters "${GPT_ITERS:-30}" --log-interval 10
 }
-if [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ]; then
+if [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ] && [ "$tests" = 1 ] &&
+  [ "${GPU_TABLE:-0}" != 1 ]; then
   r=$(( gpus >= 2 ? 2 : 1 ))
   step gpt_dscpp gpt_bench gpt_dscpp "$r" ds_configs/gpt_bf16_zero2.json
   step gpt_pytorch_fsdp2 python3 -m torch.distributed.run --nproc_per_node "$r" --master_port 29720 \
@@ -65,8 +89,54 @@ if [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ]; then
   step gpt_pytorch_ddp python3 -m torch.distributed.run --nproc_per_node "$r" --master_port 29721 \
     bench/pytorch_gpt.py --model-config bench/configs/gpt_1.3B_bench.json --mode ddp --steps 20 --warmup 10
 fi
+# Issue 7's table: dscpp ZeRO 0-3 on 1 and 2 GPUs beside PyTorch single/DDP/FSDP2, eager and
+# compiled, in this call. Under GPU_DEADLINE_S it gets what is left, less the profile's share.
+gpt_profile() {  # one profiled ZeRO-2 step on 2 GPUs, every rank's trace, then their summaries
+  local trace=$out/profile.json limit=600
+  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 10))
+  [ "$limit" -ge 45 ] || { echo "gpt_profile: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
+  timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29740 ./build-cuda/examples/train_gpt \
+    --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
+    --deepspeed_config ds_configs/gpt_bf16_zero2.json --train-iters 20 --log-interval 10 \
+    --profile-step 15 --profile-out "$trace" --profile-all-ranks || return 1
+  gzip -f "$out/profile-rank0.json" "$out/profile-rank1.json" || return 1
+  python3 bench/trace_summary.py "$out/profile-rank0.json.gz" >"$out/profile_summary.md" &&
+    python3 bench/trace_summary.py "$out/profile-rank1.json.gz" >>"$out/profile_summary.md"
+}
+if [ "${GPU_TABLE:-0}" = 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ]; then
+  budget=0
+  if [ "${GPU_DEADLINE_S:-0}" -gt 0 ]; then
+    budget=$((GPU_DEADLINE_S - SECONDS - 15))
+    [ "${GPU_PROFILE:-0}" = 1 ] && budget=$((budget - 75))
+    [ "${GPU_13B:-0}" = 1 ] && budget=$((budget - 240))
+    [ "$budget" -lt 1 ] && budget=1
+  fi
+  step gpt_table env OUT="$out" BUDGET_S="$budget" bash bench/gpt_table.sh
+fi
+if [ "${GPU_PROFILE:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+  step gpt_profile gpt_profile
+fi
+# GPU_13B=1: the 13 B GPT (model_zoo/configs/gpt_13B.json, activation checkpointing, micro-batch
+# 1, sequence 2048) at ZeRO-3 on 2 GPUs, layer by layer; GPU_13B_STAGE2=1 also tries stage 2.
+gpt13b() {  # gpt13b DS_CONFIG
+  local limit=900
+  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 20))
+  [ "$limit" -ge 60 ] || { echo "gpt13b: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
+  timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29760 ./build-cuda/examples/train_gpt \
+    --model-config model_zoo/configs/gpt_13B.json --train-data-path .gpu/corpus/fortunes_text_document \
+    --deepspeed_config "$1" --train-iters "${GPT13B_ITERS:-6}" --log-interval 3
+}
+if [ "${GPU_13B:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+  step gpt13b_zero3 gpt13b bench/configs/gpt_13B_zero3.json
+  if [ "${GPU_13B_STAGE2:-0}" = 1 ]; then
+    sed 's/"stage": 3/"stage": 2/' bench/configs/gpt_13B_zero3.json >"$out/gpt_13B_zero2.json"
+    step gpt13b_zero2 gpt13b "$out/gpt_13B_zero2.json"
+  fi
+fi
 # The suite last: the figures above come back even if the call's time runs out here.
-step ctest bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"DeepSpeed|AgreesWith|SingleRankOracle|Oracle_|TokenIdsEqual\""
+ctest_limit=100000
+[ "${GPU_DEADLINE_S:-0}" -gt 0 ] && ctest_limit=$((GPU_DEADLINE_S - SECONDS - 10))
+[ "$tests" = 1 ] && [ "$ctest_limit" -gt 30 ] && step ctest timeout -k 5 "$ctest_limit" bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"DeepSpeed|AgreesWith|SingleRankOracle|Oracle_|TokenIdsEqual\""
 echo "=== dscpp GPU run, $(date -u +%Y-%m-%dT%H:%MZ) ==="
 cat "$out/report.log" 2>/dev/null
 grep -E "tests passed|tests failed" "$out/ctest.log" 2>/dev/null
@@ -74,7 +144,17 @@ grep -E "PASSED|FAILED" "$out/nccl_collectives.log" 2>/dev/null | sort | uniq -c
 cat "$out/comm_bench.log" 2>/dev/null
 grep -vE "^\[" "$out/engine_bf16.log" 2>/dev/null | tail -5
 tail -12 "$out/fused_adam.log" 2>/dev/null
+grep -E "PASSED|FAILED" "$out/kernels_cuda.log" 2>/dev/null
+tail -25 "$out/kernels_bench.log" 2>/dev/null
 grep -E "PASS|FAIL|passed" "$out/checkpoint_resume.log" 2>/dev/null
 grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
 grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
+grep -E "^gpt_table: " "$out/gpt_table.log" 2>/dev/null  # each row's wall time
+cat "$out/gpt_table.md" 2>/dev/null
+[ -f "$out/profile_summary.md" ] && head -40 "$out/profile_summary.md"
+grep -hE "train_gpt\] (GPT|step)|out of memory|Error" "$out"/gpt13b_*.log 2>/dev/null | cut -c1-400
 printf '%s\n' "${summary[@]}"
+# At most 8 files come back from a device call: pack the logs when there are more.
+if [ "$(find "$out" -type f | wc -l)" -gt 8 ]; then
+  (cd "$out" && find . -name '*.log' -print0 | tar czf logs.tgz --null -T - --remove-files)
+fi
