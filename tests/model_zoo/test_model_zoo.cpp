@@ -25,6 +25,7 @@
 
 #include "dscpp.h"
 #include "model_zoo/gpt.h"
+#include "model_zoo/layer_module.h"
 #include "runtime/activation_checkpointing/checkpointing.h"
 
 using dscpp::ConfigError;
@@ -380,6 +381,38 @@ TEST(GPT, LayerSpecsInSequenceGiveTheModulesOutput) {
       at::Tensor got = mz::run_layers(layers, b.ids);
       EXPECT_TRUE(at::equal(expected, got)) << "tied " << tied << " training " << training;
     }
+  }
+}
+
+// LayerModule: the layers as one module whose state dict is GPT's, key for key, and whose
+// forward with no hooks is the layers in sequence; each layer names the parameters it uses.
+TEST(GPT, LayerModuleHasTheModulesStateDictAndOutput) {
+  for (bool tied : {true, false}) {
+    mz::GPTConfig c = small_config(0.0, tied);
+    mz::GPT model(c);
+    mz::LayerModule layered(mz::gpt_layer_specs(c));
+    std::map<std::string, at::Tensor> whole;
+    for (const auto& item : model->named_parameters()) whole[item.key()] = item.value();
+    std::set<std::string> keys;
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& item : layered->named_parameters()) {
+        ASSERT_TRUE(whole.count(item.key())) << item.key();
+        ASSERT_EQ(item.value().sizes(), whole[item.key()].sizes()) << item.key();
+        item.value().copy_(whole[item.key()]);
+        keys.insert(item.key());
+      }
+    }
+    EXPECT_EQ(keys.size(), whole.size());
+    const auto uses = layered->layer_parameters();
+    ASSERT_EQ(uses.size(), static_cast<size_t>(c.num_layers + 3));
+    EXPECT_EQ(uses.front(),
+              (std::vector<std::string>{"embedding.word.weight", "embedding.position.weight"}));
+    EXPECT_EQ(uses.back(), tied ? std::vector<std::string>{"embedding.word.weight"}
+                                : std::vector<std::string>{"head.weight"});
+    EXPECT_EQ(uses[1].front(), "blocks.0.ln_1.weight");
+    Batch b = random_batch(c, 2, 9, 3);
+    EXPECT_TRUE(at::equal(model->forward(b.ids), layered->forward(b.ids))) << "tied " << tied;
   }
 }
 
