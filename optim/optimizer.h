@@ -42,6 +42,15 @@ class Optimizer {
   // gradient, saving a pass over it, and reads the scale on the device (no host wait).
   virtual bool fuses_grad_scale() const { return false; }
 
+  // The same update in pieces, for an elementwise optimizer (an element's update reads only
+  // that element's state; Lamb's trust ratio does not qualify): begin_step() once, then
+  // update_range() over disjoint ranges that cover every shard, each with its slice of the
+  // gradient. ZeRO uses it to all-gather a bucket while the next one updates.
+  virtual bool elementwise() const { return false; }
+  void begin_step();
+  void update_range(int shard, int64_t begin, int64_t end, const at::Tensor& grad,
+                    const at::Tensor& grad_scale = {});
+
   // The learning rate and first momentum coefficient of every group, as LR schedules set
   // them (DeepSpeed's schedulers write param_group["lr"]; OneCycle writes "betas" only, so it
   // leaves SGD's momentum alone). With no shard yet they are the defaults later shards take.

@@ -65,6 +65,32 @@ void Optimizer::step(const std::vector<at::Tensor>& grads, const at::Tensor& gra
   }
 }
 
+void Optimizer::begin_step() {
+  if (!elementwise()) throw std::logic_error(name() + ": not elementwise, cannot step in ranges");
+  for (Shard& s : shards_) {
+    if (s.state.empty() && s.steps == 0) init_state(s);
+    ++s.steps;
+  }
+}
+
+void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Tensor& grad,
+                             const at::Tensor& grad_scale) {
+  if (grad_scale.defined() && !fuses_grad_scale())
+    throw std::invalid_argument(name() + ": this optimizer takes no grad_scale");
+  Shard& s = shards_.at(shard);
+  if (begin < 0 || end > s.param.numel() || begin > end || grad.numel() != end - begin ||
+      grad.scalar_type() != at::kFloat)
+    throw std::invalid_argument(
+        fmt::format("{}: range [{}, {}) of shard {} ({} elements) with a gradient of {} elements",
+                    name(), begin, end, shard, s.param.numel(), grad.numel()));
+  // A shard of views: the update writes through them into the shard and its state.
+  Shard part{s.param.slice(0, begin, end), s.hyper, {}, s.steps};
+  for (auto& [key, t] : s.state) part.state[key] = t.slice(0, begin, end);
+  grad_scale_ = grad_scale.defined() ? &grad_scale : nullptr;
+  update(part, grad.reshape({-1}));
+  grad_scale_ = nullptr;
+}
+
 // With no shard yet, the defaults are what a schedule reads and writes.
 double Optimizer::get_lr(int shard) const {
   const Hyper& h = shards_.empty() ? defaults_ : shards_.at(shard).hyper;
@@ -162,6 +188,8 @@ class Adam final : public Algorithm {
     finish(r, strict);
     return h;
   }
+
+  bool elementwise() const override { return true; }
 
   bool fuses_grad_scale() const override {
 #ifdef DSCPP_CUDA

@@ -151,14 +151,43 @@ StepResult ZeroOptimizer::step(double loss_scale) {
   at::Tensor scale = combined.reciprocal().to(at::kFloat);
   // An optimizer that multiplies by the scale as it reads the gradient saves a pass over it.
   if (!optimizer_->fuses_grad_scale()) grad_partition_.mul_(scale);
-  std::vector<at::Tensor> grads;
-  for (const auto& gr : layout_.groups)
-    grads.push_back(grad_partition_.slice(0, gr.part_begin, gr.part_end));
-  optimizer_->step(grads, optimizer_->fuses_grad_scale() ? scale : at::Tensor());
+  const at::Tensor fused_scale = optimizer_->fuses_grad_scale() ? scale : at::Tensor();
+  if ((options_.stage == 1 || options_.stage == 2) && optimizer_->elementwise()) {
+    step_by_bucket(fused_scale);
+  } else {
+    std::vector<at::Tensor> grads;
+    for (const auto& gr : layout_.groups)
+      grads.push_back(grad_partition_.slice(0, gr.part_begin, gr.part_end));
+    optimizer_->step(grads, fused_scale);
+    publish_master();
+  }
   grad_partition_.zero_();
-  publish_master();
   result.applied = true;
   return result;
+}
+
+void ZeroOptimizer::step_by_bucket(const at::Tensor& grad_scale) {
+  // Bucket by bucket: update this rank's chunk, then all-gather the bucket while the next
+  // chunk updates (on a GPU the all-gather runs on NCCL's stream, after the chunk's cast).
+  // The same arithmetic per element as one whole step followed by publish_master().
+  optimizer_->begin_step();
+  std::vector<comm::Work> works;
+  std::vector<at::Tensor> inputs;
+  for (const auto& b : layout_.buckets) {
+    const int64_t in_shard = b.part_offset - layout_.groups[b.group].part_begin;
+    optimizer_->update_range(b.group, in_shard, in_shard + b.chunk,
+                             grad_partition_.slice(0, b.part_offset, b.part_offset + b.chunk),
+                             grad_scale);
+    inputs.push_back(
+        master_.slice(0, b.part_offset, b.part_offset + b.chunk).to(flat_params_.scalar_type()));
+    at::Tensor out = flat_params_.slice(0, b.begin, b.end);
+    if (group_->size() == 1) {
+      out.copy_(inputs.back());
+    } else {
+      works.push_back(group_->all_gather(out, inputs.back()));
+    }
+  }
+  for (auto& w : works) w.wait();
 }
 
 std::vector<std::string> ZeroOptimizer::state_names() {

@@ -124,6 +124,9 @@ class ZeroOptimizer {
   int stage() const { return options_.stage; }
 
  private:
+  // Stages 1-2 with an elementwise optimizer: the update and the all-gather, bucket by bucket.
+  void step_by_bucket(const at::Tensor& grad_scale);
+
   ZeroOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;
   std::vector<at::Tensor> params_;
