@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <utility>
+
 namespace dscpp::zero {
 
 GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
@@ -28,7 +30,6 @@ void GradBuckets::begin(bool reduce) {
     throw std::logic_error("GradBuckets: per-bucket gradient storage reduces every micro-step");
   reducing_ = reduce;
   next_launch_ = 0;
-  peak_held_ = held_;
   for (size_t b = 0; b < layout_.buckets.size(); ++b)
     pending_[b] = static_cast<int>(layout_.buckets[b].params.size());
 }
@@ -44,11 +45,9 @@ void GradBuckets::mark_ready(int param) {
       if (!store.defined()) {
         const auto& b = layout_.buckets[lp.bucket];
         store = at::empty({b.end - b.begin}, grad_options_);
-        held_ += store.numel();
-        peak_held_ = std::max(peak_held_, held_);
       }
-      const int64_t at = lp.offset - layout_.buckets[lp.bucket].begin;
-      store.slice(0, at, at + lp.numel).copy_(grad.reshape({-1}));
+      const int64_t offset = lp.offset - layout_.buckets[lp.bucket].begin;
+      store.slice(0, offset, offset + lp.numel).copy_(grad.reshape({-1}));
       written_[param] = 1;
       // The copy is the gradient now; autograd makes a fresh .grad next backward.
       grad.reset();
@@ -63,8 +62,6 @@ at::Tensor GradBuckets::bucket_data(int b) {
   at::Tensor& store = storage_[b];
   if (!store.defined()) {  // no gradient reached this bucket (unused parameters)
     store = at::zeros({bucket.end - bucket.begin}, grad_options_);
-    held_ += store.numel();
-    peak_held_ = std::max(peak_held_, held_);
   } else {
     int64_t end = bucket.begin;
     for (int i : bucket.params) {
@@ -76,10 +73,7 @@ at::Tensor GradBuckets::bucket_data(int b) {
     if (end < bucket.end) store.slice(0, end - bucket.begin).zero_();  // alignment padding
   }
   for (int i : bucket.params) written_[i] = 0;
-  at::Tensor data = std::move(store);
-  store = at::Tensor();
-  held_ -= data.numel();
-  return data;
+  return std::exchange(store, at::Tensor());
 }
 
 void GradBuckets::launch_ready() {

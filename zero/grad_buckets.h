@@ -50,9 +50,6 @@ class GradBuckets {
   void begin(bool reduce);
   // Parameter i's gradient is complete for this backward.
   void mark_ready(int param);
-  // Elements of 16-bit gradient storage held now and at most since begin() (per-bucket mode).
-  int64_t held_numel() const { return held_; }
-  int64_t peak_held_numel() const { return peak_held_; }
   // Reduces what backward left (unused parameters), waits, and adds the averaged gradients
   // into grad_partition (fp32, layout.partition elements).
   void finish(at::Tensor& grad_partition);
@@ -69,7 +66,6 @@ class GradBuckets {
   at::TensorOptions grad_options_;
   std::vector<at::Tensor> storage_;  // per bucket (per-bucket mode): until its launch
   std::vector<char> written_;        // per parameter (per-bucket mode): copied in this backward
-  int64_t held_ = 0, peak_held_ = 0;
   std::shared_ptr<comm::ProcessGroup> group_;
   ReduceOptions options_;
   bool reducing_ = false;

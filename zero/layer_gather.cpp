@@ -1,14 +1,9 @@
 // LayerGather: see layer_gather.h.
-// g++ 13 at -O3 reports false out-of-bounds accesses inside LibTorch's custom_function.h
-// (see runtime/activation_checkpointing/checkpointing.cpp): silenced before the headers.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#endif
+#include "runtime/autograd_function.h"  // first: see there
+
 #include "zero/layer_gather.h"
 
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <limits>

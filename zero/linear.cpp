@@ -1,14 +1,9 @@
 // zero::linear: custom autograd functions that save the weight parameter itself.
-// g++ 13 at -O3 reports false out-of-bounds accesses inside LibTorch's custom_function.h
-// (see runtime/activation_checkpointing/checkpointing.cpp): silenced before the headers.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#endif
+#include "runtime/autograd_function.h"  // first: see there
+
 #include "zero/linear.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 namespace dscpp::zero {
 

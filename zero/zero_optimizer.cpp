@@ -108,14 +108,6 @@ void ZeroOptimizer::begin_backward(bool reduce) {
   buckets_->begin(reduce);
 }
 
-int64_t ZeroOptimizer::grad_storage_numel() const {
-  return flat_grads_.defined() ? flat_grads_.numel() : buckets_->held_numel();
-}
-
-int64_t ZeroOptimizer::peak_grad_storage_numel() const {
-  return flat_grads_.defined() ? flat_grads_.numel() : buckets_->peak_held_numel();
-}
-
 void ZeroOptimizer::end_backward() {
   buckets_->finish(grad_partition_);
 }
@@ -172,22 +164,29 @@ void ZeroOptimizer::step_by_bucket(const at::Tensor& grad_scale) {
   // The same arithmetic per element as one whole step followed by publish_master().
   optimizer_->begin_step();
   std::vector<comm::Work> works;
-  std::vector<at::Tensor> inputs;
-  for (const auto& b : layout_.buckets) {
+  for (size_t i = 0; i < layout_.buckets.size(); ++i) {
+    const auto& b = layout_.buckets[i];
     const int64_t in_shard = b.part_offset - layout_.groups[b.group].part_begin;
     optimizer_->update_range(b.group, in_shard, in_shard + b.chunk,
                              grad_partition_.slice(0, b.part_offset, b.part_offset + b.chunk),
                              grad_scale);
-    inputs.push_back(
-        master_.slice(0, b.part_offset, b.part_offset + b.chunk).to(flat_params_.scalar_type()));
-    at::Tensor out = flat_params_.slice(0, b.begin, b.end);
-    if (group_->size() == 1) {
-      out.copy_(inputs.back());
-    } else {
-      works.push_back(group_->all_gather(out, inputs.back()));
-    }
+    works.push_back(publish_bucket(static_cast<int>(i)));
   }
   for (auto& w : works) w.wait();
+}
+
+comm::Work ZeroOptimizer::gather_chunks(at::Tensor whole, const at::Tensor& mine) {
+  if (group_->size() > 1) return group_->all_gather(whole, mine);
+  whole.copy_(mine);
+  return comm::Work();
+}
+
+comm::Work ZeroOptimizer::publish_bucket(int i) {
+  const auto& b = layout_.buckets[i];
+  // The collective keeps the cast chunk alive until it has run.
+  return gather_chunks(
+      flat_params_.slice(0, b.begin, b.end),
+      master_.slice(0, b.part_offset, b.part_offset + b.chunk).to(flat_params_.scalar_type()));
 }
 
 std::vector<std::string> ZeroOptimizer::state_names() {
@@ -253,12 +252,8 @@ void ZeroOptimizer::start_gather(int b) {
   if (g.state != BucketState::kRest) return;
   const auto& bucket = layout_.buckets[b];
   g.buffer = at::empty({bucket.end - bucket.begin}, part16_.options());
-  at::Tensor mine = part16_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk);
-  if (group_->size() == 1) {
-    g.buffer.copy_(mine);
-  } else {
-    g.work = group_->all_gather(g.buffer, mine);
-  }
+  g.work = gather_chunks(g.buffer,
+                         part16_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk));
   g.state = BucketState::kInFlight;
   if (!g.persistent) {
     live_ += g.buffer.numel();
@@ -352,12 +347,8 @@ void ZeroOptimizer::publish_master() {
       if (g.state == BucketState::kRest) continue;
       finish_gather(static_cast<int>(b));
       const auto& bucket = layout_.buckets[b];
-      at::Tensor mine = part16_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk);
-      if (group_->size() == 1) {
-        g.buffer.copy_(mine);
-      } else {
-        works.push_back(group_->all_gather(g.buffer, mine));
-      }
+      works.push_back(gather_chunks(
+          g.buffer, part16_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk)));
     }
     for (auto& w : works) w.wait();
     return;
@@ -367,17 +358,8 @@ void ZeroOptimizer::publish_master() {
     return;
   }
   std::vector<comm::Work> works;
-  std::vector<at::Tensor> inputs;
-  for (const auto& b : layout_.buckets) {
-    inputs.push_back(
-        master_.slice(0, b.part_offset, b.part_offset + b.chunk).to(flat_params_.scalar_type()));
-    at::Tensor out = flat_params_.slice(0, b.begin, b.end);
-    if (group_->size() == 1) {
-      out.copy_(inputs.back());
-      continue;
-    }
-    works.push_back(group_->all_gather(out, inputs.back()));
-  }
+  for (size_t i = 0; i < layout_.buckets.size(); ++i)
+    works.push_back(publish_bucket(static_cast<int>(i)));
   for (auto& w : works) w.wait();
 }
 

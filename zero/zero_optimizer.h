@@ -94,10 +94,9 @@ class ZeroOptimizer {
   void make_persistent(int bucket);
   bool persistent(int bucket) const;
   // Elements of 16-bit parameter buffers gathered or in flight now, and their peak since
-  // reset_peak_live(), persistent buckets left out (DeepSpeed's live parameters).
+  // construction, persistent buckets left out (DeepSpeed's live parameters).
   int64_t live_numel() const { return live_; }
   int64_t peak_live_numel() const { return peak_live_; }
-  void reset_peak_live() { peak_live_ = live_; }
   // While gathered: every rank takes rank src's parameter values into its partition (16-bit
   // and fp32 master), so a change made on one rank reaches all. Collective.
   void scatter_gathered_from(int src_rank);
@@ -107,10 +106,6 @@ class ZeroOptimizer {
   int64_t params_numel_held() const;
   int64_t partition16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
   int64_t gathers() const { return gathers_; }  // how many bucket gathers ran
-  // Elements of 16-bit gradient storage (stages 2-3: only buckets waiting for their
-  // reduction) held now, and at most during the last backward.
-  int64_t grad_storage_numel() const;
-  int64_t peak_grad_storage_numel() const;
   const std::vector<at::Tensor>& params() const { return params_; }
   // An optimizer state (or the step count) over the whole partition, whatever the number of
   // groups (one optimizer shard each): what checkpoints save and load.
@@ -126,6 +121,12 @@ class ZeroOptimizer {
  private:
   // Stages 1-2 with an elementwise optimizer: the update and the all-gather, bucket by bucket.
   void step_by_bucket(const at::Tensor& grad_scale);
+  // Fills `whole` (a bucket) with every rank's `mine` (its chunk): an all-gather, or a copy on
+  // one rank (an empty Work then).
+  comm::Work gather_chunks(at::Tensor whole, const at::Tensor& mine);
+  // Stages 1-2: bucket i's updated chunk, cast to the parameters' type, into every rank's
+  // flat parameter buffer.
+  comm::Work publish_bucket(int i);
 
   ZeroOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;

@@ -1,13 +1,7 @@
 // checkpoint(): a C++ autograd Function that keeps a function's inputs (and random-number
 // states) instead of its activations, and recomputes the activations in backward.
-// g++ 13 at -O3 sees an out-of-bounds memmove in the std::vector<bool> that LibTorch's
-// Function::apply fills, once apply is inlined here (a known false positive for
-// vector<bool>). The warnings belong to the included headers' code, so they are silenced
-// before those are read.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#endif
+#include "runtime/autograd_function.h"  // first: see there
+
 #include "runtime/activation_checkpointing/checkpointing.h"
 
 #include <ATen/Context.h>
@@ -17,7 +11,6 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
 #include <chrono>

@@ -84,20 +84,34 @@ EngineCore::~EngineCore() {
   if (layered_) layered_->set_layer_hooks(nullptr);
 }
 
-std::vector<int> EngineCore::layer_units(const std::vector<at::Tensor>& params) {
-  std::map<std::string, std::string> canonical(shared_params_.begin(), shared_params_.end());
-  std::map<std::string, int> first_layer;
-  const auto layers = layered_->layer_parameters();
-  for (int l = 0; l < static_cast<int>(layers.size()); ++l)
-    for (const auto& name : layers[l]) {
-      auto it = canonical.find(name);
-      first_layer.emplace(it == canonical.end() ? name : it->second, l);
+std::vector<std::vector<int>> EngineCore::layer_param_indices() const {
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < param_names_.size(); ++i) index[param_names_[i]] = static_cast<int>(i);
+  for (const auto& [alias, name] : shared_params_) {
+    auto it = index.find(name);
+    if (it != index.end()) index[alias] = it->second;
+  }
+  std::vector<std::vector<int>> layers;
+  for (const auto& names : layered_->layer_parameters()) {
+    std::vector<int> ids;
+    for (const auto& name : names) {
+      auto it = index.find(name);
+      if (it != index.end()) ids.push_back(it->second);  // frozen ones stay outside ZeRO
     }
+    layers.push_back(std::move(ids));
+  }
+  return layers;
+}
+
+std::vector<int> EngineCore::layer_units(const std::vector<at::Tensor>& params) {
+  std::vector<int> first_layer(params.size(), -1);
+  const auto layers = layer_param_indices();
+  for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l)
+    for (int i : layers[l]) first_layer[i] = l;
   const auto& z = config_.zero_optimization;
   int64_t persisted = 0;
   std::vector<int> units;
   for (size_t i = 0; i < params.size(); ++i) {
-    auto it = first_layer.find(param_names_[i]);
     const int64_t n = params[i].numel();
     // Small parameters stay whole, as DeepSpeed decides it (at most the persistence threshold
     // each, the model persistence threshold together), and so does one that no layer names:
@@ -105,28 +119,19 @@ std::vector<int> EngineCore::layer_units(const std::vector<at::Tensor>& params) 
     const bool small = n <= z.stage3_param_persistence_threshold &&
                        persisted + n <= z.stage3_model_persistence_threshold;
     if (small) persisted += n;
-    units.push_back(it == first_layer.end() || small ? -1 : it->second);
+    units.push_back(small ? -1 : first_layer[i]);
   }
   return units;
 }
 
 void EngineCore::start_layer_gather() {
-  std::map<std::string, int> index;
-  for (size_t i = 0; i < param_names_.size(); ++i) index[param_names_[i]] = static_cast<int>(i);
-  for (const auto& [alias, name] : shared_params_) {
-    auto it = index.find(name);
-    if (it != index.end()) index[alias] = it->second;
-  }
   const auto& layout = zero_->layout();
   for (size_t b = 0; b < layout.buckets.size(); ++b)
     if (layout.buckets[b].unit < 0) zero_->make_persistent(static_cast<int>(b));
   std::vector<std::vector<int>> layer_buckets;
-  for (const auto& names : layered_->layer_parameters()) {
+  for (const auto& ids : layer_param_indices()) {
     std::set<int> buckets;
-    for (const auto& name : names) {
-      auto it = index.find(name);
-      if (it != index.end()) buckets.insert(layout.params[it->second].bucket);
-    }
+    for (int i : ids) buckets.insert(layout.params[i].bucket);
     layer_buckets.emplace_back(buckets.begin(), buckets.end());
   }
   const auto& z = config_.zero_optimization;

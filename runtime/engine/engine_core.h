@@ -164,7 +164,9 @@ class EngineCore {
   std::unique_ptr<zero::ZeroOptimizer> zero_;
   std::unique_ptr<zero::LayerGather> layer_gather_;
   zero::Layered* layered_ = nullptr;  // whose hooks point at layer_gather_
-  // Stage 3 by layer: each trainable parameter's unit (first layer using it, -1: persistent).
+  // Stage 3 by layer: the trainable parameters (indices into param_names_) each layer uses,
+  // and each one's unit (the first layer using it; -1: persistent).
+  std::vector<std::vector<int>> layer_param_indices() const;
   std::vector<int> layer_units(const std::vector<at::Tensor>& params);
   void start_layer_gather();
   std::unique_ptr<optim::LRScheduler> scheduler_;

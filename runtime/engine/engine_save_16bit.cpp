@@ -4,7 +4,6 @@
 // only when zero_optimization.stage3_gather_16bit_weights_on_model_save is on (gathering a
 // whole model is expensive, so DeepSpeed makes it opt-in); otherwise nothing is written and
 // the call returns false on every rank.
-#include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
@@ -38,10 +37,9 @@ bool EngineCore::save_16bit_model(const std::string& save_dir, const std::string
       try {
         // Parameters, then buffers, each under every name it has (a tied weight under both).
         PyValue sd = PyValue::ordered_dict();
-        for (const auto& [name, p] : named_params_())
-          sd.set(PyValue(name), PyValue(p.detach().to(at::kCPU).clone()));
-        for (const auto& [name, b] : named_buffers_())
-          sd.set(PyValue(name), PyValue(b.detach().to(at::kCPU).clone()));
+        // Written before the scope releases them; the writer takes each to the CPU itself.
+        for (const auto& [name, p] : named_params_()) sd.set(PyValue(name), PyValue(p.detach()));
+        for (const auto& [name, b] : named_buffers_()) sd.set(PyValue(name), PyValue(b.detach()));
         std::filesystem::create_directories(save_dir);
         checkpoint::save_torch_file(sd, path);  // written beside, renamed into place
       } catch (const std::exception& e) {

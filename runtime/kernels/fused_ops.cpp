@@ -1,17 +1,9 @@
 // The autograd wiring of the fused ops: one torch::autograd::Function each, saving what its
 // backward reads. The only translation unit of runtime/kernels that includes LibTorch's
 // autograd headers (they are heavy; CI compiles on 2 cores).
-// g++ 13 at -O3 sees an out-of-bounds memmove in the std::vector<bool> that LibTorch's
-// Function::apply fills, once apply is inlined here (a known false positive for vector<bool>;
-// see runtime/activation_checkpointing/checkpointing.cpp). Silenced before the headers are read.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#endif
+#include "runtime/autograd_function.h"  // first: see there
+
 #include "runtime/kernels/fused_ops.h"
-
-#include <torch/csrc/autograd/custom_function.h>
-
 #include "runtime/kernels/ops_impl.h"
 
 namespace dscpp::kernels {
