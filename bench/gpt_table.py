@@ -25,7 +25,7 @@ import json
 import os
 import re
 
-CANONICAL = ["mm", "d0x1", "d1x1", "d2x1", "d3x1", "pt_single", "pt_single_c", "d0x2", "d1x2", "d2x2", "d2x2u", "d3x2",
+CANONICAL = ["mm", "d0x1", "d1x1", "d2x1", "d3x1", "pt_single", "pt_single_c", "d0x2", "d1x2", "d2x2", "d2x2u", "d2x2n", "d3x2",
              "pt_ddp", "pt_ddp_c", "pt_fsdp2", "pt_fsdp2_c"]
 LABELS = {"pt_single": "PyTorch 1 GPU, autocast", "pt_ddp": "PyTorch DDP, autocast",
           "pt_fsdp2": "PyTorch FSDP2 (bf16 params, fp32 reduce)"}
@@ -100,10 +100,11 @@ def read_rows(logdir):
             row["mm"] = parse_mm(text)
         elif name.startswith("d"):
             row["r"] = parse_dscpp(text)
-            m = re.match(r"d(\d)x(\d+)(u?)$", name)
+            m = re.match(r"d(\d)x(\d+)([un]?)$", name)
             if m:
                 row["stage"], row["gpus"] = int(m.group(1)), int(m.group(2))
                 row["unfused"] = m.group(3) == "u"  # bench/configs/gpt_1.3B_bench_unfused.json
+                row["no_comm"] = m.group(3) == "n"  # DSCPP_BENCH_NO_COMM=1: the bound
         elif name.startswith("pt_"):
             row["r"] = parse_pytorch(text)
             row["gpus"] = 1 if name.startswith("pt_single") else 2
@@ -114,7 +115,8 @@ def read_rows(logdir):
 def label(row):
     n = row["name"]
     if n.startswith("d") and "stage" in row:
-        return f"dscpp ZeRO-{row['stage']}" + (", fusions off" if row.get("unfused") else "")
+        return f"dscpp ZeRO-{row['stage']}" + (", fusions off" if row.get("unfused") else "") + \
+            (", collectives off (bound)" if row.get("no_comm") else "")
     base = LABELS.get(n.removesuffix("_c"), n)
     return base + (", compiled blocks" if n.endswith("_c") else "")
 
@@ -177,7 +179,19 @@ def main():
         if abs(t - r["tflops_logged"]) > 0.01 * max(t, 1e-9) + 0.5:
             print(f"|   | (the log said {r['tflops_logged']:.1f} TFLOP/s: another FLOP count?) | | | | | | | | | |")
 
-    dscpp = [r for r in rows if r.get("r") and "stage" in r and not r.get("unfused")]
+    scaling = [(s, ok[f"d{s}x1"], ok[f"d{s}x2"]) for s in range(4) if f"d{s}x1" in ok and f"d{s}x2" in ok]
+    bounds = [(n, ok[n[:-1]], ok[n]) for n in ok if re.match(r"d\dx2n$", n) and n[:-1] in ok]
+    if scaling or bounds:
+        print("\n## Scaling and the communication bound (tokens/s per GPU)\n")
+        print("| measure | rows | tokens/s per GPU | ratio |")
+        print("| --- | --- | --- | --- |")
+        for s, one, two in scaling:
+            print(f"| ZeRO-{s} scaling, 1 -> 2 GPUs | d{s}x1, d{s}x2 | {one['r']['tps']:,.0f} -> "
+                  f"{two['r']['tps']:,.0f} | {100 * two['r']['tps'] / one['r']['tps']:.1f}% |")
+        for n, real, bound in bounds:
+            print(f"| {n[:-1]} against its collectives-off bound | {n[:-1]}, {n} | {real['r']['tps']:,.0f} / "
+                  f"{bound['r']['tps']:,.0f} | {100 * real['r']['tps'] / bound['r']['tps']:.1f}% |")
+    dscpp = [r for r in rows if r.get("r") and "stage" in r and not r.get("unfused") and not r.get("no_comm")]
     if not dscpp:
         return
     act = {}

@@ -10,6 +10,8 @@
 #   mm          bench/matmul_peak.py: the measured bf16 matrix rate (always run first if missing)
 #   dSxN        dscpp train_gpt, ZeRO stage S (0-3), N GPUs (1, 2), --train-iters GPT_ITERS (20)
 #   dSxNu       the same with the model's fused kernels off (MODEL_CONFIG's _unfused twin)
+#   dSxNn       the same with ZeRO's collectives off (DSCPP_BENCH_NO_COMM=1): the time bound
+#               for overlap_comm (wrong training, right step time)
 #   pt_single[_c]                 PyTorch on 1 GPU (eager, or _c: torch.compile per block)
 #   pt_ddp[_c], pt_fsdp2[_c]      PyTorch on 2 GPUs
 # Each row's output goes to LOGDIR/<row>.log (LOGDIR default $OUT/table, OUT default ./gpu-out),
@@ -34,7 +36,7 @@ mkdir -p "$logdir" "$out"
 # NVLink multicast stays off on the shared hosts (../shared/GPU.md, the device notes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 py=${PYTHON:-python3}
-all="mm d2x2 pt_fsdp2 pt_fsdp2_c d3x2 d2x1 d0x1 pt_single pt_single_c d0x2 d1x2 d1x1 d3x1 pt_ddp pt_ddp_c"
+all="mm d2x2 pt_fsdp2 pt_fsdp2_c d2x2n d3x2 d2x1 d0x1 pt_single pt_single_c d0x2 d1x2 d1x1 d3x1 pt_ddp pt_ddp_c"
 rows=${ROWS:-$all}
 [[ " $rows " == *" mm "* ]] || rows="mm $rows"  # the MFU column against the measured rate
 budget=${BUDGET_S:-0}
@@ -55,13 +57,15 @@ row_cmd() {
   local row=$1 port=$2
   case "$row" in
     mm) need=1; cmd=("$py" bench/matmul_peak.py) ;;
-    d[0-3]x[12] | d[0-3]x[12]u)  # u: the model's fused kernels off (bias_gelu, cross entropy)
+    d[0-3]x[12] | d[0-3]x[12]u | d[0-3]x[12]n)  # u: fused kernels off; n: collectives off
       local stage=${row:1:1} n=${row:3:1} cfg mcfg=$model
       cfg=bench/configs/gpt_bf16_zero$stage.json
       [ "$stage" = 2 ] && cfg=ds_configs/gpt_bf16_zero2.json
       [[ "$row" == *u ]] && mcfg=${model%.json}_unfused.json
       need=$n
-      cmd=("$build/launcher/dscpp" --num_gpus "$n" --master_port "$port" "$build/examples/train_gpt"
+      cmd=()
+      [[ "$row" == *n ]] && cmd=(env DSCPP_BENCH_NO_COMM=1)
+      cmd+=("$build/launcher/dscpp" --num_gpus "$n" --master_port "$port" "$build/examples/train_gpt"
         --model-config "$mcfg" --train-data-path "$data" --deepspeed_config "$cfg"
         --train-iters "$iters" --log-interval 10) ;;
     pt_single | pt_single_c | pt_ddp | pt_ddp_c | pt_fsdp2 | pt_fsdp2_c)

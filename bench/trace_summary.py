@@ -153,6 +153,33 @@ def annotation_spans(events, name):
             ("user_annotation", "cpu_op", "python_function")]
 
 
+def phase_report(events, evs, name, gpu_span):
+    """The GPU work launched inside a CPU scope (by the launch's correlation id): from the
+    start of its first kernel to the end of its last, the time that phase adds to the step
+    (its kernels queue behind the previous phase's on the compute stream)."""
+    spans = annotation_spans(events, name)
+    if not spans:
+        return
+    launches = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+
+    def inside(e):
+        t = launches.get(e.get("args", {}).get("correlation"))
+        return t is not None and any(s <= t <= u for s, u in spans)
+    mine = [e for e in evs if inside(e)]
+    if not mine:
+        print(f"- `{name}`: no GPU work found by correlation")
+        return
+    start = min(float(e["ts"]) for e in mine)
+    end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in mine)
+    by_cat = collections.defaultdict(float)
+    for e in mine:
+        by_cat[category(e["name"], e.get("cat", ""))] += float(e.get("dur", 0))
+    parts = ", ".join(f"{c} {d / 1e3:.3f} ms" for c, d in sorted(by_cat.items(), key=lambda kv: -kv[1]))
+    print(f"- `{name}`'s GPU work: {len(mine)} kernels/copies in a window of {(end - start) / 1e3:.3f} ms "
+          f"({100 * (end - start) / gpu_span:.1f}% of the GPU span); kernel time by category: {parts}")
+
+
 def summarise_gpu(events, gpu, top, annotation):
     by_device = collections.defaultdict(list)
     for e in gpu:
@@ -191,6 +218,7 @@ def summarise_gpu(events, gpu, top, annotation):
             if others:
                 print("- other streams' non-NCCL busy time: " +
                       ", ".join(f"{k}: {v / 1e3:.3f} ms" for k, v in sorted(others.items(), key=lambda kv: -kv[1])))
+        phase_report(events, evs, "train_gpt::optimizer", span1 - span0)
         if nccl:
             n_total = sum(t - s for s, t in nccl)
             n_union = union_length(nccl)

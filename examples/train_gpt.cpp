@@ -45,6 +45,13 @@ namespace po = boost::program_options;
 
 namespace {
 
+// When main began: the start-up line says how long building the model and initialising the
+// engine took (a large model's start-up is most of a short run).
+std::chrono::steady_clock::time_point program_start;
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 struct Args {
   std::string model_config, data_path, ds_config, save, load;
   int64_t train_iters = 100, save_interval = 0, log_interval = 10, seed = 1234;
@@ -167,7 +174,10 @@ std::string profile_path(const std::string& path, int rank, bool all_ranks) {
 template <typename Model>
 int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
           const nlohmann::json& ds_config) {
+  const double built_s = seconds_since(program_start);
+  const auto init_start = std::chrono::steady_clock::now();
   auto engine = dscpp::initialize(model, ds_config);
+  const double init_s = seconds_since(init_start);
   const int rank = engine.global_rank(), world = engine.world_size();
   const auto& ds = engine.core().config();
 
@@ -214,6 +224,10 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                      engine.device().str(), engine.zero_optimization_stage(),
                      at::toString(engine.core().dtype()), ds.train_batch_size, mb, ga, world,
                      indexed->num_tokens(), loader.batches_per_epoch())
+              << fmt::format(
+                     "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
+                     "{:.1f} s; {}\n",
+                     built_s, init_s, peak_memory(engine.device()))
               << std::flush;
 
   auto save = [&](int64_t step) {
@@ -329,6 +343,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
 }  // namespace
 
 int main(int argc, char** argv) try {
+  program_start = std::chrono::steady_clock::now();
   const Args args = parse(argc, argv);
   at::manual_seed(static_cast<uint64_t>(args.seed));
   auto cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);

@@ -33,7 +33,9 @@ class Optimizer {
   // hyper-parameters (defaults filled from the config's params). Returns its index.
   int add_shard(at::Tensor param, const Hyper& overrides = Hyper::object());
 
-  // One update of every shard: grads[i] is shard i's gradient (1-D fp32, same size).
+  // One update of every shard: grads[i] is shard i's gradient (1-D, same size; fp32, or bf16
+  // or fp16 widened to fp32 as it is read: by the optimizer itself where reads_16bit_grads(),
+  // otherwise by a copy here).
   // Grads are already averaged; unscaled and clipped too, unless grad_scale (a 0-dim fp32
   // tensor on the shards' device) is given: then each gradient counts as grad * grad_scale,
   // which only an optimizer that fuses_grad_scale() accepts.
@@ -41,6 +43,9 @@ class Optimizer {
   // Whether step() takes grad_scale: the fused CUDA Adam multiplies as it reads the
   // gradient, saving a pass over it, and reads the scale on the device (no host wait).
   virtual bool fuses_grad_scale() const { return false; }
+  // Whether update() reads bf16 / fp16 gradients itself (the fused CUDA Adam), sparing ZeRO's
+  // 16-bit gradient partition an fp32 copy.
+  virtual bool reads_16bit_grads() const { return false; }
 
   // The same update in pieces, for an elementwise optimizer (an element's update reads only
   // that element's state; Lamb's trust ratio does not qualify): begin_step() once, then
@@ -84,6 +89,8 @@ class Optimizer {
   // step() (set only for optimizers that fuse it, during step).
   virtual void update(Shard& s, const at::Tensor& grad) = 0;
   const at::Tensor* grad_scale_ = nullptr;
+  static bool gradient_type(const at::Tensor& grad);  // fp32, bf16 or fp16
+  at::Tensor as_read(const at::Tensor& grad) const;   // what update() is given
   // Checks a group's hyper-parameters and fills the defaults; ConfigError names path.key.
   // strict (a config's params): unknown keys are errors, as DeepSpeed's constructors raise
   // TypeError; otherwise (a group's overrides) they are kept, as torch keeps group keys.

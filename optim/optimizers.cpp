@@ -52,17 +52,26 @@ void Optimizer::step(const std::vector<at::Tensor>& grads, const at::Tensor& gra
         fmt::format("{}: {} gradients for {} shards", name(), grads.size(), shards_.size()));
   for (size_t i = 0; i < grads.size(); ++i)
     if (!grads[i].defined() || grads[i].numel() != shards_[i].param.numel() ||
-        grads[i].scalar_type() != at::kFloat)
-      throw std::invalid_argument(
-          fmt::format("{}: gradient {} is not an fp32 tensor of the shard's size", name(), i));
+        !gradient_type(grads[i]))
+      throw std::invalid_argument(fmt::format(
+          "{}: gradient {} is not an fp32, bf16 or fp16 tensor of the shard's size", name(), i));
   for (size_t i = 0; i < grads.size(); ++i) {
     Shard& s = shards_[i];
     if (s.state.empty() && s.steps == 0) init_state(s);
     ++s.steps;
     grad_scale_ = grad_scale.defined() ? &grad_scale : nullptr;
-    update(s, grads[i].reshape({-1}));
+    update(s, as_read(grads[i].reshape({-1})));
     grad_scale_ = nullptr;
   }
+}
+
+bool Optimizer::gradient_type(const at::Tensor& grad) {
+  const auto t = grad.scalar_type();
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+at::Tensor Optimizer::as_read(const at::Tensor& grad) const {
+  return grad.scalar_type() == at::kFloat || reads_16bit_grads() ? grad : grad.to(at::kFloat);
 }
 
 void Optimizer::begin_step() {
@@ -79,7 +88,7 @@ void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Te
     throw std::invalid_argument(name() + ": this optimizer takes no grad_scale");
   Shard& s = shards_.at(shard);
   if (begin < 0 || end > s.param.numel() || begin > end || grad.numel() != end - begin ||
-      grad.scalar_type() != at::kFloat)
+      !gradient_type(grad))
     throw std::invalid_argument(
         fmt::format("{}: range [{}, {}) of shard {} ({} elements) with a gradient of {} elements",
                     name(), begin, end, shard, s.param.numel(), grad.numel()));
@@ -87,7 +96,7 @@ void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Te
   Shard part{s.param.slice(0, begin, end), s.hyper, {}, s.steps};
   for (auto& [key, t] : s.state) part.state[key] = t.slice(0, begin, end);
   grad_scale_ = grad_scale.defined() ? &grad_scale : nullptr;
-  update(part, grad.reshape({-1}));
+  update(part, as_read(grad.reshape({-1})));
   grad_scale_ = nullptr;
 }
 
@@ -197,6 +206,9 @@ class Adam final : public Algorithm {
 #else
     return false;
 #endif
+  }
+  bool reads_16bit_grads() const override {
+    return fuses_grad_scale();
   }
 
   void init_state(Shard& s) override {

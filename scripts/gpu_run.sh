@@ -8,10 +8,15 @@
 # Opt-in steps (environment):
 #   GPU_TESTS=0     skip the tests and the default GPT benchmark; build only train_gpt, the
 #                   launcher and dscpp_report (for calls that only run the table or a profile)
+#   GPU_TESTS=quick as 0, plus the fused Adam's CUDA test and the bf16 oracle over NCCL
+#   GPU_BENCH_AG=1  all-gather / reduce-scatter / all-reduce figures (tools/comm_bench, 64 MiB
+#                   to 1 GiB) with NCCL's defaults, then with NCCL_MIN_NCHANNELS=32 -> comm_ag.log
 #   GPU_TABLE=1     bench/gpt_table.sh: issue 7's table (ROWS, LOGDIR, ... as that script says;
 #                   it replaces the default GPT benchmark, whose rows it holds); -> gpt_table.md
 #   GPU_PROFILE=1   one step (15 of 20) of dscpp ZeRO-2 on 2 GPUs under Kineto: gzipped traces
 #                   profile-rank{0,1}.json.gz and bench/trace_summary.py's profile_summary.md
+#   GPU_PROFILE_ADAM="2 0"  after GPU_PROFILE, one more profile per value with
+#                   DSCPP_ADAM_BLOCKS_PER_SM set to it -> profile_summary_adam<V>.md
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
 #   GPU_DEADLINE_S  seconds from this script's start by which the table must be printed
 #                   (e.g. 570 under a 600 s device call); rows that would not fit are left for
@@ -46,6 +51,8 @@ step configure configure
 # -k 0: one target that fails to build must not keep the others from being tested.
 targets=()
 [ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report)
+[ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda)
+[ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 step report ./build-cuda/tools/dscpp_report
 nvidia-smi >"$out/nvidia-smi.log" 2>&1 || true
@@ -57,13 +64,27 @@ if [ "$gpus" -ge 2 ] && [ "$tests" = 1 ]; then
   [ "${GPU_BENCH_COMM:-0}" = 1 ] && step comm_bench ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29652 \
     ./build-cuda/tools/comm_bench --backend nccl --dtype bf16 --ops all_reduce,reduce_scatter,all_gather \
     --min-bytes 1048576 --max-bytes 1073741824 --iters 20 --warmup 5 --check
-  step engine_bf16 python3 tests/engine/bf16_gpu_oracle.py --launcher ./build-cuda/launcher/dscpp \
+  step engine_bf16 python3 tests/engine/bf16_oracle.py --launcher ./build-cuda/launcher/dscpp \
     --train ./build-cuda/tests/engine/engine_train
   # Checkpoints over NCCL: bit-exact resume at stages 0-2.
   step checkpoint_resume python3 tests/checkpoint/checkpoint_oracle.py --part resume \
     --launcher ./build-cuda/launcher/dscpp --train ./build-cuda/tests/engine/engine_train \
     --zero-to-fp32 ./build-cuda/tools/zero_to_fp32
 fi
+if [ "$tests" = quick ] && [ "$gpus" -ge 2 ]; then
+  step fused_adam_test ./build-cuda/tests/optim/test_fused_adam_cuda
+  step engine_bf16 python3 tests/engine/bf16_oracle.py --launcher ./build-cuda/launcher/dscpp \
+    --train ./build-cuda/tests/engine/engine_train --quick
+fi
+comm_ag() {  # the ZeRO step's all-gather beside the other collectives, two NCCL settings
+  local ops=(--backend nccl --dtype bf16 --ops all_gather,reduce_scatter,all_reduce
+    --min-bytes 67108864 --max-bytes 1073741824 --iters 20 --warmup 5)
+  echo "## NCCL defaults"
+  ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29653 ./build-cuda/tools/comm_bench "${ops[@]}" || return 1
+  echo "## NCCL_MIN_NCHANNELS=32"
+  NCCL_MIN_NCHANNELS=32 ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29654 ./build-cuda/tools/comm_bench "${ops[@]}"
+}
+[ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$gpus" -ge 2 ] && step comm_ag comm_ag
 if [ "${GPU_BENCH_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/fused_adam_bench ]; then
   step fused_adam ./build-cuda/bench/fused_adam_bench
 fi
@@ -92,22 +113,30 @@ fi
 # Issue 7's table: dscpp ZeRO 0-3 on 1 and 2 GPUs beside PyTorch single/DDP/FSDP2, eager and
 # compiled, in this call. Under GPU_DEADLINE_S it gets what is left, less the profile's share.
 gpt_profile() {  # one profiled ZeRO-2 step on 2 GPUs, every rank's trace, then their summaries
-  local trace=$out/profile.json limit=600
+  local tag=${1:-} trace=$out/profile${1:-}.json limit=600
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 10))
   [ "$limit" -ge 45 ] || { echo "gpt_profile: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
   timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29740 ./build-cuda/examples/train_gpt \
     --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
     --deepspeed_config ds_configs/gpt_bf16_zero2.json --train-iters 20 --log-interval 10 \
     --profile-step 15 --profile-out "$trace" --profile-all-ranks || return 1
+  if [ -n "$tag" ]; then  # a variant: its summaries only (a device call returns 8 files)
+    python3 bench/trace_summary.py "$out/profile$tag-rank0.json" >"$out/profile_summary$tag.md" &&
+      python3 bench/trace_summary.py "$out/profile$tag-rank1.json" >>"$out/profile_summary$tag.md"
+    local rc=$?
+    rm -f "$out/profile$tag-rank0.json" "$out/profile$tag-rank1.json"
+    return $rc
+  fi
   gzip -f "$out/profile-rank0.json" "$out/profile-rank1.json" || return 1
   python3 bench/trace_summary.py "$out/profile-rank0.json.gz" >"$out/profile_summary.md" &&
     python3 bench/trace_summary.py "$out/profile-rank1.json.gz" >>"$out/profile_summary.md"
 }
+gpt_profile_adam() { (export DSCPP_ADAM_BLOCKS_PER_SM=$1; gpt_profile "_adam$1"); }
 if [ "${GPU_TABLE:-0}" = 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ]; then
   budget=0
   if [ "${GPU_DEADLINE_S:-0}" -gt 0 ]; then
     budget=$((GPU_DEADLINE_S - SECONDS - 15))
-    [ "${GPU_PROFILE:-0}" = 1 ] && budget=$((budget - 75))
+    [ "${GPU_PROFILE:-0}" = 1 ] && budget=$((budget - 75 * (1 + $(wc -w <<<"${GPU_PROFILE_ADAM:-}"))))
     [ "${GPU_13B:-0}" = 1 ] && budget=$((budget - 240))
     [ "$budget" -lt 1 ] && budget=1
   fi
@@ -115,6 +144,9 @@ if [ "${GPU_TABLE:-0}" = 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ] &&
 fi
 if [ "${GPU_PROFILE:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
   step gpt_profile gpt_profile
+  for v in ${GPU_PROFILE_ADAM:-}; do
+    step "gpt_profile_adam$v" gpt_profile_adam "$v"
+  done
 fi
 # GPU_13B=1: the 13 B GPT (model_zoo/configs/gpt_13B.json, activation checkpointing, micro-batch
 # 1, sequence 2048) at ZeRO-3 on 2 GPUs, layer by layer; GPU_13B_STAGE2=1 also tries stage 2.
@@ -124,7 +156,7 @@ gpt13b() {  # gpt13b DS_CONFIG
   [ "$limit" -ge 60 ] || { echo "gpt13b: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
   timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29760 ./build-cuda/examples/train_gpt \
     --model-config model_zoo/configs/gpt_13B.json --train-data-path .gpu/corpus/fortunes_text_document \
-    --deepspeed_config "$1" --train-iters "${GPT13B_ITERS:-6}" --log-interval 3
+    --deepspeed_config "$1" --train-iters "${GPT13B_ITERS:-6}" --log-interval 1
 }
 if [ "${GPU_13B:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
   step gpt13b_zero3 gpt13b bench/configs/gpt_13B_zero3.json
@@ -142,7 +174,9 @@ cat "$out/report.log" 2>/dev/null
 grep -E "tests passed|tests failed" "$out/ctest.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/nccl_collectives.log" 2>/dev/null | sort | uniq -c
 cat "$out/comm_bench.log" 2>/dev/null
-grep -vE "^\[" "$out/engine_bf16.log" 2>/dev/null | tail -5
+grep -vE "^\[|^dscpp" "$out/comm_ag.log" 2>/dev/null
+grep -vE "^\[" "$out/engine_bf16.log" 2>/dev/null | grep -E "FAIL|passed|reference"
+grep -E "PASSED|FAILED" "$out/fused_adam_test.log" 2>/dev/null
 tail -12 "$out/fused_adam.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/kernels_cuda.log" 2>/dev/null
 tail -25 "$out/kernels_bench.log" 2>/dev/null

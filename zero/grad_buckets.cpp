@@ -21,7 +21,39 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
       options_(options),
       pending_(layout.buckets.size()),
       works_(layout.buckets.size()),
-      results_(layout.buckets.size()) {}
+      results_(layout.buckets.size()),
+      direct_(layout.buckets.size(), 0) {}
+
+void GradBuckets::set_partition(at::Tensor partition) {
+  partition_ = std::move(partition);
+  fresh_ = true;
+}
+
+double GradBuckets::post_scale() const {
+  const int n = group_->size();
+  return options_.prescale_gradients ? 1.0 : options_.gradient_predivide_factor / n;
+}
+
+bool GradBuckets::overwrites_partition() const {
+  // As launch() decides direct_: every bucket is reduced by every backward (finish() issues
+  // the ones backward left), each straight into its chunk of the partition.
+  const auto comm_type =
+      options_.communication_data_type.value_or(grad_options_.dtype().toScalarType());
+  return raw() && options_.scatter && options_.use_reduce_scatter && !options_.skip_collectives &&
+         comm_type == partition_.scalar_type() &&
+         grad_options_.dtype().toScalarType() == partition_.scalar_type();
+}
+
+double GradBuckets::deferred_scale() const {
+  return raw() ? post_scale() : 1.0;
+}
+
+at::Tensor GradBuckets::target(int b) {
+  const auto& bucket = layout_.buckets[b];
+  return options_.scatter
+             ? partition_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk)
+             : partition_.slice(0, bucket.begin, bucket.end);
+}
 
 void GradBuckets::begin(bool reduce) {
   // Per-bucket storage exists only while a bucket waits for its collective: a micro-step
@@ -93,8 +125,18 @@ void GradBuckets::launch(int b) {
   const double pre =
       options_.prescale_gradients ? 1.0 / n : 1.0 / options_.gradient_predivide_factor;
   if (pre != 1.0) data.mul_(pre);
+  if (options_.skip_collectives) {
+    const int64_t r = group_->rank();
+    results_[b] = options_.scatter && options_.use_reduce_scatter
+                      ? data.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk)
+                      : data;
+    works_[b] = comm::Work();
+    return;
+  }
   if (options_.scatter && options_.use_reduce_scatter) {
-    results_[b] = at::empty({bucket.chunk}, data.options());
+    // Into a 16-bit partition that holds nothing yet, the collective writes the sums itself.
+    direct_[b] = raw() && fresh_ && data.scalar_type() == partition_.scalar_type();
+    results_[b] = direct_[b] ? target(b) : at::empty({bucket.chunk}, data.options());
     works_[b] = group_->reduce_scatter(results_[b], data, comm::ReduceOp::kSum);
   } else {
     results_[b] = data;
@@ -103,35 +145,38 @@ void GradBuckets::launch(int b) {
   if (!options_.overlap_comm) works_[b].wait();
 }
 
-void GradBuckets::finish(at::Tensor& grad_partition) {
+void GradBuckets::finish() {
   if (!reducing_) return;
   // Buckets whose parameters took no part in this backward (unused, or frozen by control
   // flow) still hold zeros and are reduced too, so every rank issues the same collectives.
   for (auto& p : pending_) p = 0;
   launch_ready();
-  const int n = group_->size();
-  const double post = options_.prescale_gradients ? 1.0 : options_.gradient_predivide_factor / n;
+  const double post = post_scale();
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const auto& bucket = layout_.buckets[b];
     works_[b].wait();
-    at::Tensor target = options_.scatter ? grad_partition.slice(0, bucket.part_offset,
-                                                                bucket.part_offset + bucket.chunk)
-                                         : grad_partition.slice(0, bucket.begin, bucket.end);
     at::Tensor source = results_[b];
     if (options_.scatter && !options_.use_reduce_scatter) {
       const int64_t r = group_->rank();
       source = source.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk);
     }
-    if (post == 1.0)
-      target.add_(source.to(at::kFloat));
-    else
-      target.add_(source.to(at::kFloat), post);
+    if (!direct_[b]) {  // (a direct reduction is in place already)
+      at::Tensor into = target(static_cast<int>(b));
+      if (raw())
+        into.add_(source.to(partition_.scalar_type()));
+      else if (post == 1.0)
+        into.add_(source.to(at::kFloat));
+      else
+        into.add_(source.to(at::kFloat), post);
+    }
     works_[b] = comm::Work();
     results_[b] = at::Tensor();
+    direct_[b] = 0;
   }
-  // The reduced 16-bit gradients are in the fp32 partition now: start the next window empty.
+  // The reduced 16-bit gradients are in the partition now: start the next window empty.
   if (!per_bucket()) flat_grads_.zero_();
   reducing_ = false;
+  fresh_ = false;
 }
 
 }  // namespace dscpp::zero

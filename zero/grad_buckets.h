@@ -2,8 +2,14 @@
 // flat gradient buffer, each bucket whose parameters are all ready is reduced, strictly in
 // bucket order on every rank (so every rank issues the same collectives in the same
 // order). Stage 0 all-reduces a bucket; stages 1-3 reduce-scatter it, each rank keeping
-// its chunk. finish() waits for the reductions and adds the averaged results into the fp32
-// gradient partition, then zeroes the reduced 16-bit buckets for the next accumulation.
+// its chunk. finish() waits for the reductions and adds the results into the gradient
+// partition, then zeroes the reduced 16-bit buckets for the next accumulation.
+//
+// The partition's type decides how: an fp32 partition receives averaged gradients (each
+// result widened, then scaled by 1/world). A 16-bit partition (the training type, with no
+// accumulation in fp32: see ZeroOptions::grad_dtype) receives the reduced sums themselves,
+// with no rounding on top of the collective's: a reduce-scatter writes straight into it, and
+// the averaging is left to the step (deferred_scale()), which folds it into its unscale.
 //
 // Where the 16-bit gradients live: stages 0 and 1 accumulate over micro-steps in one flat
 // buffer (the parameters' .grad are views of it). Stages 2 and 3 reduce every micro-step, so
@@ -35,6 +41,9 @@ struct ReduceOptions {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   std::optional<at::ScalarType> communication_data_type;  // unset: the gradients' type
+  // A benchmark's bound (DSCPP_BENCH_NO_COMM): no collective at all, each rank keeps its own
+  // unreduced chunk. Training is wrong; only the time means something.
+  bool skip_collectives = false;
 };
 
 class GradBuckets {
@@ -50,14 +59,28 @@ class GradBuckets {
   void begin(bool reduce);
   // Parameter i's gradient is complete for this backward.
   void mark_ready(int param);
-  // Reduces what backward left (unused parameters), waits, and adds the averaged gradients
-  // into grad_partition (fp32, layout.partition elements).
-  void finish(at::Tensor& grad_partition);
+  // Where finish() adds: layout.partition elements (the whole buffer at stage 0), fp32 or
+  // the 16-bit type. The partition counts as empty until finish(); after the step zeroes
+  // it, cleared() says so again (a reduction may then overwrite it instead of adding).
+  void set_partition(at::Tensor partition);
+  void cleared() { fresh_ = true; }
+  // Whether the next reduction writes every element of the partition rather than adding to
+  // it (a 16-bit partition filled by reduce-scatters), so that it need not be zeroed first.
+  bool overwrites_partition() const;
+  // Reduces what backward left (unused parameters), waits, and adds the results into the
+  // partition.
+  void finish();
+  // What the partition's values are still to be multiplied by to be averaged gradients: 1 for
+  // an fp32 partition, 1/world (DeepSpeed's post-division) for a 16-bit one.
+  double deferred_scale() const;
 
  private:
   void launch_ready();
   void launch(int bucket);
   bool per_bucket() const { return !flat_grads_.defined(); }
+  bool raw() const { return partition_.scalar_type() != at::kFloat; }
+  double post_scale() const;           // the averaging after the sum
+  at::Tensor target(int bucket);       // the bucket's share of the partition
   at::Tensor bucket_data(int bucket);  // per-bucket mode: complete, padding and unused zeroed
 
   const FlatLayout& layout_;
@@ -73,6 +96,9 @@ class GradBuckets {
   int next_launch_ = 0;              // buckets are issued in this order only
   std::vector<comm::Work> works_;    // per bucket, this backward
   std::vector<at::Tensor> results_;  // per bucket: the reduced data (chunk or whole bucket)
+  std::vector<char> direct_;         // per bucket: results_ is the partition's own slice
+  at::Tensor partition_;
+  bool fresh_ = true;
 };
 
 }  // namespace dscpp::zero

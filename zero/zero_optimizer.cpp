@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "zero/grad_hooks.h"
@@ -68,6 +69,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   ro.prescale_gradients = options_.prescale_gradients;
   ro.gradient_predivide_factor = options_.gradient_predivide_factor;
   ro.communication_data_type = options_.communication_data_type;
+  ro.skip_collectives = options_.skip_collectives;
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads_, params_, opts, group_, ro);
   hooks_ = register_ready_hooks(params_, [this](int i) { buckets_->mark_ready(i); });
   if (params_partitioned(options_)) {
@@ -81,7 +83,12 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
     for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
     flat_params_ = at::Tensor();
   }
-  grad_partition_ = at::zeros_like(master_);
+  if (options_.grad_dtype != at::kFloat && options_.grad_dtype != opts.dtype().toScalarType())
+    throw std::invalid_argument(
+        "ZeroOptimizer: a 16-bit gradient partition must be of the "
+        "parameters' type");
+  grad_partition_ = at::zeros_like(master_, master_.options().dtype(options_.grad_dtype));
+  buckets_->set_partition(grad_partition_);
   // One optimizer shard per parameter group: the group's chunks, contiguous in the partition.
   for (size_t g = 0; g < layout_.groups.size(); ++g) {
     const auto& gr = layout_.groups[g];
@@ -109,7 +116,7 @@ void ZeroOptimizer::begin_backward(bool reduce) {
 }
 
 void ZeroOptimizer::end_backward() {
-  buckets_->finish(grad_partition_);
+  buckets_->finish();
 }
 
 StepResult ZeroOptimizer::step(double loss_scale) {
@@ -119,43 +126,84 @@ StepResult ZeroOptimizer::step(double loss_scale) {
   const bool across = partitioned(options_) && group_->size() > 1;
   // The global sum of squares carries both verdicts: the norm, and the overflow check (an
   // inf or NaN anywhere makes it non-finite on every rank; DeepSpeed tests a sum the same
-  // way). It is summed a slice at a time, because a whole-partition temporary is a quarter of
-  // a large model's partitioned state (below one slice: the same arithmetic as one sum).
-  constexpr int64_t kSlice = int64_t{1} << 27;
-  at::Tensor stats = grad_partition_.slice(0, 0, kSlice).square().sum();
-  for (int64_t begin = kSlice; begin < grad_partition_.numel(); begin += kSlice)
-    stats += grad_partition_.slice(0, begin, begin + kSlice).square().sum();
+  // way). This rank's part is its partition's norm, squared: one pass that reads the
+  // gradients once (a 16-bit partition widened as it is read, accumulated in fp32), with no
+  // temporary of the partition's size, which for a large model is gigabytes.
+  at::Tensor stats =
+      at::linalg_vector_norm(grad_partition_, 2, c10::nullopt, false, at::kFloat).square();
   if (across) group_->all_reduce(stats, comm::ReduceOp::kSum).wait();
-  // Only an overflow check needs the host (to skip the step); otherwise the norm, the clip
-  // and the unscale stay on the device, in float64 as the host would compute them, and the
-  // step enqueues without waiting for the device.
-  at::Tensor sumsq = stats.to(at::kDouble);
-  if (options_.check_overflow && !std::isfinite(stats.item<double>())) {
-    grad_partition_.zero_();
-    return result;
+  // A 16-bit partition holds sums: the averaging rides on the norm and the unscale.
+  const double deferred = buckets_->deferred_scale();
+  at::Tensor scale;
+  if (options_.check_overflow) {
+    // The overflow check needs the sum on the host (to skip the step); since it is there,
+    // the norm, the clip and the unscale are worked out there too, in the same float64
+    // arithmetic as the device branch below, instead of as a chain of one-element kernels.
+    const double sumsq = stats.item<double>();
+    if (!std::isfinite(sumsq)) {
+      clear_gradients();
+      return result;
+    }
+    double norm = std::sqrt(sumsq);
+    if (deferred != 1.0) norm = norm * deferred;
+    norm = norm / loss_scale;
+    result.grad_norm = at::full({}, norm, at::TensorOptions().dtype(at::kDouble));
+    double combined = loss_scale;
+    if (options_.gradient_clipping > 0)
+      combined = combined * std::max((norm + 1e-6) / options_.gradient_clipping, 1.0);
+    double scale64 = 1.0 / combined;
+    if (deferred != 1.0) scale64 = scale64 * deferred;
+    scale = at::full({}, static_cast<float>(scale64), master_.options());
+  } else {
+    // Otherwise the norm, the clip and the unscale stay on the device, in float64 as the
+    // host would compute them, and the step enqueues without waiting for the device.
+    at::Tensor sumsq = stats.to(at::kDouble);
+    at::Tensor norm = sumsq.sqrt();
+    if (deferred != 1.0) norm = norm * deferred;
+    result.grad_norm = norm / loss_scale;
+    // DeepSpeed's combined unscale and clip: divide by the loss scale, and further by
+    // (norm + 1e-6) / clip when that exceeds 1.
+    at::Tensor combined = at::full({}, loss_scale, sumsq.options());
+    if (options_.gradient_clipping > 0)
+      combined = combined * ((result.grad_norm + 1e-6) / options_.gradient_clipping).clamp_min(1.0);
+    at::Tensor scale64 = combined.reciprocal();
+    if (deferred != 1.0) scale64 = scale64 * deferred;
+    scale = scale64.to(at::kFloat);
   }
-  result.grad_norm = sumsq.sqrt() / loss_scale;
-  // DeepSpeed's combined unscale and clip: divide by the loss scale, and further by
-  // (norm + 1e-6) / clip when that exceeds 1.
-  at::Tensor combined = at::full({}, loss_scale, sumsq.options());
-  if (options_.gradient_clipping > 0)
-    combined = combined * ((result.grad_norm + 1e-6) / options_.gradient_clipping).clamp_min(1.0);
-  at::Tensor scale = combined.reciprocal().to(at::kFloat);
   // An optimizer that multiplies by the scale as it reads the gradient saves a pass over it.
-  if (!optimizer_->fuses_grad_scale()) grad_partition_.mul_(scale);
-  const at::Tensor fused_scale = optimizer_->fuses_grad_scale() ? scale : at::Tensor();
+  if (!optimizer_->fuses_grad_scale() && grad_partition_.scalar_type() == at::kFloat)
+    grad_partition_.mul_(scale);
   if ((options_.stage == 1 || options_.stage == 2) && optimizer_->elementwise()) {
-    step_by_bucket(fused_scale);
+    step_by_bucket(scale);
   } else {
     std::vector<at::Tensor> grads;
     for (const auto& gr : layout_.groups)
-      grads.push_back(grad_partition_.slice(0, gr.part_begin, gr.part_end));
-    optimizer_->step(grads, fused_scale);
+      grads.push_back(update_grad(gr.part_begin, gr.part_end, scale));
+    optimizer_->step(grads, optimizer_->fuses_grad_scale() ? scale : at::Tensor());
     publish_master();
   }
-  grad_partition_.zero_();
+  clear_gradients();
   result.applied = true;
   return result;
+}
+
+void ZeroOptimizer::clear_gradients() {
+  // A partition the next reduction overwrites whole is left as it is (a pass over it saved).
+  if (!buckets_->overwrites_partition()) grad_partition_.zero_();
+  buckets_->cleared();
+}
+
+at::Tensor ZeroOptimizer::update_grad(int64_t begin, int64_t end, const at::Tensor& grad_scale) {
+  // fp32: already unscaled unless the optimizer fuses the scale. 16 bits: as it is for an
+  // optimizer that reads 16 bits and fuses the scale; otherwise widened (and unscaled) here,
+  // a range at a time, so no whole fp32 copy of the partition is ever made at stages 1-2.
+  at::Tensor grad = grad_partition_.slice(0, begin, end);
+  if (grad.scalar_type() == at::kFloat) return grad;
+  const bool fused = optimizer_->fuses_grad_scale();
+  if (fused && optimizer_->reads_16bit_grads()) return grad;
+  grad = grad.to(at::kFloat);
+  if (!fused) grad.mul_(grad_scale);
+  return grad;
 }
 
 void ZeroOptimizer::step_by_bucket(const at::Tensor& grad_scale) {
@@ -168,14 +216,19 @@ void ZeroOptimizer::step_by_bucket(const at::Tensor& grad_scale) {
     const auto& b = layout_.buckets[i];
     const int64_t in_shard = b.part_offset - layout_.groups[b.group].part_begin;
     optimizer_->update_range(b.group, in_shard, in_shard + b.chunk,
-                             grad_partition_.slice(0, b.part_offset, b.part_offset + b.chunk),
-                             grad_scale);
+                             update_grad(b.part_offset, b.part_offset + b.chunk, grad_scale),
+                             optimizer_->fuses_grad_scale() ? grad_scale : at::Tensor());
     works.push_back(publish_bucket(static_cast<int>(i)));
   }
   for (auto& w : works) w.wait();
 }
 
 comm::Work ZeroOptimizer::gather_chunks(at::Tensor whole, const at::Tensor& mine) {
+  if (options_.skip_collectives) {  // only this rank's chunk is current
+    const int64_t r = group_->rank();
+    whole.slice(0, r * mine.numel(), (r + 1) * mine.numel()).copy_(mine);
+    return comm::Work();
+  }
   if (group_->size() > 1) return group_->all_gather(whole, mine);
   whole.copy_(mine);
   return comm::Work();

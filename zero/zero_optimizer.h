@@ -29,7 +29,12 @@ struct ZeroOptions {
   std::optional<at::ScalarType> communication_data_type;
   double gradient_clipping = 0.0;  // 0: no clipping
   bool check_overflow = false;     // fp16 (and bf16 with check_grad_overflow)
-  int64_t alignment = 8;           // elements; keeps every chunk 16-byte aligned in 16 bits
+  // The gradient partition's type: fp32 (averaged gradients, accumulated in fp32), or the
+  // 16-bit training type (the reduced sums as the collective left them; half the memory,
+  // no rounding on top of the collective's; for no accumulation or DeepSpeed's
+  // data_types.grad_accum_dtype in 16 bits).
+  at::ScalarType grad_dtype = at::kFloat;
+  int64_t alignment = 8;  // elements; keeps every chunk 16-byte aligned in 16 bits
   // Parameter groups: each parameter's group (empty: one group) and each group's optimizer
   // settings over the optimizer's defaults (lr, weight_decay, betas, ...).
   std::vector<int> group_of;
@@ -37,12 +42,16 @@ struct ZeroOptions {
   // Stage 3 by layer: each parameter's gathering unit (FlatLayout::build's unit_of; -1:
   // persistent). Empty: one unit, gathered as a whole.
   std::vector<int> unit_of;
+  // A benchmark's bound: no gradient reduction and no parameter all-gather (see
+  // ReduceOptions::skip_collectives). Training is wrong; only the time means something.
+  bool skip_collectives = false;
 };
 
 struct StepResult {
   bool applied = false;  // false: an overflow skipped it
-  // Global norm of the unscaled gradients, before clipping: a 0-dim float64 tensor on the
-  // training device, so that the step itself never waits for the device (read it when needed).
+  // Global norm of the unscaled gradients, before clipping: a 0-dim float64 tensor, on the
+  // training device so that the step itself never waits for the device (read it when
+  // needed), or on the host when the overflow check has already brought the sum there.
   at::Tensor grad_norm;
 };
 
@@ -63,7 +72,8 @@ class ZeroOptimizer {
   const FlatLayout& layout() const { return layout_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   at::Tensor& master_partition() { return master_; }  // fp32, layout().partition elements
-  at::Tensor& flat_params() { return flat_params_; }  // stages 0-2
+  const at::Tensor& grad_partition() const { return grad_partition_; }  // ZeroOptions::grad_dtype
+  at::Tensor& flat_params() { return flat_params_; }                    // stages 0-2
   // Copies the master partition into the 16-bit parameters on every rank (after a step or
   // a checkpoint load). Collective at stages 1 and 2.
   void publish_master();
@@ -134,7 +144,13 @@ class ZeroOptimizer {
   std::vector<at::Tensor> grad_views_;  // params_[i].grad() must stay this view
   FlatLayout layout_;
   at::Tensor flat_params_, flat_grads_;
-  at::Tensor master_, grad_partition_;  // fp32, this rank's partition
+  // After a step (or an overflow's skip): the partition counts as empty again.
+  void clear_gradients();
+  // The gradient of partition elements [begin, end) as the optimizer takes it (see step()).
+  at::Tensor update_grad(int64_t begin, int64_t end, const at::Tensor& grad_scale);
+
+  at::Tensor master_;          // fp32, this rank's partition
+  at::Tensor grad_partition_;  // options_.grad_dtype, as master_
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<GradBuckets> buckets_;
   std::shared_ptr<void> hooks_;

@@ -14,15 +14,18 @@
 namespace dscpp::optim::cuda {
 namespace {
 
-void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& param) {
+void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& param,
+                  bool sixteen_bit_ok = false) {
   if (!t.defined())
     throw std::invalid_argument(fmt::format("fused_adam_step: {} is undefined", what));
   if (!t.is_cuda())
     throw std::invalid_argument(
         fmt::format("fused_adam_step: {} is on {}, not a CUDA device", what, t.device().str()));
-  if (t.scalar_type() != at::kFloat)
-    throw std::invalid_argument(
-        fmt::format("fused_adam_step: {} is {}, not fp32", what, c10::toString(t.scalar_type())));
+  const auto type = t.scalar_type();
+  if (type != at::kFloat && !(sixteen_bit_ok && (type == at::kBFloat16 || type == at::kHalf)))
+    throw std::invalid_argument(fmt::format("fused_adam_step: {} is {}, not fp32{}", what,
+                                            c10::toString(type),
+                                            sixteen_bit_ok ? ", bf16 or fp16" : ""));
   if (!t.is_contiguous())
     throw std::invalid_argument(fmt::format("fused_adam_step: {} is not contiguous", what));
   if (t.device() != param.device())
@@ -38,7 +41,7 @@ void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& param
 void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                      at::Tensor& exp_avg_sq, const AdamArgs& a) {
   check_tensor(param, "param", param);
-  check_tensor(grad, "grad", param);
+  check_tensor(grad, "grad", param, /*sixteen_bit_ok=*/true);
   check_tensor(exp_avg, "exp_avg", param);
   check_tensor(exp_avg_sq, "exp_avg_sq", param);
   if (a.step < 1)
@@ -71,8 +74,12 @@ void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
   }
   const c10::cuda::CUDAGuard guard(param.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(param.device().index()).stream();
-  launch_fused_adam(param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
-                    exp_avg_sq.data_ptr<float>(), param.numel(), s, grad_scale, stream);
+  const GradType g_type = grad.scalar_type() == at::kBFloat16 ? GradType::kBFloat16
+                          : grad.scalar_type() == at::kHalf   ? GradType::kHalf
+                                                              : GradType::kFloat;
+  launch_fused_adam(param.data_ptr<float>(), grad.const_data_ptr(), g_type,
+                    exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), param.numel(), s,
+                    grad_scale, stream);
 }
 
 }  // namespace dscpp::optim::cuda

@@ -1,8 +1,11 @@
-// The fused Adam/AdamW kernel: one grid-stride pass, float4 loads and stores over the part
-// of the shard where all four arrays are 16-byte aligned, scalar code for the rest.
+// The fused Adam/AdamW kernel: one grid-stride pass, vector loads and stores over the part
+// of the shard where all four arrays are aligned for four elements, scalar code for the rest.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -36,29 +39,50 @@ __device__ __forceinline__ void adam_element(float& p, float g, float& m, float&
   p = p + s.neg_step * m / denom;
 }
 
-// Elements [head, head + 4*nvec) go four at a time (all four arrays 16-byte aligned there);
-// the rest, [0, head) and [head + 4*nvec, n), one at a time.
+// A gradient element, and four of them from an address aligned for four, as floats.
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float4 load4(const float* g) {
+  return __ldg(reinterpret_cast<const float4*>(g));
+}
+template <typename G>
+__device__ __forceinline__ float4 load4(const G* g) {  // 16-bit: four elements in 8 bytes
+  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(g));
+  const G* e = reinterpret_cast<const G*>(&raw);
+  return make_float4(to_float(e[0]), to_float(e[1]), to_float(e[2]), to_float(e[3]));
+}
+
+// Elements [head, head + 4*nvec) go four at a time (all four arrays aligned for four
+// elements there); the rest, [0, head) and [head + 4*nvec, n), one at a time.
+template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    fused_adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+    fused_adam_kernel(float* __restrict__ p, const G* __restrict__ g, float* __restrict__ m,
                       float* __restrict__ v, int64_t n, int64_t head, int64_t nvec,
                       FusedAdamScalars s, const float* __restrict__ grad_scale) {
-  // g * scale rounds once, as the separate multiply it replaces did.
+  // g * scale rounds once, as the separate multiply it replaces did: __fmul_rn, which the
+  // compiler never contracts into an fma with what follows (it did for 16-bit gradients).
   const float gs = grad_scale ? __ldg(grad_scale) : 1.0f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   float4* p4 = reinterpret_cast<float4*>(p + head);
-  const float4* g4 = reinterpret_cast<const float4*>(g + head);
   float4* m4 = reinterpret_cast<float4*>(m + head);
   float4* v4 = reinterpret_cast<float4*>(v + head);
   for (int64_t i = tid; i < nvec; i += stride) {
     float4 pp = p4[i];
-    const float4 gg = __ldg(g4 + i);
+    const float4 gg = load4(g + head + 4 * i);
     float4 mm = m4[i];
     float4 vv = v4[i];
-    adam_element(pp.x, gg.x * gs, mm.x, vv.x, s);
-    adam_element(pp.y, gg.y * gs, mm.y, vv.y, s);
-    adam_element(pp.z, gg.z * gs, mm.z, vv.z, s);
-    adam_element(pp.w, gg.w * gs, mm.w, vv.w, s);
+    adam_element(pp.x, __fmul_rn(gg.x, gs), mm.x, vv.x, s);
+    adam_element(pp.y, __fmul_rn(gg.y, gs), mm.y, vv.y, s);
+    adam_element(pp.z, __fmul_rn(gg.z, gs), mm.z, vv.z, s);
+    adam_element(pp.w, __fmul_rn(gg.w, gs), mm.w, vv.w, s);
     p4[i] = pp;
     m4[i] = mm;
     v4[i] = vv;
@@ -68,27 +92,28 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = tid; i < rest; i += stride) {
     const int64_t j = i < head ? i : i + body;
     float pj = p[j], mj = m[j], vj = v[j];
-    adam_element(pj, g[j] * gs, mj, vj, s);
+    adam_element(pj, __fmul_rn(to_float(g[j]), gs), mj, vj, s);
     p[j] = pj;
     m[j] = mj;
     v[j] = vj;
   }
 }
 
-}  // namespace
-
-void launch_fused_adam(float* p, const float* g, float* m, float* v, int64_t n,
-                       const FusedAdamScalars& s, const float* grad_scale, cudaStream_t stream) {
-  if (n <= 0) return;
-  // Vectorise when the four arrays sit at the same offset from a 16-byte boundary: a
-  // scalar head brings them to it, a scalar tail ends the body.
-  const auto misalign = [](const void* ptr) {
-    return static_cast<unsigned>(reinterpret_cast<uintptr_t>(ptr) % 16);
+template <typename G>
+void launch_typed(float* p, const G* g, float* m, float* v, int64_t n, const FusedAdamScalars& s,
+                  const float* grad_scale, cudaStream_t stream) {
+  // Vectorise when the four arrays sit at the same element offset from a four-element
+  // boundary: a scalar head brings them to it, a scalar tail ends the body.
+  const auto element_misalign = [](const void* ptr, size_t size) -> int64_t {
+    const auto address = reinterpret_cast<uintptr_t>(ptr);
+    if (address % size != 0) return -1;
+    return static_cast<int64_t>(address % (4 * size) / size);
   };
-  const unsigned off = misalign(p);
+  const int64_t off = element_misalign(p, sizeof(float));
   int64_t head = n, nvec = 0;
-  if (off % sizeof(float) == 0 && misalign(g) == off && misalign(m) == off && misalign(v) == off) {
-    head = off == 0 ? 0 : static_cast<int64_t>((16 - off) / sizeof(float));
+  if (off >= 0 && element_misalign(g, sizeof(G)) == off &&
+      element_misalign(m, sizeof(float)) == off && element_misalign(v, sizeof(float)) == off) {
+    head = off == 0 ? 0 : 4 - off;
     if (head > n) head = n;
     nvec = (n - head) / 4;
   }
@@ -97,17 +122,39 @@ void launch_fused_adam(float* p, const float* g, float* m, float* v, int64_t n,
   DSCPP_CUDA_CHECK(cudaGetDevice(&device));
   DSCPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   DSCPP_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_adam_kernel, kThreads, 0));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_adam_kernel<G>, kThreads, 0));
   // One full wave of resident blocks (no half-empty last wave); the grid-stride loop does
-  // the rest.
+  // the rest. DSCPP_ADAM_BLOCKS_PER_SM (a measurement's knob, see docs/PERFORMANCE.md) caps
+  // the resident blocks per SM, leaving room for a collective's blocks beside the update;
+  // 0 lifts the cap (one block per 4 x 256 elements, none resident for long).
+  static const int cap = [] {
+    const char* v = std::getenv("DSCPP_ADAM_BLOCKS_PER_SM");
+    return v ? std::atoi(v) : -1;
+  }();
+  if (cap > 0 && per_sm > cap) per_sm = cap;
   const int64_t max_blocks =
       static_cast<int64_t>(sms > 0 ? sms : 1) * static_cast<int64_t>(per_sm > 0 ? per_sm : 1);
   int64_t blocks = (work + kThreads - 1) / kThreads;
-  if (blocks > max_blocks) blocks = max_blocks;
+  if (cap != 0 && blocks > max_blocks) blocks = max_blocks;
   if (blocks < 1) blocks = 1;
-  fused_adam_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, g, m, v, n, head,
-                                                                            nvec, s, grad_scale);
+  fused_adam_kernel<G><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, g, m, v, n, head,
+                                                                               nvec, s, grad_scale);
   DSCPP_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void launch_fused_adam(float* p, const void* g, GradType g_type, float* m, float* v, int64_t n,
+                       const FusedAdamScalars& s, const float* grad_scale, cudaStream_t stream) {
+  if (n <= 0) return;
+  switch (g_type) {
+    case GradType::kFloat:
+      return launch_typed(p, static_cast<const float*>(g), m, v, n, s, grad_scale, stream);
+    case GradType::kBFloat16:
+      return launch_typed(p, static_cast<const __nv_bfloat16*>(g), m, v, n, s, grad_scale, stream);
+    case GradType::kHalf:
+      return launch_typed(p, static_cast<const __half*>(g), m, v, n, s, grad_scale, stream);
+  }
 }
 
 }  // namespace dscpp::optim::cuda

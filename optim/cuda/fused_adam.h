@@ -1,6 +1,8 @@
 // One fused CUDA kernel per Adam/AdamW update of a flat fp32 shard: torch.optim.Adam(W)'s
 // single-tensor formula in one pass over param, grad, exp_avg and exp_avg_sq (read 4, write
-// 3 floats an element), on the current CUDA stream of the tensors' device.
+// 3 floats an element), on the current CUDA stream of the tensors' device. The gradient may
+// be bf16 or fp16 (ZeRO's 16-bit gradient partition): read as it is, widened exactly, so the
+// update equals the one from grad.to(fp32) without that copy.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,8 +25,9 @@ struct AdamArgs {
   const at::Tensor* grad_scale = nullptr;
 };
 
-// Updates param, exp_avg and exp_avg_sq in place from grad. All four: defined, fp32,
-// contiguous, of the same numel, on the same CUDA device (any storage offset). Throws
+// Updates param, exp_avg and exp_avg_sq in place from grad. All four: defined, fp32 (grad
+// also bf16 or fp16), contiguous, of the same numel, on the same CUDA device (any storage
+// offset). Throws
 // std::invalid_argument naming the tensor that is not, std::runtime_error on a CUDA error.
 void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                      at::Tensor& exp_avg_sq, const AdamArgs& a);

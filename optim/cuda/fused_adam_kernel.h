@@ -21,10 +21,14 @@ struct FusedAdamScalars {
   int decoupled;   // 1: apply decay; 0: apply l2 (when nonzero)
 };
 
+// The gradient's element type: fp32, or the 16-bit types ZeRO keeps reduced gradients in
+// (each element widened to float as it is read, exactly).
+enum class GradType { kFloat, kBFloat16, kHalf };
+
 // Launches the update of n elements on stream (the current device must be the tensors').
 // Throws std::runtime_error naming the failing CUDA call, file and line.
 // grad_scale: a device pointer to one float multiplying every gradient, or nullptr.
-void launch_fused_adam(float* p, const float* g, float* m, float* v, int64_t n,
+void launch_fused_adam(float* p, const void* g, GradType g_type, float* m, float* v, int64_t n,
                        const FusedAdamScalars& s, const float* grad_scale, cudaStream_t stream);
 
 }  // namespace dscpp::optim::cuda

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <set>
@@ -36,9 +37,30 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
     gaps.push_back("'fp16.fp16_master_weights_and_grads'");
   if (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads)
     gaps.push_back("'bf16.bf16_master_weights_and_grads'");
-  if (c.data_types.grad_accum_dtype) gaps.push_back("'data_types.grad_accum_dtype'");
   return gaps;
 }
+
+}  // namespace
+
+at::ScalarType EngineCore::gradient_partition_type() const {
+  // Where the reduced gradients accumulate until the step. With no accumulation a 16-bit
+  // model keeps them in its own type: nothing is summed in it, so fp32 would only double the
+  // memory (DeepSpeed's stages 1-3 keep them in 16 bits too). With accumulation they stay in
+  // fp32 unless data_types.grad_accum_dtype asks for the training type.
+  const auto& asked = config_.data_types.grad_accum_dtype;
+  if (!asked) return config_.gradient_accumulation_steps == 1 ? dtype_ : at::kFloat;
+  const at::ScalarType t = *asked == "fp16"   ? at::kHalf
+                           : *asked == "bf16" ? at::kBFloat16
+                                              : at::kFloat;
+  if (t != at::kFloat && t != dtype_)
+    throw ConfigError("data_types.grad_accum_dtype",
+                      "'" + *asked + "' is neither fp32 nor the training type (" +
+                          std::string(c10::toString(dtype_)) + "): expected fp32" +
+                          (dtype_ == at::kFloat ? "" : " or the training type"));
+  return t;
+}
+
+namespace {
 
 std::optional<at::ScalarType> dtype_of(const std::optional<std::string>& name) {
   if (!name) return std::nullopt;
@@ -184,6 +206,16 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   zo.gradient_clipping = config_.gradient_clipping;
   zo.check_overflow =
       config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
+  zo.grad_dtype = gradient_partition_type();
+  // The bound a benchmark shows beside a real run: the same step with ZeRO's gradient
+  // reduction and parameter all-gathers left out (bench/gpt_table.sh's dSxNn rows).
+  if (const char* off = std::getenv("DSCPP_BENCH_NO_COMM"); off && std::string(off) == "1") {
+    zo.skip_collectives = true;
+    if (group_->rank() == 0)
+      std::cerr << "dscpp: DSCPP_BENCH_NO_COMM=1: ZeRO's gradient reduction and parameter "
+                   "all-gathers are skipped; the model does not train correctly, only the time "
+                   "of a step without them means something\n";
+  }
   // Parameter groups: each trainable parameter's group, by name.
   if (!client_.param_groups.empty()) {
     std::map<std::string, int> group_of_name;

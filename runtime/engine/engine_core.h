@@ -133,6 +133,9 @@ class EngineCore {
   optim::LRScheduler* lr_scheduler() { return scheduler_.get(); }
 
  private:
+  // The ZeRO gradient partition's type (DeepSpeed's data_types.grad_accum_dtype and our
+  // default: the training type when nothing accumulates, fp32 otherwise).
+  at::ScalarType gradient_partition_type() const;
   void log_progress();
   void write_monitor_events(double train_loss);
   // Checkpoint parts (engine_checkpoint.cpp).

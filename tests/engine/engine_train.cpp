@@ -8,6 +8,7 @@
 #include <boost/program_options.hpp>
 #include <fstream>
 #include <iostream>
+#include <limits>
 
 #include "dscpp.h"
 #include "model_zoo/gpt.h"
@@ -125,6 +126,7 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
   }
   result["first_step"] = first;
   result["losses"] = json::array();
+  result["grad_norms"] = json::array();
   for (int s = first; s < steps; ++s) {
     double loss_sum = 0;
     for (int64_t m = 0; m < ga; ++m) {
@@ -137,6 +139,7 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
     auto l = torch::tensor({loss_sum / ga}, torch::kFloat64).to(engine.device());
     engine.core().group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
     result["losses"].push_back(l.cpu().template item<double>());
+    result["grad_norms"].push_back(engine.get_global_grad_norm());
     if (s + 1 == ckpt.save_at || (ckpt.save_interval > 0 && (s + 1) % ckpt.save_interval == 0)) {
       auto client = dscpp::checkpoint::PyValue::dict();
       client.set("saved_at", s + 1);
@@ -243,7 +246,9 @@ int main(int argc, char** argv) {
       auto loss = loss_of(forward, s * global_batch, global_batch, torch::kCPU);
       opt.zero_grad();
       loss.backward();
-      if (clip > 0) torch::nn::utils::clip_grad_norm_(module.parameters(), clip);
+      // The norm before clipping, as the engine reports it (infinity: measure, do not clip).
+      result["grad_norms"].push_back(torch::nn::utils::clip_grad_norm_(
+          module.parameters(), clip > 0 ? clip : std::numeric_limits<double>::infinity()));
       opt.step();
       result["losses"].push_back(loss.item<double>());
     }

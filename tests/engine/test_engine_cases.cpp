@@ -175,7 +175,6 @@ TEST(EngineCases, ModuleZeroGradDoesNotLoseGradients) {
 TEST(EngineCases, FeaturesTheEngineLacksAreAnnouncedNotSilent) {
   json cfg = base_config();
   cfg["zero_optimization"] = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
-  cfg["data_types"] = {{"grad_accum_dtype", "fp32"}};
   torch::manual_seed(0);
   TwoLayer model;
   testing::internal::CaptureStderr();
@@ -185,9 +184,36 @@ TEST(EngineCases, FeaturesTheEngineLacksAreAnnouncedNotSilent) {
                      "engine yet, ignored"),
             std::string::npos)
       << err;
-  EXPECT_NE(err.find("'data_types.grad_accum_dtype': not implemented by the engine yet"),
-            std::string::npos)
-      << err;
+}
+
+// The gradient partition is 16-bit when nothing accumulates in it, fp32 when micro-steps do,
+// unless data_types.grad_accum_dtype says otherwise; a type that is neither fp32 nor the
+// training type is refused by name.
+TEST(EngineCases, GradientPartitionTypeFollowsAccumulationAndGradAccumDtype) {
+  const auto partition_type = [](json cfg) {
+    torch::manual_seed(0);
+    TwoLayer model;
+    auto engine = dscpp::initialize(model, cfg);
+    const at::Tensor& g = engine.core().zero_optimizer().grad_partition();
+    EXPECT_EQ(g.numel(), engine.core().zero_optimizer().layout().partition);
+    return g.scalar_type();
+  };
+  json cfg = base_config();
+  cfg["zero_optimization"] = {{"stage", 2}};
+  EXPECT_EQ(partition_type(cfg), at::kFloat) << "fp32 training";
+  cfg["bf16"] = {{"enabled", true}};
+  EXPECT_EQ(partition_type(cfg), at::kBFloat16) << "bf16, no accumulation";
+  cfg["gradient_accumulation_steps"] = 2;
+  EXPECT_EQ(partition_type(cfg), at::kFloat) << "bf16, two micro-steps";
+  cfg["data_types"] = {{"grad_accum_dtype", "bf16"}};
+  EXPECT_EQ(partition_type(cfg), at::kBFloat16) << "grad_accum_dtype bf16";
+  cfg["data_types"] = {{"grad_accum_dtype", "fp16"}};
+  try {
+    partition_type(cfg);
+    ADD_FAILURE() << "fp16 accumulation of a bf16 model was accepted";
+  } catch (const dscpp::ConfigError& e) {
+    EXPECT_EQ(e.path(), "data_types.grad_accum_dtype") << e.what();
+  }
 }
 
 TEST(EngineCases, CsvMonitorRecordsLossLrAndScaleAtEveryStep) {

@@ -231,4 +231,47 @@ TEST(FusedAdamCuda, DeviceGradScaleEqualsPremultipliedGradient) {
   }
 }
 
+// A bf16 or fp16 gradient (ZeRO's 16-bit partition) read by the kernel itself gives the same
+// bits as widening it to fp32 first, at every alignment of the gradient against the other
+// three (a 16-bit gradient vectorises when it sits at the same element offset) and with the
+// device-side scale.
+TEST(FusedAdamCuda, SixteenBitGradientEqualsItsFp32Copy) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(11);
+  const int64_t n = (int64_t{1} << 14) + 7;
+  at::Tensor scale = at::full({}, 0.37f, at::TensorOptions().dtype(at::kFloat)).cuda();
+  for (const auto dtype : {at::kBFloat16, at::kHalf})
+    for (int64_t p_off : {0, 1, 3})
+      for (int64_t g_off : {0, 1, 2, 3}) {
+        SCOPED_TRACE(
+            fmt::format("{} param offset {} grad offset {}", c10::toString(dtype), p_off, g_off));
+        at::Tensor p0 = random_cpu(n, rng, 1.0f);
+        at::Tensor g16 = random_cpu(n + g_off, rng, 2.0f).to(dtype).cuda().slice(0, g_off);
+        AdamArgs a;
+        a.weight_decay = 0.1;
+        a.grad_scale = &scale;
+        at::Tensor pa = p0.cuda(), ma = at::zeros_like(pa), va = at::zeros_like(pa);
+        at::Tensor buf = at::zeros({n + p_off}, pa.options());
+        at::Tensor pb = buf.slice(0, p_off).copy_(p0);
+        at::Tensor mbuf = at::zeros_like(buf), vbuf = at::zeros_like(buf);
+        at::Tensor mb = mbuf.slice(0, p_off), vb = vbuf.slice(0, p_off);
+        for (int step = 1; step <= 2; ++step) {
+          a.step = step;
+          fused_adam_step(pa, g16.to(at::kFloat), ma, va, a);
+          fused_adam_step(pb, g16, mb, vb, a);
+        }
+        const auto diff = [](const at::Tensor& x, const at::Tensor& y) {
+          return x.sub(y).abs().max().item<double>();
+        };
+        EXPECT_TRUE(at::equal(pa, pb)) << "param: max difference " << diff(pa, pb);
+        EXPECT_TRUE(at::equal(ma, mb)) << "exp_avg: max difference " << diff(ma, mb);
+        EXPECT_TRUE(at::equal(va, vb)) << "exp_avg_sq: max difference " << diff(va, vb);
+        EXPECT_FALSE(at::equal(pa, p0.cuda())) << "no update at all";
+      }
+  at::Tensor p = at::zeros({8}, scale.options()), m = at::zeros_like(p), v = at::zeros_like(p);
+  at::Tensor bf16_param = at::zeros({8}, scale.options().dtype(at::kBFloat16));
+  AdamArgs a;
+  EXPECT_THROW(fused_adam_step(bf16_param, p, m, v, a), std::invalid_argument) << "fp32 param only";
+}
+
 }  // namespace

@@ -51,6 +51,35 @@ std::string error_path(const std::string& type, const json& params) {
   return "";
 }
 
+// ZeRO's 16-bit gradient partition: a bf16 or fp16 gradient is widened (exactly) before the
+// update, so each optimizer steps as it does from the same values in fp32; other types are
+// refused.
+TEST(Optimizer, SixteenBitGradientsStepAsTheirFp32Values) {
+  for (const std::string type : {"AdamW", "SGD", "Lamb", "Lion", "Adagrad"})
+    for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+      SCOPED_TRACE(type + " " + std::string(c10::toString(dtype)));
+      auto wide = make(type, {{"lr", 0.1}}), narrow = make(type, {{"lr", 0.1}});
+      wide->add_shard(vec({0.5f, -1.25f, 2.0f}));
+      narrow->add_shard(vec({0.5f, -1.25f, 2.0f}));
+      const at::Tensor g16 = vec({0.375f, -3.0f, 0.0078125f}).to(dtype);
+      for (int step = 0; step < 2; ++step) {
+        wide->step({g16.to(at::kFloat)});
+        narrow->step({g16});
+      }
+      EXPECT_TRUE(narrow->shard(0).equal(wide->shard(0)));
+      EXPECT_FALSE(narrow->shard(0).equal(vec({0.5f, -1.25f, 2.0f}))) << "no update at all";
+      if (!narrow->elementwise()) continue;
+      narrow->begin_step();
+      wide->begin_step();
+      narrow->update_range(0, 1, 3, g16.slice(0, 1, 3));
+      wide->update_range(0, 1, 3, g16.slice(0, 1, 3).to(at::kFloat));
+      EXPECT_TRUE(narrow->shard(0).equal(wide->shard(0)));
+    }
+  auto adam = make("AdamW");
+  adam->add_shard(vec({1.0f, 2.0f}));
+  EXPECT_THROW(adam->step({vec({1.0f, 2.0f}).to(at::kDouble)}), std::invalid_argument);
+}
+
 // First step: m_hat = g and v_hat = g^2, so Adam moves each element by lr * g / (|g| + eps).
 TEST(Adam, FirstStepOfAdamWIsSignStepPlusDecoupledDecay) {
   auto opt = make("AdamW", {{"lr", 0.1}, {"weight_decay", 0.1}});
