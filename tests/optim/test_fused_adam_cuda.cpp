@@ -232,9 +232,11 @@ TEST(FusedAdamCuda, DeviceGradScaleEqualsPremultipliedGradient) {
 }
 
 // A bf16 or fp16 gradient (ZeRO's 16-bit partition) read by the kernel itself gives the same
-// bits as widening it to fp32 first, at every alignment of the gradient against the other
-// three (a 16-bit gradient vectorises when it sits at the same element offset) and with the
-// device-side scale.
+// moments, bit for bit, as widening it to fp32 first, at every alignment of the gradient
+// against the other three (a 16-bit gradient vectorises when it sits at the same element
+// offset) and with the device-side scale. The parameter agrees to kTol, not to the bit: nvcc
+// contracts the decay and the step's add into an fma in one instantiation and not the other
+// (measured on an H200: at most 7.2e-7 apart on parameters up to about 5, a rounding or two).
 TEST(FusedAdamCuda, SixteenBitGradientEqualsItsFp32Copy) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(11);
@@ -263,7 +265,7 @@ TEST(FusedAdamCuda, SixteenBitGradientEqualsItsFp32Copy) {
         const auto diff = [](const at::Tensor& x, const at::Tensor& y) {
           return x.sub(y).abs().max().item<double>();
         };
-        EXPECT_TRUE(at::equal(pa, pb)) << "param: max difference " << diff(pa, pb);
+        EXPECT_LT(rel_err(pb, pa.cpu()), kTol) << "param: max difference " << diff(pa, pb);
         EXPECT_TRUE(at::equal(ma, mb)) << "exp_avg: max difference " << diff(ma, mb);
         EXPECT_TRUE(at::equal(va, vb)) << "exp_avg_sq: max difference " << diff(va, vb);
         EXPECT_FALSE(at::equal(pa, p0.cuda())) << "no update at all";
