@@ -1,24 +1,17 @@
 // The fused Adam/AdamW kernel: one grid-stride pass, vector loads and stores over the part
 // of the shard where all four arrays are aligned for four elements, scalar code for the rest.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <cstdlib>
-#include <stdexcept>
-#include <string>
 
 #include "optim/cuda/fused_adam_kernel.h"
+#include "runtime/kernels/cuda_common.cuh"
 
 namespace dscpp::optim::cuda {
 namespace {
 
-void check(cudaError_t err, const char* call, const char* file, int line) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
-                             cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
-}
+// The error check and the element conversions are runtime/kernels' (one copy of each).
+using kernels::cuda::check;
+using kernels::cuda::to_float;
 #define DSCPP_CUDA_CHECK(call) check((call), #call, __FILE__, __LINE__)
 
 constexpr int kThreads = 256;
@@ -39,16 +32,7 @@ __device__ __forceinline__ void adam_element(float& p, float g, float& m, float&
   p = p + s.neg_step * m / denom;
 }
 
-// A gradient element, and four of them from an address aligned for four, as floats.
-__device__ __forceinline__ float to_float(float x) {
-  return x;
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-__device__ __forceinline__ float to_float(__half x) {
-  return __half2float(x);
-}
+// Four gradient elements from an address aligned for four, as floats.
 __device__ __forceinline__ float4 load4(const float* g) {
   return __ldg(reinterpret_cast<const float4*>(g));
 }

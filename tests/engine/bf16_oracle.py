@@ -16,12 +16,11 @@ failed` last."""
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle import config, rel_err  # noqa: E402
+from oracle import config, rel_err, run  # noqa: E402
 
 
 EPS = {"mlp": 1e-8, "gpt": 1e-4}  # as oracle.py: the GPT's small gradients meet Adam's eps
@@ -35,16 +34,8 @@ def bf16_config(stage, model, extra=None, ga=1, accum=None):
     return c
 
 
-def run(cmd, out):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
-    if p.returncode != 0:
-        raise RuntimeError(f"exit {p.returncode}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
-    with open(out) as f:
-        return json.load(f)
-
-
 def main():
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # on the GPU machine: NVLink multicast stays off
     ap = argparse.ArgumentParser()
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
