@@ -98,7 +98,26 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   }
 }
 
-ZeroOptimizer::~ZeroOptimizer() = default;
+ZeroOptimizer::~ZeroOptimizer() {
+  try {
+    wait_all_published();
+  } catch (...) {  // a failed collective has been reported by whoever waited on it first
+  }
+}
+
+void ZeroOptimizer::wait_published(int bucket) {
+  if (pending_publishes_ == 0) return;
+  comm::Work& w = published_.at(bucket);
+  if (!w.defined()) return;
+  w.wait();
+  w = comm::Work();
+  --pending_publishes_;
+}
+
+void ZeroOptimizer::wait_all_published() {
+  for (size_t b = 0; pending_publishes_ > 0 && b < published_.size(); ++b)
+    wait_published(static_cast<int>(b));
+}
 
 void ZeroOptimizer::begin_backward(bool reduce) {
   // A module's zero_grad() (set_to_none by default) or an assignment to .grad detaches a
@@ -122,6 +141,7 @@ void ZeroOptimizer::end_backward() {
 StepResult ZeroOptimizer::step(double loss_scale) {
   // The update is arithmetic on buffers, never something autograd should record.
   at::NoGradGuard no_grad;
+  wait_all_published();  // (a forward has normally waited already)
   StepResult result;
   const bool across = partitioned(options_) && group_->size() > 1;
   // The global sum of squares carries both verdicts: the norm, and the overflow check (an
@@ -212,13 +232,25 @@ void ZeroOptimizer::step_by_bucket(const at::Tensor& grad_scale) {
   // The same arithmetic per element as one whole step followed by publish_master().
   optimizer_->begin_step();
   std::vector<comm::Work> works;
-  for (size_t i = 0; i < layout_.buckets.size(); ++i) {
+  const bool defer = options_.defer_allgather;
+  if (defer) published_.resize(layout_.buckets.size());
+  // Deferred, the buckets go in the forward's order (the reverse of backward's, which made
+  // the layout), so the next forward's first layers are the first to arrive.
+  const int n = static_cast<int>(layout_.buckets.size());
+  for (int k = 0; k < n; ++k) {
+    const int i = defer ? n - 1 - k : k;
     const auto& b = layout_.buckets[i];
     const int64_t in_shard = b.part_offset - layout_.groups[b.group].part_begin;
     optimizer_->update_range(b.group, in_shard, in_shard + b.chunk,
                              update_grad(b.part_offset, b.part_offset + b.chunk, grad_scale),
                              optimizer_->fuses_grad_scale() ? grad_scale : at::Tensor());
-    works.push_back(publish_bucket(static_cast<int>(i)));
+    comm::Work w = publish_bucket(i);
+    if (!defer) {
+      works.push_back(std::move(w));
+    } else if (w.defined()) {
+      published_[i] = std::move(w);
+      ++pending_publishes_;
+    }
   }
   for (auto& w : works) w.wait();
 }
@@ -273,6 +305,7 @@ int ZeroOptimizer::layout_rank() const {
 }
 
 void ZeroOptimizer::refresh_master_from_params() {
+  wait_all_published();
   // Stage 3 (once constructed): the 16-bit partition is the parameters' truth.
   if (part16_.defined()) {
     master_.copy_(part16_);
@@ -356,6 +389,7 @@ void ZeroOptimizer::make_persistent(int b) {
 }
 
 void ZeroOptimizer::gather() {
+  wait_all_published();  // stages 1-2: a GatheredParameters scope reads the parameters
   if (!params_partitioned(options_)) return;
   for (size_t b = 0; b < buckets16_.size(); ++b) start_gather(static_cast<int>(b));
   for (size_t b = 0; b < buckets16_.size(); ++b) finish_gather(static_cast<int>(b));
@@ -390,6 +424,7 @@ int64_t ZeroOptimizer::params_numel_held() const {
 }
 
 void ZeroOptimizer::publish_master() {
+  wait_all_published();
   if (params_partitioned(options_)) {
     // Only this rank's 16-bit chunks change; the next gather spreads them. Buckets gathered
     // now (persistent ones, or all inside a GatheredParameters scope) are refreshed in place.

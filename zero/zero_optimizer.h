@@ -45,6 +45,11 @@ struct ZeroOptions {
   // A benchmark's bound: no gradient reduction and no parameter all-gather (see
   // ReduceOptions::skip_collectives). Training is wrong; only the time means something.
   bool skip_collectives = false;
+  // Stages 1-2 with an elementwise optimizer (dscpp_deferred_allgather): the step issues each
+  // bucket's all-gather and returns without waiting for it; whoever reads the parameters
+  // next waits (wait_published: a layer's buckets before its forward, or all of them), so
+  // the all-gathers overlap the next forward instead of ending the step.
+  bool defer_allgather = false;
 };
 
 struct StepResult {
@@ -73,7 +78,16 @@ class ZeroOptimizer {
   optim::Optimizer& optimizer() { return *optimizer_; }
   at::Tensor& master_partition() { return master_; }  // fp32, layout().partition elements
   const at::Tensor& grad_partition() const { return grad_partition_; }  // ZeroOptions::grad_dtype
-  at::Tensor& flat_params() { return flat_params_; }                    // stages 0-2
+  at::Tensor& flat_params() {                                           // stages 0-2
+    wait_all_published();
+    return flat_params_;
+  }
+  // With defer_allgather: waits for bucket b's all-gather after the last step, if it is still
+  // pending (on a GPU the current stream waits; the host does not), or for every bucket's.
+  // No-ops otherwise. Every method here that reads the parameters waits for all first.
+  void wait_published(int bucket);
+  void wait_all_published();
+  bool publish_pending() const { return pending_publishes_ > 0; }
   // Copies the master partition into the 16-bit parameters on every rank (after a step or
   // a checkpoint load). Collective at stages 1 and 2.
   void publish_master();
@@ -165,6 +179,8 @@ class ZeroOptimizer {
   std::vector<Gathered> buckets16_;
   int64_t live_ = 0, peak_live_ = 0;
   int64_t gathers_ = 0;
+  std::vector<comm::Work> published_;  // per bucket: its deferred all-gather, until waited for
+  int pending_publishes_ = 0;
 };
 
 }  // namespace dscpp::zero

@@ -33,6 +33,8 @@ class Work {
   // Waits for completion (or, on NCCL, orders the current stream after it); throws CommError.
   void wait();
   bool completed() const;
+  // Whether this is an issued collective (a default-constructed Work is not).
+  bool defined() const { return static_cast<bool>(state_); }
 
  private:
   friend class ProcessGroup;

@@ -141,6 +141,7 @@ ZeroConfig read_zero(Section s, const Section& root, Diagnostics& diag) {
   c.allgather_bucket_size = s.get_int("allgather_bucket_size", c.allgather_bucket_size, 0);
   // DeepSpeed's default depends on the stage: overlap only where stage 3 needs it.
   c.overlap_comm = s.get_bool("overlap_comm", c.stage == 3);
+  c.dscpp_deferred_allgather = s.get_bool("dscpp_deferred_allgather", c.dscpp_deferred_allgather);
   c.load_from_fp32_weights = s.get_bool("load_from_fp32_weights", c.load_from_fp32_weights);
   c.elastic_checkpoint = s.get_bool("elastic_checkpoint", c.elastic_checkpoint);
   c.sub_group_size = s.get_int("sub_group_size", c.sub_group_size, 0);

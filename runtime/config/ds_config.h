@@ -60,6 +60,9 @@ struct ZeroConfig {
   bool allgather_partitions = true;
   int64_t allgather_bucket_size = 500000000;  // elements per parameter all-gather
   bool overlap_comm = false;                  // DeepSpeed: true only for stage 3 when unset
+  // dscpp's own (no DeepSpeed key): stages 1-2 leave the step's all-gathers to the next
+  // forward (docs/zero.md).
+  bool dscpp_deferred_allgather = false;
   bool load_from_fp32_weights = true;
   bool elastic_checkpoint = false;
   int64_t sub_group_size = 1000000000;

@@ -17,6 +17,7 @@
 #include "runtime/monitor/monitor.h"
 #include "runtime/precision/loss_scaler.h"
 #include "zero/layer_gather.h"
+#include "zero/publish_waits.h"
 #include "zero/zero_optimizer.h"
 
 namespace dscpp {
@@ -146,16 +147,27 @@ std::vector<int> EngineCore::layer_units(const std::vector<at::Tensor>& params) 
   return units;
 }
 
+std::vector<std::vector<int>> EngineCore::layer_buckets() const {
+  const auto& layout = zero_->layout();
+  std::vector<std::vector<int>> layers;
+  for (const auto& ids : layer_param_indices()) {
+    std::set<int> buckets;
+    for (int i : ids) buckets.insert(layout.params[i].bucket);
+    layers.emplace_back(buckets.begin(), buckets.end());
+  }
+  return layers;
+}
+
+void EngineCore::start_publish_waits() {
+  publish_waits_ = std::make_unique<zero::PublishWaits>(*zero_, layer_buckets());
+  layered_->set_layer_hooks(publish_waits_.get());
+}
+
 void EngineCore::start_layer_gather() {
   const auto& layout = zero_->layout();
   for (size_t b = 0; b < layout.buckets.size(); ++b)
     if (layout.buckets[b].unit < 0) zero_->make_persistent(static_cast<int>(b));
-  std::vector<std::vector<int>> layer_buckets;
-  for (const auto& ids : layer_param_indices()) {
-    std::set<int> buckets;
-    for (int i : ids) buckets.insert(layout.params[i].bucket);
-    layer_buckets.emplace_back(buckets.begin(), buckets.end());
-  }
+  auto layer_buckets = this->layer_buckets();
   const auto& z = config_.zero_optimization;
   zero::LayerGatherOptions lo;
   lo.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
@@ -187,9 +199,12 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   const auto& z = config_.zero_optimization;
   zero::ZeroOptions zo;
   zo.stage = z.stage;
+  zo.defer_allgather = z.dscpp_deferred_allgather && (z.stage == 1 || z.stage == 2);
   if (z.stage == 3 && layered) {
     layered_ = layered;
     zo.unit_of = layer_units(params);
+  } else if (zo.defer_allgather && layered) {
+    layered_ = layered;  // its hooks wait for each layer's buckets (start_publish_waits)
   } else if (z.stage == 3 && group_->rank() == 0) {
     std::cerr << "dscpp: stage 3 gathers this module as a whole around its forward and "
                  "backward (give it as a LayerSpec list, model_zoo::LayerModule, to gather layer "
@@ -246,7 +261,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   if (!optimizer) throw std::invalid_argument("initialize: the client optimizer factory gave null");
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
-  if (layered_) start_layer_gather();
+  if (layered_) z.stage == 3 ? start_layer_gather() : start_publish_waits();
   if (config_.scheduler) {
     scheduler_ = optim::make_scheduler(*config_.scheduler, *opt);
   } else if (client_.lr_scheduler) {
@@ -286,11 +301,15 @@ double EngineCore::now_ms() {
 void EngineCore::forward_begin() {
   if (config_.wall_clock_breakdown) forward_start_ = now_ms();
   // Stage 3 of a module without layers: gathered as a whole for its forward and kept until
-  // its backward is done. A layered module gathers layer by layer through its hooks.
-  if (!layer_gather_) zero_->gather();
+  // its backward is done. A layered module gathers layer by layer through its hooks (at
+  // stages 1-2 with deferred all-gathers, its hooks wait for them layer by layer; any other
+  // module waits for them all here).
+  if (!layer_gather_ && !publish_waits_) zero_->gather();
 }
 
 void EngineCore::forward_end() {
+  // Parameters no layer named (and anything read after the forward) have arrived too.
+  if (publish_waits_) zero_->wait_all_published();
   // A forward without autograd (evaluation) has no backward to wait for.
   if (!at::GradMode::is_enabled()) layer_gather_ ? layer_gather_->end_step() : zero_->release();
   if (config_.wall_clock_breakdown) timers_.forward += now_ms() - forward_start_;

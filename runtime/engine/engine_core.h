@@ -26,6 +26,7 @@ class Optimizer;
 namespace zero {
 class ZeroOptimizer;
 class LayerGather;
+class PublishWaits;
 class Layered;
 }  // namespace zero
 class LossScaler;
@@ -133,6 +134,8 @@ class EngineCore {
   optim::LRScheduler* lr_scheduler() { return scheduler_.get(); }
 
  private:
+  std::vector<std::vector<int>> layer_buckets() const;  // per layer, its parameters' buckets
+  void start_publish_waits();
   // The ZeRO gradient partition's type (DeepSpeed's data_types.grad_accum_dtype and our
   // default: the training type when nothing accumulates, fp32 otherwise).
   at::ScalarType gradient_partition_type() const;
@@ -166,7 +169,8 @@ class EngineCore {
   at::ScalarType dtype_ = at::kFloat;
   std::unique_ptr<zero::ZeroOptimizer> zero_;
   std::unique_ptr<zero::LayerGather> layer_gather_;
-  zero::Layered* layered_ = nullptr;  // whose hooks point at layer_gather_
+  std::unique_ptr<zero::PublishWaits> publish_waits_;  // stages 1-2, deferred all-gathers
+  zero::Layered* layered_ = nullptr;                   // whose hooks point at layer_gather_
   // Stage 3 by layer: the trainable parameters (indices into param_names_) each layer uses,
   // and each one's unit (the first layer using it; -1: persistent).
   std::vector<std::vector<int>> layer_param_indices() const;

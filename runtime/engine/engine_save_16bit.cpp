@@ -21,6 +21,7 @@ using checkpoint::PyValue;
 
 bool EngineCore::save_16bit_model(const std::string& save_dir, const std::string& save_filename) {
   const std::string path = (std::filesystem::path(save_dir) / save_filename).string();
+  zero_->wait_all_published();
   if (zero_->stage() >= 3 && !config_.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
     if (group_->rank() == 0)
       std::cerr << "dscpp: did not save the model " << path

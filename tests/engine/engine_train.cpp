@@ -127,12 +127,14 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
   result["first_step"] = first;
   result["losses"] = json::array();
   result["grad_norms"] = json::array();
+  bool deferred = false;  // a step left all-gathers for the next forward (deferred all-gather)
   for (int s = first; s < steps; ++s) {
     double loss_sum = 0;
     for (int64_t m = 0; m < ga; ++m) {
       auto loss = loss_of(forward, s * global_batch + (m * n + r) * mb, mb, engine.device());
       engine.backward(loss);
       engine.step();
+      deferred |= engine.core().zero_optimizer().publish_pending();
       loss_sum += loss.template item<double>();
     }
     // The global batch's loss: the mean of every rank's micro-batch losses.
@@ -148,6 +150,7 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
     }
   }
   auto& zo = engine.core().zero_optimizer();
+  result["publish_deferred"] = deferred;
   // Stage 3 by layer: the most elements gathered at once during training, and the bound.
   if (auto* gather = engine.core().layer_gather()) {
     result["peak_live"] = zo.peak_live_numel();

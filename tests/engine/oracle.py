@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
     # The transformer's linear layers leave some gradients near Adam's eps, where 1-ulp
@@ -84,6 +85,11 @@ def main():
     cases += [("gpt", 3, True, 1, 2, True, {"stage3_param_persistence_threshold": 100})]
     # The layered model at stages 0 and 2 (no hooks: plain training).
     cases += [("gpt", s, True, 1, 2, True, {}) for s in (0, 2)]
+    # dscpp_deferred_allgather: the step's all-gathers are waited for by the next forward, layer
+    # by layer for the GPT's LayerSpecs, all at once for the MLP.
+    deferred = {"dscpp_deferred_allgather": True}
+    cases += [("gpt", s, True, ga, n, True, deferred) for s, ga, n in ((1, 4, 2), (2, 1, 2), (2, 1, 4), (2, 4, 4))]
+    cases += [("mlp", 2, True, 1, 2, True, deferred)]
     # reduce_scatter: false (all-reduce, keep one's chunk) at the partitioned stages.
     cases += [("mlp", s, True, 4, 2, False, {}) for s in (1, 2)]
     passed = failed = 0
@@ -99,6 +105,8 @@ def main():
         if extra:
             name += " " + " ".join(f"{k.replace('stage3_', '')}={v}" for k, v in extra.items())
             out = out.replace(".json", f"_x{abs(hash(json.dumps(extra, sort_keys=True))) % 10**8}.json")
+        if args.only not in name:
+            continue
         try:
             got = run([args.launcher, "--num_gpus", str(n), "--master_port", str(port), args.train,
                        "--mode", "dscpp", "--model", model,
@@ -124,6 +132,8 @@ def main():
             if stage == 3 and (got["params_at_rest"] != expect_rest or got["partition16"] != expect_part):
                 problems.append(f"at rest the parameters hold {got['params_at_rest']} elements and the "
                                 f"partition {got['partition16']}, expected {expect_rest} and {expect_part}")
+            if extra.get("dscpp_deferred_allgather") and n > 1 and not got.get("publish_deferred"):
+                problems.append("no step left its all-gathers to the next forward")
             if stage == 3 and model == "gpt":
                 # Gathered layer by layer: never more live than the bound plus one layer, and
                 # with a bound below the model, never the whole model at once.
