@@ -25,7 +25,7 @@ import json
 import os
 import re
 
-CANONICAL = ["mm", "d0x1", "d1x1", "d2x1", "d3x1", "pt_single", "pt_single_c", "d0x2", "d1x2", "d2x2", "d2x2u", "d2x2n", "d3x2",
+CANONICAL = ["mm", "d0x1", "d1x1", "d2x1", "d3x1", "pt_single", "pt_single_c", "d0x2", "d1x2", "d2x2", "d2x2u", "d2x2n", "d2x2d", "d3x2",
              "pt_ddp", "pt_ddp_c", "pt_fsdp2", "pt_fsdp2_c"]
 LABELS = {"pt_single": "PyTorch 1 GPU, autocast", "pt_ddp": "PyTorch DDP, autocast",
           "pt_fsdp2": "PyTorch FSDP2 (bf16 params, fp32 reduce)"}
@@ -100,11 +100,12 @@ def read_rows(logdir):
             row["mm"] = parse_mm(text)
         elif name.startswith("d"):
             row["r"] = parse_dscpp(text)
-            m = re.match(r"d(\d)x(\d+)([un]?)$", name)
+            m = re.match(r"d(\d)x(\d+)([und]?)$", name)
             if m:
                 row["stage"], row["gpus"] = int(m.group(1)), int(m.group(2))
                 row["unfused"] = m.group(3) == "u"  # bench/configs/gpt_1.3B_bench_unfused.json
                 row["no_comm"] = m.group(3) == "n"  # DSCPP_BENCH_NO_COMM=1: the bound
+                row["deferred"] = m.group(3) == "d"  # dscpp_deferred_allgather, LayerSpecs
         elif name.startswith("pt_"):
             row["r"] = parse_pytorch(text)
             row["gpus"] = 1 if name.startswith("pt_single") else 2
@@ -116,7 +117,8 @@ def label(row):
     n = row["name"]
     if n.startswith("d") and "stage" in row:
         return f"dscpp ZeRO-{row['stage']}" + (", fusions off" if row.get("unfused") else "") + \
-            (", collectives off (bound)" if row.get("no_comm") else "")
+            (", collectives off (bound)" if row.get("no_comm") else "") + \
+            (", deferred all-gathers" if row.get("deferred") else "")
     base = LABELS.get(n.removesuffix("_c"), n)
     return base + (", compiled blocks" if n.endswith("_c") else "")
 

@@ -12,6 +12,7 @@
 #   dSxNu       the same with the model's fused kernels off (MODEL_CONFIG's _unfused twin)
 #   dSxNn       the same with ZeRO's collectives off (DSCPP_BENCH_NO_COMM=1): the time bound
 #               for overlap_comm (wrong training, right step time)
+#   d2xNd       ZeRO-2 with dscpp_deferred_allgather, the GPT as LayerSpecs (--layer-specs)
 #   pt_single[_c]                 PyTorch on 1 GPU (eager, or _c: torch.compile per block)
 #   pt_ddp[_c], pt_fsdp2[_c]      PyTorch on 2 GPUs
 # Each row's output goes to LOGDIR/<row>.log (LOGDIR default $OUT/table, OUT default ./gpu-out),
@@ -57,17 +58,19 @@ row_cmd() {
   local row=$1 port=$2
   case "$row" in
     mm) need=1; cmd=("$py" bench/matmul_peak.py) ;;
-    d[0-3]x[12] | d[0-3]x[12]u | d[0-3]x[12]n)  # u: fused kernels off; n: collectives off
+    d[0-3]x[12] | d[0-3]x[12]u | d[0-3]x[12]n | d2x[12]d)  # u: fused kernels off; n: collectives off; d: deferred all-gathers
       local stage=${row:1:1} n=${row:3:1} cfg mcfg=$model
       cfg=bench/configs/gpt_bf16_zero$stage.json
       [ "$stage" = 2 ] && cfg=ds_configs/gpt_bf16_zero2.json
       [[ "$row" == *u ]] && mcfg=${model%.json}_unfused.json
+      local layered=()
+      [[ "$row" == *d ]] && cfg=bench/configs/gpt_bf16_zero2_deferred.json && layered=(--layer-specs)
       need=$n
       cmd=()
       [[ "$row" == *n ]] && cmd=(env DSCPP_BENCH_NO_COMM=1)
       cmd+=("$build/launcher/dscpp" --num_gpus "$n" --master_port "$port" "$build/examples/train_gpt"
         --model-config "$mcfg" --train-data-path "$data" --deepspeed_config "$cfg"
-        --train-iters "$iters" --log-interval 10) ;;
+        --train-iters "$iters" --log-interval 10 "${layered[@]}") ;;
     pt_single | pt_single_c | pt_ddp | pt_ddp_c | pt_fsdp2 | pt_fsdp2_c)
       local mode=${row#pt_} extra=()
       mode=${mode%_c}

@@ -61,8 +61,10 @@ def main():
         # (stage, zero extra, accumulation steps, grad_accum_dtype)
         cases = [(s, None, 1, None) for s in (0, 1, 2, 3)]
         cases += [(s, None, 2, None) for s in (1, 2, 3)] + [(s, None, 2, "bf16") for s in (2, 3)]
+        cases += [(2, {"dscpp_deferred_allgather": True}, 1, None)]
         if args.quick:
-            cases = [(2, None, 1, None), (3, None, 1, None), (2, None, 2, None), (2, None, 2, "bf16")]
+            cases = [(2, None, 1, None), (3, None, 1, None), (2, None, 2, None), (2, None, 2, "bf16"),
+                     (2, {"dscpp_deferred_allgather": True}, 1, None)]
         elif model == "gpt":
             cases.append((3, {"stage3_param_persistence_threshold": 0}, 1, None))
             cases.append((3, {"stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 2000,
