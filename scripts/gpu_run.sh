@@ -150,12 +150,14 @@ if [ "${GPU_PROFILE:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes
 fi
 # GPU_13B=1: the 13 B GPT (model_zoo/configs/gpt_13B.json, activation checkpointing, micro-batch
 # 1, sequence 2048) at ZeRO-3 on 2 GPUs, layer by layer; GPU_13B_STAGE2=1 also tries stage 2.
+# GPT13B_MODEL picks another model config (model_zoo/configs/gpt_15B.json: the size that
+# should fit 2 H200s at stage 3 but not at stage 2, docs/PERFORMANCE.md).
 gpt13b() {  # gpt13b DS_CONFIG
   local limit=900
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 20))
   [ "$limit" -ge 60 ] || { echo "gpt13b: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
   timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29760 ./build-cuda/examples/train_gpt \
-    --model-config model_zoo/configs/gpt_13B.json --train-data-path .gpu/corpus/fortunes_text_document \
+    --model-config "${GPT13B_MODEL:-model_zoo/configs/gpt_13B.json}" --train-data-path .gpu/corpus/fortunes_text_document \
     --deepspeed_config "$1" --train-iters "${GPT13B_ITERS:-6}" --log-interval 1
 }
 if [ "${GPU_13B:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
