@@ -21,16 +21,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "bench/bench_util.h"
 #include "optim/cuda/fused_adam.h"
 
 namespace {
 
-void check(cudaError_t err, const char* call, const char* file, int line) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(fmt::format("{} failed: {} ({}) at {}:{}", call, cudaGetErrorName(err),
-                                         cudaGetErrorString(err), file, line));
-}
-#define CUDA_CHECK(call) check((call), #call, __FILE__, __LINE__)
+using dscpp::bench::parse_int;
 
 // Milliseconds per call of fn over `steps` calls, after `warmup` untimed ones.
 double time_ms(const std::function<void()>& fn, int warmup, int steps, cudaStream_t stream) {
@@ -47,14 +43,6 @@ double time_ms(const std::function<void()>& fn, int warmup, int steps, cudaStrea
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
   return static_cast<double>(ms) / steps;
-}
-
-int64_t parse_int(const char* s, const char* flag) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s, &end, 0);
-  if (end == s || *end != '\0' || v < 0)
-    throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative integer", flag, s));
-  return v;
 }
 
 int run(int argc, char** argv) {
@@ -154,10 +142,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "fused_adam_bench: {}\n", e.what());
-    return 1;
-  }
+  return dscpp::bench::main_of("fused_adam_bench", run, argc, argv);
 }

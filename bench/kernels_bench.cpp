@@ -34,17 +34,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "runtime/kernels/fused_ops.h"
 #include "runtime/kernels/ops_impl.h"
 
 namespace {
 
-void check(cudaError_t err, const char* call, const char* file, int line) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(fmt::format("{} failed: {} ({}) at {}:{}", call, cudaGetErrorName(err),
-                                         cudaGetErrorString(err), file, line));
-}
-#define CUDA_CHECK(call) check((call), #call, __FILE__, __LINE__)
+using dscpp::bench::parse_int;
 
 struct Options {
   int64_t tokens = 8192;  // micro-batch 8 x seq 1024
@@ -231,14 +227,6 @@ void bench_cross_entropy(const Options& o, const at::TensorOptions& opts, cudaSt
       pf, pe, 2 * nv / (1 << 30));
 }
 
-int64_t parse_int(const char* s, const char* flag) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s, &end, 0);
-  if (end == s || *end != '\0' || v < 0)
-    throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative integer", flag, s));
-  return v;
-}
-
 int run(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -286,10 +274,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "kernels_bench: {}\n", e.what());
-    return 1;
-  }
+  return dscpp::bench::main_of("kernels_bench", run, argc, argv);
 }

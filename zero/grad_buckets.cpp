@@ -35,8 +35,9 @@ double GradBuckets::post_scale() const {
 }
 
 bool GradBuckets::overwrites_partition() const {
-  // As launch() decides direct_: every bucket is reduced by every backward (finish() issues
-  // the ones backward left), each straight into its chunk of the partition.
+  // The one rule for a reduction straight into the partition (launch() applies it to an empty
+  // partition): every bucket is reduced by every backward (finish() issues the ones backward
+  // left), each by a reduce-scatter whose data is of the partition's type.
   const auto comm_type =
       options_.communication_data_type.value_or(grad_options_.dtype().toScalarType());
   return raw() && options_.scatter && options_.use_reduce_scatter && !options_.skip_collectives &&
@@ -135,7 +136,7 @@ void GradBuckets::launch(int b) {
   }
   if (options_.scatter && options_.use_reduce_scatter) {
     // Into a 16-bit partition that holds nothing yet, the collective writes the sums itself.
-    direct_[b] = raw() && fresh_ && data.scalar_type() == partition_.scalar_type();
+    direct_[b] = fresh_ && overwrites_partition();
     results_[b] = direct_[b] ? target(b) : at::empty({bucket.chunk}, data.options());
     works_[b] = group_->reduce_scatter(results_[b], data, comm::ReduceOp::kSum);
   } else {

@@ -41,6 +41,12 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
   return gaps;
 }
 
+std::optional<at::ScalarType> dtype_of(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  if (*name == "fp16") return at::kHalf;
+  if (*name == "bf16") return at::kBFloat16;
+  return at::kFloat;
+}
 }  // namespace
 
 at::ScalarType EngineCore::gradient_partition_type() const {
@@ -50,9 +56,7 @@ at::ScalarType EngineCore::gradient_partition_type() const {
   // fp32 unless data_types.grad_accum_dtype asks for the training type.
   const auto& asked = config_.data_types.grad_accum_dtype;
   if (!asked) return config_.gradient_accumulation_steps == 1 ? dtype_ : at::kFloat;
-  const at::ScalarType t = *asked == "fp16"   ? at::kHalf
-                           : *asked == "bf16" ? at::kBFloat16
-                                              : at::kFloat;
+  const at::ScalarType t = *dtype_of(asked);
   if (t != at::kFloat && t != dtype_)
     throw ConfigError("data_types.grad_accum_dtype",
                       "'" + *asked + "' is neither fp32 nor the training type (" +
@@ -60,16 +64,6 @@ at::ScalarType EngineCore::gradient_partition_type() const {
                           (dtype_ == at::kFloat ? "" : " or the training type"));
   return t;
 }
-
-namespace {
-
-std::optional<at::ScalarType> dtype_of(const std::optional<std::string>& name) {
-  if (!name) return std::nullopt;
-  if (*name == "fp16") return at::kHalf;
-  if (*name == "bf16") return at::kBFloat16;
-  return at::kFloat;
-}
-}  // namespace
 
 EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   group_ = args.group ? args.group : comm::init_distributed();
