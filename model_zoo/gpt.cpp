@@ -2,6 +2,8 @@
 // LayerSpec form.
 #include "model_zoo/gpt.h"
 
+#include <ATen/ops/empty.h>
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cross_entropy_loss.h>
@@ -14,6 +16,7 @@
 #include <iostream>
 #include <utility>
 
+#include "model_zoo/normal_init.h"
 #include "runtime/config/config_error.h"
 #include "runtime/kernels/fused_ops.h"
 #include "zero/linear.h"
@@ -22,21 +25,24 @@ namespace dscpp::model_zoo {
 
 namespace {
 
-void init_normal(const at::Tensor& w, double std) {
-  at::NoGradGuard no_grad;
-  w.normal_(0.0, std);
-}
-
 void init_zero(const at::Tensor& b) {
   at::NoGradGuard no_grad;
   b.zero_();
 }
 
-torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias = true) {
-  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
-  init_normal(l->weight, std);
+Linear make_linear(int64_t in, int64_t out, double std, bool bias = true) {
+  Linear l(in, out, bias);
+  normal_init(l->weight, std);
   if (bias) init_zero(l->bias);
   return l;
+}
+
+// An embedding table drawn by normal_init: given as the weight, torch::nn::Embedding skips
+// its own (serial) initialisation.
+torch::nn::Embedding make_embedding(int64_t rows, int64_t dim, double std) {
+  at::Tensor weight = at::empty({rows, dim});
+  normal_init(weight, std);
+  return torch::nn::Embedding(torch::nn::EmbeddingOptions(rows, dim)._weight(weight));
 }
 
 torch::nn::LayerNorm make_layer_norm(const GPTConfig& c) {
@@ -53,7 +59,7 @@ double residual_std(const GPTConfig& c) {
 
 // Every matrix product goes through zero::linear, which saves the weight parameter itself
 // for backward, so ZeRO stage 3 can release a layer between its forward and backward.
-at::Tensor linear_of(const torch::nn::Linear& l, const at::Tensor& x) {
+at::Tensor linear_of(const Linear& l, const at::Tensor& x) {
   return zero::linear(x, l->weight, l->bias);
 }
 
@@ -63,11 +69,15 @@ at::Tensor tied_head(const GPTEmbeddingImpl& embedding, const at::Tensor& x) {
 
 }  // namespace
 
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
+  weight = register_parameter("weight", at::empty({out_features, in_features}));
+  if (with_bias) bias = register_parameter("bias", at::empty({out_features}));
+}
+
 GPTEmbeddingImpl::GPTEmbeddingImpl(const GPTConfig& c) : dropout(c.hidden_dropout) {
-  word = register_module("word", torch::nn::Embedding(c.vocab_size, c.hidden_size));
-  position = register_module("position", torch::nn::Embedding(c.positions(), c.hidden_size));
-  init_normal(word->weight, c.init_method_std);
-  init_normal(position->weight, c.init_method_std);
+  word = register_module("word", make_embedding(c.vocab_size, c.hidden_size, c.init_method_std));
+  position =
+      register_module("position", make_embedding(c.positions(), c.hidden_size, c.init_method_std));
 }
 
 at::Tensor GPTEmbeddingImpl::forward(const at::Tensor& input_ids) {
@@ -246,7 +256,7 @@ std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config) {
                            .ptr();
                      },
                      [](torch::nn::Module& m, const at::Tensor& x) {
-                       auto& head = static_cast<torch::nn::LinearImpl&>(m);
+                       auto& head = static_cast<LinearImpl&>(m);
                        return zero::linear(x, head.weight, head.bias);
                      },
                      "",

@@ -18,7 +18,6 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
@@ -31,6 +30,16 @@
 #include "runtime/config/ds_config.h"
 
 namespace dscpp::model_zoo {
+
+// y = x W^T + b, with torch::nn::Linear's parameter names ("weight" [out, in], "bias" [out])
+// but without its kaiming initialisation: the GPT draws every weight itself, and a second
+// serial pass over billions of CPU parameters costs minutes. weight and bias start
+// uninitialised; bias is undefined when there is none.
+struct LinearImpl : torch::nn::Module {
+  LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(Linear);
 
 // Token plus position embedding, then dropout: input_ids [B,S] int64 -> [B,S,h].
 struct GPTEmbeddingImpl : torch::nn::Module {
@@ -48,8 +57,8 @@ struct GPTAttentionImpl : torch::nn::Module {
   explicit GPTAttentionImpl(const GPTConfig& config);
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Linear qkv{nullptr};   // [3h, h]: the rows of q, then k, then v; head-major in each
-  torch::nn::Linear proj{nullptr};  // [h, h]: the residual branch's output projection
+  Linear qkv{nullptr};   // [3h, h]: the rows of q, then k, then v; head-major in each
+  Linear proj{nullptr};  // [h, h]: the residual branch's output projection
   int64_t heads = 0;
   double dropout = 0;  // attention_dropout, on the attention probabilities
 };
@@ -60,10 +69,10 @@ struct GPTMLPImpl : torch::nn::Module {
   explicit GPTMLPImpl(const GPTConfig& config);
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Linear fc{nullptr};    // [ffn, h]
-  torch::nn::Linear proj{nullptr};  // [h, ffn]: the residual branch's output projection
-  std::string approximate;          // at::gelu's: "tanh" or "none"
-  bool fused = true;                // bias add and GELU in one kernel (bias_gelu_fusion)
+  Linear fc{nullptr};       // [ffn, h]
+  Linear proj{nullptr};     // [h, ffn]: the residual branch's output projection
+  std::string approximate;  // at::gelu's: "tanh" or "none"
+  bool fused = true;        // bias add and GELU in one kernel (bias_gelu_fusion)
 };
 TORCH_MODULE(GPTMLP);
 
@@ -105,7 +114,7 @@ struct GPTImpl : torch::nn::Module {
   GPTEmbedding embedding{nullptr};
   torch::nn::ModuleList blocks{nullptr};  // of GPTBlock
   torch::nn::LayerNorm final_norm{nullptr};
-  torch::nn::Linear head{nullptr};  // only when the embeddings are not tied: [V, h], no bias
+  Linear head{nullptr};  // only when the embeddings are not tied: [V, h], no bias
 
  private:
   GPTConfig config_;
