@@ -37,7 +37,7 @@ struct ReduceOptions {
   // all-reduce of which each rank keeps its chunk (false: more traffic, DeepSpeed's choice
   // for reductions the scatter cannot do).
   bool use_reduce_scatter = true;
-  bool overlap_comm = false;  // keep collectives in flight until finish()
+  bool overlap_comm = false;  // keep collectives in flight (two at a time) while backward runs
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   std::optional<at::ScalarType> communication_data_type;  // unset: the gradients' type
@@ -77,6 +77,7 @@ class GradBuckets {
  private:
   void launch_ready();
   void launch(int bucket);
+  void complete(int bucket);  // waits for its reduction and adds it into the partition
   bool per_bucket() const { return !flat_grads_.defined(); }
   bool raw() const { return partition_.scalar_type() != at::kFloat; }
   double post_scale() const;           // the averaging after the sum
@@ -92,8 +93,10 @@ class GradBuckets {
   std::shared_ptr<comm::ProcessGroup> group_;
   ReduceOptions options_;
   bool reducing_ = false;
-  std::vector<int> pending_;         // per bucket: parameters not yet ready
-  int next_launch_ = 0;              // buckets are issued in this order only
+  std::vector<int> pending_;  // per bucket: parameters not yet ready
+  int next_launch_ = 0;       // buckets are issued in this order only
+  int next_complete_ = 0;     // and completed in the same order
+  static constexpr int kInFlight = 2;
   std::vector<comm::Work> works_;    // per bucket, this backward
   std::vector<at::Tensor> results_;  // per bucket: the reduced data (chunk or whole bucket)
   std::vector<char> direct_;         // per bucket: results_ is the partition's own slice
