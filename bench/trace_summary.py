@@ -163,21 +163,77 @@ def phase_report(events, evs, name, gpu_span):
     launches = {e["args"]["correlation"]: float(e["ts"]) for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
 
-    def inside(e):
+    def inside(e, within):
         t = launches.get(e.get("args", {}).get("correlation"))
-        return t is not None and any(s <= t <= u for s, u in spans)
-    mine = [e for e in evs if inside(e)]
-    if not mine:
-        print(f"- `{name}`: no GPU work found by correlation")
+        return t is not None and any(s <= t <= u for s, u in within)
+    for n, span in enumerate(sorted(spans), 1):
+        mine = [e for e in evs if inside(e, [span])]
+        if not mine:
+            print(f"- `{name}`: no GPU work found by correlation")
+            continue
+        start = min(float(e["ts"]) for e in mine)
+        end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in mine)
+        by_cat = collections.defaultdict(float)
+        for e in mine:
+            by_cat[category(e["name"], e.get("cat", ""))] += float(e.get("dur", 0))
+        parts = ", ".join(f"{c} {d / 1e3:.3f} ms" for c, d in sorted(by_cat.items(), key=lambda kv: -kv[1]))
+        which = f" ({n} of {len(spans)})" if len(spans) > 1 else ""
+        print(f"- `{name}`{which}'s GPU work: {len(mine)} kernels/copies in a window of {(end - start) / 1e3:.3f} ms "
+              f"({100 * (end - start) / gpu_span:.1f}% of the GPU span); kernel time by category: {parts}")
+
+
+def exposed_report(events, evs, compute_stream):
+    """With two or more consecutive steps in the trace: what each optimizer step costs the
+    compute stream. From the backward's last compute kernel to the next forward's first, plus
+    the time the next forward's compute stream sits idle while this step's all-gathers still
+    run (dscpp_deferred_allgather leaves them to overlap that forward; idle there is waiting
+    for a layer's parameters, or the host). Against the step's period, next forward start to
+    this forward start."""
+    phases = {p: sorted(annotation_spans(events, "train_gpt::" + p)) for p in ("forward", "backward", "optimizer")}
+    n = min(len(v) for v in phases.values())
+    if n < 2:
         return
-    start = min(float(e["ts"]) for e in mine)
-    end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in mine)
-    by_cat = collections.defaultdict(float)
-    for e in mine:
-        by_cat[category(e["name"], e.get("cat", ""))] += float(e.get("dur", 0))
-    parts = ", ".join(f"{c} {d / 1e3:.3f} ms" for c, d in sorted(by_cat.items(), key=lambda kv: -kv[1]))
-    print(f"- `{name}`'s GPU work: {len(mine)} kernels/copies in a window of {(end - start) / 1e3:.3f} ms "
-          f"({100 * (end - start) / gpu_span:.1f}% of the GPU span); kernel time by category: {parts}")
+    launches = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+
+    def launched_in(span):
+        s, u = span
+        return [e for e in evs if s <= launches.get(e.get("args", {}).get("correlation"), -1.0) <= u]
+
+    def is_nccl(e):
+        return category(e["name"], e.get("cat", "")) == "NCCL"
+
+    def stream(e):
+        return e.get("args", {}).get("stream", e.get("tid"))
+
+    compute = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in evs
+                     if not is_nccl(e) and stream(e) == compute_stream)
+    merged_compute = merged(compute)
+    first_fwd = []
+    for i in range(n):
+        k = [float(e["ts"]) for e in launched_in(phases["forward"][i]) if not is_nccl(e)]
+        first_fwd.append(min(k) if k else None)
+    print("\n## Optimizer steps against the next forward (compute stream)")
+    for i in range(n - 1):
+        bwd = [float(e["ts"]) + float(e.get("dur", 0)) for e in launched_in(phases["backward"][i]) if not is_nccl(e)]
+        opt = launched_in(phases["optimizer"][i])
+        ag_end = max((float(e["ts"]) + float(e.get("dur", 0)) for e in opt if is_nccl(e)), default=None)
+        f0, f1 = first_fwd[i], first_fwd[i + 1]
+        if not bwd or f0 is None or f1 is None:
+            continue
+        gap = f1 - max(bwd)
+        idle = 0.0
+        if ag_end is not None and ag_end > f1:
+            idle = (ag_end - f1) - overlap_with([(f1, ag_end)], merged_compute)
+        period = f1 - f0
+        # Before the optimizer's first kernel: backward's last reductions still running.
+        tail = max(0.0, min((float(e["ts"]) for e in opt if not is_nccl(e)), default=max(bwd)) - max(bwd))
+        own = gap - tail + idle
+        print(f"- step {i + 1} of the trace: backward's last compute kernel to the next forward's first "
+              f"{gap / 1e3:.3f} ms; the next forward's compute stream idle while this step's all-gathers run "
+              f"{idle / 1e3:.3f} ms; exposed {(gap + idle) / 1e3:.3f} ms of a {period / 1e3:.3f} ms step "
+              f"({100 * (gap + idle) / period:.1f}%); of it before the optimizer's first kernel (backward's "
+              f"last reductions) {tail / 1e3:.3f} ms, from it on {own / 1e3:.3f} ms ({100 * own / period:.1f}%)")
 
 
 def summarise_gpu(events, gpu, top, annotation):
@@ -219,6 +275,8 @@ def summarise_gpu(events, gpu, top, annotation):
                 print("- other streams' non-NCCL busy time: " +
                       ", ".join(f"{k}: {v / 1e3:.3f} ms" for k, v in sorted(others.items(), key=lambda kv: -kv[1])))
         phase_report(events, evs, "train_gpt::optimizer", span1 - span0)
+        if per_stream:
+            exposed_report(events, evs, main)
         if nccl:
             n_total = sum(t - s for s, t in nccl)
             n_union = union_length(nccl)

@@ -16,6 +16,14 @@
 // every rank to PATH with "-rank<R>" before the extension with --profile-all-ranks. The step is
 // bracketed by device synchronisations and left out of its interval's tokens/s; its loss still
 // counts. The step carries user scopes train_gpt::step, ::forward, ::backward, ::optimizer.
+// --profile-steps K records K consecutive steps from N into the one trace, with no
+// synchronisation between them: what a step leaves in flight (dscpp_deferred_allgather's
+// all-gathers) shows against the next step's forward.
+//
+// --memory-snapshot PATH (CUDA) records the caching allocator's history (C++ stacks included)
+// from the start of step --memory-snapshot-step (default 2: the first step allocates what
+// stays) to its end, and writes the pickle torch.cuda.memory._dump_snapshot would write
+// (https://pytorch.org/memory_viz, or bench/memory_peak.py for the live blocks at the peak).
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
@@ -39,6 +47,7 @@
 #ifdef DSCPP_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/cuda/memory_snapshot.h>
 #endif
 
 namespace po = boost::program_options;
@@ -57,6 +66,9 @@ struct Args {
   int64_t train_iters = 100, save_interval = 0, log_interval = 10, seed = 1234;
   double peak_tflops = 0;
   int64_t profile_step = 0;  // 0: no profiling
+  int64_t profile_steps = 1;
+  std::string memory_snapshot;  // empty: none
+  int64_t memory_snapshot_step = 2;
   std::string profile_out = "train_gpt_trace.json";
   bool profile_all_ranks = false;
   bool layer_specs = false;  // the GPT as LayerSpecs at any stage (always at stage 3)
@@ -82,6 +94,12 @@ Args parse(int argc, char** argv) {
       "peak; none on the CPU)")(
       "profile-step", po::value(&a.profile_step)->default_value(0),
       "record optimizer step N (1-based) with the Kineto profiler (0: off)")(
+      "profile-steps", po::value(&a.profile_steps)->default_value(1),
+      "record this many consecutive steps from --profile-step into the one trace")(
+      "memory-snapshot", po::value(&a.memory_snapshot),
+      "CUDA: write the caching allocator's history of one step (a memory_viz pickle) here")(
+      "memory-snapshot-step", po::value(&a.memory_snapshot_step)->default_value(2),
+      "the step --memory-snapshot records (1-based)")(
       "profile-out", po::value(&a.profile_out)->default_value(a.profile_out),
       "Chrome trace JSON written by --profile-step")(
       "profile-all-ranks", po::bool_switch(&a.profile_all_ranks),
@@ -97,6 +115,9 @@ Args parse(int argc, char** argv) {
     std::exit(0);
   }
   po::notify(vm);
+  if (a.profile_steps < 1)
+    throw std::invalid_argument("--profile-steps: expected a count >= 1, found " +
+                                std::to_string(a.profile_steps));
   return a;
 }
 
@@ -160,6 +181,38 @@ class StepProfiler {
   at::Device device_;
   std::string path_;
 };
+
+// A batch onto the engine's device. On a GPU through pinned memory and without blocking: a
+// pageable copy would hold the host until the stream's queued work (the last step's optimizer)
+// has run, and the next forward could not be queued behind it.
+at::Tensor to_device(const at::Tensor& t, at::Device device) {
+  if (!device.is_cuda()) return t.to(device);
+  return t.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+// The CUDA caching allocator's history with C++ stacks (torch.cuda.memory._record_memory_history
+// from C++); a no-op off CUDA.
+void memory_history(at::Device device, bool on) {
+#ifdef DSCPP_CUDA
+  if (!device.is_cuda()) return;
+  if (on)
+    torch::cuda::_record_memory_history(std::optional<std::string>("all"),
+                                        std::optional<std::string>("all"), "all", 1000000);
+  else
+    torch::cuda::_record_memory_history(std::optional<std::string>(std::nullopt));
+#else
+  (void)device;
+  (void)on;
+#endif
+}
+
+void write_memory_snapshot(const std::string& path) {
+#ifdef DSCPP_CUDA
+  std::ofstream(path, std::ios::binary) << torch::cuda::_memory_snapshot_pickled();
+#else
+  throw std::runtime_error("--memory-snapshot " + path + ": needs the CUDA build");
+#endif
+}
 
 // PATH for rank 0 alone; PATH with "-rank<R>" before its extension when every rank writes.
 std::string profile_path(const std::string& path, int rank, bool all_ranks) {
@@ -251,17 +304,21 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = first; step < args.train_iters; ++step) {
     const int64_t done = step + 1;
-    const bool profiled = done == args.profile_step;
+    const bool profiled = args.profile_step > 0 && done >= args.profile_step &&
+                          done < args.profile_step + args.profile_steps;
+    const bool snapshot = !args.memory_snapshot.empty() && done == args.memory_snapshot_step;
+    const bool untimed = profiled || snapshot;
     // The steps before keep their queued kernels inside their own timing.
-    if (profiled) device_sync(engine.device());
+    if (untimed && (snapshot || done == args.profile_step)) device_sync(engine.device());
     const auto p0 = std::chrono::steady_clock::now();
-    if (profiled && profiler) profiler->start();
+    if (profiled && done == args.profile_step && profiler) profiler->start();
+    if (snapshot && rank == 0) memory_history(engine.device(), true);
     {
       RECORD_USER_SCOPE("train_gpt::step");
       for (int64_t m = 0; m < ga; ++m) {
         auto batch = loader.next();
-        at::Tensor input = batch->input.to(engine.device()),
-                   target = batch->target.to(engine.device());
+        at::Tensor input = to_device(batch->input, engine.device()),
+                   target = to_device(batch->target, engine.device());
         at::Tensor loss;
         {
           RECORD_USER_SCOPE("train_gpt::forward");
@@ -280,12 +337,21 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
       }
     }
     ++interval_steps;
-    if (profiled) {
-      // Out of the interval's timing: the profiled step, its synchronisations and the save.
-      if (profiler) {
+    if (untimed) {
+      // Out of the interval's timing: the profiled steps, their synchronisations and the saves.
+      if (profiled && done == args.profile_step + args.profile_steps - 1 && profiler) {
         profiler->stop();
-        std::cout << fmt::format("[train_gpt] rank {} profiled step {} into {}\n", rank, done,
+        std::cout << fmt::format("[train_gpt] rank {} profiled steps {}-{} into {}\n", rank,
+                                 args.profile_step, done,
                                  profile_path(args.profile_out, rank, args.profile_all_ranks))
+                  << std::flush;
+      }
+      if (snapshot && rank == 0) {
+        device_sync(engine.device());
+        write_memory_snapshot(args.memory_snapshot);
+        memory_history(engine.device(), false);
+        std::cout << fmt::format("[train_gpt] memory history of step {} in {}\n", done,
+                                 args.memory_snapshot)
                   << std::flush;
       }
       t0 += std::chrono::steady_clock::now() - p0;

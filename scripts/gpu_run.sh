@@ -13,8 +13,9 @@
 #                   to 1 GiB) with NCCL's defaults, then with NCCL_MIN_NCHANNELS=32 -> comm_ag.log
 #   GPU_TABLE=1     bench/gpt_table.sh: issue 7's table (ROWS, LOGDIR, ... as that script says;
 #                   it replaces the default GPT benchmark, whose rows it holds); -> gpt_table.md
-#   GPU_PROFILE=1   one step (15 of 20) of dscpp ZeRO-2 on 2 GPUs under Kineto: gzipped traces
-#                   profile-rank{0,1}.json.gz and bench/trace_summary.py's profile_summary.md
+#   GPU_PROFILE=1   two steps (14 and 15 of 20) of dscpp ZeRO-2 on 2 GPUs under Kineto: gzipped
+#                   traces profile-rank{0,1}.json.gz and bench/trace_summary.py's profile_summary.md
+#                   (GPU_PROFILE_DEFERRED=1: the d2x2d run, deferred all-gathers and LayerSpecs)
 #   GPU_PROFILE_ADAM="2 0"  after GPU_PROFILE, one more profile per value with
 #                   DSCPP_ADAM_BLOCKS_PER_SM set to it -> profile_summary_adam<V>.md
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
@@ -112,14 +113,17 @@ if [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ] && [ "$tes
 fi
 # Issue 7's table: dscpp ZeRO 0-3 on 1 and 2 GPUs beside PyTorch single/DDP/FSDP2, eager and
 # compiled, in this call. Under GPU_DEADLINE_S it gets what is left, less the profile's share.
-gpt_profile() {  # one profiled ZeRO-2 step on 2 GPUs, every rank's trace, then their summaries
+gpt_profile() {  # two profiled ZeRO-2 steps on 2 GPUs, every rank's trace, then their summaries
   local tag=${1:-} trace=$out/profile${1:-}.json limit=600
+  local cfg=(--deepspeed_config ds_configs/gpt_bf16_zero2.json)
+  [ "${GPU_PROFILE_DEFERRED:-0}" = 1 ] &&
+    cfg=(--deepspeed_config bench/configs/gpt_bf16_zero2_deferred.json --layer-specs)
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 10))
   [ "$limit" -ge 45 ] || { echo "gpt_profile: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
   timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29740 ./build-cuda/examples/train_gpt \
     --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
-    --deepspeed_config ds_configs/gpt_bf16_zero2.json --train-iters 20 --log-interval 10 \
-    --profile-step 15 --profile-out "$trace" --profile-all-ranks || return 1
+    "${cfg[@]}" --train-iters 20 --log-interval 10 \
+    --profile-step 14 --profile-steps 2 --profile-out "$trace" --profile-all-ranks || return 1
   if [ -n "$tag" ]; then  # a variant: its summaries only (a device call returns 8 files)
     python3 bench/trace_summary.py "$out/profile$tag-rank0.json" >"$out/profile_summary$tag.md" &&
       python3 bench/trace_summary.py "$out/profile$tag-rank1.json" >>"$out/profile_summary$tag.md"
@@ -138,6 +142,7 @@ if [ "${GPU_TABLE:-0}" = 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ] &&
     budget=$((GPU_DEADLINE_S - SECONDS - 15))
     [ "${GPU_PROFILE:-0}" = 1 ] && budget=$((budget - 75 * (1 + $(wc -w <<<"${GPU_PROFILE_ADAM:-}"))))
     [ "${GPU_13B:-0}" = 1 ] && budget=$((budget - 240))
+    [ "${GPU_BIG:-0}" = 1 ] && budget=$((budget - 300))
     [ "$budget" -lt 1 ] && budget=1
   fi
   step gpt_table env OUT="$out" BUDGET_S="$budget" bash bench/gpt_table.sh
@@ -151,21 +156,39 @@ fi
 # GPU_13B=1: the 13 B GPT (model_zoo/configs/gpt_13B.json, activation checkpointing, micro-batch
 # 1, sequence 2048) at ZeRO-3 on 2 GPUs, layer by layer; GPU_13B_STAGE2=1 also tries stage 2.
 # GPT13B_MODEL picks another model config (model_zoo/configs/gpt_15B.json: the size that
-# should fit 2 H200s at stage 3 but not at stage 2, docs/PERFORMANCE.md).
-gpt13b() {  # gpt13b DS_CONFIG
+# should fit 2 H200s at stage 3 but not at stage 2, docs/PERFORMANCE.md). GPU_13B_MEMSNAP=1: the
+# stage-3 run records step 2's allocator history (memsnap_zero3.pickle.gz, for
+# https://pytorch.org/memory_viz) and bench/memory_peak.py lists what is live at its peak.
+gpt13b() {  # gpt13b DS_CONFIG [SNAPSHOT] [MODEL_CONFIG]
   local limit=900
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 20))
   [ "$limit" -ge 60 ] || { echo "gpt13b: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
-  timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29760 ./build-cuda/examples/train_gpt \
-    --model-config "${GPT13B_MODEL:-model_zoo/configs/gpt_13B.json}" --train-data-path .gpu/corpus/fortunes_text_document \
-    --deepspeed_config "$1" --train-iters "${GPT13B_ITERS:-6}" --log-interval 1
+  local snap=()
+  [ -n "${2:-}" ] && snap=(--memory-snapshot "$2" --memory-snapshot-step 2)
+  TORCH_SYMBOLIZE_MODE=dladdr timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29760 \
+    ./build-cuda/examples/train_gpt --model-config "${3:-${GPT13B_MODEL:-model_zoo/configs/gpt_13B.json}}" \
+    --train-data-path .gpu/corpus/fortunes_text_document \
+    --deepspeed_config "$1" --train-iters "${GPT13B_ITERS:-6}" --log-interval 1 "${snap[@]}" || return 1
+  if [ -n "${2:-}" ]; then
+    python3 bench/memory_peak.py "$2" >"$out/memory_peak.md" && gzip -f "$2"
+  fi
 }
 if [ "${GPU_13B:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
-  step gpt13b_zero3 gpt13b bench/configs/gpt_13B_zero3.json
+  snap=""
+  [ "${GPU_13B_MEMSNAP:-0}" = 1 ] && snap=$out/memsnap_zero3.pickle
+  step gpt13b_zero3 gpt13b bench/configs/gpt_13B_zero3.json "$snap"
   if [ "${GPU_13B_STAGE2:-0}" = 1 ]; then
     sed 's/"stage": 3/"stage": 2/' bench/configs/gpt_13B_zero3.json >"$out/gpt_13B_zero2.json"
     step gpt13b_zero2 gpt13b "$out/gpt_13B_zero2.json"
   fi
+fi
+# GPU_BIG=1: then a model sized to fit 2 H200s at stage 3 but not at stage 2 (GPU_BIG_MODEL,
+# default model_zoo/configs/gpt_17B.json, 17.26 B), at stage 3 and then at stage 2.
+if [ "${GPU_BIG:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+  big=${GPU_BIG_MODEL:-model_zoo/configs/gpt_17B.json}
+  sed 's/"stage": 3/"stage": 2/' bench/configs/gpt_13B_zero3.json >"$out/gpt_13B_zero2.json"
+  step gptbig_zero3 gpt13b bench/configs/gpt_13B_zero3.json "" "$big"
+  step gptbig_zero2 gpt13b "$out/gpt_13B_zero2.json" "" "$big"
 fi
 # The suite last: the figures above come back even if the call's time runs out here.
 ctest_limit=100000
@@ -187,8 +210,13 @@ grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
 grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
 grep -E "^gpt_table: " "$out/gpt_table.log" 2>/dev/null  # each row's wall time
 cat "$out/gpt_table.md" 2>/dev/null
-[ -f "$out/profile_summary.md" ] && head -40 "$out/profile_summary.md"
-grep -hE "train_gpt\] (GPT|step)|out of memory|Error" "$out"/gpt13b_*.log 2>/dev/null | cut -c1-400
+for f in "$out"/profile_summary*.md; do
+  [ -f "$f" ] && { echo "## $(basename "$f")"; grep -E "^# GPU|GPU span|s GPU work|exposed|compute stream" "$f"; }
+done
+[ -f "$out/memory_peak.md" ] && head -40 "$out/memory_peak.md"
+for f in "$out"/gpt13b_*.log "$out"/gptbig_*.log; do
+  [ -f "$f" ] && { echo "## $(basename "$f")"; grep -hE "train_gpt\] (GPT|start-up|step|memory)|out of memory|Error" "$f" | cut -c1-400; }
+done
 printf '%s\n' "${summary[@]}"
 # At most 8 files come back from a device call: pack the logs when there are more.
 if [ "$(find "$out" -type f | wc -l)" -gt 8 ]; then
