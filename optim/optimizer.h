@@ -53,8 +53,17 @@ class Optimizer {
   // gradient. ZeRO uses it to all-gather a bucket while the next one updates.
   virtual bool elementwise() const { return false; }
   void begin_step();
+  // param_copy (optional): a 16-bit tensor of end - begin elements that receives the updated
+  // parameters (ZeRO's published weights): written by the update itself when
+  // writes_param_copy(), else copied from the range after it.
   void update_range(int shard, int64_t begin, int64_t end, const at::Tensor& grad,
-                    const at::Tensor& grad_scale = {});
+                    const at::Tensor& grad_scale = {}, const at::Tensor& param_copy = {});
+  // Whether update() writes a param_copy like `copy` itself (the fused CUDA Adam, from its
+  // registers, a bf16 or fp16 one).
+  virtual bool writes_param_copy(const at::Tensor& copy) const {
+    (void)copy;
+    return false;
+  }
 
   // The learning rate and first momentum coefficient of every group, as LR schedules set
   // them (DeepSpeed's schedulers write param_group["lr"]; OneCycle writes "betas" only, so it
@@ -89,6 +98,7 @@ class Optimizer {
   // step() (set only for optimizers that fuse it, during step).
   virtual void update(Shard& s, const at::Tensor& grad) = 0;
   const at::Tensor* grad_scale_ = nullptr;
+  const at::Tensor* param_copy_ = nullptr;  // during update_range, when writes_param_copy()
   static bool gradient_type(const at::Tensor& grad);  // fp32, bf16 or fp16
   at::Tensor as_read(const at::Tensor& grad) const;   // what update() is given
   // Checks a group's hyper-parameters and fills the defaults; ConfigError names path.key.

@@ -83,7 +83,7 @@ void Optimizer::begin_step() {
 }
 
 void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Tensor& grad,
-                             const at::Tensor& grad_scale) {
+                             const at::Tensor& grad_scale, const at::Tensor& param_copy) {
   if (grad_scale.defined() && !fuses_grad_scale())
     throw std::invalid_argument(name() + ": this optimizer takes no grad_scale");
   Shard& s = shards_.at(shard);
@@ -95,9 +95,16 @@ void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Te
   // A shard of views: the update writes through them into the shard and its state.
   Shard part{s.param.slice(0, begin, end), s.hyper, {}, s.steps};
   for (auto& [key, t] : s.state) part.state[key] = t.slice(0, begin, end);
+  if (param_copy.defined() && param_copy.numel() != end - begin)
+    throw std::invalid_argument(fmt::format("{}: param_copy of {} elements for a range of {}",
+                                            name(), param_copy.numel(), end - begin));
+  const bool writes = param_copy.defined() && writes_param_copy(param_copy);
   grad_scale_ = grad_scale.defined() ? &grad_scale : nullptr;
+  param_copy_ = writes ? &param_copy : nullptr;
   update(part, as_read(grad.reshape({-1})));
   grad_scale_ = nullptr;
+  param_copy_ = nullptr;
+  if (param_copy.defined() && !writes) param_copy.copy_(part.param);
 }
 
 // With no shard yet, the defaults are what a schedule reads and writes.
@@ -210,6 +217,10 @@ class Adam final : public Algorithm {
   bool reads_16bit_grads() const override {
     return fuses_grad_scale();
   }
+  bool writes_param_copy(const at::Tensor& copy) const override {
+    const auto type = copy.scalar_type();
+    return fuses_grad_scale() && (type == at::kBFloat16 || type == at::kHalf);
+  }
 
   void init_state(Shard& s) override {
     s.state["exp_avg"] = at::zeros_like(s.param);
@@ -236,6 +247,7 @@ class Adam final : public Algorithm {
       a.bias_correction = flag(h, "bias_correction");
       a.adam_w_mode = decoupled_;
       if (grad_scale_) a.grad_scale = grad_scale_;
+      if (param_copy_) a.param_copy = param_copy_;
       cuda::fused_adam_step(p, grad.contiguous(), m, v, a);
       return;
     }

@@ -246,10 +246,16 @@ void ZeroOptimizer::step_by_bucket(const at::Tensor& grad_scale) {
     const int i = defer ? n - 1 - k : k;
     const auto& b = layout_.buckets[i];
     const int64_t in_shard = b.part_offset - layout_.groups[b.group].part_begin;
+    // The update writes the chunk's 16-bit copy too; on a GPU straight into this rank's
+    // place in the bucket, which the all-gather then fills in place around it.
+    at::Tensor whole = flat_params_.slice(0, b.begin, b.end);
+    at::Tensor mine = in_place_gather()
+                          ? whole.slice(0, group_->rank() * b.chunk, (group_->rank() + 1) * b.chunk)
+                          : at::empty({b.chunk}, flat_params_.options());
     optimizer_->update_range(b.group, in_shard, in_shard + b.chunk,
                              update_grad(b.part_offset, b.part_offset + b.chunk, grad_scale),
-                             optimizer_->fuses_grad_scale() ? grad_scale : at::Tensor());
-    comm::Work w = publish_bucket(i);
+                             optimizer_->fuses_grad_scale() ? grad_scale : at::Tensor(), mine);
+    comm::Work w = gather_chunks(whole, mine);
     if (!defer) {
       works.push_back(std::move(w));
     } else if (w.defined()) {
@@ -260,14 +266,22 @@ void ZeroOptimizer::step_by_bucket(const at::Tensor& grad_scale) {
   for (auto& w : works) w.wait();
 }
 
+bool ZeroOptimizer::in_place_gather() const {
+  // NCCL all-gathers in place (the input at the rank's offset in the output); Gloo's is
+  // not documented to, so on the CPU the chunk goes through its own tensor.
+  return flat_params_.defined() && flat_params_.is_cuda();
+}
+
 comm::Work ZeroOptimizer::gather_chunks(at::Tensor whole, const at::Tensor& mine) {
+  const int64_t r = group_->rank();
+  at::Tensor place = whole.slice(0, r * mine.numel(), (r + 1) * mine.numel());
+  const bool in_place = place.data_ptr() == mine.data_ptr();
   if (options_.skip_collectives) {  // only this rank's chunk is current
-    const int64_t r = group_->rank();
-    whole.slice(0, r * mine.numel(), (r + 1) * mine.numel()).copy_(mine);
+    if (!in_place) place.copy_(mine);
     return comm::Work();
   }
   if (group_->size() > 1) return group_->all_gather(whole, mine);
-  whole.copy_(mine);
+  if (!in_place) whole.copy_(mine);
   return comm::Work();
 }
 

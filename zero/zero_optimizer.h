@@ -148,6 +148,7 @@ class ZeroOptimizer {
   // Fills `whole` (a bucket) with every rank's `mine` (its chunk): an all-gather, or a copy on
   // one rank (an empty Work then).
   comm::Work gather_chunks(at::Tensor whole, const at::Tensor& mine);
+  bool in_place_gather() const;  // whether a chunk is updated in its place in the bucket
   // Stages 1-2: bucket i's updated chunk, cast to the parameters' type, into every rank's
   // flat parameter buffer.
   comm::Work publish_bucket(int i);

@@ -15,17 +15,20 @@ namespace dscpp::optim::cuda {
 namespace {
 
 void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& param,
-                  bool sixteen_bit_ok = false) {
+                  bool sixteen_bit_ok = false, bool fp32_ok = true) {
   if (!t.defined())
     throw std::invalid_argument(fmt::format("fused_adam_step: {} is undefined", what));
   if (!t.is_cuda())
     throw std::invalid_argument(
         fmt::format("fused_adam_step: {} is on {}, not a CUDA device", what, t.device().str()));
   const auto type = t.scalar_type();
-  if (type != at::kFloat && !(sixteen_bit_ok && (type == at::kBFloat16 || type == at::kHalf)))
-    throw std::invalid_argument(fmt::format("fused_adam_step: {} is {}, not fp32{}", what,
+  const bool sixteen = type == at::kBFloat16 || type == at::kHalf;
+  if (!(fp32_ok && type == at::kFloat) && !(sixteen_bit_ok && sixteen))
+    throw std::invalid_argument(fmt::format("fused_adam_step: {} is {}, not {}", what,
                                             c10::toString(type),
-                                            sixteen_bit_ok ? ", bf16 or fp16" : ""));
+                                            !fp32_ok         ? "bf16 or fp16"
+                                            : sixteen_bit_ok ? "fp32, bf16 or fp16"
+                                                             : "fp32"));
   if (!t.is_contiguous())
     throw std::invalid_argument(fmt::format("fused_adam_step: {} is not contiguous", what));
   if (t.device() != param.device())
@@ -72,6 +75,13 @@ void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
           "fused_adam_step: grad_scale must be one fp32 element on the param's device");
     grad_scale = gs.data_ptr<float>();
   }
+  void* copy = nullptr;
+  CopyType copy_type = CopyType::kBFloat16;
+  if (a.param_copy) {
+    check_tensor(*a.param_copy, "param_copy", param, /*sixteen_bit_ok=*/true, /*fp32_ok=*/false);
+    copy = a.param_copy->data_ptr();
+    if (a.param_copy->scalar_type() == at::kHalf) copy_type = CopyType::kHalf;
+  }
   const c10::cuda::CUDAGuard guard(param.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(param.device().index()).stream();
   const GradType g_type = grad.scalar_type() == at::kBFloat16 ? GradType::kBFloat16
@@ -79,7 +89,7 @@ void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
                                                               : GradType::kFloat;
   launch_fused_adam(param.data_ptr<float>(), grad.const_data_ptr(), g_type,
                     exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), param.numel(), s,
-                    grad_scale, stream);
+                    grad_scale, copy, copy_type, stream);
 }
 
 }  // namespace dscpp::optim::cuda

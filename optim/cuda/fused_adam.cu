@@ -11,6 +11,7 @@ namespace {
 
 // The error check and the element conversions are runtime/kernels' (one copy of each).
 using kernels::cuda::check;
+using kernels::cuda::from_float;
 using kernels::cuda::to_float;
 #define DSCPP_CUDA_CHECK(call) check((call), #call, __FILE__, __LINE__)
 
@@ -43,13 +44,27 @@ __device__ __forceinline__ float4 load4(const G* g) {  // 16-bit: four elements 
   return make_float4(to_float(e[0]), to_float(e[1]), to_float(e[2]), to_float(e[3]));
 }
 
-// Elements [head, head + 4*nvec) go four at a time (all four arrays aligned for four
-// elements there); the rest, [0, head) and [head + 4*nvec, n), one at a time.
-template <typename G>
+// Four 16-bit copies of updated parameters to an address aligned for four, in 8 bytes.
+template <typename C>
+__device__ __forceinline__ void store4(C* q, const float4& x) {
+  uint2 raw;
+  C* e = reinterpret_cast<C*>(&raw);
+  e[0] = from_float<C>(x.x);
+  e[1] = from_float<C>(x.y);
+  e[2] = from_float<C>(x.z);
+  e[3] = from_float<C>(x.w);
+  *reinterpret_cast<uint2*>(q) = raw;
+}
+
+// Elements [head, head + 4*nvec) go four at a time (all arrays aligned for four elements
+// there); the rest, [0, head) and [head + 4*nvec, n), one at a time. q (may be null): the
+// updated parameters' 16-bit copy, written from the registers, so that ZeRO's publication
+// needs no second pass re-reading the fp32 parameters.
+template <typename G, typename C>
 __global__ void __launch_bounds__(kThreads)
     fused_adam_kernel(float* __restrict__ p, const G* __restrict__ g, float* __restrict__ m,
-                      float* __restrict__ v, int64_t n, int64_t head, int64_t nvec,
-                      FusedAdamScalars s, const float* __restrict__ grad_scale) {
+                      float* __restrict__ v, C* __restrict__ q, int64_t n, int64_t head,
+                      int64_t nvec, FusedAdamScalars s, const float* __restrict__ grad_scale) {
   // g * scale rounds once, as the separate multiply it replaces did: __fmul_rn, which the
   // compiler never contracts into an fma with what follows (it did for 16-bit gradients).
   const float gs = grad_scale ? __ldg(grad_scale) : 1.0f;
@@ -70,6 +85,7 @@ __global__ void __launch_bounds__(kThreads)
     p4[i] = pp;
     m4[i] = mm;
     v4[i] = vv;
+    if (q) store4(q + head + 4 * i, pp);
   }
   const int64_t body = 4 * nvec;
   const int64_t rest = n - body;
@@ -80,12 +96,13 @@ __global__ void __launch_bounds__(kThreads)
     p[j] = pj;
     m[j] = mj;
     v[j] = vj;
+    if (q) q[j] = from_float<C>(pj);
   }
 }
 
-template <typename G>
-void launch_typed(float* p, const G* g, float* m, float* v, int64_t n, const FusedAdamScalars& s,
-                  const float* grad_scale, cudaStream_t stream) {
+template <typename G, typename C>
+void launch_typed(float* p, const G* g, float* m, float* v, C* q, int64_t n,
+                  const FusedAdamScalars& s, const float* grad_scale, cudaStream_t stream) {
   // Vectorise when the four arrays sit at the same element offset from a four-element
   // boundary: a scalar head brings them to it, a scalar tail ends the body.
   const auto element_misalign = [](const void* ptr, size_t size) -> int64_t {
@@ -96,7 +113,8 @@ void launch_typed(float* p, const G* g, float* m, float* v, int64_t n, const Fus
   const int64_t off = element_misalign(p, sizeof(float));
   int64_t head = n, nvec = 0;
   if (off >= 0 && element_misalign(g, sizeof(G)) == off &&
-      element_misalign(m, sizeof(float)) == off && element_misalign(v, sizeof(float)) == off) {
+      element_misalign(m, sizeof(float)) == off && element_misalign(v, sizeof(float)) == off &&
+      (q == nullptr || element_misalign(q, sizeof(C)) == off)) {
     head = off == 0 ? 0 : 4 - off;
     if (head > n) head = n;
     nvec = (n - head) / 4;
@@ -106,7 +124,7 @@ void launch_typed(float* p, const G* g, float* m, float* v, int64_t n, const Fus
   DSCPP_CUDA_CHECK(cudaGetDevice(&device));
   DSCPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   DSCPP_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_adam_kernel<G>, kThreads, 0));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_adam_kernel<G, C>, kThreads, 0));
   // One full wave of resident blocks (no half-empty last wave); the grid-stride loop does
   // the rest. DSCPP_ADAM_BLOCKS_PER_SM (a measurement's knob, see docs/PERFORMANCE.md) caps
   // the resident blocks per SM, leaving room for a collective's blocks beside the update;
@@ -121,23 +139,36 @@ void launch_typed(float* p, const G* g, float* m, float* v, int64_t n, const Fus
   int64_t blocks = (work + kThreads - 1) / kThreads;
   if (cap != 0 && blocks > max_blocks) blocks = max_blocks;
   if (blocks < 1) blocks = 1;
-  fused_adam_kernel<G><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, g, m, v, n, head,
-                                                                               nvec, s, grad_scale);
+  fused_adam_kernel<G, C><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      p, g, m, v, q, n, head, nvec, s, grad_scale);
   DSCPP_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename G>
+void launch_copy_typed(float* p, const G* g, float* m, float* v, int64_t n,
+                       const FusedAdamScalars& s, const float* grad_scale, void* copy,
+                       CopyType copy_type, cudaStream_t stream) {
+  if (copy_type == CopyType::kHalf)
+    return launch_typed(p, g, m, v, static_cast<__half*>(copy), n, s, grad_scale, stream);
+  launch_typed(p, g, m, v, static_cast<__nv_bfloat16*>(copy), n, s, grad_scale, stream);
 }
 
 }  // namespace
 
 void launch_fused_adam(float* p, const void* g, GradType g_type, float* m, float* v, int64_t n,
-                       const FusedAdamScalars& s, const float* grad_scale, cudaStream_t stream) {
+                       const FusedAdamScalars& s, const float* grad_scale, void* copy,
+                       CopyType copy_type, cudaStream_t stream) {
   if (n <= 0) return;
   switch (g_type) {
     case GradType::kFloat:
-      return launch_typed(p, static_cast<const float*>(g), m, v, n, s, grad_scale, stream);
+      return launch_copy_typed(p, static_cast<const float*>(g), m, v, n, s, grad_scale, copy,
+                               copy_type, stream);
     case GradType::kBFloat16:
-      return launch_typed(p, static_cast<const __nv_bfloat16*>(g), m, v, n, s, grad_scale, stream);
+      return launch_copy_typed(p, static_cast<const __nv_bfloat16*>(g), m, v, n, s, grad_scale,
+                               copy, copy_type, stream);
     case GradType::kHalf:
-      return launch_typed(p, static_cast<const __half*>(g), m, v, n, s, grad_scale, stream);
+      return launch_copy_typed(p, static_cast<const __half*>(g), m, v, n, s, grad_scale, copy,
+                               copy_type, stream);
   }
 }
 

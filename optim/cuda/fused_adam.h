@@ -23,12 +23,16 @@ struct AdamArgs {
   // A 0-dim fp32 tensor on the shard's device: the gradient counts as grad * grad_scale
   // (read on the device, so the host never waits for it). nullptr: 1.
   const at::Tensor* grad_scale = nullptr;
+  // A bf16 or fp16 tensor of the param's numel on its device (contiguous) that receives the
+  // updated parameters, rounded to nearest even as Tensor::to() rounds: ZeRO's 16-bit
+  // weights written from the kernel's registers instead of by a second pass. nullptr: none.
+  const at::Tensor* param_copy = nullptr;
 };
 
 // Updates param, exp_avg and exp_avg_sq in place from grad. All four: defined, fp32 (grad
 // also bf16 or fp16), contiguous, of the same numel, on the same CUDA device (any storage
-// offset). Throws
-// std::invalid_argument naming the tensor that is not, std::runtime_error on a CUDA error.
+// offset); a.param_copy as its comment says. Throws std::invalid_argument naming the tensor
+// that is not, std::runtime_error on a CUDA error.
 void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                      at::Tensor& exp_avg_sq, const AdamArgs& a);
 

@@ -25,10 +25,15 @@ struct FusedAdamScalars {
 // (each element widened to float as it is read, exactly).
 enum class GradType { kFloat, kBFloat16, kHalf };
 
+// The type of the updated parameters' 16-bit copy the kernel also writes (ZeRO's published
+// bf16/fp16 weights), rounded to nearest even as Tensor::to() rounds.
+enum class CopyType { kBFloat16, kHalf };
 // Launches the update of n elements on stream (the current device must be the tensors').
 // Throws std::runtime_error naming the failing CUDA call, file and line.
 // grad_scale: a device pointer to one float multiplying every gradient, or nullptr.
+// copy: n elements of copy_type receiving the updated parameters, or nullptr.
 void launch_fused_adam(float* p, const void* g, GradType g_type, float* m, float* v, int64_t n,
-                       const FusedAdamScalars& s, const float* grad_scale, cudaStream_t stream);
+                       const FusedAdamScalars& s, const float* grad_scale, void* copy,
+                       CopyType copy_type, cudaStream_t stream);
 
 }  // namespace dscpp::optim::cuda

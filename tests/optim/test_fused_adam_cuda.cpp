@@ -2,9 +2,11 @@
 // CPU copy of the shard): odd sizes, shards that start off a 16-byte boundary (so the kernel's
 // scalar head/tail and its all-scalar fallback run, not just its float4 body), several steps,
 // Adam (L2) and AdamW, bias correction and weight decay on and off. Skips without a GPU.
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/full_like.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -186,6 +188,35 @@ TEST(FusedAdamCuda, KernelMatchesCpuPathAtEveryAlignment) {
       }
 }
 
+// The 16-bit copy the kernel writes from its registers must be the updated fp32 parameters
+// rounded exactly as Tensor::to() rounds them, at every alignment of the copy (a copy whose
+// offset differs from the others' sends the whole update down the scalar path), for bf16 and
+// fp16, and must leave the copy's buffer untouched outside its range.
+TEST(FusedAdamCuda, ParamCopyIsTheUpdateRoundedAsTensorTo) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(5);
+  for (at::ScalarType type : {at::kBFloat16, at::kHalf})
+    for (int64_t n : kSizes)
+      for (int64_t copy_off : {0, 1, 2, 3}) {
+        SCOPED_TRACE(fmt::format("{} numel={} copy offset {}", c10::toString(type), n, copy_off));
+        auto [p, p_buf] = cuda_slice(random_cpu(n, rng, 1.0f), 0);
+        auto [m, m_buf] = cuda_slice(at::zeros({n}, at::kFloat), 0);
+        auto [v, v_buf] = cuda_slice(at::zeros({n}, at::kFloat), 0);
+        at::Tensor q_buf = at::full({n + 8}, 7.0, p.options().dtype(type));
+        at::Tensor q = q_buf.slice(0, copy_off, copy_off + n);
+        for (int step = 1; step <= kSteps; ++step) {
+          auto [g, g_buf] = cuda_slice(random_cpu(n, rng, 0.1f), 0);
+          AdamArgs a = Case{"adamw", true, 0.05}.args(step);
+          a.param_copy = &q;
+          fused_adam_step(p, g, m, v, a);
+          ASSERT_TRUE(at::equal(q, p.to(type))) << "step " << step;
+        }
+        const at::Tensor outside =
+            at::cat({q_buf.slice(0, 0, copy_off), q_buf.slice(0, copy_off + n)});
+        EXPECT_TRUE(at::equal(outside, at::full_like(outside, 7.0))) << "copy buffer";
+      }
+}
+
 TEST(FusedAdamCuda, RejectsTensorsItCannotUpdate) {
   SKIP_WITHOUT_CUDA();
   const auto cuda = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
@@ -203,6 +234,13 @@ TEST(FusedAdamCuda, RejectsTensorsItCannotUpdate) {
   a.step = 0;
   EXPECT_THROW(fused_adam_step(p, g, m, v, a), std::invalid_argument);
   a.step = 1;
+  at::Tensor fp32_copy = at::zeros({16}, cuda),
+             short_copy = at::zeros({15}, cuda.dtype(at::kBFloat16));
+  a.param_copy = &fp32_copy;
+  EXPECT_THROW(fused_adam_step(p, g, m, v, a), std::invalid_argument);
+  a.param_copy = &short_copy;
+  EXPECT_THROW(fused_adam_step(p, g, m, v, a), std::invalid_argument);
+  a.param_copy = nullptr;
   EXPECT_NO_THROW(fused_adam_step(p, g, m, v, a));
   at::Tensor empty = at::zeros({0}, cuda);
   EXPECT_NO_THROW(fused_adam_step(empty, empty, empty, empty, a));

@@ -1,6 +1,9 @@
 // Optimizers on 2-element shards against updates worked out by hand (in double), and the
 // config handling: names, defaults, DeepSpeed-only params, errors with their JSON path.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -383,9 +386,15 @@ TEST(OptimizerRanges, AdamInRangesEqualsOneStepBitForBit) {
     whole->step({g});
     parts->begin_step();
     const int64_t cuts[] = {0, 5, 517, 1003};
-    for (int r = 0; r < 3; ++r)
-      parts->update_range(0, cuts[r], cuts[r + 1], g.slice(0, cuts[r], cuts[r + 1]));
+    for (int r = 0; r < 3; ++r) {
+      // The range's 16-bit copy (ZeRO's published weights): the updated range as to() casts it.
+      at::Tensor copy = at::full({cuts[r + 1] - cuts[r]}, 7.0, at::kBFloat16);
+      parts->update_range(0, cuts[r], cuts[r + 1], g.slice(0, cuts[r], cuts[r + 1]), {}, copy);
+      EXPECT_TRUE(at::equal(copy, pp.slice(0, cuts[r], cuts[r + 1]).to(at::kBFloat16)));
+    }
   }
+  EXPECT_THROW(parts->update_range(0, 0, 5, g.slice(0, 0, 5), {}, at::zeros({4}, at::kBFloat16)),
+               std::invalid_argument);
   EXPECT_EQ(values(pw), values(pp));
   EXPECT_EQ(values(whole->state(0).at("exp_avg")), values(parts->state(0).at("exp_avg")));
   EXPECT_EQ(values(whole->state(0).at("exp_avg_sq")), values(parts->state(0).at("exp_avg_sq")));
