@@ -7,20 +7,18 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 
 #include <ATen/core/grad_mode.h>
-#include <c10/core/Allocator.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "dscpp.h"
 #include "optim/lr_schedules.h"
 #include "optim/optimizer.h"
 #include "runtime/config/config_error.h"
 #include "runtime/precision/loss_scaler.h"
+#include "tests/cpu_bytes_counter.h"
 #include "zero/gathered_parameters.h"
 #include "zero/zero_optimizer.h"
 
@@ -438,25 +436,6 @@ TEST(EngineCases, ParameterGroupsTrainAsTorchAdamWGroupsDo) {
   EXPECT_THROW(dscpp::initialize(model, base_config(), bad), std::invalid_argument);
 }
 
-namespace {
-
-// Live CPU bytes and their high-water mark, from the reports LibTorch's CPU allocator makes
-// to the thread's PROFILER_STATE debug info when memory profiling is on (as the profiler's
-// memory events are made); autograd carries the debug info into backward.
-struct CpuBytes : c10::MemoryReportingInfoBase {
-  std::atomic<int64_t> live{0}, peak{0};
-  void reportMemoryUsage(void*, int64_t bytes, size_t, size_t, c10::Device device) override {
-    if (!device.is_cpu()) return;
-    const int64_t now = live += bytes;
-    int64_t high = peak.load();
-    while (now > high && !peak.compare_exchange_weak(high, now)) {
-    }
-  }
-  bool memoryProfilingEnabled() const override { return true; }
-};
-
-}  // namespace
-
 // overlap_comm keeps at most two bucket reductions in flight (DeepSpeed's double-buffered
 // ipg buckets): an older bucket's storage goes back during backward, not at its end. 16
 // layers of 256 x 256, one weight per bucket, one rank: each reduction holds the bucket's
@@ -479,7 +458,7 @@ TEST(EngineCases, OverlapCommHoldsAtMostTwoBucketsInFlight) {
   at::Tensor x = at::randn({4, width});
   for (int step = 0; step < 2; ++step) {
     at::Tensor loss = engine.forward(x).square().mean();
-    auto counter = std::make_shared<CpuBytes>();
+    auto counter = std::make_shared<dscpp::testing::CpuBytesCounter>();
     {
       c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, counter);
       engine.backward(loss);

@@ -13,12 +13,10 @@
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
-#include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -29,6 +27,7 @@
 #include "model_zoo/layer_module.h"
 #include "model_zoo/normal_init.h"
 #include "runtime/activation_checkpointing/checkpointing.h"
+#include "tests/cpu_bytes_counter.h"
 
 using dscpp::ConfigError;
 using nlohmann::json;
@@ -116,22 +115,6 @@ void expect_grads_identical(const std::map<std::string, at::Tensor>& a,
   }
 }
 
-// Live bytes and their high-water mark, from the CPU allocator's own reports: LibTorch's
-// DefaultCPUAllocator reports every allocation and free (with its size) to the thread's
-// PROFILER_STATE debug info when that says memory profiling is on. This is what the
-// profiler's memory events are built from; here nothing else listens.
-struct CpuAllocationCounter : c10::MemoryReportingInfoBase {
-  std::atomic<int64_t> live{0}, peak{0};
-  void reportMemoryUsage(void*, int64_t bytes, size_t, size_t, c10::Device device) override {
-    if (!device.is_cpu()) return;
-    int64_t now = live += bytes;
-    int64_t high = peak.load();
-    while (now > high && !peak.compare_exchange_weak(high, now)) {
-    }
-  }
-  bool memoryProfilingEnabled() const override { return true; }
-};
-
 struct MemoryUse {
   int64_t after_forward = 0;  // bytes alive between forward and backward
   int64_t peak = 0;           // high-water mark over forward and backward
@@ -141,7 +124,7 @@ struct MemoryUse {
 // not counted. The gradient buffers are new in both cases alike.
 MemoryUse cpu_memory_of_step(mz::GPT& model, const Batch& b) {
   zero_grads(*model);
-  auto counter = std::make_shared<CpuAllocationCounter>();
+  auto counter = std::make_shared<dscpp::testing::CpuBytesCounter>();
   MemoryUse use;
   {
     c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, counter);
