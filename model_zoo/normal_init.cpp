@@ -4,7 +4,11 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <exception>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 namespace dscpp::model_zoo {
 
@@ -38,12 +42,28 @@ void normal_init(const at::Tensor& tensor, double std) {
   const uint64_t seed = draw_seed();
   const at::Tensor flat = tensor.view({-1});
   const int64_t n = flat.numel(), blocks = (n + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(mix(seed ^ mix(b)));
-      flat.narrow(0, b * kBlock, std::min(kBlock, n - b * kBlock)).normal_(0.0, std, gen);
+  // Threads of our own: at::parallel_for runs serially in a translation unit not compiled
+  // with OpenMP (its INTRA_OP_PARALLEL needs _OPENMP), which ours are not. As many as
+  // LibTorch's intra-op threads (OMP_NUM_THREADS, which the launcher sets per rank).
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks));
+  std::vector<std::exception_ptr> errors(workers);
+  auto fill = [&](int64_t w) {
+    at::NoGradGuard no_grad_here;  // grad mode is per thread: a parameter is a leaf
+    try {
+      for (int64_t b = w; b < blocks; b += workers) {
+        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(mix(seed ^ mix(b)));
+        flat.narrow(0, b * kBlock, std::min(kBlock, n - b * kBlock)).normal_(0.0, std, gen);
+      }
+    } catch (...) {
+      errors[w] = std::current_exception();
     }
-  });
+  };
+  std::vector<std::thread> threads;
+  for (int64_t w = 1; w < workers; ++w) threads.emplace_back(fill, w);
+  fill(0);
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace dscpp::model_zoo
