@@ -76,22 +76,21 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
     throw std::invalid_argument(
         "ZeroOptimizer: a 16-bit gradient partition must be of the "
         "parameters' type");
+  // Allocated while the whole 16-bit model is still held (stage 3 releases it below): after
+  // that release it would be carved out of the released buffer's segment, and the rest of
+  // that segment (16 GiB at 17 B parameters) could then hold neither Adam moment nor return
+  // to the device.
+  grad_partition_ = at::zeros_like(master_, master_.options().dtype(options_.grad_dtype));
   if (params_partitioned(options_)) {
     // Stage 3: this rank keeps only its 16-bit chunks; the parameters are released until
     // their buckets are gathered. After the hooks: autograd's accumulator nodes record a
     // parameter's shape when they are made, and must see the whole one. Before the optimizer
     // state exists, so that the whole 16-bit model and it are never held at once (a model
-    // sized for stage 3 would not fit). The gradient partition comes first, while the whole
-    // model is still held: allocated after its release, it would be carved out of the
-    // released buffer's segment, and the rest of that segment (16 GiB at 17 B parameters)
-    // could then hold neither Adam moment nor return to the device.
+    // sized for stage 3 would not fit).
     part16_ = master_.to(flat_params_.scalar_type());
-    grad_partition_ = at::zeros_like(master_, master_.options().dtype(options_.grad_dtype));
     buckets16_.resize(layout_.buckets.size());
     for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
     flat_params_ = at::Tensor();
-  } else {
-    grad_partition_ = at::zeros_like(master_, master_.options().dtype(options_.grad_dtype));
   }
   buckets_->set_partition(grad_partition_);
   // One optimizer shard per parameter group: the group's chunks, contiguous in the partition.
