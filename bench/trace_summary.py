@@ -153,6 +153,13 @@ def annotation_spans(events, name):
             ("user_annotation", "cpu_op", "python_function")]
 
 
+def launch_times(events):
+    """The CPU time of each kernel launch, by correlation id (what ties a GPU kernel to the
+    CPU scope that launched it)."""
+    return {e["args"]["correlation"]: float(e["ts"]) for e in events
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+
+
 def phase_report(events, evs, name, gpu_span):
     """The GPU work launched inside a CPU scope (by the launch's correlation id): from the
     start of its first kernel to the end of its last, the time that phase adds to the step
@@ -160,8 +167,7 @@ def phase_report(events, evs, name, gpu_span):
     spans = annotation_spans(events, name)
     if not spans:
         return
-    launches = {e["args"]["correlation"]: float(e["ts"]) for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    launches = launch_times(events)
 
     def inside(e, within):
         t = launches.get(e.get("args", {}).get("correlation"))
@@ -193,8 +199,7 @@ def exposed_report(events, evs, compute_stream):
     n = min(len(v) for v in phases.values())
     if n < 2:
         return
-    launches = {e["args"]["correlation"]: float(e["ts"]) for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    launches = launch_times(events)
 
     def launched_in(span):
         s, u = span
