@@ -1,6 +1,7 @@
 // model_zoo::normal_init: the GPT's parallel initialisation.
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
