@@ -43,6 +43,11 @@ class Optimizer {
   // Whether step() takes grad_scale: the fused CUDA Adam multiplies as it reads the
   // gradient, saving a pass over it, and reads the scale on the device (no host wait).
   virtual bool fuses_grad_scale() const { return false; }
+  // Whether a non-finite grad_scale makes the update a no-op on the device (every shard and
+  // its state unchanged, a param_copy written from the unchanged values), so that ZeRO can
+  // queue an update before the host knows whether the gradients overflowed. The step count
+  // advances all the same: the caller takes it back on an overflow.
+  virtual bool skips_on_nonfinite_scale() const { return false; }
   // Whether update() reads bf16 / fp16 gradients itself (the fused CUDA Adam), sparing ZeRO's
   // 16-bit gradient partition an fp32 copy.
   virtual bool reads_16bit_grads() const { return false; }

@@ -217,6 +217,9 @@ class Adam final : public Algorithm {
   bool reads_16bit_grads() const override {
     return fuses_grad_scale();
   }
+  bool skips_on_nonfinite_scale() const override {
+    return fuses_grad_scale();
+  }
   bool writes_param_copy(const at::Tensor& copy) const override {
     const auto type = copy.scalar_type();
     return fuses_grad_scale() && (type == at::kBFloat16 || type == at::kHalf);

@@ -8,7 +8,8 @@
 # Opt-in steps (environment):
 #   GPU_TESTS=0     skip the tests and the default GPT benchmark; build only train_gpt, the
 #                   launcher and dscpp_report (for calls that only run the table or a profile)
-#   GPU_TESTS=quick as 0, plus the fused Adam's CUDA test and the bf16 oracle over NCCL
+#   GPU_TESTS=quick as 0, plus the fused Adam's CUDA test, the engine cases (one process) and
+#                   the bf16 oracle over NCCL
 #   GPU_BENCH_AG=1  all-gather / reduce-scatter / all-reduce figures (tools/comm_bench, 64 MiB
 #                   to 1 GiB) with NCCL's defaults, then with NCCL_MIN_NCHANNELS=32 -> comm_ag.log
 #   GPU_TABLE=1     bench/gpt_table.sh: issue 7's table (ROWS, LOGDIR, ... as that script says;
@@ -52,7 +53,7 @@ step configure configure
 # -k 0: one target that fails to build must not keep the others from being tested.
 targets=()
 [ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report)
-[ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda)
+[ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda test_engine_cases)
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 step report ./build-cuda/tools/dscpp_report
@@ -74,6 +75,7 @@ if [ "$gpus" -ge 2 ] && [ "$tests" = 1 ]; then
 fi
 if [ "$tests" = quick ] && [ "$gpus" -ge 2 ]; then
   step fused_adam_test ./build-cuda/tests/optim/test_fused_adam_cuda
+  step engine_cases ./build-cuda/tests/engine/test_engine_cases
   step engine_bf16 python3 tests/engine/bf16_oracle.py --launcher ./build-cuda/launcher/dscpp \
     --train ./build-cuda/tests/engine/engine_train --quick
 fi
@@ -201,7 +203,7 @@ grep -E "PASSED|FAILED" "$out/nccl_collectives.log" 2>/dev/null | sort | uniq -c
 cat "$out/comm_bench.log" 2>/dev/null
 grep -vE "^\[|^dscpp" "$out/comm_ag.log" 2>/dev/null
 grep -vE "^\[" "$out/engine_bf16.log" 2>/dev/null | grep -E "FAIL|passed|reference"
-grep -E "PASSED|FAILED" "$out/fused_adam_test.log" 2>/dev/null
+grep -E "PASSED|FAILED" "$out/fused_adam_test.log" "$out/engine_cases.log" 2>/dev/null
 tail -12 "$out/fused_adam.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/kernels_cuda.log" 2>/dev/null
 tail -25 "$out/kernels_bench.log" 2>/dev/null

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "zero/grad_hooks.h"
 
@@ -158,8 +159,12 @@ StepResult ZeroOptimizer::step(double loss_scale) {
   if (across) group_->all_reduce(stats, comm::ReduceOp::kSum).wait();
   // A 16-bit partition holds sums: the averaging rides on the norm and the unscale.
   const double deferred = buckets_->deferred_scale();
+  // An optimizer that skips its update on a non-finite scale takes the overflow verdict on
+  // the device: the whole update is queued before the host reads the sum, so the host's
+  // wait (for the norm's all-reduce only) leaves the device busy with the update.
+  const bool verdict_on_device = options_.check_overflow && optimizer_->skips_on_nonfinite_scale();
   at::Tensor scale;
-  if (options_.check_overflow) {
+  if (options_.check_overflow && !verdict_on_device) {
     // The overflow check needs the sum on the host (to skip the step); since it is there,
     // the norm, the clip and the unscale are worked out there too, in the same float64
     // arithmetic as the device branch below, instead of as a chain of one-element kernels.
@@ -192,6 +197,12 @@ StepResult ZeroOptimizer::step(double loss_scale) {
       combined = combined * ((result.grad_norm + 1e-6) / options_.gradient_clipping).clamp_min(1.0);
     at::Tensor scale64 = combined.reciprocal();
     if (deferred != 1.0) scale64 = scale64 * deferred;
+    if (verdict_on_device) {
+      // An overflow's scale is NaN (without clipping it would be finite), and the sum starts
+      // on its way to the host now, ahead of the update in the stream.
+      scale64 = at::where(sumsq.isfinite(), scale64, std::numeric_limits<double>::quiet_NaN());
+      verdict_.start(sumsq);
+    }
     scale = scale64.to(at::kFloat);
   }
   // An optimizer that multiplies by the scale as it reads the gradient saves a pass over it.
@@ -205,6 +216,13 @@ StepResult ZeroOptimizer::step(double loss_scale) {
       grads.push_back(update_grad(gr.part_begin, gr.part_end, scale));
     optimizer_->step(grads, optimizer_->fuses_grad_scale() ? scale : at::Tensor());
     publish_master();
+  }
+  if (verdict_on_device && !std::isfinite(verdict_.read())) {
+    // The update was a no-op on the device; only the step count moved.
+    for (int g = 0; g < optimizer_->num_shards(); ++g) --optimizer_->step_count(g);
+    clear_gradients();
+    result.grad_norm = at::Tensor();
+    return result;
   }
   clear_gradients();
   result.applied = true;

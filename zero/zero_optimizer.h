@@ -14,6 +14,7 @@
 
 #include "optim/optimizer.h"
 #include "runtime/comm/process_group.h"
+#include "zero/async_scalar_read.h"
 #include "zero/flat_layout.h"
 #include "zero/grad_buckets.h"
 
@@ -180,6 +181,7 @@ class ZeroOptimizer {
   std::vector<Gathered> buckets16_;
   int64_t live_ = 0, peak_live_ = 0;
   int64_t gathers_ = 0;
+  AsyncScalarRead verdict_;  // the global sum of squares, when the device decides overflow
   std::vector<comm::Work> published_;  // per bucket: its deferred all-gather, until waited for
   int pending_publishes_ = 0;
 };

@@ -70,6 +70,11 @@ __global__ void __launch_bounds__(kThreads)
   const float gs = grad_scale ? __ldg(grad_scale) : 1.0f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (!isfinite(gs)) {  // an overflow's verdict, decided on the device: no update
+    if (q)
+      for (int64_t j = tid; j < n; j += stride) q[j] = from_float<C>(p[j]);
+    return;
+  }
   float4* p4 = reinterpret_cast<float4*>(p + head);
   float4* m4 = reinterpret_cast<float4*>(m + head);
   float4* v4 = reinterpret_cast<float4*>(v + head);

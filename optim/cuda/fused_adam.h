@@ -21,7 +21,9 @@ struct AdamArgs {
   bool bias_correction = true;  // false: both corrections 1 (DeepSpeed's FusedAdam option)
   bool adam_w_mode = true;      // true: decoupled decay p *= 1 - lr*wd; false: L2, g += wd*p
   // A 0-dim fp32 tensor on the shard's device: the gradient counts as grad * grad_scale
-  // (read on the device, so the host never waits for it). nullptr: 1.
+  // (read on the device, so the host never waits for it). nullptr: 1. A non-finite scale
+  // (an overflow, found on the device) skips the update: param, exp_avg and exp_avg_sq stay
+  // as they are, and param_copy receives the unchanged parameters.
   const at::Tensor* grad_scale = nullptr;
   // A bf16 or fp16 tensor of the param's numel on its device (contiguous) that receives the
   // updated parameters, rounded to nearest even as Tensor::to() rounds: ZeRO's 16-bit

@@ -30,7 +30,8 @@ enum class GradType { kFloat, kBFloat16, kHalf };
 enum class CopyType { kBFloat16, kHalf };
 // Launches the update of n elements on stream (the current device must be the tensors').
 // Throws std::runtime_error naming the failing CUDA call, file and line.
-// grad_scale: a device pointer to one float multiplying every gradient, or nullptr.
+// grad_scale: a device pointer to one float multiplying every gradient, or nullptr; a
+// non-finite one skips the update (p, m, v unchanged; copy, if any, receives p).
 // copy: n elements of copy_type receiving the updated parameters, or nullptr.
 void launch_fused_adam(float* p, const void* g, GradType g_type, float* m, float* v, int64_t n,
                        const FusedAdamScalars& s, const float* grad_scale, void* copy,

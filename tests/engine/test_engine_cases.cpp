@@ -89,6 +89,50 @@ TEST(EngineCases, Fp16OverflowSkipsTheStepAndFollowsTheScaler) {
   EXPECT_EQ(engine.global_steps(), 9);
 }
 
+// bf16 checks for overflow too (check_grad_overflow, true by default). On a GPU the fused
+// Adam takes the verdict on the device, after the update is queued (ZeroOptimizer::step):
+// a skipped step must leave no trace, its Adam step count included, so a run with an
+// overflow in the middle ends where the same run without that step ends.
+TEST(EngineCases, Bf16OverflowLeavesNoTraceAtEveryStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    json cfg = base_config();
+    cfg["bf16"] = {{"enabled", true}};
+    cfg["zero_optimization"] = {{"stage", stage}};
+    cfg["gradient_clipping"] = 1.0;
+    auto train = [&](const std::vector<bool>& pattern) {
+      torch::manual_seed(0);
+      TwoLayer model;
+      auto engine = dscpp::initialize(model, cfg);
+      auto& zo = engine.core().zero_optimizer();
+      auto gathered_weights = [&] {  // stage 3 holds empty parameters at rest
+        dscpp::zero::GatheredParameters all(zo);
+        return weights(model);
+      };
+      int skipped = 0;
+      for (size_t i = 0; i < pattern.size(); ++i) {
+        const bool overflow = pattern[i];
+        at::Tensor before = gathered_weights();
+        const double applied = static_cast<double>(i) - skipped;  // steps taken so far
+        at::Tensor x = at::full({4, 4}, 0.25 * (applied + 1)).to(engine.device(), at::kBFloat16);
+        at::Tensor loss = engine.forward(x).to(at::kFloat).square().mean();
+        if (overflow) loss = loss * std::numeric_limits<float>::infinity();
+        engine.backward(loss);
+        engine.step();
+        skipped += overflow;
+        EXPECT_EQ(engine.was_step_applied(), !overflow);
+        EXPECT_EQ(engine.skipped_steps(), skipped);
+        EXPECT_EQ(at::equal(before, gathered_weights()), overflow) << "step " << i;
+      }
+      return gathered_weights();
+    };
+    // The overflowing step sees the data the next step then trains on, as in the clean run.
+    const at::Tensor with = train({false, true, false, false});
+    const at::Tensor without = train({false, false, false});
+    EXPECT_TRUE(at::equal(with, without));
+  }
+}
+
 TEST(EngineCases, FrozenParametersStayAsTheyAre) {
   torch::manual_seed(0);
   TwoLayer model;

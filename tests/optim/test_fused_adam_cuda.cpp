@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -267,6 +268,35 @@ TEST(FusedAdamCuda, DeviceGradScaleEqualsPremultipliedGradient) {
     EXPECT_TRUE(at::equal(ma, mb)) << "n=" << n;
     EXPECT_TRUE(at::equal(va, vb)) << "n=" << n;
   }
+}
+
+// A non-finite scale is an overflow's verdict, taken on the device: the update is skipped
+// (param and moments unchanged, bit for bit, after real steps have made the moments nonzero)
+// and the 16-bit copy is the unchanged param rounded as Tensor::to rounds.
+TEST(FusedAdamCuda, NonFiniteScaleSkipsTheUpdateAndCopiesTheParam) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(11);
+  const float verdicts[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (int64_t n : kSizes)
+    for (float verdict : verdicts) {
+      SCOPED_TRACE(fmt::format("numel={} scale {}", n, verdict));
+      at::Tensor p = random_cpu(n, rng, 1.0f).cuda(), m = at::zeros_like(p), v = at::zeros_like(p);
+      AdamArgs a = Case{"adamw", true, 0.05}.args(1);
+      fused_adam_step(p, random_cpu(n, rng, 0.1f).cuda(), m, v, a);
+      const at::Tensor p0 = p.clone(), m0 = m.clone(), v0 = v.clone();
+      at::Tensor scale = at::full({}, verdict, p.options());
+      at::Tensor q = at::full({n}, 7.0, p.options().dtype(at::kBFloat16));
+      a = Case{"adamw", true, 0.05}.args(2);
+      a.grad_scale = &scale;
+      a.param_copy = &q;
+      fused_adam_step(p, random_cpu(n, rng, 0.1f).cuda(), m, v, a);
+      EXPECT_TRUE(at::equal(p, p0));
+      EXPECT_TRUE(at::equal(m, m0));
+      EXPECT_TRUE(at::equal(v, v0));
+      EXPECT_TRUE(at::equal(q, p0.to(at::kBFloat16)));
+    }
 }
 
 // A bf16 or fp16 gradient (ZeRO's 16-bit partition) read by the kernel itself gives the same
