@@ -1,6 +1,6 @@
 // dscpp: the one header a training program includes.
 #pragma once
 
-#include "runtime/config/config_error.h"
-#include "runtime/config/ds_config.h"
-#include "runtime/engine/engine.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/ds_config.h"
+#include "dscpp/runtime/engine/engine.h"

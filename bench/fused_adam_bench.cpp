@@ -22,7 +22,7 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "optim/cuda/fused_adam.h"
+#include "dscpp/ops/fused_adam.h"
 
 namespace {
 
@@ -99,7 +99,7 @@ int run(int argc, char** argv) {
   at::Tensor g = at::randn({numel}, opts).mul_(0.01);
   at::Tensor m = at::zeros({numel}, opts);
   at::Tensor v = at::zeros({numel}, opts);
-  dscpp::optim::cuda::AdamArgs args;
+  dscpp::ops::cuda::AdamArgs args;
   args.lr = 1e-3;
   args.weight_decay = 0.01;
   args.adam_w_mode = true;
@@ -109,7 +109,7 @@ int run(int argc, char** argv) {
   const double ours_ms = time_ms(
       [&] {
         args.step = ++step;
-        dscpp::optim::cuda::fused_adam_step(p, g, m, v, args);
+        dscpp::ops::cuda::fused_adam_step(p, g, m, v, args);
       },
       warmup, steps, stream);
 

@@ -1,4 +1,4 @@
-// The fused ops (runtime/kernels) against the eager ATen compositions they replace, at the GPT
+// The fused ops (ops) against the eager ATen compositions they replace, at the GPT
 // 1.3B's shapes on one GPU: bias_gelu on [tokens, ffn] bf16 vs gelu(x + bias), cross_entropy
 // on [tokens, vocab] bf16 logits vs cross_entropy_loss(logits.float()). Each variant runs
 // forward, and forward + backward through autograd (leaf grads reset every time, so nothing
@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "runtime/kernels/fused_ops.h"
-#include "runtime/kernels/ops_impl.h"
+#include "dscpp/ops/fused_ops.h"
+#include "dscpp/ops/ops_impl.h"
 
 namespace {
 
@@ -128,7 +128,7 @@ void bench_bias_gelu(const Options& o, const at::TensorOptions& opts, cudaStream
     x.mutable_grad() = at::Tensor();
     b.mutable_grad() = at::Tensor();
   };
-  const auto fused = [&] { return dscpp::kernels::bias_gelu(x, b, o.tanh); };
+  const auto fused = [&] { return dscpp::ops::bias_gelu(x, b, o.tanh); };
   const auto eager = [&] { return at::gelu(x.add(b), approximate); };
   const auto time = [&](const std::function<at::Tensor()>& f) {
     Timing t{};
@@ -148,10 +148,10 @@ void bench_bias_gelu(const Options& o, const at::TensorOptions& opts, cudaStream
              approximate);
   print_header();
   const Timing tf = time(fused);
-  print_row("fused dscpp::kernels::bias_gelu", tf, fwd_bytes, step_bytes);
+  print_row("fused dscpp::ops::bias_gelu", tf, fwd_bytes, step_bytes);
   // The same two halves called directly: what the autograd wrapper adds is the difference.
   {
-    namespace detail = dscpp::kernels::detail;
+    namespace detail = dscpp::ops::detail;
     const c10::NoGradGuard no_grad;
     Timing tk{};
     tk.fwd_ms = median_ms([&] { detail::bias_gelu_forward(x, b, o.tanh); }, o, stream);
@@ -175,7 +175,7 @@ void bench_cross_entropy(const Options& o, const at::TensorOptions& opts, cudaSt
   const auto bf16 = opts.dtype(at::kBFloat16);
   const at::Tensor logits = at::randn({o.tokens, o.vocab}, bf16).mul_(3).requires_grad_();
   const at::Tensor targets = at::randint(o.vocab, {o.tokens}, opts.dtype(at::kLong));
-  const auto fused = [&] { return dscpp::kernels::cross_entropy(logits, targets); };
+  const auto fused = [&] { return dscpp::ops::cross_entropy(logits, targets); };
   const auto eager = [&] { return at::cross_entropy_loss(logits.to(at::kFloat), targets); };
   const auto step = [&](const std::function<at::Tensor()>& f) {
     f().backward();
@@ -197,9 +197,9 @@ void bench_cross_entropy(const Options& o, const at::TensorOptions& opts, cudaSt
              std::abs(lf - le) / std::abs(le));
   print_header();
   const Timing tf = time(fused);
-  print_row("fused dscpp::kernels::cross_entropy", tf, fwd_bytes, step_bytes);
+  print_row("fused dscpp::ops::cross_entropy", tf, fwd_bytes, step_bytes);
   {
-    namespace detail = dscpp::kernels::detail;
+    namespace detail = dscpp::ops::detail;
     const c10::NoGradGuard no_grad;
     const at::Tensor one = at::ones({}, opts.dtype(at::kFloat));
     Timing tk{};

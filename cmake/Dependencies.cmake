@@ -55,7 +55,7 @@ target_link_libraries(dscpp_torch INTERFACE torch_cpu c10 Threads::Threads)
 target_link_options(dscpp_torch INTERFACE $<BUILD_INTERFACE:LINKER:-rpath,${DSCPP_TORCH_DIR}/lib>)
 
 if(DSCPP_CUDA)
-  # Our own kernels (optim/cuda/*.cu). nvcc's host compiler: g++ (g++ 12 here, g++ 13 from
+  # Our own kernels (ops/*.cu). nvcc's host compiler: g++ (g++ 12 here, g++ 13 from
   # /opt/gcc/bin on the GPU machines, first on PATH), whatever compiles the C++ code (clang++
   # here); the kernels' interface is plain C so the two need not match.
   if(NOT CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX})

@@ -3,11 +3,12 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS dscpp dscpp_torch EXPORT dscppTargets
+get_property(_layers GLOBAL PROPERTY DSCPP_LAYERS)
+install(TARGETS dscpp dscpp_base ${_layers} dscpp_torch EXPORT dscppTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(FILES dscpp.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dscpp)
-foreach(dir runtime zero pipe optim model_zoo)
+install(FILES dscpp.h error.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dscpp)
+foreach(dir config comm data ops nn optim model_zoo zero runtime pipe)
   if(EXISTS ${PROJECT_SOURCE_DIR}/${dir})
     install(DIRECTORY ${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dscpp
       FILES_MATCHING PATTERN "*.h")

@@ -37,13 +37,13 @@
 #include <optional>
 #include <set>
 
-#include "dscpp.h"
-#include "model_zoo/gpt.h"
-#include "model_zoo/layer_module.h"
-#include "runtime/checkpoint/ds_layout.h"
-#include "runtime/config/json_text.h"
-#include "runtime/data/data_loader.h"
-#include "runtime/monitor/monitor.h"
+#include "dscpp/config/json_text.h"
+#include "dscpp/data/data_loader.h"
+#include "dscpp/dscpp.h"
+#include "dscpp/model_zoo/gpt.h"
+#include "dscpp/nn/layer_module.h"
+#include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/monitor/monitor.h"
 #ifdef DSCPP_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -105,7 +105,7 @@ Args parse(int argc, char** argv) {
       "profile-all-ranks", po::bool_switch(&a.profile_all_ranks),
       "every rank writes its trace (PATH with -rank<R> before the extension), not only rank 0")(
       "layer-specs", po::bool_switch(&a.layer_specs),
-      "build the GPT as its LayerSpecs (model_zoo::LayerModule) at every ZeRO stage; at stage 3 "
+      "build the GPT as its LayerSpecs (nn::LayerModule) at every ZeRO stage; at stage 3 "
       "it always is, so that parameters are gathered layer by layer")(
       "local_rank", po::value<int>(), "set by the launcher");
   po::variables_map vm;
@@ -422,7 +422,7 @@ int main(int argc, char** argv) try {
                       (*zero)["stage"].is_number_integer() && (*zero)["stage"] == 3;
   const bool layered = stage3 || args.layer_specs;
   if (layered)
-    return train(args, cfg, dscpp::model_zoo::LayerModule(dscpp::model_zoo::gpt_layer_specs(cfg)),
+    return train(args, cfg, dscpp::nn::LayerModule(dscpp::model_zoo::gpt_layer_specs(cfg)),
                  ds_config);
   return train(args, cfg, dscpp::model_zoo::GPT(cfg), ds_config);
 } catch (const std::exception& e) {

@@ -1,6 +1,6 @@
 // GPT's modules, their initialisation, activation checkpointing of the blocks, and the
 // LayerSpec form.
-#include "model_zoo/gpt.h"
+#include "dscpp/model_zoo/gpt.h"
 
 #include <ATen/ops/empty.h>
 
@@ -16,10 +16,10 @@
 #include <iostream>
 #include <utility>
 
-#include "model_zoo/normal_init.h"
-#include "runtime/config/config_error.h"
-#include "runtime/kernels/fused_ops.h"
-#include "zero/linear.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/nn/linear.h"
+#include "dscpp/nn/normal_init.h"
+#include "dscpp/ops/fused_ops.h"
 
 namespace dscpp::model_zoo {
 
@@ -32,7 +32,7 @@ void init_zero(const at::Tensor& b) {
 
 Linear make_linear(int64_t in, int64_t out, double std, bool bias = true) {
   Linear l(in, out, bias);
-  normal_init(l->weight, std);
+  nn::normal_init(l->weight, std);
   if (bias) init_zero(l->bias);
   return l;
 }
@@ -41,7 +41,7 @@ Linear make_linear(int64_t in, int64_t out, double std, bool bias = true) {
 // its own (serial) initialisation.
 torch::nn::Embedding make_embedding(int64_t rows, int64_t dim, double std) {
   at::Tensor weight = at::empty({rows, dim});
-  normal_init(weight, std);
+  nn::normal_init(weight, std);
   return torch::nn::Embedding(torch::nn::EmbeddingOptions(rows, dim)._weight(weight));
 }
 
@@ -57,14 +57,14 @@ double residual_std(const GPTConfig& c) {
   return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
 }
 
-// Every matrix product goes through zero::linear, which saves the weight parameter itself
+// Every matrix product goes through nn::linear, which saves the weight parameter itself
 // for backward, so ZeRO stage 3 can release a layer between its forward and backward.
 at::Tensor linear_of(const Linear& l, const at::Tensor& x) {
-  return zero::linear(x, l->weight, l->bias);
+  return nn::linear(x, l->weight, l->bias);
 }
 
 at::Tensor tied_head(const GPTEmbeddingImpl& embedding, const at::Tensor& x) {
-  return zero::linear(x, embedding.word->weight);
+  return nn::linear(x, embedding.word->weight);
 }
 
 }  // namespace
@@ -120,8 +120,8 @@ GPTMLPImpl::GPTMLPImpl(const GPTConfig& c)
 
 at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
   if (!fused) return linear_of(proj, at::gelu(linear_of(fc, x), approximate));
-  return linear_of(
-      proj, kernels::bias_gelu(zero::linear(x, fc->weight), fc->bias, approximate == "tanh"));
+  return linear_of(proj,
+                   ops::bias_gelu(nn::linear(x, fc->weight), fc->bias, approximate == "tanh"));
 }
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& c) : dropout(c.hidden_dropout) {
@@ -181,8 +181,7 @@ at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fu
                   logits.size(1) == targets.size(1),
               "GPT::loss: expected logits [B,S,V] and targets [B,S], got ", logits.sizes(), " and ",
               targets.sizes());
-  if (fused)
-    return kernels::cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
+  if (fused) return ops::cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(2)}).to(at::kFloat),
                                 targets.reshape({-1}));
 }
@@ -207,9 +206,9 @@ std::vector<std::string> GPTImpl::enable_activation_checkpointing(
   return notes;
 }
 
-std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config) {
+std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config) {
   config.validate();
-  std::vector<LayerSpec> specs;
+  std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
   auto build_embedding = [config] { return GPTEmbedding(config).ptr(); };
   specs.push_back({"embedding", build_embedding,
@@ -257,7 +256,7 @@ std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config) {
                      },
                      [](torch::nn::Module& m, const at::Tensor& x) {
                        auto& head = static_cast<LinearImpl&>(m);
-                       return zero::linear(x, head.weight, head.bias);
+                       return nn::linear(x, head.weight, head.bias);
                      },
                      "",
                      {}});

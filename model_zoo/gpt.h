@@ -24,10 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "model_zoo/gpt_config.h"
-#include "model_zoo/layer_spec.h"
-#include "runtime/activation_checkpointing/checkpointing.h"
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/ds_config.h"
+#include "dscpp/model_zoo/gpt_config.h"
+#include "dscpp/nn/activation_checkpointing.h"
+#include "dscpp/nn/layer_spec.h"
 
 namespace dscpp::model_zoo {
 
@@ -126,12 +126,12 @@ TORCH_MODULE(GPT);
 
 // GPT's loss: the mean token cross entropy of logits [B,S,V] against targets [B,S] int64, in
 // fp32, targets of -100 left out. For the LayerSpec form, whose module has no loss().
-// fused: cross_entropy_loss_fusion (kernels::cross_entropy), else the eager fp32 upcast.
+// fused: cross_entropy_loss_fusion (ops::cross_entropy), else the eager fp32 upcast.
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused = true);
 
 // The GPT of `config` as a list of layers (each block checkpointed when
 // config.checkpoint_activations); the head is tied to the embedding (tied_key
 // "embedding", weight "word.weight") when tie_word_embeddings is on.
-std::vector<LayerSpec> gpt_layer_specs(const GPTConfig& config);
+std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config);
 
 }  // namespace dscpp::model_zoo

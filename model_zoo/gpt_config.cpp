@@ -1,11 +1,11 @@
 // GPTConfig: reading, validation and the analytic counts.
-#include "model_zoo/gpt_config.h"
+#include "dscpp/model_zoo/gpt_config.h"
 
 #include <fmt/format.h>
 
-#include "runtime/config/config_error.h"
-#include "runtime/config/json_text.h"
-#include "runtime/config/section.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/json_text.h"
+#include "dscpp/config/section.h"
 
 namespace dscpp::model_zoo {
 

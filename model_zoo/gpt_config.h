@@ -29,7 +29,7 @@ struct GPTConfig {
   std::string gelu_approximation = "tanh";  // "tanh" (GPT-2, the default) or "none" (exact erf)
   bool checkpoint_activations = false;      // checkpoint each transformer block (Megatron's flag)
   // Megatron's fusion flags: the MLP's bias add and GELU in one kernel, and the loss's
-  // cross entropy read straight from the 16-bit logits (runtime/kernels; an exact ATen path
+  // cross entropy read straight from the 16-bit logits (ops; an exact ATen path
   // where no kernel applies). false: eager LibTorch ops, the reference.
   bool bias_gelu_fusion = true;
   bool cross_entropy_loss_fusion = true;

@@ -1,6 +1,6 @@
 // DeepSpeed's five LR schedules, formula for formula (deepspeed/runtime/lr_schedules.py,
 // v0.19.8): the same double arithmetic in the same order, so lrs agree to the last bit.
-#include "optim/lr_schedules.h"
+#include "dscpp/optim/lr_schedules.h"
 
 #include <fmt/format.h>
 
@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "optim/param_reader.h"
-#include "runtime/config/config_error.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/optim/param_reader.h"
 
 namespace dscpp::optim {
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "optim/optimizer.h"
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/ds_config.h"
+#include "dscpp/optim/optimizer.h"
 
 namespace dscpp::optim {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/ds_config.h"
 
 namespace dscpp::optim {
 

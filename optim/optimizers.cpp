@@ -15,12 +15,12 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "optim/optimizer.h"
-#include "optim/param_reader.h"
-#include "runtime/config/config_error.h"
-#include "runtime/config/section.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/section.h"
+#include "dscpp/optim/optimizer.h"
+#include "dscpp/optim/param_reader.h"
 #ifdef DSCPP_CUDA
-#include "optim/cuda/fused_adam.h"
+#include "dscpp/ops/fused_adam.h"
 #endif
 
 namespace dscpp::optim {
@@ -238,7 +238,7 @@ class Adam final : public Algorithm {
     at::Tensor& m = s.state.at("exp_avg");
     at::Tensor& v = s.state.at("exp_avg_sq");
 #ifdef DSCPP_CUDA
-    // A shard on a GPU: the same arithmetic in one fused kernel (optim/cuda/fused_adam.cu).
+    // A shard on a GPU: the same arithmetic in one fused kernel (ops/fused_adam.cu).
     if (p.is_cuda()) {
       cuda::AdamArgs a;
       a.lr = lr;

@@ -1,11 +1,11 @@
 // ParamReader: typed access to a params object, with the JSON path in every error.
-#include "optim/param_reader.h"
+#include "dscpp/optim/param_reader.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
 
-#include "runtime/config/config_error.h"
+#include "dscpp/config/config_error.h"
 
 namespace dscpp::optim {
 

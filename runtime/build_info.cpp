@@ -1,5 +1,5 @@
 // environment_report for every build; the CUDA part lives in build_info_cuda.cpp.
-#include "runtime/build_info.h"
+#include "dscpp/runtime/build_info.h"
 
 #include <torch/version.h>
 

@@ -66,18 +66,18 @@ if [ "$gpus" -ge 2 ] && [ "$tests" = 1 ]; then
   [ "${GPU_BENCH_COMM:-0}" = 1 ] && step comm_bench ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29652 \
     ./build-cuda/tools/comm_bench --backend nccl --dtype bf16 --ops all_reduce,reduce_scatter,all_gather \
     --min-bytes 1048576 --max-bytes 1073741824 --iters 20 --warmup 5 --check
-  step engine_bf16 python3 tests/engine/bf16_oracle.py --launcher ./build-cuda/launcher/dscpp \
-    --train ./build-cuda/tests/engine/engine_train
+  step engine_bf16 python3 tests/runtime/engine/bf16_oracle.py --launcher ./build-cuda/launcher/dscpp \
+    --train ./build-cuda/tests/runtime/engine/engine_train
   # Checkpoints over NCCL: bit-exact resume at stages 0-2.
-  step checkpoint_resume python3 tests/checkpoint/checkpoint_oracle.py --part resume \
-    --launcher ./build-cuda/launcher/dscpp --train ./build-cuda/tests/engine/engine_train \
+  step checkpoint_resume python3 tests/runtime/checkpoint/checkpoint_oracle.py --part resume \
+    --launcher ./build-cuda/launcher/dscpp --train ./build-cuda/tests/runtime/engine/engine_train \
     --zero-to-fp32 ./build-cuda/tools/zero_to_fp32
 fi
 if [ "$tests" = quick ] && [ "$gpus" -ge 2 ]; then
   step fused_adam_test ./build-cuda/tests/optim/test_fused_adam_cuda
-  step engine_cases ./build-cuda/tests/engine/test_engine_cases
-  step engine_bf16 python3 tests/engine/bf16_oracle.py --launcher ./build-cuda/launcher/dscpp \
-    --train ./build-cuda/tests/engine/engine_train --quick
+  step engine_cases ./build-cuda/tests/runtime/engine/test_engine_cases
+  step engine_bf16 python3 tests/runtime/engine/bf16_oracle.py --launcher ./build-cuda/launcher/dscpp \
+    --train ./build-cuda/tests/runtime/engine/engine_train --quick
 fi
 comm_ag() {  # the ZeRO step's all-gather beside the other collectives, two NCCL settings
   local ops=(--backend nccl --dtype bf16 --ops all_gather,reduce_scatter,all_reduce
@@ -93,8 +93,8 @@ if [ "${GPU_BENCH_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/fused_adam_bench ];
 fi
 # The GPT's fused kernels: their CUDA tests against float64 references, then their timing
 # beside the eager ops at the 1.3B model's shapes.
-if [ "$tests" = 1 ] && [ "$gpus" -ge 1 ] && [ -x ./build-cuda/tests/kernels/test_kernels_cuda ]; then
-  step kernels_cuda ./build-cuda/tests/kernels/test_kernels_cuda
+if [ "$tests" = 1 ] && [ "$gpus" -ge 1 ] && [ -x ./build-cuda/tests/ops/test_kernels_cuda ]; then
+  step kernels_cuda ./build-cuda/tests/ops/test_kernels_cuda
   step kernels_bench ./build-cuda/bench/kernels_bench
 fi
 # GPT 1.3B training throughput: dscpp's train_gpt beside plain PyTorch in the same call

@@ -3,12 +3,12 @@
 # OUT_DIR/fortunes.jsonl (one fortune a document: the text between lines holding only '%'), then
 # OUT_DIR/fortunes_text_document.bin/.idx through preprocess_data with GPT-2's BPE.
 # Environment: PREPROCESS_DATA (default build/tools/preprocess_data), GPT2_BPE_DIR (default
-# model_zoo/gpt2_bpe, a copy of GPT-2s files), FORTUNES_DIR (default /usr/share/games/fortunes), DSCPP_PYTHON.
+# data/gpt2_bpe, a copy of GPT-2s files), FORTUNES_DIR (default /usr/share/games/fortunes), DSCPP_PYTHON.
 set -euo pipefail
 out=${1:?usage: scripts/prepare_corpus.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
 tool=${PREPROCESS_DATA:-$root/build/tools/preprocess_data}
-bpe=${GPT2_BPE_DIR:-$root/model_zoo/gpt2_bpe}
+bpe=${GPT2_BPE_DIR:-$root/data/gpt2_bpe}
 fortunes=${FORTUNES_DIR:-/usr/share/games/fortunes}
 [ -d "$fortunes" ] || { echo "prepare_corpus: no $fortunes (apt-get install fortunes)" >&2; exit 1; }
 mkdir -p "$out"

@@ -11,7 +11,7 @@
 #include <chrono>
 #include <iostream>
 
-#include "runtime/comm/rendezvous.h"
+#include "dscpp/comm/rendezvous.h"
 
 namespace po = boost::program_options;
 using dscpp::comm::ProcessGroup;

@@ -5,9 +5,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "runtime/build_info.h"
-#include "runtime/config/config_error.h"
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/ds_config.h"
+#include "dscpp/runtime/build_info.h"
 
 namespace po = boost::program_options;
 

@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/data/gpt2_tokenizer.h"
-#include "runtime/data/indexed_dataset.h"
+#include "dscpp/data/gpt2_tokenizer.h"
+#include "dscpp/data/indexed_dataset.h"
 
 namespace po = boost::program_options;
 namespace data = dscpp::data;

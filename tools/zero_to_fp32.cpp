@@ -4,7 +4,7 @@
 #include <boost/program_options.hpp>
 #include <iostream>
 
-#include "runtime/checkpoint/fp32_state.h"
+#include "dscpp/runtime/checkpoint/fp32_state.h"
 
 namespace po = boost::program_options;
 

@@ -1,5 +1,5 @@
 // AsyncScalarRead: see async_scalar_read.h.
-#include "zero/async_scalar_read.h"
+#include "dscpp/zero/async_scalar_read.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>

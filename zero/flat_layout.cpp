@@ -1,5 +1,5 @@
 // FlatLayout::build: pure arithmetic, no tensors.
-#include "zero/flat_layout.h"
+#include "dscpp/zero/flat_layout.h"
 
 #include <algorithm>
 #include <stdexcept>

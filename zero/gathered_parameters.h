@@ -5,7 +5,7 @@
 // Collective: every rank opens and closes the scope. At stages 0-2 it does nothing.
 #pragma once
 
-#include "zero/zero_optimizer.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp::zero {
 

@@ -1,5 +1,5 @@
 // GradBuckets: see grad_buckets.h.
-#include "zero/grad_buckets.h"
+#include "dscpp/zero/grad_buckets.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

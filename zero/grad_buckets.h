@@ -26,8 +26,8 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/comm/process_group.h"
-#include "zero/flat_layout.h"
+#include "dscpp/comm/process_group.h"
+#include "dscpp/zero/flat_layout.h"
 
 namespace dscpp::zero {
 

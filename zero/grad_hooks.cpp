@@ -1,5 +1,5 @@
 // register_ready_hooks: post hooks on AccumulateGrad nodes.
-#include "zero/grad_hooks.h"
+#include "dscpp/zero/grad_hooks.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>

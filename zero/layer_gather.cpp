@@ -1,7 +1,7 @@
 // LayerGather: see layer_gather.h.
-#include "runtime/autograd_function.h"  // first: see there
+#include "dscpp/ops/autograd_function.h"  // first: see there
 
-#include "zero/layer_gather.h"
+#include "dscpp/zero/layer_gather.h"
 
 #include <ATen/core/grad_mode.h>
 

@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "zero/layer_hooks.h"
-#include "zero/zero_optimizer.h"
+#include "dscpp/nn/layer_hooks.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp::zero {
 
@@ -28,7 +28,7 @@ struct LayerGatherOptions {
   int64_t max_reuse_distance = 1000000000;
 };
 
-class LayerGather : public LayerHooks {
+class LayerGather : public nn::LayerHooks {
  public:
   // layer_buckets[l]: the buckets layer l's forward uses (persistent ones are skipped).
   LayerGather(ZeroOptimizer& zero, std::vector<std::vector<int>> layer_buckets,

@@ -9,12 +9,12 @@
 #include <utility>
 #include <vector>
 
-#include "zero/layer_hooks.h"
-#include "zero/zero_optimizer.h"
+#include "dscpp/nn/layer_hooks.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp::zero {
 
-class PublishWaits final : public LayerHooks {
+class PublishWaits final : public nn::LayerHooks {
  public:
   // layer_buckets[l]: the buckets holding layer l's parameters.
   PublishWaits(ZeroOptimizer& zero, std::vector<std::vector<int>> layer_buckets)

@@ -1,5 +1,5 @@
 // ZeroOptimizer: see zero_optimizer.h.
-#include "zero/zero_optimizer.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "zero/grad_hooks.h"
+#include "dscpp/zero/grad_hooks.h"
 
 namespace dscpp::zero {
 

@@ -12,11 +12,11 @@
 #include <optional>
 #include <vector>
 
-#include "optim/optimizer.h"
-#include "runtime/comm/process_group.h"
-#include "zero/async_scalar_read.h"
-#include "zero/flat_layout.h"
-#include "zero/grad_buckets.h"
+#include "dscpp/comm/process_group.h"
+#include "dscpp/optim/optimizer.h"
+#include "dscpp/zero/async_scalar_read.h"
+#include "dscpp/zero/flat_layout.h"
+#include "dscpp/zero/grad_buckets.h"
 
 namespace dscpp::zero {
 

@@ -1,5 +1,5 @@
 // DeepSpeed's checkpoint layout: see ds_layout.h.
-#include "runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/ds_layout.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,12 +1,12 @@
 // Consolidated fp32 weights from a checkpoint: see fp32_state.h.
-#include "runtime/checkpoint/fp32_state.h"
+#include "dscpp/runtime/checkpoint/fp32_state.h"
 
 #include <ATen/ATen.h>
 
 #include <filesystem>
 #include <map>
 
-#include "runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/ds_layout.h"
 
 namespace dscpp::checkpoint {
 

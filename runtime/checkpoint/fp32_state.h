@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "runtime/checkpoint/torch_file.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
 
 namespace dscpp::checkpoint {
 

@@ -1,7 +1,7 @@
 // PyValue: the Python values a torch file holds (see torch_file.h).
 #include <stdexcept>
 
-#include "runtime/checkpoint/torch_file.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
 
 namespace dscpp::checkpoint {
 

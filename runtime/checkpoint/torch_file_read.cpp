@@ -1,5 +1,5 @@
 // load_torch_file: our files and torch.save's, through a small unpickler.
-#include "runtime/checkpoint/torch_file.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -18,8 +18,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "runtime/checkpoint/torch_format.h"
-#include "runtime/checkpoint/zip_crc.h"
+#include "dscpp/runtime/checkpoint/torch_format.h"
+#include "dscpp/runtime/checkpoint/zip_crc.h"
 
 namespace dscpp::checkpoint {
 

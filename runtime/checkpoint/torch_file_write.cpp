@@ -1,5 +1,5 @@
 // save_torch_file: torch.save's zip layout, written record by record, pickle protocol 2.
-#include "runtime/checkpoint/torch_file.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "runtime/checkpoint/torch_format.h"
+#include "dscpp/runtime/checkpoint/torch_format.h"
 
 namespace dscpp::checkpoint {
 

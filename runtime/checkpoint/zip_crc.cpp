@@ -1,5 +1,5 @@
 // Record checksums of a zip archive: see zip_crc.h.
-#include "runtime/checkpoint/zip_crc.h"
+#include "dscpp/runtime/checkpoint/zip_crc.h"
 
 #include <zlib.h>
 

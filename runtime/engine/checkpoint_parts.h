@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "optim/optimizer.h"
-#include "runtime/checkpoint/ds_layout.h"
-#include "runtime/checkpoint/torch_file.h"
-#include "zero/ds_partition.h"
-#include "zero/zero_optimizer.h"
+#include "dscpp/optim/optimizer.h"
+#include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp::engine_checkpoint {
 
@@ -62,10 +62,10 @@ inline std::vector<int64_t> numels_of(const zero::ZeroOptimizer& zero) {
 }
 
 // DeepSpeed's layout of the saved partitions: stage 3 partitions each parameter on its own.
-inline zero::DsLayout ds_layout(int stage, const std::vector<int64_t>& numels, int world,
-                                const std::vector<int64_t>& paddings = {}) {
-  return stage >= 3 ? zero::DsLayout::build_stage3(numels, world)
-                    : zero::DsLayout::build(numels, world, paddings);
+inline checkpoint::DsLayout ds_layout(int stage, const std::vector<int64_t>& numels, int world,
+                                      const std::vector<int64_t>& paddings = {}) {
+  return stage >= 3 ? checkpoint::DsLayout::build_stage3(numels, world)
+                    : checkpoint::DsLayout::build(numels, world, paddings);
 }
 
 }  // namespace dscpp::engine_checkpoint

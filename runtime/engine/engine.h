@@ -9,9 +9,9 @@
 #include <string>
 #include <utility>
 
-#include "runtime/config/json_text.h"
-#include "runtime/engine/engine_core.h"
-#include "zero/layer_hooks.h"
+#include "dscpp/config/json_text.h"
+#include "dscpp/nn/layer_hooks.h"
+#include "dscpp/runtime/engine/engine_core.h"
 
 namespace dscpp {
 
@@ -97,7 +97,7 @@ Engine<ModuleHolder> initialize(ModuleHolder module, const nlohmann::json& confi
                    out.emplace_back(item.key(), item.value());
                  return out;
                },
-               dynamic_cast<zero::Layered*>(impl));
+               dynamic_cast<nn::Layered*>(impl));
   return Engine<ModuleHolder>(std::move(module), std::move(core));
 }
 

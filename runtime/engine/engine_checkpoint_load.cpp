@@ -12,14 +12,14 @@
 #include <map>
 #include <set>
 
-#include "optim/lr_schedules.h"
-#include "optim/optimizer.h"
-#include "runtime/checkpoint/ds_layout.h"
-#include "runtime/engine/checkpoint_parts.h"
-#include "runtime/engine/engine_core.h"
-#include "runtime/precision/loss_scaler.h"
-#include "zero/ds_partition.h"
-#include "zero/zero_optimizer.h"
+#include "dscpp/optim/lr_schedules.h"
+#include "dscpp/optim/optimizer.h"
+#include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/engine/checkpoint_parts.h"
+#include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/precision/loss_scaler.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp {
 
@@ -205,7 +205,7 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
     if (fp32.numel() != held)
       throw CheckpointError(fmt::format("'{}' holds {} fp32 elements; rank {} of {} should hold {}",
                                         path, fp32.numel(), f, saved_world, held));
-    zero::from_ds_partition(layout, me, ds, f, fp32, zero_->master_partition());
+    checkpoint::from_ds_partition(layout, me, ds, f, fp32, zero_->master_partition());
 
     if (!load_optimizer_states) continue;
     const PyValue& base = need(osd, stage3 ? "optimizer_state_dict" : "base_optimizer_state", path);
@@ -224,7 +224,7 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
             fmt::format("'{}': optimizer state {} holds {} elements, fewer "
                         "than the partition's {}",
                         path, name, src.numel(), held));
-      zero::from_ds_partition(layout, me, ds, f, src.reshape({-1}).slice(0, 0, held), t);
+      checkpoint::from_ds_partition(layout, me, ds, f, src.reshape({-1}).slice(0, 0, held), t);
     }
     if (const PyValue* s = entry->find(PyValue("step"))) {
       const int64_t st = step_of(*s);

@@ -4,7 +4,8 @@
 //     keys, the LR schedule, at stage 0 the optimizer in torch's per-parameter layout, and
 //     ours: loss scaler, every rank's RNG states, the micro-step count;
 //   ZeRO files (stages 1-3, one per rank): DeepSpeed's partition of the fp32 master weights
-//     and of the optimizer state, re-mapped from our bucket layout (zero/ds_partition.h).
+//     and of the optimizer state, re-mapped from our bucket layout
+//     (runtime/checkpoint/ds_partition.h).
 // Saving is safe against a crash: each file is renamed into place once complete, and `latest`
 // moves only after every rank has written; loading reads every saved partition, so any
 // number of ranks loads any other's checkpoint.
@@ -19,14 +20,14 @@
 #include <map>
 #include <set>
 
-#include "optim/lr_schedules.h"
-#include "optim/optimizer.h"
-#include "runtime/checkpoint/ds_layout.h"
-#include "runtime/engine/checkpoint_parts.h"
-#include "runtime/engine/engine_core.h"
-#include "runtime/precision/loss_scaler.h"
-#include "zero/ds_partition.h"
-#include "zero/zero_optimizer.h"
+#include "dscpp/optim/lr_schedules.h"
+#include "dscpp/optim/optimizer.h"
+#include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/engine/checkpoint_parts.h"
+#include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/precision/loss_scaler.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp {
 
@@ -187,7 +188,7 @@ PyValue EngineCore::zero_states() {
     const at::Tensor t = zero_->state_partition(name);
     // DeepSpeed's (rigid) optimizer state covers the whole partition, padding included.
     at::Tensor full = at::zeros({ds.partition}, at::kFloat);
-    full.slice(0, 0, held).copy_(zero::to_ds_partition(layout, ds, t, *group_));
+    full.slice(0, 0, held).copy_(checkpoint::to_ds_partition(layout, ds, t, *group_));
     entry.set(PyValue(name), PyValue(full));
   }
   PyValue state = PyValue::dict();
@@ -208,8 +209,8 @@ PyValue EngineCore::zero_states() {
   // Stage 3's keys differ: DeepSpeed's DeepSpeedZeroOptimizer_Stage3.state_dict().
   osd.set(PyValue(stage3 ? "optimizer_state_dict" : "base_optimizer_state"), std::move(base));
   osd.set(PyValue(stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups"),
-          PyValue::list(
-              {PyValue(zero::to_ds_partition(layout, ds, zero_->master_partition(), *group_))}));
+          PyValue::list({PyValue(
+              checkpoint::to_ds_partition(layout, ds, zero_->master_partition(), *group_))}));
   osd.set(PyValue("zero_stage"), PyValue(zero_->stage()));
   if (stage3) {
     osd.set(PyValue("partition_count"), PyValue(group_->size()));

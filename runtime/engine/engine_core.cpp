@@ -1,5 +1,5 @@
 // EngineCore: see engine_core.h.
-#include "runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/engine_core.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -10,15 +10,15 @@
 #include <map>
 #include <set>
 
-#include "optim/lr_schedules.h"
-#include "optim/optimizer.h"
-#include "runtime/comm/rendezvous.h"
-#include "runtime/config/config_error.h"
-#include "runtime/monitor/monitor.h"
-#include "runtime/precision/loss_scaler.h"
-#include "zero/layer_gather.h"
-#include "zero/publish_waits.h"
-#include "zero/zero_optimizer.h"
+#include "dscpp/comm/rendezvous.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/optim/lr_schedules.h"
+#include "dscpp/optim/optimizer.h"
+#include "dscpp/runtime/monitor/monitor.h"
+#include "dscpp/runtime/precision/loss_scaler.h"
+#include "dscpp/zero/layer_gather.h"
+#include "dscpp/zero/publish_waits.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp {
 
@@ -172,7 +172,7 @@ void EngineCore::start_layer_gather() {
 }
 
 void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
-                        std::function<NamedParams()> named_buffers, zero::Layered* layered) {
+                        std::function<NamedParams()> named_buffers, nn::Layered* layered) {
   cast(dtype_, device_);
   named_params_ = std::move(named_params);
   named_buffers_ = std::move(named_buffers);
@@ -201,7 +201,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     layered_ = layered;  // its hooks wait for each layer's buckets (start_publish_waits)
   } else if (z.stage == 3 && group_->rank() == 0) {
     std::cerr << "dscpp: stage 3 gathers this module as a whole around its forward and "
-                 "backward (give it as a LayerSpec list, model_zoo::LayerModule, to gather layer "
+                 "backward (give it as a LayerSpec list, nn::LayerModule, to gather layer "
                  "by layer); 'stage3_prefetch_bucket_size', 'stage3_max_live_parameters', "
                  "'stage3_max_reuse_distance' and 'stage3_param_persistence_threshold' have no "
                  "effect on it\n";

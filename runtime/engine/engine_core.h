@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint/torch_file.h"
-#include "runtime/comm/process_group.h"
-#include "runtime/config/ds_config.h"
+#include "dscpp/comm/process_group.h"
+#include "dscpp/config/ds_config.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
 
 namespace dscpp {
 
@@ -27,8 +27,10 @@ namespace zero {
 class ZeroOptimizer;
 class LayerGather;
 class PublishWaits;
-class Layered;
 }  // namespace zero
+namespace nn {
+class Layered;
+}
 class LossScaler;
 namespace monitor {
 class MonitorMaster;
@@ -84,7 +86,7 @@ class EngineCore {
   // layered: the module's layer structure (a LayerModule), for stage 3 by layer; nullptr:
   // any other module, gathered as a whole at stage 3.
   void attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
-              std::function<NamedParams()> named_buffers, zero::Layered* layered = nullptr);
+              std::function<NamedParams()> named_buffers, nn::Layered* layered = nullptr);
 
   // DeepSpeed's save_checkpoint / load_checkpoint (runtime/engine/engine_checkpoint.cpp):
   // collective, on every rank. tag "" means "global_step<N>" on save and <dir>/latest on
@@ -170,7 +172,7 @@ class EngineCore {
   std::unique_ptr<zero::ZeroOptimizer> zero_;
   std::unique_ptr<zero::LayerGather> layer_gather_;
   std::unique_ptr<zero::PublishWaits> publish_waits_;  // stages 1-2, deferred all-gathers
-  zero::Layered* layered_ = nullptr;                   // whose hooks point at layer_gather_
+  nn::Layered* layered_ = nullptr;                     // whose hooks point at layer_gather_
   // Stage 3 by layer: the trainable parameters (indices into param_names_) each layer uses,
   // and each one's unit (the first layer using it; -1: persistent).
   std::vector<std::vector<int>> layer_param_indices() const;

@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <iostream>
 
-#include "runtime/checkpoint/torch_file.h"
-#include "runtime/engine/engine_core.h"
-#include "zero/gathered_parameters.h"
-#include "zero/zero_optimizer.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
+#include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/zero/gathered_parameters.h"
+#include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp {
 

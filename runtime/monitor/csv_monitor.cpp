@@ -1,5 +1,5 @@
 // DeepSpeed's CSV monitor: one appended CSV file per event name.
-#include "runtime/monitor/csv_monitor.h"
+#include "dscpp/runtime/monitor/csv_monitor.h"
 
 #include <cerrno>
 #include <charconv>

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/monitor/event.h"
+#include "dscpp/runtime/monitor/event.h"
 
 namespace dscpp::monitor {
 

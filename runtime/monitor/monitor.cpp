@@ -1,11 +1,11 @@
 // MonitorMaster: opens the ds_config's monitors on rank 0 and fans events out to them.
-#include "runtime/monitor/monitor.h"
+#include "dscpp/runtime/monitor/monitor.h"
 
 #include <filesystem>
 
-#include "runtime/config/ds_config.h"
-#include "runtime/monitor/csv_monitor.h"
-#include "runtime/monitor/tensorboard.h"
+#include "dscpp/config/ds_config.h"
+#include "dscpp/runtime/monitor/csv_monitor.h"
+#include "dscpp/runtime/monitor/tensorboard.h"
 
 namespace dscpp::monitor {
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/monitor/event.h"
+#include "dscpp/runtime/monitor/event.h"
 
 namespace dscpp {
-struct DSConfig;       // runtime/config/ds_config.h; declared only, to keep nlohmann/json
+struct DSConfig;       // config/ds_config.h; declared only, to keep nlohmann/json
 struct MonitorConfig;  // out of the files that include this one
 }  // namespace dscpp
 

@@ -1,6 +1,6 @@
 // DeepSpeed's TensorBoard monitor: scalar events as TFRecord-framed protobuf records. The one
 // translation unit that sees protobuf.
-#include "runtime/monitor/tensorboard.h"
+#include "dscpp/runtime/monitor/tensorboard.h"
 
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "runtime/monitor/tfrecord.h"
+#include "dscpp/runtime/monitor/tfrecord.h"
 #include "tensorboard_event.pb.h"  // generated from tensorboard_event.proto
 
 namespace dscpp::monitor {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/monitor/event.h"
+#include "dscpp/runtime/monitor/event.h"
 
 namespace dscpp::monitor {
 

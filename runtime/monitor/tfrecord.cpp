@@ -1,5 +1,5 @@
 // TFRecord framing and CRC-32C for TensorBoard event files.
-#include "runtime/monitor/tfrecord.h"
+#include "dscpp/runtime/monitor/tfrecord.h"
 
 #include <array>
 

@@ -1,4 +1,4 @@
-#include "runtime/precision/loss_scaler.h"
+#include "dscpp/runtime/precision/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/ds_config.h"
 
 namespace dscpp {
 

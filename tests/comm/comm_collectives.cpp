@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "runtime/comm/rendezvous.h"
-#include "runtime/comm/topology.h"
+#include "dscpp/comm/rendezvous.h"
+#include "dscpp/comm/topology.h"
 
 using dscpp::comm::ProcessGroup;
 using dscpp::comm::ReduceOp;

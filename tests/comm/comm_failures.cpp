@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "runtime/comm/rendezvous.h"
+#include "dscpp/comm/rendezvous.h"
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[argc - 1] : "";

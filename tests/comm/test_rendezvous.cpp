@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "runtime/comm/rendezvous.h"
+#include "dscpp/comm/rendezvous.h"
 
 using dscpp::comm::CommError;
 using dscpp::comm::read_dist_env;

@@ -1,7 +1,7 @@
 // Topology lays ranks as DeepSpeed's ProcessTopology does (last axis fastest).
 #include <gtest/gtest.h>
 
-#include "runtime/comm/topology.h"
+#include "dscpp/comm/topology.h"
 
 using dscpp::comm::Topology;
 

@@ -2,8 +2,8 @@
 // size; all three must agree; the error shows the arithmetic.
 #include <gtest/gtest.h>
 
-#include "runtime/config/config_error.h"
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/ds_config.h"
 
 using dscpp::ConfigOptions;
 using dscpp::parse_ds_config;

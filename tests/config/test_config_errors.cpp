@@ -3,8 +3,8 @@
 // would change training are refused by name.
 #include <gtest/gtest.h>
 
-#include "runtime/config/config_error.h"
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/ds_config.h"
 
 using dscpp::ConfigError;
 using dscpp::ConfigOptions;

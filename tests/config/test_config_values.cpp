@@ -2,7 +2,7 @@
 // deprecated spellings, and "auto" inside sections.
 #include <gtest/gtest.h>
 
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/ds_config.h"
 
 using dscpp::ConfigOptions;
 using dscpp::parse_ds_config;

@@ -4,8 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/config/config_error.h"
-#include "runtime/config/json_text.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/json_text.h"
 
 using dscpp::ConfigError;
 using dscpp::config::parse_config_text;

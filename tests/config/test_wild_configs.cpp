@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/config/config_error.h"
-#include "runtime/config/ds_config.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/ds_config.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/data/indexed_dataset.h"
+#include "dscpp/data/indexed_dataset.h"
 
 namespace dscpp::data::testing {
 

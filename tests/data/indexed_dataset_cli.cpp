@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "runtime/data/indexed_dataset.h"
+#include "dscpp/data/indexed_dataset.h"
 
 namespace data = dscpp::data;
 

@@ -1,6 +1,6 @@
 // Prefetcher and DataLoader: the background thread delivers exactly what direct reading gives,
 // across epochs and ranks, resumes mid-stream, re-throws its errors and shuts down cleanly.
-#include "runtime/data/data_loader.h"
+#include "dscpp/data/data_loader.h"
 
 #include <ATen/ops/equal.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // GPT2Tokenizer: the pre-tokenisation regex on hand-worked cases, GPT-2's byte alphabet, merge
 // priority on a hand-made vocabulary, GPT-2's published ids, lossless decoding and file errors.
 // (Ids on large real text are compared with Hugging Face in test_bpe_against_hf.py.)
-#include "runtime/data/gpt2_tokenizer.h"
+#include "dscpp/data/gpt2_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/data/unicode_classes.h"
+#include "dscpp/data/unicode_classes.h"
 #include "tests/data/data_test_util.h"
 
 namespace {

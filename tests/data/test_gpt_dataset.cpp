@@ -1,7 +1,7 @@
 // GPTDataset and BatchPlan: windows on a hand-checkable stream, windows that tile the shuffled
 // stream exactly, seeded determinism, and data-parallel shares that are disjoint and together
 // make up the epoch (and each global batch).
-#include "runtime/data/gpt_dataset.h"
+#include "dscpp/data/gpt_dataset.h"
 
 #include <gtest/gtest.h>
 

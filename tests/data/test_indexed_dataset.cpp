@@ -1,6 +1,6 @@
 // IndexedDatasetWriter and IndexedDataset: round trips in every token dtype, Megatron's dtype
 // rule, empty documents, refused tokens and files, and no half-written files.
-#include "runtime/data/indexed_dataset.h"
+#include "dscpp/data/indexed_dataset.h"
 
 #include <gtest/gtest.h>
 

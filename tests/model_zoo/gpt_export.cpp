@@ -9,8 +9,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "model_zoo/gpt.h"
-#include "runtime/checkpoint/torch_file.h"
+#include "dscpp/model_zoo/gpt.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
 
 using dscpp::checkpoint::PyValue;
 namespace mz = dscpp::model_zoo;

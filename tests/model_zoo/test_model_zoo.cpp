@@ -21,10 +21,10 @@
 #include <map>
 #include <set>
 
-#include "dscpp.h"
-#include "model_zoo/gpt.h"
-#include "model_zoo/layer_module.h"
-#include "runtime/activation_checkpointing/checkpointing.h"
+#include "dscpp/dscpp.h"
+#include "dscpp/model_zoo/gpt.h"
+#include "dscpp/nn/activation_checkpointing.h"
+#include "dscpp/nn/layer_module.h"
 #include "tests/cpu_bytes_counter.h"
 
 using dscpp::ConfigError;
@@ -330,9 +330,9 @@ TEST(GPT, LayerSpecsInSequenceGiveTheModulesOutput) {
   for (bool tied : {true, false}) {
     mz::GPTConfig c = small_config(0.1, tied);
     mz::GPT model(c);
-    std::vector<mz::LayerSpec> specs = mz::gpt_layer_specs(c);
+    std::vector<dscpp::nn::LayerSpec> specs = mz::gpt_layer_specs(c);
     ASSERT_EQ(specs.size(), static_cast<size_t>(c.num_layers + 3));
-    std::vector<mz::Layer> layers = mz::build_layers(specs);
+    std::vector<dscpp::nn::Layer> layers = dscpp::nn::build_layers(specs);
     // Tied: the head runs the embedding's module itself.
     EXPECT_EQ(layers.front().module == layers.back().module, tied);
 
@@ -361,7 +361,7 @@ TEST(GPT, LayerSpecsInSequenceGiveTheModulesOutput) {
       at::manual_seed(5);
       at::Tensor expected = model->forward(b.ids);
       at::manual_seed(5);
-      at::Tensor got = mz::run_layers(layers, b.ids);
+      at::Tensor got = dscpp::nn::run_layers(layers, b.ids);
       EXPECT_TRUE(at::equal(expected, got)) << "tied " << tied << " training " << training;
     }
   }
@@ -373,7 +373,7 @@ TEST(GPT, LayerModuleHasTheModulesStateDictAndOutput) {
   for (bool tied : {true, false}) {
     mz::GPTConfig c = small_config(0.0, tied);
     mz::GPT model(c);
-    mz::LayerModule layered(mz::gpt_layer_specs(c));
+    dscpp::nn::LayerModule layered(mz::gpt_layer_specs(c));
     std::map<std::string, at::Tensor> whole;
     for (const auto& item : model->named_parameters()) whole[item.key()] = item.value();
     std::set<std::string> keys;

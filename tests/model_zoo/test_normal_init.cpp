@@ -1,4 +1,4 @@
-// model_zoo::normal_init: the GPT's parallel initialisation.
+// nn::normal_init: the GPT's parallel initialisation.
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
@@ -8,7 +8,7 @@
 
 #include <cmath>
 
-#include "model_zoo/normal_init.h"
+#include "dscpp/nn/normal_init.h"
 
 // normal_init draws blocks of 2^20 elements in parallel, each from its own generator: the
 // result must depend on the seed alone (not the thread count), and the blocks must be
@@ -20,7 +20,7 @@ TEST(NormalInit, DependsOnTheSeedNotTheThreads) {
     at::set_num_threads(nthreads);
     at::manual_seed(seed);
     at::Tensor t = at::empty({n}).requires_grad_();  // as a parameter: a leaf
-    dscpp::model_zoo::normal_init(t, 0.5);
+    dscpp::nn::normal_init(t, 0.5);
     t = t.detach();
     return t;
   };

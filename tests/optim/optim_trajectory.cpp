@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "optim/lr_schedules.h"
-#include "optim/optimizer.h"
-#include "runtime/config/config_error.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/optim/lr_schedules.h"
+#include "dscpp/optim/optimizer.h"
 
 namespace {
 

@@ -22,15 +22,15 @@
 #include <string>
 #include <vector>
 
-#include "optim/cuda/fused_adam.h"
-#include "optim/optimizer.h"
+#include "dscpp/ops/fused_adam.h"
+#include "dscpp/optim/optimizer.h"
 
 namespace {
 
+using dscpp::ops::cuda::AdamArgs;
+using dscpp::ops::cuda::fused_adam_step;
 using dscpp::optim::make_optimizer;
 using dscpp::optim::Optimizer;
-using dscpp::optim::cuda::AdamArgs;
-using dscpp::optim::cuda::fused_adam_step;
 using nlohmann::json;
 
 #define SKIP_WITHOUT_CUDA() \

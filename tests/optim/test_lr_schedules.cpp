@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "optim/lr_schedules.h"
-#include "runtime/config/config_error.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/optim/lr_schedules.h"
 
 namespace {
 

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <vector>
 
-#include "optim/optimizer.h"
-#include "runtime/config/config_error.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/optim/optimizer.h"
 
 namespace {
 

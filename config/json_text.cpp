@@ -1,0 +1,272 @@
+// Config text to JSON: nlohmann's parser for strict JSON with comments (the common case,
+// and duplicate keys are refused as DeepSpeed refuses them), then a small relaxed reader
+// for the Hjson that real DeepSpeed configs contain. No Hjson library exists for C++ in
+// Debian or PyPI, so the relaxed reader is ours; it builds nlohmann values directly.
+#include "dscpp/config/json_text.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "dscpp/config/config_error.h"
+
+namespace dscpp::config {
+namespace {
+
+using nlohmann::json;
+
+// Line and column (1-based) of a byte offset, for error messages.
+std::pair<int, int> line_col(const std::string& text, size_t offset) {
+  int line = 1, col = 1;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {line, col};
+}
+
+class RelaxedReader {
+ public:
+  RelaxedReader(const std::string& text, const std::string& source) : s_(text), source_(source) {}
+
+  json read() {
+    skip_blank();
+    json root;
+    if (pos_ < s_.size() && (s_[pos_] == '{' || s_[pos_] == '[')) {
+      root = value();
+    } else {
+      root = members(/*braced=*/false);  // Hjson allows the root object's braces to be left out
+    }
+    skip_blank();
+    if (pos_ < s_.size()) fail("unexpected text after the end of the configuration");
+    return root;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    auto [line, col] = line_col(s_, pos_);
+    throw ConfigError("", fmt::format("{}:{}:{}: cannot parse: {}", source_, line, col, what));
+  }
+
+  bool at(char c) const { return pos_ < s_.size() && s_[pos_] == c; }
+
+  // Skips whitespace and comments; returns whether a newline was crossed, since Hjson
+  // lets a newline stand in for a comma.
+  bool skip_blank() {
+    bool newline = false;
+    while (pos_ < s_.size()) {
+      char c = s_[pos_];
+      if (c == '\n') {
+        newline = true;
+        ++pos_;
+      } else if (std::isspace(static_cast<unsigned char>(c))) {
+        ++pos_;
+      } else if (c == '#' || (c == '/' && pos_ + 1 < s_.size() && s_[pos_ + 1] == '/')) {
+        while (pos_ < s_.size() && s_[pos_] != '\n') ++pos_;
+      } else if (c == '/' && pos_ + 1 < s_.size() && s_[pos_ + 1] == '*') {
+        size_t end = s_.find("*/", pos_ + 2);
+        if (end == std::string::npos) fail("unterminated /* comment");
+        newline = newline || s_.find('\n', pos_) < end;
+        pos_ = end + 2;
+      } else {
+        break;
+      }
+    }
+    return newline;
+  }
+
+  json members(bool braced) {
+    json obj = json::object();
+    std::set<std::string> seen;
+    while (true) {
+      skip_blank();
+      if (braced && at('}')) {
+        ++pos_;
+        return obj;
+      }
+      if (pos_ >= s_.size()) {
+        if (braced) fail("missing '}' at the end of an object");
+        return obj;
+      }
+      size_t key_pos = pos_;
+      std::string k = key();
+      if (!seen.insert(k).second) {
+        pos_ = key_pos;
+        fail(fmt::format("duplicate key \"{}\"", k));
+      }
+      skip_blank();
+      if (!at(':')) fail(fmt::format("expected ':' after key \"{}\"", k));
+      ++pos_;
+      obj[k] = value();
+      bool newline = skip_blank();
+      if (at(',')) {
+        ++pos_;
+      } else if (!(braced && at('}')) && pos_ < s_.size() && !newline) {
+        fail("expected ',' or a new line between members");
+      }
+    }
+  }
+
+  json elements() {
+    json arr = json::array();
+    while (true) {
+      skip_blank();
+      if (at(']')) {
+        ++pos_;
+        return arr;
+      }
+      if (pos_ >= s_.size()) fail("missing ']' at the end of an array");
+      arr.push_back(value());
+      bool newline = skip_blank();
+      if (at(',')) {
+        ++pos_;
+      } else if (!at(']') && !newline) {
+        fail("expected ',' or a new line between array elements");
+      }
+    }
+  }
+
+  std::string key() {
+    if (at('"') || at('\'')) return quoted();
+    size_t start = pos_;
+    while (pos_ < s_.size() && s_[pos_] != ':' &&
+           !std::isspace(static_cast<unsigned char>(s_[pos_])) && s_[pos_] != '{' &&
+           s_[pos_] != '}' && s_[pos_] != '[' && s_[pos_] != ']' && s_[pos_] != ',')
+      ++pos_;
+    if (pos_ == start) fail("expected a key");
+    return s_.substr(start, pos_ - start);
+  }
+
+  std::string quoted() {
+    char q = s_[pos_];
+    size_t start = pos_;
+    ++pos_;
+    std::string raw;
+    while (pos_ < s_.size() && s_[pos_] != q) {
+      if (s_[pos_] == '\n') fail("unterminated string");
+      if (s_[pos_] == '\\' && pos_ + 1 < s_.size()) raw += s_[pos_++];
+      raw += s_[pos_++];
+    }
+    if (pos_ >= s_.size()) {
+      pos_ = start;
+      fail("unterminated string");
+    }
+    ++pos_;
+    if (q == '\'') {  // re-quote for nlohmann: escape bare double quotes
+      std::string out;
+      for (size_t i = 0; i < raw.size(); ++i) {
+        if (raw[i] == '\\' && i + 1 < raw.size() && raw[i + 1] == '\'') {
+          out += '\'';
+          ++i;
+        } else if (raw[i] == '"') {
+          out += "\\\"";
+        } else {
+          out += raw[i];
+        }
+      }
+      raw = out;
+    }
+    try {
+      return json::parse("\"" + raw + "\"").get<std::string>();
+    } catch (const json::exception&) {
+      pos_ = start;
+      fail("invalid escape in string");
+    }
+  }
+
+  json value() {
+    skip_blank();
+    if (pos_ >= s_.size()) fail("expected a value");
+    char c = s_[pos_];
+    if (c == '{') {
+      ++pos_;
+      return members(true);
+    }
+    if (c == '[') {
+      ++pos_;
+      return elements();
+    }
+    if (c == '"' || c == '\'') return quoted();
+    if (c == '}' || c == ']' || c == ',' || c == ':') fail(fmt::format("unexpected '{}'", c));
+    // Hjson: a quoteless value runs to the end of the line, unless it is a literal
+    // (number, true, false, null) followed only by a comma or a comment.
+    size_t eol = s_.find('\n', pos_);
+    if (eol == std::string::npos) eol = s_.size();
+    size_t tok_end = pos_;
+    while (tok_end < eol && !std::isspace(static_cast<unsigned char>(s_[tok_end])) &&
+           s_[tok_end] != ',' && s_[tok_end] != '}' && s_[tok_end] != ']' && s_[tok_end] != '#' &&
+           !(s_[tok_end] == '/' && tok_end + 1 < eol &&
+             (s_[tok_end + 1] == '/' || s_[tok_end + 1] == '*')))
+      ++tok_end;
+    std::string tok = s_.substr(pos_, tok_end - pos_);
+    json literal = json::parse(tok, nullptr, /*allow_exceptions=*/false);
+    if (!literal.is_discarded() && !literal.is_string() && !literal.is_structured()) {
+      pos_ = tok_end;
+      return literal;
+    }
+    std::string rest = s_.substr(pos_, eol - pos_);
+    while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back()))) rest.pop_back();
+    pos_ = eol;
+    return rest;
+  }
+
+  const std::string& s_;
+  const std::string& source_;
+  size_t pos_ = 0;
+};
+
+// nlohmann keeps the last of two equal keys; DeepSpeed refuses them, and so do we.
+json parse_strict(const std::string& text) {
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  json::parser_callback_t cb = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end) keys.pop_back();
+    if (event == json::parse_event_t::key &&
+        !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  json j = json::parse(text, cb, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  if (!duplicate.empty()) throw ConfigError("", fmt::format("duplicate key \"{}\"", duplicate));
+  return j;
+}
+
+}  // namespace
+
+json parse_config_text(const std::string& text, const std::string& source) {
+  try {
+    return parse_strict(text);
+  } catch (const json::parse_error&) {
+    // Not strict JSON: the relaxed reader either reads it or names the line and column.
+  } catch (const ConfigError& e) {
+    throw ConfigError("", source + ": " + e.what());
+  }
+  return RelaxedReader(text, source).read();
+}
+
+json read_config(const std::string& path_or_text) {
+  size_t first = path_or_text.find_first_not_of(" \t\r\n");
+  bool is_text = first != std::string::npos && path_or_text[first] == '{';
+  return is_text ? parse_config_text(path_or_text, "<config text>")
+                 : read_config_file(path_or_text);
+}
+
+json read_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("", fmt::format("cannot open config file '{}'", path));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return parse_config_text(buf.str(), path);
+}
+
+}  // namespace dscpp::config

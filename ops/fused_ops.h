@@ -1,0 +1,43 @@
+// Fused, differentiable elementwise ops for the GPT's memory-bound paths: one CUDA kernel
+// each where eager LibTorch launches several, and the same maths in ATen everywhere else.
+//
+// Which path runs: the CUDA kernels when the build has CUDA (DSCPP_CUDA), the tensors are on
+// a CUDA device and their dtypes are bf16, fp16 or fp32 as stated per op; otherwise an ATen
+// composition of the same forward and backward formulas (CPU, float64, mixed dtypes). Both
+// paths sit behind one autograd Function, so the gradient wiring is the same on every device.
+// Kernels run on the current CUDA stream of the tensors' device and never synchronise the host.
+// Backward is not itself differentiable (no double backward through the kernels).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dscpp::ops {
+
+// gelu(x + bias), torch.nn.functional.gelu's erf form, or its tanh form when
+// tanh_approximation (approximate="tanh"). x: [..., n]; bias: [n]. The kernel runs when x and
+// bias share a dtype among bf16, fp16, fp32; the sum x + bias is formed in fp32 and not rounded
+// to x's dtype before the gelu (eager rounds it, so bf16 results differ by a rounding).
+// Output: x's shape and dtype (the ATen path: the promoted dtype of x and bias).
+// Backward: dx in x's dtype; dbias = dx summed over all rows with fp32 accumulation (of the
+// unrounded dx), in bias's dtype. Saved for backward: x and the bias tensor itself (not a view
+// or copy), so a bias whose storage is swapped by set_data between forward and backward (ZeRO
+// stage 3 releasing and re-gathering parameters) is read as it is at backward time.
+at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh_approximation);
+
+// torch.nn.functional.cross_entropy(logits, targets, ignore_index=ignore_index) with
+// reduction="mean": the mean over rows whose target is not ignore_index of
+// logsumexp(logits[i]) - logits[i, targets[i]]; NaN when every row is ignored (0 / 0, as
+// PyTorch). logits: [N, V] (made contiguous if it is not); targets: [N] int64 on its device.
+// The kernel runs for bf16, fp16 and fp32 logits; it reads each row once (online max and sum
+// of exponentials, fp32) and keeps N fp32 log-sum-exps for backward, never fp32 logits.
+// Returns a 0-d fp32 tensor (fp64 for fp64 logits, on the ATen path).
+// Backward: grad_logits = (softmax(logits) - onehot(target)) * grad / count, computed in fp32
+// per element and written once in logits' dtype into a fresh tensor; ignored rows get zeros.
+// A target outside [0, V) that is not ignore_index throws on the ATen path and makes the
+// kernel's loss NaN (a check would cost a device-to-host synchronisation).
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
+                         int64_t ignore_index = -100);
+
+}  // namespace dscpp::ops

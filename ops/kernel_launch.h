@@ -1,0 +1,45 @@
+// The plain interface between the host wrappers (bias_gelu.cpp, cross_entropy.cpp: C++ with
+// LibTorch) and the kernels (*.cu, nvcc, no ATen): pointers, sizes, a dtype tag. Every launch
+// runs on the given stream of the current device and throws std::runtime_error naming the
+// failing CUDA call; none synchronises the host. Pointers are to contiguous arrays.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace dscpp::ops::cuda {
+
+enum class DType { kFloat32, kFloat16, kBFloat16 };  // the element type of the 16/32-bit arrays
+
+// y[r, j] = gelu(x[r, j] + bias[j]) for r < rows, j < n; x, bias, y of dtype.
+void launch_bias_gelu_forward(const void* x, const void* bias, void* y, int64_t rows, int64_t n,
+                              DType dtype, bool tanh_approximation, cudaStream_t stream);
+
+// How many fp32 partial sums per bias element the backward's dbias takes: its workspace holds
+// bias_gelu_partial_rows(rows, n, dtype) * n floats.
+int64_t bias_gelu_partial_rows(int64_t rows, int64_t n, DType dtype);
+
+// dx[r, j] = grad[r, j] * gelu'(x[r, j] + bias[j]) (dx null: not written);
+// dbias[j] = sum over r of that product, in fp32, rounded once to dtype (dbias null: not
+// computed, workspace unused). workspace: fp32, bias_gelu_partial_rows(rows, n, dtype) * n.
+void launch_bias_gelu_backward(const void* grad, const void* x, const void* bias, void* dx,
+                               void* dbias, float* workspace, int64_t rows, int64_t n, DType dtype,
+                               bool tanh_approximation, cudaStream_t stream);
+
+// For each row r of logits [rows, vocab] (dtype) whose target is not ignore_index:
+// lse[r] = logsumexp(logits[r]) and row_loss[r] = lse[r] - logits[r, target] (NaN for a target
+// outside [0, vocab)); ignored rows get lse[r] = row_loss[r] = 0. Then, on device,
+// count[0] = the number of counted rows and loss[0] = sum(row_loss) / count[0] (NaN for 0).
+void launch_cross_entropy_forward(const void* logits, const int64_t* targets, int64_t rows,
+                                  int64_t vocab, int64_t ignore_index, DType dtype, float* lse,
+                                  float* row_loss, float* loss, float* count, cudaStream_t stream);
+
+// dlogits[r, j] = (exp(logits[r, j] - lse[r]) - [j == target[r]]) * grad[0] / count[0] for
+// counted rows, 0 for ignored ones; grad and count are device scalars (no host round trip).
+void launch_cross_entropy_backward(const float* grad, const void* logits, const int64_t* targets,
+                                   const float* lse, const float* count, int64_t rows,
+                                   int64_t vocab, int64_t ignore_index, DType dtype, void* dlogits,
+                                   cudaStream_t stream);
+
+}  // namespace dscpp::ops::cuda

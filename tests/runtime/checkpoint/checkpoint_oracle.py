@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Checkpoints of dscpp's engine, checked against independent references.
+
+    checkpoint_oracle.py --launcher build/launcher/dscpp --train build/tests/runtime/engine/engine_train \
+        --zero-to-fp32 build/tools/zero_to_fp32 [--part resume|ranks|deepspeed]
+
+resume:    for ZeRO stages 0, 1, 2, 3 on 2 ranks, training to step 20 in one go gives bit-for-bit
+           the losses and weights of training to 10, saving, and resuming to 20 in new
+           processes; client_state comes back; every file opens with torch.load's defaults
+           (weights_only=True).
+kill:      a job SIGKILLed at random moments while saving every step resumes from `latest`.
+ranks:     a checkpoint of N ranks continues on M (2->4, 4->2, 2->1, stages 1, 2 and 3) as the
+           single-process LibTorch reference trains (1e-5 relative).
+deepspeed: DeepSpeed's zero_to_fp32 gives our tools/zero_to_fp32's weights for stages 1, 2, 3;
+           DeepSpeed loads our checkpoints of stages 0-2 and continues as we do, and we load
+           its checkpoints and continue as it does (1e-5 relative, fp32 on CPU).
+Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENGINE_TESTS = os.path.join(os.path.dirname(HERE), "engine")
+sys.path.insert(0, ENGINE_TESTS)
+from ds_train import config  # noqa: E402  (the ds_config DeepSpeed and dscpp both train with)
+from oracle import rel_err  # noqa: E402
+
+STEPS, SAVE_AT = 20, 10
+TOLERANCE = 1e-5
+
+
+class Runner:
+
+    def __init__(self, args, tmp):
+        self.args, self.tmp, self.port = args, tmp, 29950 + (os.getpid() % 50) * 8
+
+    def run(self, cmd, out):
+        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=self.args.timeout)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"{' '.join(cmd[:8])}... timed out") from e
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:8])}... exited {p.returncode}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+    def dscpp(self, name, ranks, cfg, extra=(), steps=STEPS):
+        self.port += 1
+        out = os.path.join(self.tmp, name + ".json")
+        return self.run([self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(self.port),
+                         self.args.train, "--mode", "dscpp", "--config", json.dumps(cfg), "--steps", str(steps),
+                         "--out", out, *extra], out)
+
+    def deepspeed(self, name, ranks, stage, ga, extra=(), steps=STEPS):
+        self.port += 1
+        out = os.path.join(self.tmp, name + ".json")
+        return self.run([self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(self.port),
+                         "--no_local_rank", sys.executable, os.path.join(ENGINE_TESTS, "ds_train.py"),
+                         "--init", self.init, "--stage", str(stage), "--ga", str(ga), "--steps", str(steps),
+                         "--out", out, *extra], out)
+
+    def reference(self, cfg):
+        out = os.path.join(self.tmp, "reference.json")
+        return self.run([self.args.train, "--mode", "reference", "--config", json.dumps(cfg), "--steps",
+                         str(STEPS), "--out", out], out)
+
+
+def opens_with_torch_load(folder):
+    """Every .pt file under folder opens with torch.load at its defaults (weights_only=True)."""
+    import torch
+    files = sorted(glob.glob(os.path.join(folder, "*", "*.pt")))
+    if not files:
+        return ["no .pt files"]
+    problems = []
+    for path in files:
+        try:
+            torch.load(path)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"torch.load({os.path.basename(path)}): {str(e)[:300]}")
+    return problems
+
+
+def compare(got, ref, what, exact):
+    if len(got) != len(ref):
+        return [f"{what}: {len(got)} values, expected {len(ref)}"]
+    if exact:
+        return [] if got == ref else [f"{what} differ (worst relative error {rel_err(got, ref):.2e}, want bit-exact)"]
+    err = rel_err(got, ref)
+    return [] if err <= TOLERANCE else [f"{what} differ (worst relative error {err:.2e})"]
+
+
+def part_resume(r, report):
+    for stage in (0, 1, 2, 3):
+        cfg = config(stage, 2)
+        ckpt = os.path.join(r.tmp, f"resume_s{stage}")
+        full = r.dscpp(f"full_s{stage}", 2, cfg)
+        r.dscpp(f"first_s{stage}", 2, cfg, ["--save", ckpt, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+        resumed = r.dscpp(f"resumed_s{stage}", 2, cfg, ["--load", ckpt])
+        problems = []
+        if resumed["first_step"] != SAVE_AT:
+            problems.append(f"resumed at step {resumed['first_step']}, saved at {SAVE_AT}")
+        problems += compare(resumed["losses"], full["losses"][SAVE_AT:], "losses", exact=True)
+        problems += compare(resumed["params"], full["params"], "weights", exact=True)
+        want_client = {"saved_at": SAVE_AT, "note": "from engine_train"}
+        if resumed.get("client_state") != want_client:
+            problems.append(f"client_state {resumed.get('client_state')}, saved {want_client}")
+        with open(os.path.join(ckpt, "latest")) as f:
+            if f.read() != f"global_step{SAVE_AT}":
+                problems.append("latest does not name the saved tag")
+        problems += opens_with_torch_load(ckpt)
+        report(f"resume stage={stage} ranks=2 (bit-exact)", problems)
+
+
+def part_kill(r, report):
+    """A job killed (SIGKILL, every process) at random moments while it saves every step still
+    resumes from the checkpoint `latest` names, and that checkpoint is complete."""
+    import random
+    import signal
+    rng = random.Random(1234)
+    for stage in (0, 2, 3):
+        cfg = config(stage, 1)
+        ckpt = os.path.join(r.tmp, f"kill_s{stage}")
+        problems = []
+        for attempt in range(3):
+            r.port += 1
+            out = os.path.join(r.tmp, f"kill_s{stage}_{attempt}.json")
+            cmd = [r.args.launcher, "--num_gpus", "2", "--master_port", str(r.port), r.args.train, "--mode",
+                   "dscpp", "--config", json.dumps(cfg), "--steps", "100000", "--save", ckpt, "--save-interval",
+                   "1", "--out", out] + (["--load", ckpt] if os.path.exists(os.path.join(ckpt, "latest")) else [])
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+            time.sleep(rng.uniform(2.0, 4.0))
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            time.sleep(0.5)  # let the killed ranks' exits settle before the next job
+        if not os.path.exists(os.path.join(ckpt, "latest")):
+            problems.append("no checkpoint was completed before the kills")
+        else:
+            with open(os.path.join(ckpt, "latest")) as f:
+                tag = f.read()
+            saved = int(tag.replace("global_step", ""))
+            got = r.dscpp(f"kill_resume_s{stage}", 2, cfg, ["--load", ckpt], steps=saved + 2)
+            if got["first_step"] != saved or len(got["losses"]) != 2:
+                problems.append(f"resumed at {got['first_step']} with {len(got['losses'])} steps, latest is {tag}")
+            problems += opens_with_torch_load(ckpt)
+        report(f"kill during saves stage={stage} (3 SIGKILLs, resumed from latest)", problems)
+
+
+def part_ranks(r, report):
+    for stage, saved, loaded in [(1, 2, 4), (2, 2, 4), (2, 4, 2), (1, 4, 2), (2, 2, 1), (3, 2, 4), (3, 4, 2)]:
+        cfg = config(stage, 2)
+        ckpt = os.path.join(r.tmp, f"ranks_s{stage}_{saved}")
+        if not os.path.isdir(ckpt):
+            r.dscpp(f"save_s{stage}_{saved}", saved, cfg,
+                    ["--save", ckpt, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+        got = r.dscpp(f"load_s{stage}_{saved}_{loaded}", loaded, cfg, ["--load", ckpt])
+        ref = r.reference(cfg)
+        problems = compare(got["losses"], ref["losses"][SAVE_AT:], "losses", exact=False)
+        problems += compare(got["params"], ref["params"], "weights", exact=False)
+        report(f"ranks stage={stage} {saved}->{loaded}", problems)
+
+
+def part_deepspeed(r, report):
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    r.init = os.path.join(r.tmp, "init.json")
+    r.run([r.args.train, "--mode", "init", "--out", r.init], r.init)
+    for stage in (0, 1, 2):
+        ga = 2
+        cfg = config(stage, ga)
+        ours = os.path.join(r.tmp, f"ours_s{stage}")
+        theirs = os.path.join(r.tmp, f"theirs_s{stage}")
+        full = r.dscpp(f"ds_full_s{stage}", 2, cfg)
+        r.dscpp(f"ds_first_s{stage}", 2, cfg, ["--save", ours, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+        problems = []
+        if stage >= 1:
+            ds_sd = get_fp32_state_dict_from_zero_checkpoint(ours)
+            out = os.path.join(r.tmp, f"fp32_s{stage}.pt")
+            subprocess.run([r.args.zero_to_fp32, ours, out], check=True, capture_output=True)
+            our_sd = torch.load(out)
+            if sorted(ds_sd) != sorted(our_sd):
+                problems.append(f"zero_to_fp32 keys differ: DeepSpeed {sorted(ds_sd)}, ours {sorted(our_sd)}")
+            else:
+                bad = [k for k in ds_sd if not torch.equal(ds_sd[k], our_sd[k])]
+                if bad:
+                    problems.append(f"zero_to_fp32 values differ for {bad}")
+        # DeepSpeed resumes from our checkpoint and trains on as we do.
+        ds_resumed = r.deepspeed(f"ds_loads_ours_s{stage}", 2, stage, ga, ["--load", ours])
+        if ds_resumed["first_step"] != SAVE_AT:
+            problems.append(f"DeepSpeed resumed at {ds_resumed['first_step']}")
+        problems += compare(ds_resumed["losses"], full["losses"][SAVE_AT:], "DeepSpeed-from-ours losses", exact=False)
+        problems += compare(ds_resumed["params"], full["params"], "DeepSpeed-from-ours weights", exact=False)
+        # We resume from DeepSpeed's checkpoint and train on as it does.
+        ds_full = r.deepspeed(f"ds_straight_s{stage}", 2, stage, ga)
+        r.deepspeed(f"ds_saves_s{stage}", 2, stage, ga,
+                    ["--save", theirs, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+        ours_resumed = r.dscpp(f"ours_loads_ds_s{stage}", 2, cfg, ["--load", theirs])
+        problems += compare(ours_resumed["losses"], ds_full["losses"][SAVE_AT:], "ours-from-DeepSpeed losses",
+                            exact=False)
+        problems += compare(ours_resumed["params"], ds_full["params"], "ours-from-DeepSpeed weights", exact=False)
+        if ours_resumed.get("client_state", {}).get("saved_at") != SAVE_AT:
+            problems.append(f"client_state from DeepSpeed's checkpoint: {ours_resumed.get('client_state')}")
+        report(f"deepspeed interop stage={stage}", problems)
+    # Stage 3: DeepSpeed's zero_to_fp32 reads our per-parameter partitions as ours does.
+    cfg = config(3, 2)
+    ours = os.path.join(r.tmp, "ours_s3")
+    full = r.dscpp("ds_full_s3", 2, cfg)
+    r.dscpp("ds_first_s3", 2, cfg, ["--save", ours, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+    ds_sd = get_fp32_state_dict_from_zero_checkpoint(ours)
+    out = os.path.join(r.tmp, "fp32_s3.pt")
+    subprocess.run([r.args.zero_to_fp32, ours, out], check=True, capture_output=True)
+    our_sd = torch.load(out)
+    problems = []
+    if sorted(ds_sd) != sorted(our_sd):
+        problems.append(f"zero_to_fp32 keys differ: DeepSpeed {sorted(ds_sd)}, ours {sorted(our_sd)}")
+    elif any(not torch.equal(ds_sd[k].contiguous(), our_sd[k]) for k in ds_sd):
+        problems.append("zero_to_fp32 values differ")
+    problems += opens_with_torch_load(ours)
+    report("deepspeed zero_to_fp32 stage=3", problems)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launcher", required=True)
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--zero-to-fp32", dest="zero_to_fp32", required=True)
+    ap.add_argument("--part", choices=["resume", "kill", "ranks", "deepspeed", "all"], default="all")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="checkpoint_oracle_")
+    r = Runner(args, tmp)
+    counts = [0, 0]
+    start = time.monotonic()
+
+    def report(name, problems):
+        ok = not problems
+        counts[0 if ok else 1] += 1
+        print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ': ' + '; '.join(problems)}", flush=True)
+
+    parts = {"resume": part_resume, "kill": part_kill, "ranks": part_ranks, "deepspeed": part_deepspeed}
+    for name, fn in parts.items():
+        if args.part in (name, "all"):
+            try:
+                fn(r, report)
+            except Exception as e:  # noqa: BLE001 - a failed run fails the part
+                report(f"{name} (aborted)", [str(e)])
+    print(f"{counts[0]} passed, {counts[1]} failed ({time.monotonic() - start:.0f} s)")
+    if counts[1]:
+        print(f"outputs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(1 if counts[1] else 0)
+
+
+if __name__ == "__main__":
+    main()

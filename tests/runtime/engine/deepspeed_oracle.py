@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""DeepSpeed itself as the oracle for dscpp's engine, ZeRO stages 0-2.
+
+    deepspeed_oracle.py --launcher build/launcher/dscpp --train build/tests/runtime/engine/engine_train
+
+Writes engine_train's initial weights (--mode init), then for every stage in 0, 1, 2 and
+gradient accumulation 1 and 4 trains the same model on the same data for 20 steps on 2 ranks
+twice: with DeepSpeed (ds_train.py, CPU accelerator, Gloo, torch's AdamW) and with dscpp
+(engine_train --mode dscpp), both under the dscpp launcher and with the same ds_config. The
+losses and final weights must agree within 1e-5 relative (fp32 on CPU). Prints one line per
+case and `N passed, M failed` last; exits 1 on any failure."""
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+
+GLOBAL_BATCH = 16
+RANKS = 2
+TOLERANCE = 1e-5
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from ds_train import config  # noqa: E402  (the ds_config both sides train with)
+from oracle import rel_err  # noqa: E402  (one definition of the comparison for both oracles)
+
+
+def run(cmd, out, timeout):
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"{' '.join(cmd[:6])}... timed out after {timeout} s") from e
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {p.returncode}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launcher", required=True)
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    ap.add_argument("--python", default=sys.executable, help="Python with torch and deepspeed")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="deepspeed_oracle_")
+    init = os.path.join(tmp, "init.json")
+    run([args.train, "--mode", "init", "--out", init], init, args.timeout)
+    passed = failed = 0
+    port = 29900
+    start = time.monotonic()
+    for stage, ga in itertools.product([0, 1, 2], [1, 4]):
+        name = f"stage={stage} accumulation={ga} ranks={RANKS}"
+        cfg = config(stage, ga)
+        ds_out = os.path.join(tmp, f"ds_s{stage}_ga{ga}.json")
+        cpp_out = os.path.join(tmp, f"dscpp_s{stage}_ga{ga}.json")
+        try:
+            port += 1
+            # The launcher puts --local_rank=K right after the program, which is the Python
+            # interpreter here and would reject it; ds_train.py reads LOCAL_RANK instead.
+            ref = run([args.launcher, "--num_gpus", str(RANKS), "--master_port", str(port), "--no_local_rank",
+                       args.python, os.path.join(HERE, "ds_train.py"), "--init", init, "--stage", str(stage),
+                       "--ga", str(ga), "--steps", str(args.steps), "--out", ds_out], ds_out, args.timeout)
+            port += 1
+            got = run([args.launcher, "--num_gpus", str(RANKS), "--master_port", str(port), args.train,
+                       "--mode", "dscpp", "--config", json.dumps(cfg), "--steps", str(args.steps),
+                       "--out", cpp_out], cpp_out, args.timeout)
+            problems = []
+            loss_err = param_err = float("nan")
+            if len(got["losses"]) != len(ref["losses"]) or len(ref["losses"]) != args.steps:
+                problems.append(f"{len(got['losses'])} losses from dscpp, {len(ref['losses'])} from DeepSpeed")
+            else:
+                loss_err = rel_err(got["losses"], ref["losses"])
+                if not loss_err <= TOLERANCE:
+                    problems.append(f"losses differ (worst relative error {loss_err:.2e})")
+            if len(got["params"]) != len(ref["params"]):
+                problems.append(f"{len(got['params'])} weights from dscpp, {len(ref['params'])} from DeepSpeed")
+            else:
+                param_err = rel_err(got["params"], ref["params"])
+                if not param_err <= TOLERANCE:
+                    problems.append(f"weights differ (worst relative error {param_err:.2e})")
+            ok = not problems
+            msg = f"losses {loss_err:.1e}, weights {param_err:.1e}" if ok else "; ".join(problems)
+        except Exception as e:  # noqa: BLE001 - any failure of a run is this case's failure
+            ok, msg = False, str(e)
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
+        passed += ok
+        failed += not ok
+    print(f"{passed} passed, {failed} failed ({time.monotonic() - start:.0f} s)")
+    if not failed:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"outputs kept in {tmp}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
