@@ -85,7 +85,12 @@ def main():
     if args.mode == "single" and world > 1:
         raise SystemExit("--mode single runs on one GPU: start it with python3, not torchrun with several ranks")
     torch.cuda.set_device(local)
-    if world > 1:
+    distributed = args.mode != "single"
+    if distributed:
+        # DDP and FSDP2 need a process group even on one GPU (the 1-GPU row of a scaling
+        # pair); started by plain python3, the group is this process alone.
+        for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29731"), ("RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(k, v)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     torch.manual_seed(0)
     model = GPT(c).cuda()
@@ -135,7 +140,7 @@ def main():
               f"peak_mem_gib={max(run_peak, steady_peak) / 2**30:.3f} steady_peak_mem_gib={steady_peak / 2**30:.3f} "
               f"loss={loss.item():.4f} secs={secs:.3f}",
               flush=True)
-    if world > 1:
+    if distributed:
         dist.destroy_process_group()
 
 

@@ -240,7 +240,7 @@ class Adam final : public Algorithm {
 #ifdef DSCPP_CUDA
     // A shard on a GPU: the same arithmetic in one fused kernel (ops/fused_adam.cu).
     if (p.is_cuda()) {
-      cuda::AdamArgs a;
+      ops::cuda::AdamArgs a;
       a.lr = lr;
       a.beta1 = b1;
       a.beta2 = b2;
@@ -251,7 +251,7 @@ class Adam final : public Algorithm {
       a.adam_w_mode = decoupled_;
       if (grad_scale_) a.grad_scale = grad_scale_;
       if (param_copy_) a.param_copy = param_copy_;
-      cuda::fused_adam_step(p, grad.contiguous(), m, v, a);
+      ops::cuda::fused_adam_step(p, grad.contiguous(), m, v, a);
       return;
     }
 #endif

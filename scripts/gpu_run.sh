@@ -20,6 +20,10 @@
 #   GPU_PROFILE_ADAM="2 0"  after GPU_PROFILE, one more profile per value with
 #                   DSCPP_ADAM_BLOCKS_PER_SM set to it -> profile_summary_adam<V>.md
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
+#   GPU_BASELINE=DIR  another source tree (the code before a change: `git archive COMMIT | tar x -C
+#                   .gpu/baseline`) is built too (train_gpt and the launcher), and bench/gpt_table.sh
+#                   runs BASELINE_ROWS (default "d0x1 d2x1 d3x1") of both trees in turn, in this
+#                   call -> baseline_compare.md (tokens/s of each row, this tree against DIR's)
 #   GPU_DEADLINE_S  seconds from this script's start by which the table must be printed
 #                   (e.g. 570 under a 600 s device call); rows that would not fit are left for
 #                   the next call
@@ -56,6 +60,10 @@ targets=()
 [ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda test_engine_cases)
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
+baseline_build() {
+  (cd "$GPU_BASELINE" && configure && ninja -C build-cuda -j "$(nproc)" train_gpt dscpp_launcher)
+}
+[ -n "${GPU_BASELINE:-}" ] && step baseline_build baseline_build
 step report ./build-cuda/tools/dscpp_report
 nvidia-smi >"$out/nvidia-smi.log" 2>&1 || true
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -192,6 +200,19 @@ if [ "${GPU_BIG:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_tex
   step gptbig_zero3 gpt13b bench/configs/gpt_13B_zero3.json "" "$big"
   step gptbig_zero2 gpt13b "$out/gpt_13B_zero2.json" "" "$big"
 fi
+# GPU_BASELINE: the same rows of this tree and of the baseline, alternating, so that drift of
+# the machine falls on both alike; each tree's row logs in a folder of its own.
+baseline_compare() {
+  local row
+  for row in ${BASELINE_ROWS:-d0x1 d2x1 d3x1}; do
+    ROWS=$row LOGDIR=$out/cmp_new BUILD_DIR=build-cuda bash bench/gpt_table.sh >/dev/null || return 1
+    ROWS=$row LOGDIR=$out/cmp_base BUILD_DIR="$GPU_BASELINE/build-cuda" bash bench/gpt_table.sh >/dev/null || return 1
+  done
+  python3 bench/compare_rows.py "$out/cmp_new" "$out/cmp_base" ${BASELINE_ROWS:-d0x1 d2x1 d3x1} |
+    tee "$out/baseline_compare.md"
+}
+[ -n "${GPU_BASELINE:-}" ] && [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ] &&
+  step baseline_compare baseline_compare
 # The suite last: the figures above come back even if the call's time runs out here.
 ctest_limit=100000
 [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && ctest_limit=$((GPU_DEADLINE_S - SECONDS - 10))
@@ -212,6 +233,7 @@ grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
 grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
 grep -E "^gpt_table: " "$out/gpt_table.log" 2>/dev/null  # each row's wall time
 cat "$out/gpt_table.md" 2>/dev/null
+cat "$out/baseline_compare.md" 2>/dev/null
 for f in "$out"/profile_summary*.md; do
   [ -f "$f" ] && { echo "## $(basename "$f")"; grep -E "^# GPU|GPU span|s GPU work|exposed|compute stream" "$f"; }
 done

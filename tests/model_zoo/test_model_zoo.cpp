@@ -26,6 +26,7 @@
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/layer_module.h"
 #include "tests/cpu_bytes_counter.h"
+#include "tests/gpu_skip.h"
 
 using dscpp::ConfigError;
 using nlohmann::json;
@@ -496,7 +497,7 @@ TEST(ActivationCheckpointing, PeakCpuMemoryDrops) {
 
 #if defined(DSCPP_CUDA)
 TEST(ActivationCheckpointing, PeakCudaMemoryDrops) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU";
+  DSCPP_SKIP_WITHOUT_CUDA();
   const at::Device gpu(at::kCUDA, 0);
   mz::GPTConfig c = memory_config();
   at::manual_seed(0);

@@ -1,4 +1,4 @@
-// What the CUDA kernel tests share: the skip without a device, and buffers poisoned with NaN
+// What the CUDA kernel tests share: buffers poisoned with NaN
 // around (and under) the arrays a kernel writes, so an element it leaves unwritten shows.
 #pragma once
 
@@ -11,12 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
-#define SKIP_WITHOUT_CUDA()               \
-  do {                                    \
-    if (c10::cuda::device_count() == 0) { \
-      GTEST_SKIP() << "no CUDA device";   \
-    }                                     \
-  } while (0)
+#include "tests/gpu_skip.h"
 
 namespace dscpp::ops::test {
 

@@ -56,7 +56,7 @@ Reference reference(const at::Tensor& x, const at::Tensor& bias, const at::Tenso
 }
 
 TEST(BiasGeluCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(21);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {1, 1}, {1, 8}, {3, 13}, {7, 1001}, {513, 24}, {64, 8192}, {513, 4104}, {1, 8200}};
@@ -90,7 +90,7 @@ TEST(BiasGeluCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
 
 // dx null: only dbias; dbias null: only dx (and the workspace is not touched).
 TEST(BiasGeluCuda, BackwardWritesOnlyWhatIsAskedFor) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(22);
   const int64_t rows = 33, n = 1024;
   const at::Tensor x = placed(randn64({rows, n}).to(at::kBFloat16));
@@ -113,7 +113,7 @@ TEST(BiasGeluCuda, BackwardWritesOnlyWhatIsAskedFor) {
 // The op on CUDA leaves through autograd: y, x.grad and bias.grad against the reference, for
 // 3-d x and a zero-row x (dbias then 0).
 TEST(BiasGeluCuda, OpGradientsThroughAutogradMatchReference) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(23);
   const std::vector<std::vector<int64_t>> shapes = {{2, 7, 1000}, {3, 5, 1001}, {0, 64}};
   for (const Dtype& d : kDtypes)
@@ -140,7 +140,7 @@ TEST(BiasGeluCuda, OpGradientsThroughAutogradMatchReference) {
 // As on the CPU: a bias released and re-gathered (set_data) between forward and backward is
 // read as it is at backward time.
 TEST(BiasGeluCuda, BackwardReadsTheBiasAsSetDataLeftIt) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(24);
   const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const at::Tensor x = randn64({16, 256}, 2.0).to(bf16).requires_grad_();
@@ -161,7 +161,7 @@ TEST(BiasGeluCuda, BackwardReadsTheBiasAsSetDataLeftIt) {
 
 // float64, and x and bias of different dtypes, stay on the ATen path on a GPU too.
 TEST(BiasGeluCuda, OtherDtypesTakeTheAtenPath) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(25);
   const auto cuda = at::TensorOptions().device(at::kCUDA);
   const at::Tensor x = randn64({5, 9}).to(cuda);

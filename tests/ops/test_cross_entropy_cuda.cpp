@@ -83,7 +83,7 @@ Reference reference(const at::Tensor& logits, const at::Tensor& targets, double 
 }
 
 TEST(CrossEntropyCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(31);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {1, 1}, {2, 7}, {1, 1001}, {513, 1001}, {1, 50304}, {7, 50304}, {64, 50304}};
@@ -132,7 +132,7 @@ TEST(CrossEntropyCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
 // The op on a CUDA leaf through autograd, grad_out other than 1, against the reference and
 // against torch's cross_entropy_loss on the logits made fp32 (what GPT::loss computed).
 TEST(CrossEntropyCuda, OpGradientThroughAutogradMatchesReference) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(32);
   for (const Dtype& d : kDtypes)
     for (const auto& [rows, vocab] : {std::pair<int64_t, int64_t>{37, 1001}, {5, 50304}}) {
@@ -154,7 +154,7 @@ TEST(CrossEntropyCuda, OpGradientThroughAutogradMatchesReference) {
 }
 
 TEST(CrossEntropyCuda, EveryRowIgnoredGivesNaNAndZeroGradient) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   const at::Tensor x = randn64({4, 1001}).to(at::kCUDA, at::kBFloat16).requires_grad_();
   const at::Tensor t = at::full({4}, kIgnore, x.options().dtype(at::kLong));
   const at::Tensor loss = cross_entropy(x, t);
@@ -165,7 +165,7 @@ TEST(CrossEntropyCuda, EveryRowIgnoredGivesNaNAndZeroGradient) {
 
 // No device-side assert (which would poison the CUDA context): the loss is NaN instead.
 TEST(CrossEntropyCuda, TargetOutOfRangeGivesNaNLoss) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   const at::Tensor x = randn64({3, 100}).to(at::kCUDA, at::kFloat);
   at::Tensor t = at::full({3}, 1, x.options().dtype(at::kLong));
   t[1] = 100;
@@ -176,7 +176,7 @@ TEST(CrossEntropyCuda, TargetOutOfRangeGivesNaNLoss) {
 
 // float64 logits on a GPU take the ATen path.
 TEST(CrossEntropyCuda, Float64TakesTheAtenPath) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(33);
   const at::Tensor x = randn64({6, 50}).cuda();
   const at::Tensor t = make_targets(6, 50).cuda();

@@ -24,6 +24,7 @@
 
 #include "dscpp/ops/fused_adam.h"
 #include "dscpp/optim/optimizer.h"
+#include "tests/gpu_skip.h"
 
 namespace {
 
@@ -32,9 +33,6 @@ using dscpp::ops::cuda::fused_adam_step;
 using dscpp::optim::make_optimizer;
 using dscpp::optim::Optimizer;
 using nlohmann::json;
-
-#define SKIP_WITHOUT_CUDA() \
-  if (c10::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 const std::vector<int64_t> kSizes = {1, 3, 1001, (int64_t{1} << 20) + 7};
 constexpr int kSteps = 4;
@@ -126,7 +124,7 @@ std::unique_ptr<Optimizer> make(const Case& c) {
 
 // The Optimizer on a CUDA shard (the fused kernel) against the same Optimizer on a CPU copy.
 TEST(FusedAdamCuda, OptimizerOnGpuMatchesCpuPath) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   std::mt19937 rng(1234);
   for (const Case& c : all_cases())
     for (int64_t n : kSizes)
@@ -158,7 +156,7 @@ TEST(FusedAdamCuda, OptimizerOnGpuMatchesCpuPath) {
 // fused_adam_step directly, with all four tensors at chosen offsets: equal offsets run the
 // scalar head + float4 body + scalar tail, mixed ones the all-scalar fallback.
 TEST(FusedAdamCuda, KernelMatchesCpuPathAtEveryAlignment) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   std::mt19937 rng(99);
   const std::vector<std::vector<int64_t>> offsets = {{0, 0, 0, 0}, {1, 1, 1, 1}, {2, 2, 2, 2},
                                                      {3, 3, 3, 3}, {1, 0, 2, 3}, {0, 1, 0, 0}};
@@ -194,7 +192,7 @@ TEST(FusedAdamCuda, KernelMatchesCpuPathAtEveryAlignment) {
 // offset differs from the others' sends the whole update down the scalar path), for bf16 and
 // fp16, and must leave the copy's buffer untouched outside its range.
 TEST(FusedAdamCuda, ParamCopyIsTheUpdateRoundedAsTensorTo) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   std::mt19937 rng(5);
   for (at::ScalarType type : {at::kBFloat16, at::kHalf})
     for (int64_t n : kSizes)
@@ -219,7 +217,7 @@ TEST(FusedAdamCuda, ParamCopyIsTheUpdateRoundedAsTensorTo) {
 }
 
 TEST(FusedAdamCuda, RejectsTensorsItCannotUpdate) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   const auto cuda = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
   at::Tensor p = at::zeros({16}, cuda), g = at::zeros({16}, cuda);
   at::Tensor m = at::zeros({16}, cuda), v = at::zeros({16}, cuda);
@@ -250,7 +248,7 @@ TEST(FusedAdamCuda, RejectsTensorsItCannotUpdate) {
 // grad_scale read on the device gives the same bits as multiplying the gradient first (one
 // float rounding either way), at the vectorised body's sizes and the scalar tail's.
 TEST(FusedAdamCuda, DeviceGradScaleEqualsPremultipliedGradient) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   std::mt19937 rng(7);
   for (int64_t n : {int64_t{5}, (int64_t{1} << 16) + 3}) {
     at::Tensor p0 = random_cpu(n, rng, 1.0f), g = random_cpu(n, rng, 3.0f);
@@ -274,7 +272,7 @@ TEST(FusedAdamCuda, DeviceGradScaleEqualsPremultipliedGradient) {
 // (param and moments unchanged, bit for bit, after real steps have made the moments nonzero)
 // and the 16-bit copy is the unchanged param rounded as Tensor::to rounds.
 TEST(FusedAdamCuda, NonFiniteScaleSkipsTheUpdateAndCopiesTheParam) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   std::mt19937 rng(11);
   const float verdicts[] = {std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
@@ -306,7 +304,7 @@ TEST(FusedAdamCuda, NonFiniteScaleSkipsTheUpdateAndCopiesTheParam) {
 // contracts the decay and the step's add into an fma in one instantiation and not the other
 // (measured on an H200: at most 7.2e-7 apart on parameters up to about 5, a rounding or two).
 TEST(FusedAdamCuda, SixteenBitGradientEqualsItsFp32Copy) {
-  SKIP_WITHOUT_CUDA();
+  DSCPP_SKIP_WITHOUT_CUDA();
   std::mt19937 rng(11);
   const int64_t n = (int64_t{1} << 14) + 7;
   at::Tensor scale = at::full({}, 0.37f, at::TensorOptions().dtype(at::kFloat)).cuda();

@@ -500,7 +500,10 @@ TEST(EngineCases, OverlapCommHoldsAtMostTwoBucketsInFlight) {
   ASSERT_EQ(engine.core().zero_optimizer().layout().buckets.size(), static_cast<size_t>(layers));
   const int64_t bucket_bytes = int64_t{width} * width * 4;
   at::Tensor x = at::randn({4, width}).to(engine.device());
-  for (int step = 0; step < 2; ++step) {
+  // Step 0 warms up: on a GPU its backward also allocates what a library makes once, such
+  // as cuBLAS's 32 MiB workspace for the autograd thread's handle (measured on an H200:
+  // 134.96 buckets' worth on step 0), which is not the buckets' memory this test bounds.
+  for (int step = 0; step < 3; ++step) {
     at::Tensor loss = engine.forward(x).square().mean();
     auto counter = std::make_shared<dscpp::testing::CpuBytesCounter>();
     counter->device_type = engine.device().type();  // the bytes of the device it trains on
@@ -510,7 +513,9 @@ TEST(EngineCases, OverlapCommHoldsAtMostTwoBucketsInFlight) {
     }
     std::cout << "step " << step << ": backward's peak of new bytes on " << engine.device() << ": "
               << counter->peak.load() / double(bucket_bytes) << " buckets\n";
-    EXPECT_LT(counter->peak.load(), 10 * bucket_bytes);
+    if (step > 0 || engine.device().is_cpu()) {
+      EXPECT_LT(counter->peak.load(), 10 * bucket_bytes);
+    }
     engine.step();
   }
 }
