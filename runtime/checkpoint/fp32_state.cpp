@@ -7,6 +7,7 @@
 #include <map>
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/ds_partition.h"
 
 namespace dscpp::checkpoint {
 
@@ -60,21 +61,20 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
   } else {
     if (shapes_v.is_none() || !shapes_v.is_list())
       throw CheckpointError("'" + path + "' has no param_shapes: not a ZeRO checkpoint");
-    const int64_t world = need(model, "dp_world_size", path).as_int();
-    std::vector<at::Tensor> groups_flat(shapes_v.size());
-    std::vector<at::Tensor> stage3_flat;  // stage 3: each rank's fp32_flat_groups[0]
+    const int world = static_cast<int>(need(model, "dp_world_size", path).as_int());
+    // Each rank's file: its partition of every group (stage 3: fp32_flat_groups, one group).
+    std::vector<std::vector<at::Tensor>> files(world);  // [rank][group]
     std::vector<std::vector<int64_t>> paddings(shapes_v.size());
-    for (int64_t r = 0; r < world; ++r) {
-      const std::string zpath = find_zero_states(dir, tag, static_cast<int>(r));
+    bool stage3 = false;
+    for (int r = 0; r < world; ++r) {
+      const std::string zpath = find_zero_states(dir, tag, r);
       PyValue z = load_torch_file(zpath);
       const PyValue& osd = need(z, "optimizer_state_dict", zpath);
-      if (const PyValue* flat = osd.find(PyValue("fp32_flat_groups"))) {
-        if (flat->size() != 1 || shapes_v.size() != 1)
-          throw CheckpointError("'" + zpath + "': dscpp reads stage-3 checkpoints of one group");
-        stage3_flat.push_back(flat->items()[0].as_tensor().to(at::kFloat).reshape({-1}));
-        continue;
-      }
-      const PyValue& parts = need(osd, "single_partition_of_fp32_groups", zpath);
+      const PyValue* flat = osd.find(PyValue("fp32_flat_groups"));
+      stage3 = flat != nullptr;
+      if (flat && (flat->size() != 1 || shapes_v.size() != 1))
+        throw CheckpointError("'" + zpath + "': dscpp reads stage-3 checkpoints of one group");
+      const PyValue& parts = flat ? *flat : need(osd, "single_partition_of_fp32_groups", zpath);
       if (parts.size() != shapes_v.size())
         throw CheckpointError("'" + zpath + "' holds " + std::to_string(parts.size()) +
                               " parameter groups, param_shapes " + std::to_string(shapes_v.size()));
@@ -82,45 +82,41 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
         for (size_t g = 0; g < p->size() && g < paddings.size(); ++g)
           paddings[g] = p->items()[g].as_ints();
       }
-      for (size_t g = 0; g < parts.size(); ++g) {
-        at::Tensor t = parts.items()[g].as_tensor().to(at::kFloat).reshape({-1});
-        groups_flat[g] = r == 0 ? t : at::cat({groups_flat[g], t});
-      }
+      for (size_t g = 0; g < parts.size(); ++g)
+        files[r].push_back(parts.items()[g].as_tensor().to(at::kFloat).reshape({-1}));
     }
-    if (!stage3_flat.empty()) {
-      // Stage 3: rank r holds elements [r*c, (r+1)*c) of each parameter (c = ceil(numel/W)),
-      // the parameters' slices end to end.
-      const PyValue& shapes = shapes_v.items()[0];
-      int64_t offset = 0;
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        std::vector<int64_t> shape = shapes.values()[i].as_ints();
-        const int64_t n = numel_of(shape), c = (n + world - 1) / world;
-        std::vector<at::Tensor> pieces;
-        for (const auto& flat : stage3_flat) {
-          if (offset + c > flat.numel())
-            throw CheckpointError("'" + tag_dir(dir, tag) +
-                                  "': a partition is shorter than param_shapes needs");
-          pieces.push_back(flat.slice(0, offset, offset + c));
-        }
-        fp32[shapes.keys()[i].as_string()] = at::cat(pieces).slice(0, 0, n).view(shape).clone();
-        offset += c;
-      }
-      groups_flat.clear();
-    }
-    for (size_t g = 0; g < groups_flat.size(); ++g) {
+    // DeepSpeed's partition arithmetic (ds_partition.h) says where each parameter's elements
+    // sit in each rank's file, at every stage.
+    for (size_t g = 0; g < shapes_v.size(); ++g) {
       const PyValue& shapes = shapes_v.items()[g];
-      int64_t offset = 0;
+      std::vector<std::vector<int64_t>> dims;
+      std::vector<int64_t> numels;
       for (size_t i = 0; i < shapes.size(); ++i) {
-        std::vector<int64_t> shape = shapes.values()[i].as_ints();
-        const int64_t n = numel_of(shape);
-        if (offset + n > groups_flat[g].numel())
-          throw CheckpointError("'" + tag_dir(dir, tag) + "': the partitions hold " +
-                                std::to_string(groups_flat[g].numel()) +
-                                " elements, fewer than param_shapes needs");
-        fp32[shapes.keys()[i].as_string()] =
-            groups_flat[g].slice(0, offset, offset + n).view(shape).clone();
-        offset += n + (i < paddings[g].size() ? paddings[g][i] : 0);
+        dims.push_back(shapes.values()[i].as_ints());
+        numels.push_back(numel_of(dims.back()));
       }
+      if (!paddings[g].empty() && paddings[g].size() != numels.size())
+        throw CheckpointError("'" + tag_dir(dir, tag) + "': " + std::to_string(paddings[g].size()) +
+                              " alignment paddings for " + std::to_string(numels.size()) +
+                              " parameters");
+      const DsLayout ds = stage3 ? DsLayout::build_stage3(numels, world)
+                                 : DsLayout::build(numels, world, paddings[g]);
+      std::vector<at::Tensor> flat(numels.size());
+      for (size_t i = 0; i < numels.size(); ++i) flat[i] = at::empty({numels[i]}, at::kFloat);
+      for (int r = 0; r < world; ++r) {
+        const at::Tensor& file = files[r][g];
+        for (const DsLayout::Segment& s : ds.segments(r)) {
+          if (s.at + s.count > file.numel())
+            throw CheckpointError("'" + find_zero_states(dir, tag, r) + "' holds " +
+                                  std::to_string(file.numel()) +
+                                  " elements, fewer than param_shapes needs");
+          flat[s.param]
+              .slice(0, s.first, s.first + s.count)
+              .copy_(file.slice(0, s.at, s.at + s.count));
+        }
+      }
+      for (size_t i = 0; i < numels.size(); ++i)
+        fp32[shapes.keys()[i].as_string()] = flat[i].view(dims[i]);
     }
   }
 
