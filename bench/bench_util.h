@@ -1,5 +1,5 @@
-// What the CUDA benchmarks share: the CUDA error check, the integer flag parser, and the main()
-// that reports a failure as "<name>: <what>" with exit status 1.
+// What the CUDA benchmarks share: the CUDA error check (ops'), the integer flag parser, and the
+// main() that reports a failure as "<name>: <what>" with exit status 1.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,13 +10,9 @@
 #include <exception>
 #include <stdexcept>
 
-namespace dscpp::bench {
+#include "dscpp/ops/cuda_check.h"
 
-inline void check(cudaError_t err, const char* call, const char* file, int line) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(fmt::format("{} failed: {} ({}) at {}:{}", call, cudaGetErrorName(err),
-                                         cudaGetErrorString(err), file, line));
-}
+namespace dscpp::bench {
 
 // A flag's value: a non-negative integer (decimal, or 0x / 0 prefixed).
 inline int64_t parse_int(const char* s, const char* flag) {
@@ -39,4 +35,5 @@ int main_of(const char* name, Run run, int argc, char** argv) {
 
 }  // namespace dscpp::bench
 
-#define CUDA_CHECK(call) ::dscpp::bench::check((call), #call, __FILE__, __LINE__)
+// CUDA_CHECK: the library's one CUDA error check (ops/cuda_check.h).
+#define CUDA_CHECK(call) DSCPP_CUDA_CHECK(call)

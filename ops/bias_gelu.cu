@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSplit)
 
 int sm_count() {
   int device = 0, sms = 0;
-  DSCPP_KERNELS_CHECK(cudaGetDevice(&device));
-  DSCPP_KERNELS_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  DSCPP_CUDA_CHECK(cudaGetDevice(&device));
+  DSCPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms > 0 ? sms : 1;
 }
 
@@ -224,7 +224,7 @@ void launch_bias_gelu_forward(const void* x, const void* bias, void* y, int64_t 
         bias_gelu_forward_kernel<T, false, 1><<<grid, kThreads, 0, stream>>>(xt, bt, yt, rows, n);
     }
   });
-  DSCPP_KERNELS_CHECK(cudaGetLastError());
+  DSCPP_CUDA_CHECK(cudaGetLastError());
 }
 
 int64_t bias_gelu_partial_rows(int64_t rows, int64_t n, DType dtype) {
@@ -264,7 +264,7 @@ void launch_bias_gelu_backward(const void* grad, const void* x, const void* bias
           bias_gelu_backward_kernel<T, false, 1>
               <<<grid, kThreads, 0, stream>>>(gt, xt, bt, dxt, partial, rows, n);
       }
-      DSCPP_KERNELS_CHECK(cudaGetLastError());
+      DSCPP_CUDA_CHECK(cudaGetLastError());
     }
     if (dbias != nullptr) {
       // No rows: zero chunks, so the reduction writes dbias = 0.
@@ -272,7 +272,7 @@ void launch_bias_gelu_backward(const void* grad, const void* x, const void* bias
       const auto blocks = static_cast<unsigned>((n + kReduceCols - 1) / kReduceCols);
       bias_grad_reduce_kernel<T>
           <<<blocks, block, 0, stream>>>(partial, static_cast<T*>(dbias), sets, n);
-      DSCPP_KERNELS_CHECK(cudaGetLastError());
+      DSCPP_CUDA_CHECK(cudaGetLastError());
     }
   });
 }

@@ -234,12 +234,12 @@ void launch_cross_entropy_forward(const void* logits, const int64_t* targets, in
       cross_entropy_forward_kernel<T, Pack<T>::kVec><<<row_grid(rows), kThreads, 0, stream>>>(
           static_cast<const T*>(logits), targets, rows, vocab, ignore_index, lse, row_loss);
     });
-    DSCPP_KERNELS_CHECK(cudaGetLastError());
+    DSCPP_CUDA_CHECK(cudaGetLastError());
   }
   // No rows: count 0 and loss NaN, as torch's mean over nothing.
   cross_entropy_mean_kernel<<<1, kMeanThreads, 0, stream>>>(row_loss, targets, rows, ignore_index,
                                                             loss, count);
-  DSCPP_KERNELS_CHECK(cudaGetLastError());
+  DSCPP_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_cross_entropy_backward(const float* grad, const void* logits, const int64_t* targets,
@@ -260,7 +260,7 @@ void launch_cross_entropy_backward(const float* grad, const void* logits, const 
       cross_entropy_backward_kernel<T, 1><<<row_grid(rows), kThreads, 0, stream>>>(
           grad, in, targets, lse, count, rows, vocab, ignore_index, out);
   });
-  DSCPP_KERNELS_CHECK(cudaGetLastError());
+  DSCPP_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace dscpp::ops::cuda

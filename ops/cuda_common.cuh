@@ -1,4 +1,4 @@
-// What the kernels of ops share: the CUDA error check, fp32 conversions of the
+// What the kernels of ops share: the CUDA error check (cuda_check.h), fp32 conversions of the
 // element types, 16-byte packs, and the DType -> C++ type dispatch.
 #pragma once
 
@@ -11,16 +11,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "dscpp/ops/cuda_check.h"
 #include "dscpp/ops/kernel_launch.h"
 
 namespace dscpp::ops::cuda {
-
-inline void check(cudaError_t err, const char* call, const char* file, int line) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
-                             cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
-}
-#define DSCPP_KERNELS_CHECK(call) ::dscpp::ops::cuda::check((call), #call, __FILE__, __LINE__)
 
 // All arithmetic is in fp32; these are the only conversions (round to nearest even on store).
 __device__ __forceinline__ float to_float(float v) {

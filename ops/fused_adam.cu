@@ -9,11 +9,9 @@
 namespace dscpp::ops::cuda {
 namespace {
 
-// The error check and the element conversions are ops' (one copy of each).
-using ops::cuda::check;
+// The error check (DSCPP_CUDA_CHECK) and the element conversions are ops' (one copy of each).
 using ops::cuda::from_float;
 using ops::cuda::to_float;
-#define DSCPP_CUDA_CHECK(call) check((call), #call, __FILE__, __LINE__)
 
 constexpr int kThreads = 256;
 
