@@ -10,7 +10,10 @@
 // piece's bytes become byte tokens, and merges apply lowest rank first, every occurrence left to
 // right, until none applies. "<|endoftext|>" in the text is ordinary text, as in GPT-2's encoder;
 // eod() gives its id for the end of a document. An immutable tokenizer is safe to share between
-// threads; a BpeCache belongs to one thread. Errors throw std::runtime_error naming the file.
+// threads; a BpeCache belongs to one thread. Errors throw DataError naming the file and the
+// position (the byte of a JSON syntax error, the entry of a bad id, the line of a bad merge).
+// Bounds: each file at most kMaxFileBytes (checked before reading), the vocabulary exactly one
+// flat object (nesting is refused where it starts, never recursed into).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +32,12 @@ struct BpeCache {
 
 class GPT2Tokenizer {
  public:
+  static constexpr size_t kMaxFileBytes = size_t{256} << 20;  // GPT-2's encoder.json: 1 MiB
+
   GPT2Tokenizer(const std::string& vocab_path, const std::string& merges_path);
+  // The same from the files' contents; the names are for messages (the fuzzer, tests).
+  static GPT2Tokenizer from_text(const std::string& vocab_json, const std::string& vocab_name,
+                                 const std::string& merges_text, const std::string& merges_name);
 
   std::vector<int32_t> encode(std::string_view text, BpeCache* cache = nullptr) const;
   // Appends the ids of `text` to `out`.
@@ -51,10 +59,13 @@ class GPT2Tokenizer {
   static char32_t byte_to_unicode(unsigned char b);
 
  private:
+  GPT2Tokenizer() = default;
+  void load(const std::string& vocab_json, const std::string& vocab_path,
+            const std::string& merges_text, const std::string& merges_path);
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
 
   std::string vocab_path_;
-  int32_t byte_id_[256];                                  // the token of each single byte
+  int32_t byte_id_[256] = {};                             // the token of each single byte
   std::unordered_map<uint64_t, int64_t> merges_;          // (left << 32 | right) -> rank << 32 | id
   std::unordered_map<int32_t, std::string> id_to_bytes_;  // for decode
   int32_t eod_ = -1;                                      // -1: no "<|endoftext|>"
