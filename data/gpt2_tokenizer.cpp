@@ -136,6 +136,7 @@ namespace {
 // recursion, no memory for it). Python's json keeps the last of repeated keys: so does this.
 class VocabReader : public nlohmann::json_sax<nlohmann::json> {
  public:
+  explicit VocabReader(int64_t max_entries) : max_entries_(max_entries) {}
   std::unordered_map<std::string, int32_t> vocab;
   std::vector<std::pair<std::string, int32_t>> order;  // file order, for the decode table
   std::string problem, position;                       // why it stopped, and where
@@ -164,7 +165,11 @@ class VocabReader : public nlohmann::json_sax<nlohmann::json> {
   bool end_array() override { return true; }
   bool key(string_t& k) override {
     key_ = std::move(k);
-    ++entry_;
+    if (++entry_ > max_entries_) {
+      position = "entry " + std::to_string(entry_);
+      problem = "more than the " + std::to_string(max_entries_) + " entries a vocabulary may have";
+      return false;
+    }
     return true;
   }
   bool parse_error(std::size_t byte, const std::string&,
@@ -200,6 +205,7 @@ class VocabReader : public nlohmann::json_sax<nlohmann::json> {
     return false;
   }
 
+  const int64_t max_entries_;
   int depth_ = 0;
   int64_t entry_ = 0;
   std::string key_;
@@ -207,23 +213,30 @@ class VocabReader : public nlohmann::json_sax<nlohmann::json> {
 
 }  // namespace
 
-GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& merges_path) {
-  load(read_bounded_file(vocab_path, "vocabulary", kMaxFileBytes), vocab_path,
-       read_bounded_file(merges_path, "merges", kMaxFileBytes), merges_path);
+GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& merges_path,
+                             const TokenizerLimits& limits) {
+  load(read_bounded_file(vocab_path, "vocabulary", limits.max_file_bytes), vocab_path,
+       read_bounded_file(merges_path, "merges", limits.max_file_bytes), merges_path, limits);
 }
 
 GPT2Tokenizer GPT2Tokenizer::from_text(const std::string& vocab_json, const std::string& vocab_name,
                                        const std::string& merges_text,
-                                       const std::string& merges_name) {
+                                       const std::string& merges_name,
+                                       const TokenizerLimits& limits) {
+  if (vocab_json.size() > limits.max_file_bytes || merges_text.size() > limits.max_file_bytes)
+    throw DataError(vocab_json.size() > limits.max_file_bytes ? vocab_name : merges_name,
+                    "more than the " + std::to_string(limits.max_file_bytes) +
+                        " bytes a tokenizer file may have");
   GPT2Tokenizer t;
-  t.load(vocab_json, vocab_name, merges_text, merges_name);
+  t.load(vocab_json, vocab_name, merges_text, merges_name, limits);
   return t;
 }
 
 void GPT2Tokenizer::load(const std::string& vocab_json, const std::string& vocab_path,
-                         const std::string& merges_text, const std::string& merges_path) {
+                         const std::string& merges_text, const std::string& merges_path,
+                         const TokenizerLimits& limits) {
   vocab_path_ = vocab_path;
-  VocabReader reader;
+  VocabReader reader(limits.max_entries);
   bool parsed;
   try {
     parsed = nlohmann::json::sax_parse(vocab_json, &reader);
@@ -260,6 +273,10 @@ void GPT2Tokenizer::load(const std::string& vocab_json, const std::string& vocab
     const std::string where = "line " + std::to_string(line_no);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    if (rank >= limits.max_entries)
+      throw DataError(
+          merges_path, where,
+          "more than the " + std::to_string(limits.max_entries) + " merges a merges file may have");
     size_t space = line.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string::npos)

@@ -1,7 +1,8 @@
 // GPT2Tokenizer on bad files: each way encoder.json / vocab.bpe can be wrong is refused with a
 // DataError naming the file and the position (the byte and line of a JSON syntax error, the
 // entry of a bad id, the line of a bad merge), and the bounds hold: a deeply nested file is
-// refused at its second bracket, an oversized one before it is read, a FIFO without blocking.
+// refused at its second bracket, an oversized one before it is read, one of too many entries
+// where they begin, a FIFO without blocking.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -164,10 +165,40 @@ TEST(TokenizerRefusals, FilesAreBoundedAndMustBeRegular) {
   // One byte over the bound, as a sparse file: refused from its size, before reading it.
   const std::string big = dir / "big.json";
   std::ofstream(big) << "{";
-  ASSERT_EQ(::truncate(big.c_str(), static_cast<off_t>(GPT2Tokenizer::kMaxFileBytes + 1)), 0);
+  const size_t bound = dscpp::data::TokenizerLimits{}.max_file_bytes;
+  EXPECT_EQ(bound, size_t{64} << 20);
+  ASSERT_EQ(::truncate(big.c_str(), static_cast<off_t>(bound + 1)), 0);
   e = refusal([&] { GPT2Tokenizer t(big, merges); });
   EXPECT_EQ(e.file(), big);
-  EXPECT_TRUE(has(e.what(), "268435457 bytes, more than the 268435456")) << e.what();
+  EXPECT_TRUE(has(e.what(), "67108865 bytes, more than the 67108864")) << e.what();
+  // The bound is the caller's to set; the vocabulary's JSON text is ~2 KB.
+  e = refusal([&] { GPT2Tokenizer t(vocab, merges, {1000, 1 << 22}); });
+  EXPECT_EQ(e.file(), vocab);
+  EXPECT_TRUE(has(e.what(), "more than the 1000")) << e.what();
+}
+
+TEST(TokenizerRefusals, EntriesAreBounded) {
+  dscpp::data::TokenizerLimits limits{1 << 20, 257};
+  GPT2Tokenizer ok =
+      GPT2Tokenizer::from_text(byte_vocab(", \"ab\": 256"), "v.json", "a b\n", "m.txt", limits);
+  EXPECT_EQ(ok.vocab_size(), 257);
+  DataError e = refusal([&] {
+    GPT2Tokenizer::from_text(byte_vocab(", \"ab\": 256, \"bc\": 257"), "v.json", "", "m.txt",
+                             limits);
+  });
+  EXPECT_EQ(e.position(), "entry 258");
+  EXPECT_TRUE(has(e.what(), "more than the 257 entries")) << e.what();
+  limits.max_entries = 300;
+  std::string merges = "#version: 0.2\n";
+  for (int k = 0; k < 301; ++k) merges += "a b\n";
+  e = refusal([&] {
+    GPT2Tokenizer::from_text(byte_vocab(", \"ab\": 256"), "v.json", merges, "m.txt", limits);
+  });
+  EXPECT_EQ(e.file(), "m.txt");
+  EXPECT_EQ(e.position(), "line 302");
+  EXPECT_TRUE(has(e.what(), "more than the 300 merges")) << e.what();
+  e = refusal([&] { GPT2Tokenizer::from_text(byte_vocab(), "v.json", "", "m.txt", {100, 300}); });
+  EXPECT_EQ(e.file(), "v.json");
 }
 
 }  // namespace
