@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -11,6 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "dscpp/data/data_error.h"
+#include "dscpp/data/input_file.h"
 #include "dscpp/data/unicode_classes.h"
 
 namespace dscpp::data {
@@ -18,15 +19,6 @@ namespace dscpp::data {
 namespace {
 
 constexpr char32_t kInvalid = 0xFFFFFFFF;  // a byte that starts no valid UTF-8 sequence
-
-std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open the " + what + " file");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw std::runtime_error(path + ": cannot read the " + what + " file");
-  return s.str();
-}
 
 void append_utf8(std::string& out, char32_t c) {
   if (c < 0x80) {
@@ -137,54 +129,165 @@ char32_t GPT2Tokenizer::byte_to_unicode(unsigned char b) {
   return alphabet().to_unicode[b];
 }
 
-GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& merges_path)
-    : vocab_path_(vocab_path) {
-  nlohmann::json vocab_json =
-      nlohmann::json::parse(read_file(vocab_path, "vocabulary"), nullptr, false);
-  if (vocab_json.is_discarded() || !vocab_json.is_object())
-    throw std::runtime_error(vocab_path + ": not a JSON object from token to id");
+namespace {
+
+// The vocabulary, read by nlohmann's SAX parser straight into a map: no DOM, and the only nesting
+// accepted is the one object, so a deeply nested file is refused at its second bracket (no
+// recursion, no memory for it). Python's json keeps the last of repeated keys: so does this.
+class VocabReader : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit VocabReader(int64_t max_entries) : max_entries_(max_entries) {}
   std::unordered_map<std::string, int32_t> vocab;
-  vocab.reserve(vocab_json.size());
-  std::string bytes;
-  for (const auto& [token, id_json] : vocab_json.items()) {
-    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
-        id_json.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      throw std::runtime_error(vocab_path + ": the id of '" + token + "' is not an int32 >= 0");
-    auto id = id_json.get<int32_t>();
-    vocab.emplace(token, id);
-    id_to_bytes_[id] = spelling_to_bytes(token, bytes) ? bytes : token;
-    id_bound_ = std::max<int64_t>(id_bound_, int64_t{id} + 1);
+  std::vector<std::pair<std::string, int32_t>> order;  // file order, for the decode table
+  std::string problem, position;                       // why it stopped, and where
+
+  bool null() override { return value("null"); }
+  bool boolean(bool) override { return value("a boolean"); }
+  bool number_integer(number_integer_t v) override {
+    if (v < 0) return value("the negative number " + std::to_string(v));
+    return id(static_cast<uint64_t>(v));
   }
+  bool number_unsigned(number_unsigned_t v) override { return id(v); }
+  bool number_float(number_float_t, const string_t& text) override {
+    return value("the number " + text);
+  }
+  bool string(string_t&) override { return value("a string"); }
+  bool binary(binary_t&) override { return value("binary data"); }
+  bool start_object(std::size_t) override {
+    if (depth_++ == 0) return true;
+    return value("an object");
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return value("an array"); }
+  bool end_array() override { return true; }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    if (++entry_ > max_entries_) {
+      position = "entry " + std::to_string(entry_);
+      problem = "more than the " + std::to_string(max_entries_) + " entries a vocabulary may have";
+      return false;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t byte, const std::string&,
+                   const nlohmann::detail::exception& e) override {
+    std::string what = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, column 2: ...": the bracket is
+    // nlohmann's bookkeeping, the rest (with the line and column) is the user's.
+    if (auto close = what.find("] "); what.rfind("[json.", 0) == 0 && close != std::string::npos)
+      what = what.substr(close + 2);
+    problem = what;
+    position = "byte " + std::to_string(byte);
+    return false;
+  }
+
+ private:
+  bool id(uint64_t v) {
+    if (depth_ != 1) return value("the number " + std::to_string(v));
+    if (v > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
+      return value("the number " + std::to_string(v));
+    auto token_id = static_cast<int32_t>(v);
+    vocab[key_] = token_id;
+    order.emplace_back(key_, token_id);
+    return true;
+  }
+  // A value that is not an id: the file is not GPT-2's flat object from token to id.
+  bool value(const std::string& found) {
+    if (depth_ == 0) {
+      problem = "expected a JSON object from token to id, found " + found;
+    } else {
+      position = "entry " + std::to_string(entry_) + " ('" + key_ + "')";
+      problem = "expected an id (an integer in [0, 2^31)), found " + found;
+    }
+    return false;
+  }
+
+  const int64_t max_entries_;
+  int depth_ = 0;
+  int64_t entry_ = 0;
+  std::string key_;
+};
+
+}  // namespace
+
+GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& merges_path,
+                             const TokenizerLimits& limits) {
+  load(read_bounded_file(vocab_path, "vocabulary", limits.max_file_bytes), vocab_path,
+       read_bounded_file(merges_path, "merges", limits.max_file_bytes), merges_path, limits);
+}
+
+GPT2Tokenizer GPT2Tokenizer::from_text(const std::string& vocab_json, const std::string& vocab_name,
+                                       const std::string& merges_text,
+                                       const std::string& merges_name,
+                                       const TokenizerLimits& limits) {
+  if (vocab_json.size() > limits.max_file_bytes || merges_text.size() > limits.max_file_bytes)
+    throw DataError(vocab_json.size() > limits.max_file_bytes ? vocab_name : merges_name,
+                    "more than the " + std::to_string(limits.max_file_bytes) +
+                        " bytes a tokenizer file may have");
+  GPT2Tokenizer t;
+  t.load(vocab_json, vocab_name, merges_text, merges_name, limits);
+  return t;
+}
+
+void GPT2Tokenizer::load(const std::string& vocab_json, const std::string& vocab_path,
+                         const std::string& merges_text, const std::string& merges_path,
+                         const TokenizerLimits& limits) {
+  vocab_path_ = vocab_path;
+  VocabReader reader(limits.max_entries);
+  bool parsed;
+  try {
+    parsed = nlohmann::json::sax_parse(vocab_json, &reader);
+  } catch (const nlohmann::json::exception& e) {  // not expected from a SAX parse: still ours
+    throw DataError(vocab_path, e.what());
+  }
+  if (!parsed) throw DataError(vocab_path, reader.position, reader.problem);
+  std::unordered_map<std::string, int32_t>& vocab = reader.vocab;
+  std::string bytes;
+  // An id given to two tokens decodes as the first of them; a repeated key's earlier ids are gone.
+  for (const auto& [token, id] : reader.order)
+    if (vocab.at(token) == id && !id_to_bytes_.count(id))
+      id_to_bytes_[id] = spelling_to_bytes(token, bytes) ? bytes : token;
+  for (const auto& entry : vocab)
+    id_bound_ = std::max<int64_t>(id_bound_, int64_t{entry.second} + 1);
   for (int b = 0; b < 256; ++b) {
     auto it = vocab.find(spell_byte(static_cast<unsigned char>(b)));
     if (it == vocab.end()) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", b);
-      throw std::runtime_error(vocab_path + ": missing vocab entry '" +
-                               spell_byte(static_cast<unsigned char>(b)) + "' for byte " + hex);
+      throw DataError(vocab_path, "missing vocab entry '" +
+                                      spell_byte(static_cast<unsigned char>(b)) + "' for byte " +
+                                      hex);
     }
     byte_id_[b] = it->second;
   }
   if (auto it = vocab.find("<|endoftext|>"); it != vocab.end()) eod_ = it->second;
 
-  std::istringstream merges(read_file(merges_path, "merges"));
+  std::istringstream merges(merges_text);
   std::string line;
   int64_t line_no = 0, rank = 0;
   while (std::getline(merges, line)) {
     ++line_no;
+    const std::string where = "line " + std::to_string(line_no);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    if (rank >= limits.max_entries)
+      throw DataError(
+          merges_path, where,
+          "more than the " + std::to_string(limits.max_entries) + " merges a merges file may have");
     size_t space = line.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string::npos)
-      throw std::runtime_error(merges_path + ":" + std::to_string(line_no) +
-                               ": expected 'left right', got '" + line + "'");
+      throw DataError(merges_path, where,
+                      "expected 'left right', got '" + line.substr(0, 200) +
+                          (line.size() > 200 ? "...'" : "'"));
     std::string left = line.substr(0, space), right = line.substr(space + 1);
     auto id_of = [&](const std::string& token) {
       auto it = vocab.find(token);
       if (it == vocab.end())
-        throw std::runtime_error(merges_path + ":" + std::to_string(line_no) +
-                                 ": missing vocab entry '" + token + "' in " + vocab_path);
+        throw DataError(merges_path, where, "missing vocab entry '" + token + "' in " + vocab_path);
       return static_cast<uint32_t>(it->second);
     };
     uint64_t key = uint64_t{id_of(left)} << 32 | id_of(right);
@@ -195,7 +298,7 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& m
 }
 
 int32_t GPT2Tokenizer::eod() const {
-  if (eod_ < 0) throw std::runtime_error(vocab_path_ + ": missing vocab entry '<|endoftext|>'");
+  if (eod_ < 0) throw DataError(vocab_path_, "missing vocab entry '<|endoftext|>'");
   return eod_;
 }
 
@@ -336,7 +439,7 @@ std::string GPT2Tokenizer::decode(const std::vector<int32_t>& ids) const {
   for (int32_t id : ids) {
     auto it = id_to_bytes_.find(id);
     if (it == id_to_bytes_.end())
-      throw std::runtime_error(vocab_path_ + ": no token has id " + std::to_string(id));
+      throw DataError(vocab_path_, "no token has id " + std::to_string(id));
     out += it->second;
   }
   return out;

@@ -10,7 +10,11 @@
 // piece's bytes become byte tokens, and merges apply lowest rank first, every occurrence left to
 // right, until none applies. "<|endoftext|>" in the text is ordinary text, as in GPT-2's encoder;
 // eod() gives its id for the end of a document. An immutable tokenizer is safe to share between
-// threads; a BpeCache belongs to one thread. Errors throw std::runtime_error naming the file.
+// threads; a BpeCache belongs to one thread. Errors throw DataError naming the file and the
+// position (the byte of a JSON syntax error, the entry of a bad id, the line of a bad merge).
+// Bounds (TokenizerLimits): each file's size (checked before reading) and its number of entries
+// (tokens, merge lines), so memory stays proportional to a real vocabulary; the vocabulary is
+// exactly one flat object (nesting is refused where it starts, never recursed into).
 #pragma once
 
 #include <cstdint>
@@ -27,9 +31,21 @@ struct BpeCache {
   size_t max_entries = 1 << 16;
 };
 
+// Far above any real tokenizer (GPT-2: 1 MiB and 50,257 tokens; 256K-token vocabularies: ~10
+// MiB), far below what would exhaust memory.
+struct TokenizerLimits {
+  size_t max_file_bytes = size_t{64} << 20;  // each of the two files
+  int64_t max_entries = int64_t{1} << 22;    // vocabulary entries; merge lines
+};
+
 class GPT2Tokenizer {
  public:
-  GPT2Tokenizer(const std::string& vocab_path, const std::string& merges_path);
+  GPT2Tokenizer(const std::string& vocab_path, const std::string& merges_path,
+                const TokenizerLimits& limits = {});
+  // The same from the files' contents; the names are for messages (the fuzzer, tests).
+  static GPT2Tokenizer from_text(const std::string& vocab_json, const std::string& vocab_name,
+                                 const std::string& merges_text, const std::string& merges_name,
+                                 const TokenizerLimits& limits = {});
 
   std::vector<int32_t> encode(std::string_view text, BpeCache* cache = nullptr) const;
   // Appends the ids of `text` to `out`.
@@ -51,10 +67,14 @@ class GPT2Tokenizer {
   static char32_t byte_to_unicode(unsigned char b);
 
  private:
+  GPT2Tokenizer() = default;
+  void load(const std::string& vocab_json, const std::string& vocab_path,
+            const std::string& merges_text, const std::string& merges_path,
+            const TokenizerLimits& limits);
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
 
   std::string vocab_path_;
-  int32_t byte_id_[256];                                  // the token of each single byte
+  int32_t byte_id_[256] = {};                             // the token of each single byte
   std::unordered_map<uint64_t, int64_t> merges_;          // (left << 32 | right) -> rank << 32 | id
   std::unordered_map<int32_t, std::string> id_to_bytes_;  // for decode
   int32_t eod_ = -1;                                      // -1: no "<|endoftext|>"

@@ -32,6 +32,9 @@ struct GPTDatasetOptions {
   int64_t seq_length = 1024;  // a sample holds seq_length + 1 tokens
   uint64_t seed = 1234;       // Megatron's default --seed
   bool shuffle = true;        // false: documents and samples in file order (e.g. validation)
+  // > 0: the model's vocabulary; every token must lie in [0, vocab_size), checked over the whole
+  // file when the dataset is built (IndexedDataset::check_token_ids). 0: not checked.
+  int64_t vocab_size = 0;
 };
 
 // A uniformly random permutation of [0, n), the same for the same seed everywhere.
@@ -67,7 +70,8 @@ class EpochIndex {
 
 class GPTDataset {
  public:
-  // Throws std::runtime_error when the dataset holds fewer than seq_length + 1 tokens.
+  // Throws DataError when the dataset holds fewer than seq_length + 1 tokens, or a token outside
+  // the vocabulary when options.vocab_size is set.
   GPTDataset(std::shared_ptr<const IndexedDataset> data, GPTDatasetOptions options);
 
   const GPTDatasetOptions& options() const { return options_; }

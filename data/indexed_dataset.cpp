@@ -1,15 +1,16 @@
 // IndexedDatasetWriter and IndexedDataset: Megatron's .bin/.idx pair, byte for byte.
 #include "dscpp/data/indexed_dataset.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+
+#include "dscpp/data/data_error.h"
+#include "dscpp/data/input_file.h"
 
 namespace dscpp::data {
 
@@ -90,7 +91,7 @@ size_t dtype_size(DType t) {
     case DType::Float64:
       return 8;
   }
-  throw std::runtime_error("unknown dtype code " + std::to_string(static_cast<int>(t)));
+  throw Error("unknown dtype code " + std::to_string(static_cast<int>(t)));
 }
 
 const char* dtype_name(DType t) {
@@ -133,11 +134,11 @@ std::string idx_path(const std::string& prefix) {
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, DType dtype)
     : prefix_(std::move(prefix)), dtype_(dtype) {
   if (!valid_code(static_cast<uint8_t>(dtype)) || is_float(dtype))
-    throw std::runtime_error(bin_path(prefix_) + ": tokens need an integer dtype, not " +
-                             dtype_name(dtype));
+    throw DataError(bin_path(prefix_),
+                    std::string("tokens need an integer dtype, not ") + dtype_name(dtype));
   std::string tmp = bin_path(prefix_) + ".tmp";
   bin_ = std::fopen(tmp.c_str(), "wb");
-  if (!bin_) throw std::runtime_error(tmp + ": cannot create: " + system_error());
+  if (!bin_) throw DataError(tmp, "cannot create: " + system_error());
 }
 
 IndexedDatasetWriter::~IndexedDatasetWriter() {
@@ -149,17 +150,17 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
 
 template <typename T>
 void IndexedDatasetWriter::add(const T* tokens, size_t count) {
-  if (finished_) throw std::runtime_error(bin_path(prefix_) + ": add after finish()");
+  if (finished_) throw DataError(bin_path(prefix_), "add after finish()");
   if (count > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    throw std::runtime_error(bin_path(prefix_) + ": a sequence of " + std::to_string(count) +
-                             " tokens exceeds the int32 length field");
+    throw DataError(bin_path(prefix_), "a sequence of " + std::to_string(count) +
+                                           " tokens exceeds the int32 length field");
   int64_t lo, hi;
   dtype_range(dtype_, lo, hi);
   for (size_t k = 0; k < count; ++k) {
     auto v = static_cast<int64_t>(tokens[k]);
     if (v < lo || v > hi)
-      throw std::runtime_error(bin_path(prefix_) + ": token " + std::to_string(v) +
-                               " does not fit dtype " + dtype_name(dtype_));
+      throw DataError(bin_path(prefix_),
+                      "token " + std::to_string(v) + " does not fit dtype " + dtype_name(dtype_));
     switch (dtype_) {
       case DType::UInt8:
         narrow_into<uint8_t>(buffer_, v);
@@ -193,7 +194,7 @@ void IndexedDatasetWriter::add_sequence(const int64_t* tokens, size_t count) {
 }
 
 void IndexedDatasetWriter::end_document() {
-  if (finished_) throw std::runtime_error(bin_path(prefix_) + ": add after finish()");
+  if (finished_) throw DataError(bin_path(prefix_), "add after finish()");
   doc_index_.push_back(static_cast<int64_t>(lengths_.size()));
 }
 
@@ -204,7 +205,7 @@ void IndexedDatasetWriter::add_document(const std::vector<int32_t>& tokens) {
 
 void IndexedDatasetWriter::flush() {
   if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), bin_) != buffer_.size())
-    throw std::runtime_error(bin_path(prefix_) + ".tmp: write failed: " + system_error());
+    throw DataError(bin_path(prefix_) + ".tmp", "write failed: " + system_error());
   buffer_.clear();
 }
 
@@ -218,7 +219,7 @@ void IndexedDatasetWriter::finish() {
   bool ok = std::fflush(bin_) == 0 && ::fsync(::fileno(bin_)) == 0;
   ok = (std::fclose(bin_) == 0) && ok;
   bin_ = nullptr;
-  if (!ok) throw std::runtime_error(bin_tmp + ": write failed: " + system_error());
+  if (!ok) throw DataError(bin_tmp, "write failed: " + system_error());
 
   std::string idx;
   idx.append(kMagic, sizeof kMagic);
@@ -237,15 +238,15 @@ void IndexedDatasetWriter::finish() {
   idx.append(reinterpret_cast<const char*>(doc_index_.data()), doc_index_.size() * sizeof(int64_t));
 
   std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
-  if (!f) throw std::runtime_error(idx_tmp + ": cannot create: " + system_error());
+  if (!f) throw DataError(idx_tmp, "cannot create: " + system_error());
   ok = std::fwrite(idx.data(), 1, idx.size(), f) == idx.size() && std::fflush(f) == 0 &&
        ::fsync(::fileno(f)) == 0;
   ok = (std::fclose(f) == 0) && ok;
-  if (!ok) throw std::runtime_error(idx_tmp + ": write failed: " + system_error());
+  if (!ok) throw DataError(idx_tmp, "write failed: " + system_error());
   if (std::rename(bin_tmp.c_str(), bin_path(prefix_).c_str()) != 0)
-    throw std::runtime_error(bin_path(prefix_) + ": cannot rename into place: " + system_error());
+    throw DataError(bin_path(prefix_), "cannot rename into place: " + system_error());
   if (std::rename(idx_tmp.c_str(), idx_path(prefix_).c_str()) != 0)
-    throw std::runtime_error(idx_path(prefix_) + ": cannot rename into place: " + system_error());
+    throw DataError(idx_path(prefix_), "cannot rename into place: " + system_error());
   finished_ = true;
 }
 
@@ -253,22 +254,14 @@ void IndexedDatasetWriter::finish() {
 // Reader
 // ---------------------------------------------------------------------------------------------
 
-IndexedDataset::Mapping::Mapping(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error(path + ": cannot open: " + system_error());
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    std::string e = system_error();
-    ::close(fd);
-    throw std::runtime_error(path + ": cannot stat: " + e);
-  }
-  size = static_cast<size_t>(st.st_size);
+IndexedDataset::Mapping::Mapping(const std::string& path) : owned(true) {
+  int fd = open_regular_file(path, size);
   if (size > 0) {
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       std::string e = system_error();
       ::close(fd);
-      throw std::runtime_error(path + ": cannot mmap: " + e);
+      throw DataError(path, "cannot mmap: " + e);
     }
     data = static_cast<const unsigned char*>(p);
   }
@@ -276,64 +269,114 @@ IndexedDataset::Mapping::Mapping(const std::string& path) {
 }
 
 IndexedDataset::Mapping::~Mapping() {
-  if (data) ::munmap(const_cast<unsigned char*>(data), size);
+  if (owned && data) ::munmap(const_cast<unsigned char*>(data), size);
 }
 
 namespace {
-[[noreturn]] void fail(const std::string& path, const std::string& problem) {
-  throw std::runtime_error(path + ": " + problem);
+
+std::string at_byte(uint64_t offset) {
+  return "byte " + std::to_string(offset);
 }
+
+// a * b + c, or false when it does not fit in 64 bits.
+bool mul_add(uint64_t a, uint64_t b, uint64_t c, uint64_t& out) {
+  return !__builtin_mul_overflow(a, b, &out) && !__builtin_add_overflow(out, c, &out);
+}
+
 }  // namespace
+
+uint64_t IndexedDataset::index_size(const unsigned char* idx, size_t size) {
+  if (size < kHeaderSize) return 0;
+  auto s = load<uint64_t>(idx + 18), d1 = load<uint64_t>(idx + 26);
+  uint64_t arrays = 0, need = 0;
+  if (!mul_add(s, 4 + 8, kHeaderSize, arrays) || !mul_add(d1, 8, arrays, need)) return 0;
+  return need;
+}
 
 IndexedDataset::IndexedDataset(const std::string& prefix)
     : prefix_(prefix), idx_(idx_path(prefix)), bin_(bin_path(prefix)) {
-  const std::string ipath = idx_path(prefix), bpath = bin_path(prefix);
+  check_index();
+}
+
+IndexedDataset::IndexedDataset(std::string prefix, const unsigned char* idx, size_t idx_size,
+                               const unsigned char* bin, size_t bin_size)
+    : prefix_(std::move(prefix)), idx_(idx, idx_size), bin_(bin, bin_size) {
+  check_index();
+}
+
+// Every field is checked against the file sizes before anything is read through it, with
+// overflow-checked arithmetic: no allocation and no pointer comes from an unchecked count.
+void IndexedDataset::check_index() {
+  const std::string ipath = idx_path(prefix_), bpath = bin_path(prefix_);
   if (idx_.size < kHeaderSize)
-    fail(ipath, "truncated index: " + std::to_string(idx_.size) + " bytes, the header alone is " +
-                    std::to_string(kHeaderSize));
+    throw DataError(ipath, "truncated index: " + std::to_string(idx_.size) +
+                               " bytes, the header alone is " + std::to_string(kHeaderSize));
   if (std::memcmp(idx_.data, kMagic, sizeof kMagic) != 0)
-    fail(ipath, "bad magic: not a Megatron indexed dataset index (MMIDIDX)");
+    throw DataError(ipath, at_byte(0), "bad magic: not a Megatron indexed dataset index (MMIDIDX)");
   auto version = load<uint64_t>(idx_.data + 9);
-  if (version != 1) fail(ipath, "unsupported version " + std::to_string(version) + " (not 1)");
+  if (version != 1)
+    throw DataError(ipath, at_byte(9),
+                    "unsupported version " + std::to_string(version) + " (not 1)");
   uint8_t code = idx_.data[17];
-  if (!valid_code(code)) fail(ipath, "unknown dtype code " + std::to_string(code));
+  if (!valid_code(code))
+    throw DataError(ipath, at_byte(17), "unknown dtype code " + std::to_string(code));
   dtype_ = static_cast<DType>(code);
   if (is_float(dtype_))
-    fail(ipath, std::string("dtype ") + dtype_name(dtype_) + " does not hold tokens");
+    throw DataError(ipath, at_byte(17),
+                    std::string("dtype ") + dtype_name(dtype_) + " does not hold tokens");
   auto s = load<uint64_t>(idx_.data + 18), d1 = load<uint64_t>(idx_.data + 26);
-  // Counts past 2^40 cannot be honest: reject them before they overflow the size check.
-  if (s > (uint64_t{1} << 40) || d1 > (uint64_t{1} << 40))
-    fail(ipath, "implausible counts: " + std::to_string(s) + " sequences, " + std::to_string(d1) +
-                    " document indices");
-  uint64_t need = kHeaderSize + s * (4 + 8) + d1 * 8;
-  if (idx_.size < need)
-    fail(ipath, "truncated index: " + std::to_string(idx_.size) + " bytes, " + std::to_string(s) +
-                    " sequences and " + std::to_string(d1) + " document indices need " +
-                    std::to_string(need));
+  const uint64_t need = index_size(idx_.data, idx_.size);
+  if (need == 0 || idx_.size < need)
+    throw DataError(ipath, "truncated index: " + std::to_string(idx_.size) + " bytes, but " +
+                               std::to_string(s) + " sequences and " + std::to_string(d1) +
+                               " document indices need " +
+                               (need == 0 ? std::string("more than 2^64") : std::to_string(need)));
+  // need <= idx_.size bounds s and d1 far below 2^63: the casts and offsets below are exact.
   num_sequences_ = static_cast<int64_t>(s);
   num_doc_entries_ = static_cast<int64_t>(d1);
   lengths_ = idx_.data + kHeaderSize;
   pointers_ = lengths_ + s * 4;
   doc_index_ = pointers_ + s * 8;
+  const uint64_t doc_at = kHeaderSize + s * 12;
+  auto doc_byte = [&](int64_t d) { return at_byte(doc_at + static_cast<uint64_t>(d) * 8); };
 
-  if (d1 < 1 || document_index(0) != 0) fail(ipath, "document indices must start with 0");
+  if (d1 < 1) throw DataError(ipath, at_byte(26), "no document indices (at least the 0 is needed)");
+  if (document_index(0) != 0)
+    throw DataError(ipath, doc_byte(0),
+                    "document indices must start with 0, not " + std::to_string(document_index(0)));
   for (int64_t d = 1; d < num_doc_entries_; ++d)
     if (document_index(d) < document_index(d - 1))
-      fail(ipath, "document indices decrease at entry " + std::to_string(d));
+      throw DataError(ipath, doc_byte(d),
+                      "document indices decrease at entry " + std::to_string(d) + " (" +
+                          std::to_string(document_index(d - 1)) + ", then " +
+                          std::to_string(document_index(d)) + ")");
   if (document_index(num_doc_entries_ - 1) != num_sequences_)
-    fail(ipath, "the last document index is " +
-                    std::to_string(document_index(num_doc_entries_ - 1)) + ", not the " +
-                    std::to_string(num_sequences_) + " sequences");
-  const auto item = static_cast<int64_t>(dtype_size(dtype_));
-  const auto bin_size = static_cast<int64_t>(bin_.size);
+    throw DataError(ipath, doc_byte(num_doc_entries_ - 1),
+                    "the last document index is " +
+                        std::to_string(document_index(num_doc_entries_ - 1)) + ", not the " +
+                        std::to_string(num_sequences_) + " sequences");
+  const uint64_t item = dtype_size(dtype_), bin_size = bin_.size;
   for (int64_t i = 0; i < num_sequences_; ++i) {
+    const auto u = static_cast<uint64_t>(i);
     int64_t length = sequence_length(i), pointer = sequence_pointer(i);
-    if (length < 0) fail(ipath, "sequence " + std::to_string(i) + " has a negative length");
-    if (pointer < 0 || pointer > bin_size || length > (bin_size - pointer) / item)
-      fail(bpath, "truncated data: sequence " + std::to_string(i) + " (" + std::to_string(length) +
-                      " tokens at byte " + std::to_string(pointer) +
-                      ") lies past the file's end (" + std::to_string(bin_size) + " bytes)");
-    num_tokens_ += length;
+    if (length < 0)
+      throw DataError(
+          ipath, at_byte(kHeaderSize + u * 4),
+          "sequence " + std::to_string(i) + " has a negative length, " + std::to_string(length));
+    if (pointer < 0)
+      throw DataError(
+          ipath, at_byte(kHeaderSize + s * 4 + u * 8),
+          "sequence " + std::to_string(i) + " has a negative pointer, " + std::to_string(pointer));
+    uint64_t end = 0;
+    if (!mul_add(static_cast<uint64_t>(length), item, static_cast<uint64_t>(pointer), end) ||
+        end > bin_size)
+      throw DataError(bpath, "truncated data: sequence " + std::to_string(i) + " (" +
+                                 std::to_string(length) + " tokens at byte " +
+                                 std::to_string(pointer) + ") lies past the file's end (" +
+                                 std::to_string(bin_size) + " bytes)");
+    // Sequences may share bytes, so their sum is bounded only by S * 2^31: checked too.
+    if (__builtin_add_overflow(num_tokens_, length, &num_tokens_))
+      throw DataError(ipath, "the sequences hold more than 2^63 tokens");
   }
 }
 
@@ -349,12 +392,27 @@ int64_t IndexedDataset::document_index(int64_t d) const {
   return load<int64_t>(doc_index_ + static_cast<size_t>(d) * 8);
 }
 
+namespace {
+
+// The first of `count` tokens at `src` outside [0, bound), or -1.
+template <typename Stored>
+int64_t first_outside(const unsigned char* src, int64_t count, int64_t bound) {
+  for (int64_t k = 0; k < count; ++k) {
+    auto v = static_cast<int64_t>(load<Stored>(src + k * static_cast<int64_t>(sizeof(Stored))));
+    if (v < 0 || v >= bound) return k;
+  }
+  return -1;
+}
+
+}  // namespace
+
 void IndexedDataset::read(int64_t seq, int64_t offset, int64_t count, int64_t* out) const {
+  // Compared without forming offset + count, which may overflow for hostile arguments.
   if (seq < 0 || seq >= num_sequences_ || offset < 0 || count < 0 ||
-      offset + count > sequence_length(seq))
-    throw std::runtime_error(bin_path(prefix_) + ": tokens [" + std::to_string(offset) + ", " +
-                             std::to_string(offset + count) + ") of sequence " +
-                             std::to_string(seq) + " are out of range");
+      offset > sequence_length(seq) || count > sequence_length(seq) - offset)
+    throw DataError(bin_path(prefix_), "tokens [" + std::to_string(offset) + ", +" +
+                                           std::to_string(count) + ") of sequence " +
+                                           std::to_string(seq) + " are out of range");
   const unsigned char* src =
       bin_.data + sequence_pointer(seq) + offset * static_cast<int64_t>(dtype_size(dtype_));
   switch (dtype_) {
@@ -380,10 +438,56 @@ void IndexedDataset::read(int64_t seq, int64_t offset, int64_t count, int64_t* o
 
 std::vector<int64_t> IndexedDataset::sequence(int64_t seq) const {
   if (seq < 0 || seq >= num_sequences_)
-    throw std::runtime_error(bin_path(prefix_) + ": no sequence " + std::to_string(seq));
+    throw DataError(bin_path(prefix_), "no sequence " + std::to_string(seq) + " (the dataset has " +
+                                           std::to_string(num_sequences_) + ")");
   std::vector<int64_t> out(static_cast<size_t>(sequence_length(seq)));
   read(seq, 0, static_cast<int64_t>(out.size()), out.data());
   return out;
+}
+
+void IndexedDataset::check_token_ids(int64_t vocab_size) const {
+  if (vocab_size < 1)
+    throw DataError(bin_path(prefix_),
+                    "vocab_size must be >= 1, got " + std::to_string(vocab_size));
+  int64_t lo, hi;
+  dtype_range(dtype_, lo, hi);
+  if (lo >= 0 && hi < vocab_size) return;  // every value of the dtype is a valid id
+  const int64_t item = static_cast<int64_t>(dtype_size(dtype_));
+  for (int64_t d = 0; d + 1 < num_doc_entries_; ++d) {
+    for (int64_t seq = document_index(d); seq < document_index(d + 1); ++seq) {
+      const unsigned char* src = bin_.data + sequence_pointer(seq);
+      const int64_t n = sequence_length(seq);
+      int64_t k = -1;
+      switch (dtype_) {
+        case DType::UInt8:
+          k = first_outside<uint8_t>(src, n, vocab_size);
+          break;
+        case DType::Int8:
+          k = first_outside<int8_t>(src, n, vocab_size);
+          break;
+        case DType::Int16:
+          k = first_outside<int16_t>(src, n, vocab_size);
+          break;
+        case DType::UInt16:
+          k = first_outside<uint16_t>(src, n, vocab_size);
+          break;
+        case DType::Int32:
+          k = first_outside<int32_t>(src, n, vocab_size);
+          break;
+        default:
+          k = first_outside<int64_t>(src, n, vocab_size);
+      }
+      if (k < 0) continue;
+      int64_t id = 0;
+      read(seq, k, 1, &id);
+      throw DataError(bin_path(prefix_),
+                      "document " + std::to_string(d) + ", sequence " + std::to_string(seq) +
+                          ", token " + std::to_string(k) + " (" +
+                          at_byte(static_cast<uint64_t>(sequence_pointer(seq) + k * item)) + ")",
+                      "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                          std::to_string(vocab_size) + ")");
+    }
+  }
 }
 
 }  // namespace dscpp::data

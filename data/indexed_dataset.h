@@ -13,14 +13,17 @@
 //   int64[D+1] document indices: document d is sequences [doc[d], doc[d+1]); doc[0] = 0,
 //             doc[D] = S. A document with no tokens has no sequence (an index repeats).
 //   (a multimodal file then has int8[S] sequence modes; read past, not written)
-// Errors (missing file, bad magic, version, dtype, truncated or inconsistent file, a token out
-// of its dtype's range) throw std::runtime_error naming the file.
+// Errors (missing or not a regular file, bad magic, version, dtype, truncated or inconsistent
+// file, a token out of its dtype's range or the vocabulary) throw DataError naming the file and,
+// where there is one, the position (the byte of the bad field, the document and token).
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "dscpp/data/data_error.h"
 
 namespace dscpp::data {
 
@@ -84,11 +87,16 @@ class IndexedDatasetWriter {
 };
 
 // Megatron's IndexedDataset (mmap reader). Both files are mapped read-only; the index is
-// checked once when opened (header, sizes, monotone document indices ending at S, every
-// sequence inside .bin), so reads afterwards need no checks beyond their arguments.
+// checked once when opened (header, counts against the file size with overflow-checked
+// arithmetic, monotone document indices ending at S, every sequence inside .bin), so reads
+// afterwards need no checks beyond their arguments. Nothing is allocated from a count the
+// files give. A valid index may have trailing bytes (a multimodal file's sequence modes).
 class IndexedDataset {
  public:
   explicit IndexedDataset(const std::string& prefix);
+  // The same over memory the caller keeps alive (the fuzzer, tests); `prefix` names it in errors.
+  IndexedDataset(std::string prefix, const unsigned char* idx, size_t idx_size,
+                 const unsigned char* bin, size_t bin_size);
   IndexedDataset(const IndexedDataset&) = delete;
   IndexedDataset& operator=(const IndexedDataset&) = delete;
 
@@ -106,15 +114,29 @@ class IndexedDataset {
   void read(int64_t seq, int64_t offset, int64_t count, int64_t* out) const;
   std::vector<int64_t> sequence(int64_t seq) const;
 
+  // Throws a DataError naming the first token outside [0, vocab_size) by document, sequence,
+  // token and byte of .bin, with its id: a model's embedding would otherwise fail on it in the
+  // middle of training with no word of the file. One pass over .bin, skipped when the dtype
+  // holds no such value (uint16 tokens and a vocabulary of 65536 or more).
+  void check_token_ids(int64_t vocab_size) const;
+
+  // The size an index's header says the whole index has (header and the three arrays), or 0
+  // when `size` is shorter than the header or the counts overflow 64 bits.
+  static uint64_t index_size(const unsigned char* idx, size_t size);
+
  private:
-  // A read-only mapping of a whole file; unmapped when destroyed.
+  void check_index();
+
+  // A read-only mapping of a whole file, unmapped when destroyed; or borrowed memory.
   struct Mapping {
     explicit Mapping(const std::string& path);
+    Mapping(const unsigned char* d, size_t n) : data(d), size(n) {}
     ~Mapping();
     Mapping(const Mapping&) = delete;
     Mapping& operator=(const Mapping&) = delete;
     const unsigned char* data = nullptr;  // null for an empty file
     size_t size = 0;
+    bool owned = false;  // mapped here: unmap when destroyed
   };
 
   std::string prefix_;

@@ -245,7 +245,10 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   auto indexed = std::make_shared<dscpp::data::IndexedDataset>(args.data_path);
   auto dataset = std::make_shared<dscpp::data::GPTDataset>(
       indexed,
-      dscpp::data::GPTDatasetOptions{cfg.seq_length, static_cast<uint64_t>(args.seed), true});
+      // vocab_size: a token id the embedding has no row for is refused here, naming the file,
+      // document and id, not deep in the first forward.
+      dscpp::data::GPTDatasetOptions{cfg.seq_length, static_cast<uint64_t>(args.seed), true,
+                                     cfg.vocab_size});
   const int64_t mb = engine.train_micro_batch_size_per_gpu(),
                 ga = engine.gradient_accumulation_steps();
   dscpp::data::DataLoaderOptions lo;

@@ -191,12 +191,12 @@ std::string error_of(F f) {
 TEST(Gpt2Tokenizer, BadFilesAreNamedWithTheProblem) {
   ToyFiles unknown("a b\nq r\n");  // "qr" is no vocabulary entry
   std::string e = error_of([&] { GPT2Tokenizer t(unknown.vocab, unknown.merges); });
-  EXPECT_NE(e.find(unknown.merges + ":3"), std::string::npos) << e;
+  EXPECT_NE(e.find(unknown.merges + ": line 3"), std::string::npos) << e;
   EXPECT_NE(e.find("missing vocab entry 'qr'"), std::string::npos) << e;
 
   ToyFiles malformed("a b c\n");
   e = error_of([&] { GPT2Tokenizer t(malformed.vocab, malformed.merges); });
-  EXPECT_NE(e.find(malformed.merges + ":2"), std::string::npos) << e;
+  EXPECT_NE(e.find(malformed.merges + ": line 2"), std::string::npos) << e;
 
   ToyFiles no_z("a b\n", /*drop_byte_z=*/true);
   e = error_of([&] { GPT2Tokenizer t(no_z.vocab, no_z.merges); });
@@ -206,7 +206,7 @@ TEST(Gpt2Tokenizer, BadFilesAreNamedWithTheProblem) {
   EXPECT_NE(e.find("nope.json"), std::string::npos) << e;
   std::ofstream(unknown.dir / "bad.json") << "[1, 2]";
   e = error_of([&] { GPT2Tokenizer t(unknown.dir / "bad.json", unknown.merges); });
-  EXPECT_NE(e.find("bad.json: not a JSON object"), std::string::npos) << e;
+  EXPECT_NE(e.find("bad.json: expected a JSON object"), std::string::npos) << e;
 }
 
 }  // namespace
