@@ -7,6 +7,7 @@
 #include <map>
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/save_binding.h"
 
 namespace dscpp::checkpoint {
 
@@ -64,9 +65,12 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
     std::vector<at::Tensor> groups_flat(shapes_v.size());
     std::vector<at::Tensor> stage3_flat;  // stage 3: each rank's fp32_flat_groups[0]
     std::vector<std::vector<int64_t>> paddings(shapes_v.size());
+    const SaveBinding model_binding = read_binding(model, path);
     for (int64_t r = 0; r < world; ++r) {
       const std::string zpath = find_zero_states(dir, tag, static_cast<int>(r));
       PyValue z = load_torch_file(zpath);
+      check_partition_binding(model_binding, path, read_binding(z, zpath), zpath,
+                              static_cast<int>(r));
       const PyValue& osd = need(z, "optimizer_state_dict", zpath);
       if (const PyValue* flat = osd.find(PyValue("fp32_flat_groups"))) {
         if (flat->size() != 1 || shapes_v.size() != 1)
