@@ -9,7 +9,8 @@ A tag whose partition files were swapped, one copied over another, a model-state
 another step, or a partition from another save of the same step: the load (and zero_to_fp32)
 fails, naming the file and both values (read back here with torch.load). The intact tag resumes
 on 2 ranks and on 1 (another layout stays allowed); a folder without `latest` trains from
-scratch after DeepSpeed's warning, printed once. Exits 1 on any failure."""
+scratch after DeepSpeed's warning, printed once, and train_gpt --load says it starts from
+scratch. Exits 1 on any failure."""
 import argparse
 import json
 import os
@@ -20,6 +21,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "engine"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "data"))
 from ds_train import config  # noqa: E402
 
 STAGE = 2
@@ -53,11 +55,35 @@ def save_id(path):
     return torch.load(path)["dscpp_save_id"]
 
 
+def train_gpt_from_scratch(train_gpt, tmp, empty, warning, check):
+    """train_gpt --load on a folder without `latest`: the warning, then "starting from scratch"."""
+    import megatron_format
+    prefix = os.path.join(tmp, "tokens")
+    megatron_format.write(prefix, [[[(7 * i + j) % 64 for j in range(40)]] for i in range(8)], "uint16")
+    model = os.path.join(tmp, "gpt.json")
+    with open(model, "w") as f:
+        json.dump({"hidden_size": 16, "num_layers": 1, "num_attention_heads": 2, "seq_length": 8,
+                   "vocab_size": 64, "ffn_hidden_size": 32, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+                   "layernorm_epsilon": 1e-5, "init_method_std": 0.02, "tie_word_embeddings": True}, f)
+    ds = os.path.join(tmp, "ds.json")
+    with open(ds, "w") as f:
+        json.dump({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                   "zero_optimization": {"stage": 1}, "steps_per_print": 1 << 30}, f)
+    p = subprocess.run([train_gpt, "--model-config", model, "--train-data-path", prefix, "--deepspeed_config", ds,
+                        "--train-iters", "1", "--load", empty], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    log = p.stdout + p.stderr
+    check("train_gpt without latest: trains", p.returncode == 0, log)
+    check("train_gpt without latest: warns and says it starts from scratch",
+          warning in log and f"no checkpoint in {empty}: starting from scratch" in log, log)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", dest="zero_to_fp32", required=True)
+    ap.add_argument("--train-gpt", dest="train_gpt", help="examples/train_gpt (its --load case)")
     args = ap.parse_args()
     failed = []
 
@@ -124,6 +150,8 @@ def main():
         warning = "Unable to find latest file at " + os.path.join(empty, "latest")
         check("no latest: trains from scratch", rc == 0 and got["first_step"] == 0, log)
         check("no latest: DeepSpeed's warning, once", log.count(warning) == 1, log)
+        if args.train_gpt:
+            train_gpt_from_scratch(args.train_gpt, tmp, empty, warning, check)
 
     print(f"{len(failed)} failed")
     return 1 if failed else 0
