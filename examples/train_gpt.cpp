@@ -235,11 +235,14 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   const auto& ds = engine.core().config();
 
   int64_t first = 0;
-  if (!args.load.empty() && dscpp::checkpoint::read_latest(args.load)) {
-    auto r = engine.load_checkpoint(args.load);
+  if (!args.load.empty()) {
+    auto r = engine.load_checkpoint(args.load);  // warns (rank 0) when there is no `latest`
     first = engine.global_steps();
     if (rank == 0)
-      std::cout << fmt::format("[train_gpt] resumed from {} at step {}\n", r.path, first);
+      std::cout << (r.path.empty()
+                        ? fmt::format("[train_gpt] no checkpoint in {}: starting from scratch\n",
+                                      args.load)
+                        : fmt::format("[train_gpt] resumed from {} at step {}\n", r.path, first));
   }
 
   auto indexed = std::make_shared<dscpp::data::IndexedDataset>(args.data_path);

@@ -48,12 +48,30 @@ std::string find_zero_states(const std::string& dir, const std::string& tag, int
 
 std::optional<std::string> read_latest(const std::string& dir) {
   fs::path p = fs::path(dir) / "latest";
-  if (!fs::is_regular_file(p)) return std::nullopt;
-  std::ifstream in(p);
-  std::string tag;
-  std::getline(in, tag);
-  while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
-  if (tag.empty()) throw CheckpointError("'" + p.string() + "' is empty: it should name a tag");
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return std::nullopt;
+  if (!fs::is_regular_file(p, ec)) throw CheckpointError("'" + p.string() + "' is not a file");
+  // A tag is a folder name: a `latest` longer than any is not one (and is not read whole).
+  constexpr size_t kMaxLatest = 4096;
+  std::ifstream in(p, std::ios::binary);
+  std::string text(kMaxLatest + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw CheckpointError("cannot read '" + p.string() + "'");
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxLatest)
+    throw CheckpointError("'" + p.string() + "' is longer than " + std::to_string(kMaxLatest) +
+                          " bytes: it should name a tag");
+  // DeepSpeed strips the whitespace around the tag (fd.read().strip()).
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos)
+    throw CheckpointError("'" + p.string() + "' is empty: it should name a tag");
+  std::string tag = text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
+  for (size_t i = 0; i < tag.size(); ++i) {
+    const auto c = static_cast<unsigned char>(tag[i]);
+    if (c < 0x20 || c == 0x7f)
+      throw CheckpointError("'" + p.string() + "' holds a control character (byte " +
+                            std::to_string(first + i) + "): it should name a tag");
+  }
   return tag;
 }
 
@@ -127,6 +145,10 @@ const std::vector<std::string>& engine_state_keys() {
                                                 "dscpp_loss_scaler",
                                                 "dscpp_rng_states",
                                                 "dscpp_micro_steps",
+                                                "dscpp_save_id",
+                                                "dscpp_rank",
+                                                "dscpp_world_size",
+                                                "dscpp_global_steps",
                                                 "universal_checkpoint_info"};
   return keys;
 }

@@ -7,16 +7,12 @@
 #pragma once
 
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-namespace dscpp::checkpoint {
+#include "dscpp/runtime/checkpoint/checkpoint_error.h"
 
-class CheckpointError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace dscpp::checkpoint {
 
 // The version of DeepSpeed whose format we write ("ds_version"; DeepSpeed parses it).
 inline constexpr const char* kDsFormatVersion = "0.19.8";

@@ -8,6 +8,7 @@
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/save_binding.h"
 
 namespace dscpp::checkpoint {
 
@@ -66,9 +67,11 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
     std::vector<std::vector<at::Tensor>> files(world);  // [rank][group]
     std::vector<std::vector<int64_t>> paddings(shapes_v.size());
     bool stage3 = false;
+    const SaveBinding model_binding = read_binding(model, path);
     for (int r = 0; r < world; ++r) {
       const std::string zpath = find_zero_states(dir, tag, r);
       PyValue z = load_torch_file(zpath);
+      check_partition_binding(model_binding, path, read_binding(z, zpath), zpath, r);
       const PyValue& osd = need(z, "optimizer_state_dict", zpath);
       const PyValue* flat = osd.find(PyValue("fp32_flat_groups"));
       stage3 = flat != nullptr;

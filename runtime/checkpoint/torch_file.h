@@ -120,8 +120,10 @@ void save_torch_file(const PyValue& root, const std::string& path);
 // string ("cpu", "cuda:0"), nn.Parameter as its tensor, DeepSpeed's ZeroStageEnum as its int
 // (other enums as "Class.member"), bytes as a str, and a plain Python object (DeepSpeed's
 // LossScaler, fragment_address) as a dict {"__class__": "module.Class", **its __dict__}; an
-// OrderedDict's _metadata is dropped. Throws std::runtime_error naming `path`
-// on a missing, truncated or corrupt file or on anything outside what checkpoints hold.
+// OrderedDict's _metadata is dropped. Throws CheckpointError naming `path` and the place in it
+// (record, byte) on a missing, truncated or corrupt file, on a value nested deeper than 1000
+// levels or standing for more than 2^20 values, or on anything outside what checkpoints
+// hold.
 PyValue load_torch_file(const std::string& path);
 
 }  // namespace dscpp::checkpoint

@@ -16,6 +16,7 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
@@ -165,7 +166,14 @@ void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& 
 }
 
 void EngineCore::load_zero_partitions(const std::string& dir, const std::string& tag,
-                                      int saved_world, bool load_optimizer_states) {
+                                      const PyValue& model, const std::string& model_path,
+                                      bool load_optimizer_states) {
+  const int saved_world = static_cast<int>(need(model, "dp_world_size", model_path).as_int());
+  if (saved_world < 1) throw CheckpointError("'" + model_path + "': dp_world_size < 1");
+  const checkpoint::SaveBinding model_binding = checkpoint::read_binding(model, model_path);
+  if (model_binding.rank > 0)
+    throw CheckpointError(fmt::format("'{}' was written by rank {} (dscpp_rank), not rank 0",
+                                      model_path, model_binding.rank));
   const auto& layout = zero_->layout();
   const int me = zero_->layout_rank();
   const auto numels = numels_of(*zero_);
@@ -175,6 +183,8 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
   for (int f = 0; f < saved_world; ++f) {
     const std::string path = checkpoint::find_zero_states(dir, tag, f);
     PyValue file = checkpoint::load_torch_file(path);
+    checkpoint::check_partition_binding(model_binding, model_path,
+                                        checkpoint::read_binding(file, path), path, f);
     const PyValue& osd = need(file, "optimizer_state_dict", path);
     const int64_t stage = need(osd, "zero_stage", path).as_int();
     if (stage != zero_->stage())
@@ -239,6 +249,38 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
   if (step >= 0) zero_->set_step_count(step);
 }
 
+bool EngineCore::latest_tag(const std::string& load_dir, std::string* tag) {
+  std::string error;
+  bool found = false;
+  try {
+    if (auto latest = checkpoint::read_latest(load_dir)) {
+      *tag = *latest;
+      found = true;
+    } else if (group_->rank() == 0) {
+      // DeepSpeed's engine warns so, and returns (None, None): nothing is loaded.
+      std::cerr << "dscpp: warning: Unable to find latest file at "
+                << (std::filesystem::path(load_dir) / "latest").string()
+                << ", if trying to load latest checkpoint please ensure this file exists or "
+                   "pass an explicit checkpoint tag when loading a checkpoint.\n";
+    }
+  } catch (const std::exception& e) {
+    error = fmt::format("load_checkpoint (rank {}): {}", group_->rank(), e.what());
+  }
+  agree(error, "load_checkpoint");
+  if (group_->size() > 1) {
+    // Every rank loads, or none does: a `latest` that some ranks see and others not is wrong.
+    at::Tensor n =
+        at::full({1}, found ? 1.0f : 0.0f, at::TensorOptions().dtype(at::kFloat).device(device_));
+    group_->all_reduce(n).wait();
+    const float seen = n.item<float>();
+    if (seen > 0 && seen < static_cast<float>(group_->size()))
+      throw CheckpointError(fmt::format(
+          "load_checkpoint: '{}' has a 'latest' file that {} of {} ranks see (rank {} {})",
+          load_dir, seen, group_->size(), group_->rank(), found ? "does" : "does not"));
+  }
+  return found;
+}
+
 LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
                                                  const std::string& tag_in,
                                                  const LoadCheckpointOptions& options) {
@@ -250,15 +292,9 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
   LoadCheckpointResult result;
   std::string error;
   PyValue rng;
+  std::string tag = tag_in;
+  if (tag.empty() && !latest_tag(load_dir, &tag)) return result;  // nothing to load
   try {
-    std::string tag = tag_in;
-    if (tag.empty()) {
-      auto latest = checkpoint::read_latest(load_dir);
-      if (!latest)
-        throw CheckpointError("no checkpoint to load: '" + load_dir +
-                              "' has no 'latest' file (pass a tag, or save one first)");
-      tag = *latest;
-    }
     checkpoint::check_tag(tag);
     if (!fs::is_directory(checkpoint::tag_dir(load_dir, tag)))
       throw CheckpointError("no checkpoint '" + tag + "' in '" + load_dir + "'");
@@ -292,9 +328,7 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       if (zero_->stage() == 0) {
         load_stage0_optimizer(model, path, options.load_optimizer_states);
       } else {
-        const int saved_world = static_cast<int>(need(model, "dp_world_size", path).as_int());
-        if (saved_world < 1) throw CheckpointError("'" + path + "': dp_world_size < 1");
-        load_zero_partitions(load_dir, tag, saved_world, options.load_optimizer_states);
+        load_zero_partitions(load_dir, tag, model, path, options.load_optimizer_states);
       }
       const PyValue& sched = need(model, "lr_scheduler", path);
       if (options.load_lr_scheduler_states && scheduler_ && !sched.is_none())

@@ -24,6 +24,7 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
@@ -60,6 +61,16 @@ void EngineCore::check_tag_agrees(const std::string& tag) {
       tag, group_->rank(), mode);
   if (mode == "FAIL") throw CheckpointError(msg);
   std::cerr << "dscpp: warning: " << msg << "\n";
+}
+
+std::string EngineCore::shared_save_id() {
+  // 16 hex digits as one int64 (bit-exact through the broadcast): rank 0's draw.
+  int64_t id = 0;
+  if (group_->rank() == 0)
+    id = static_cast<int64_t>(std::stoull(checkpoint::new_save_id(), nullptr, 16));
+  at::Tensor t = at::full({1}, id, at::TensorOptions().dtype(at::kLong).device(device_));
+  if (group_->size() > 1) group_->broadcast(t, 0).wait();
+  return fmt::format("{:016x}", static_cast<uint64_t>(t.cpu().item<int64_t>()));
 }
 
 PyValue EngineCore::gather_rng_states() {
@@ -247,6 +258,13 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   // The collective parts first, on every rank, before any file is touched.
   PyValue rng = gather_rng_states();
   PyValue zero_file = zero_->stage() >= 1 ? zero_states() : PyValue();
+  // Every file of this save carries rank 0's save id (checkpoint/save_binding.h).
+  checkpoint::SaveBinding binding{shared_save_id(), group_->rank(), group_->size(), global_steps_};
+  if (!zero_file.is_none()) checkpoint::write_binding(zero_file, binding);
+  auto bound = [&](PyValue model) {
+    checkpoint::write_binding(model, binding);
+    return model;
+  };
   std::string error;
   try {
     checkpoint::make_tag_dir(save_dir, tag);
@@ -257,10 +275,10 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
     // Stage 3: every rank writes its own model-states file, as DeepSpeed does.
     if (zero_->stage() >= 3)
       checkpoint::save_torch_file(
-          model_states(client_state, std::move(rng)),
+          bound(model_states(client_state, std::move(rng))),
           checkpoint::zero_model_states_path(save_dir, tag, group_->rank()));
     else if (group_->rank() == 0)
-      checkpoint::save_torch_file(model_states(client_state, std::move(rng)),
+      checkpoint::save_torch_file(bound(model_states(client_state, std::move(rng))),
                                   checkpoint::model_states_path(save_dir, tag));
   } catch (const std::exception& e) {
     error = fmt::format("save_checkpoint '{}' (rank {}): {}", checkpoint::tag_dir(save_dir, tag),

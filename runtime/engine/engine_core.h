@@ -147,13 +147,17 @@ class EngineCore {
   checkpoint::PyValue model_states(const checkpoint::PyValue& client_state,
                                    checkpoint::PyValue rng_states);
   checkpoint::PyValue zero_states();  // collective at stages 1-2
+  std::string shared_save_id();       // collective: rank 0's new save id
   checkpoint::PyValue gather_rng_states();
   void restore_rng_state(const checkpoint::PyValue& states);
   void check_tag_agrees(const std::string& tag);
+  // The tag `latest` names; false (warning on rank 0, as DeepSpeed) when there is none.
+  bool latest_tag(const std::string& load_dir, std::string* tag);
   void load_module(const checkpoint::PyValue& model, const std::string& path);
   void load_stage0_optimizer(const checkpoint::PyValue& model, const std::string& path,
                              bool load_optimizer_states);
-  void load_zero_partitions(const std::string& dir, const std::string& tag, int saved_world,
+  void load_zero_partitions(const std::string& dir, const std::string& tag,
+                            const checkpoint::PyValue& model, const std::string& model_path,
                             bool load_optimizer_states);
   // Throws on every rank when any rank's local_error is non-empty (after the same
   // collective on all), so one rank's failure never leaves the others waiting.

@@ -148,11 +148,106 @@ TEST_F(Checkpoints, LoadModuleOnlyTakesTheWeightsAndNothingElse) {
   EXPECT_TRUE(at::equal(zo.master_partition(), zo.flat_params().to(at::kFloat)));
 }
 
-TEST_F(Checkpoints, NoLatestFileIsAnError) {
+// DeepSpeed's load_checkpoint warns and returns (None, None): nothing loaded, no error.
+TEST_F(Checkpoints, NoLatestFileWarnsAndLoadsNothing) {
+  fs::create_directories(dir_);
+  torch::manual_seed(0);
+  Net b;
+  at::Tensor before = weights(b);
+  auto eb = dscpp::initialize(b, config(1));
+  ::testing::internal::CaptureStderr();
+  auto r = eb.load_checkpoint(dir());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(r.path.empty());
+  EXPECT_EQ(eb.global_steps(), 0);
+  EXPECT_TRUE(at::equal(weights(b), before));
+  EXPECT_NE(err.find("Unable to find latest file at " + (dir_ / "latest").string() +
+                     ", if trying to load latest checkpoint please ensure this file exists or "
+                     "pass an explicit checkpoint tag when loading a checkpoint."),
+            std::string::npos)
+      << err;
+}
+
+// `latest` is outside input: bounded, and a tag or an error naming it.
+TEST_F(Checkpoints, LatestThatIsNoTagIsAnErrorNamingIt) {
+  save(0);
+  const std::string latest = (dir_ / "latest").string();
+  std::ofstream(latest) << "  global_step3\n";  // DeepSpeed strips the whitespace
+  EXPECT_EQ(dscpp::checkpoint::read_latest(dir()), "global_step3");
   Net b;
   auto eb = dscpp::initialize(b, config(0));
-  EXPECT_NE(error_of([&] { eb.load_checkpoint(dir()); }).find("has no 'latest' file"),
-            std::string::npos);
+  std::ofstream(latest) << std::string(100000, 'x');
+  std::string e = error_of([&] { eb.load_checkpoint(dir()); });
+  EXPECT_NE(e.find("'" + latest + "' is longer than 4096 bytes"), std::string::npos) << e;
+  std::ofstream(latest) << "global\x01step3";
+  e = error_of([&] { eb.load_checkpoint(dir()); });
+  EXPECT_NE(e.find("'" + latest + "' holds a control character (byte 6)"), std::string::npos) << e;
+  std::ofstream(latest) << " \n";
+  e = error_of([&] { eb.load_checkpoint(dir()); });
+  EXPECT_NE(e.find("'" + latest + "' is empty"), std::string::npos) << e;
+}
+
+// One rank: a partition of another save with the same step, and a model-states file of
+// another step, are refused naming both files and both values (2 ranks:
+// checkpoint_binding.py).
+TEST_F(Checkpoints, FilesOfAnotherSaveAreRefusedNamingBoth) {
+  save(1);  // global_step3
+  const fs::path first = dir_ / "first";
+  fs::rename(dir_ / "global_step3", first);
+  save(1);  // the same step, another save
+  auto id = [](const fs::path& p) {
+    return dscpp::checkpoint::load_torch_file(p.string()).at("dscpp_save_id").as_string();
+  };
+  const fs::path tag = dir_ / "global_step3";
+  const fs::path part = tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt";
+  const fs::path model = tag / "mp_rank_00_model_states.pt";
+  const std::string ours = id(model), theirs = id(first / part.filename());
+  ASSERT_NE(ours, theirs);
+  EXPECT_EQ(id(part), ours);
+  fs::copy_file(first / part.filename(), part, fs::copy_options::overwrite_existing);
+  Net b;
+  auto eb = dscpp::initialize(b, config(1));
+  std::string e = error_of([&] { eb.load_checkpoint(dir()); });
+  for (const std::string& want : {"'" + part.string() + "' (save " + theirs + ", step 3)",
+                                  "'" + model.string() + "' (save " + ours + ", step 3)",
+                                  std::string("not written by the same save")})
+    EXPECT_NE(e.find(want), std::string::npos) << want << "\n" << e;
+  // And a model-states file of another step, beside the partitions of step 3.
+  {
+    torch::manual_seed(0);
+    Net c;
+    auto ec = dscpp::initialize(c, config(1));
+    train(ec, 5);
+    ec.save_checkpoint((dir_ / "later").string());
+  }
+  fs::copy_file(dir_ / "later" / "global_step5" / model.filename(), model,
+                fs::copy_options::overwrite_existing);
+  e = error_of([&] { eb.load_checkpoint(dir()); });
+  EXPECT_NE(e.find("step 3) and '" + model.string() + "' (save "), std::string::npos) << e;
+  EXPECT_NE(e.find(", step 5)"), std::string::npos) << e;
+}
+
+// Without dscpp_save_id (DeepSpeed's files) the partitions are checked as DeepSpeed does: a
+// file from another save loads (as it would in DeepSpeed) once no file of the tag has one.
+TEST_F(Checkpoints, FilesWithoutSaveIdKeepDeepSpeedsChecks) {
+  save(1);
+  const fs::path tag = dir_ / "global_step3";
+  for (const char* f :
+       {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}) {
+    PyValue v = dscpp::checkpoint::load_torch_file((tag / f).string());
+    PyValue stripped = PyValue::dict();
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string& k = v.keys()[i].as_string();
+      if (k != "dscpp_save_id" && k != "dscpp_rank" && k != "dscpp_world_size" &&
+          k != "dscpp_global_steps")
+        stripped.set(v.keys()[i], v.values()[i]);
+    }
+    dscpp::checkpoint::save_torch_file(stripped, (tag / f).string());
+  }
+  Net b;
+  auto eb = dscpp::initialize(b, config(1));
+  eb.load_checkpoint(dir());
+  EXPECT_EQ(eb.global_steps(), 3);
 }
 
 TEST_F(Checkpoints, MissingTagIsAnErrorNamingIt) {

@@ -4,6 +4,9 @@
    every value and tensor is what the CLI put there (dtype, shape, values, compact storages).
 2. torch.save writes a file of the same kind; the CLI reads it back with the same values.
 3. Truncated or corrupt files give a clear error and a non-zero exit, not a crash.
+4. Corrupt zip headers give our error naming the file and the byte, never LibTorch's text.
+5. Deep pickles (50,000 nested lists, dicts, tuples; a list holding itself; a value repeated
+   at every level) are refused without a crash; 500 levels still read.
 Last line: "N passed, M failed"; exits non-zero on any failure.
 """
 
@@ -198,6 +201,59 @@ class LossScaler:  # a plain object, as DeepSpeed's optimizer states hold
         self.dynamic = True
 
 
+LIBTORCH_WORDS = ("PytorchStreamReader", "inline_container", "miniz", "Exception raised from")
+
+
+def u32(b, at):
+    return int.from_bytes(b[at:at + 4], "little")
+
+
+def put(b, at, value, n):
+    return b[:at] + value.to_bytes(n, "little") + b[at + n:]
+
+
+def zip_corruptions(data):
+    """(name, bytes) pairs: the archive with one of its headers made wrong."""
+    end = data.rfind(b"PK\x05\x06")
+    cd = u32(data, end + 16)
+    first_local = u32(data, cd + 42)
+    return [
+        ("end signature", data[:end] + b"XX\x05\x06" + data[end + 4:]),
+        ("directory offset past the end", put(data, end + 16, len(data) + 100, 4)),
+        ("directory size past the end", put(data, end + 12, 0x7FFFFFF0, 4)),
+        ("entry count beyond the directory", put(put(data, end + 8, 0xFFF0, 2), end + 10, 0xFFF0, 2)),
+        ("entry signature", data[:cd] + b"PK\x09\x09" + data[cd + 4:]),
+        ("compressed method", put(data, cd + 10, 8, 2)),
+        ("record size past the records", put(put(data, cd + 20, 0x7FFFFFF0, 4), cd + 24, 0x7FFFFFF0, 4)),
+        ("local header offset past the directory", put(data, cd + 42, cd + 10, 4)),
+        ("local header signature", data[:first_local] + b"PK\x07\x07" + data[first_local + 4:]),
+        ("name length past the directory", put(data, cd + 28, 0xFFFF, 2)),
+    ]
+
+
+def pickle_zip(path, pkl):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/byteorder", "little")
+
+
+def deep_pickles(n):
+    """(name, pickle protocol 2 bytes) nested n levels."""
+    lists = b"\x80\x02" + b"]" * n + b"a" * (n - 1) + b"."
+    dicts = b"\x80\x02}" + b"K\x00}" * (n - 1) + b"s" * (n - 1) + b"."
+    tuples = b"\x80\x02)" + b"\x85" * n + b"."
+    return [("lists", lists), ("dicts", dicts), ("tuples", tuples)]
+
+
+def repeated(levels):
+    """A list of two references to the previous level's, `levels` times: 2^levels values."""
+    body = b"\x80\x02N"
+    for k in range(levels):
+        m = bytes([k])
+        body += b"q" + m + b"(h" + m + b"h" + m + b"l"
+    return body + b"."
+
+
 def run_cli(cli, *args):
     return subprocess.run([cli, *args], capture_output=True, text=True, timeout=60)
 
@@ -315,6 +371,46 @@ def main():
           r.stderr)
     r = run_cli(args.cli, "read", os.path.join(tmp, "missing.pt"))
     check("missing file: exit 1", r.returncode == 1 and "no such file" in r.stderr, r.stderr)
+
+    # 4. Corrupt zip headers: our words, the file and the byte; none of LibTorch's.
+    for what, body in zip_corruptions(data):
+        bad = os.path.join(tmp, "zip_" + what.replace(" ", "_") + ".pt")
+        with open(bad, "wb") as f:
+            f.write(body)
+        r = run_cli(args.cli, "read", bad)
+        check(f"zip {what}: exit 1", r.returncode == 1, f"rc={r.returncode} {r.stderr}")
+        check(f"zip {what}: our error naming the file and the byte",
+              "cannot read torch file" in r.stderr and bad in r.stderr and "zip archive:" in r.stderr
+              and "at byte" in r.stderr, r.stderr)
+        check(f"zip {what}: no LibTorch text", not any(w in r.stderr for w in LIBTORCH_WORDS), r.stderr)
+
+    # 5. Deep and repeated pickles: refused (or, within bounds, read), never a crash.
+    for what, pkl in deep_pickles(50000):
+        bad = os.path.join(tmp, f"deep_{what}.pt")
+        pickle_zip(bad, pkl)
+        r = run_cli(args.cli, "read", bad)
+        check(f"50,000 nested {what}: exit 1", r.returncode == 1, f"rc={r.returncode} {r.stderr[-500:]}")
+        check(f"50,000 nested {what}: says so", "nested more than 1000" in r.stderr and bad in r.stderr,
+              r.stderr[-500:])
+    for what, pkl in deep_pickles(500):
+        ok = os.path.join(tmp, f"deep500_{what}.pt")
+        pickle_zip(ok, pkl)
+        r = run_cli(args.cli, "read", ok)
+        check(f"500 nested {what}: read", r.returncode == 0, r.stderr[-500:])
+    for what, pkl in (("a list holding itself", b"\x80\x02]q\x00h\x00a."), ("2^40 values", repeated(40))):
+        bad = os.path.join(tmp, "cycle.pt")
+        pickle_zip(bad, pkl)
+        r = run_cli(args.cli, "read", bad)
+        check(f"{what}: refused", r.returncode == 1 and "data.pkl:" in r.stderr and bad in r.stderr,
+              f"rc={r.returncode} {r.stderr[-500:]}")
+    # The deep value Python itself would write is refused the same way.
+    sys.setrecursionlimit(20000)  # Python's pickler recurses once per level
+    deep = []
+    for _ in range(900):
+        deep = [deep]
+    torch.save({"deep": deep}, os.path.join(tmp, "deep900.pt"))
+    r = run_cli(args.cli, "read", os.path.join(tmp, "deep900.pt"))
+    check("torch.save's 900 nested lists: read", r.returncode == 0, r.stderr[-500:])
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
