@@ -39,7 +39,9 @@ struct ArrivalMonitor::State {
   bool watch_in_flight = false;
 
   struct InFlight {
-    c10::intrusive_ptr<c10d::Work> work;
+    // Weak: the monitor must not keep a collective's tensors alive (ZeRO frees a bucket
+    // by dropping it); a work nobody holds any more is finished as far as we can tell.
+    c10::weak_intrusive_ptr<c10d::Work> work;
     uint64_t seq;
     std::string op;
     std::chrono::steady_clock::time_point start;
@@ -51,6 +53,15 @@ struct ArrivalMonitor::State {
   bool stop = false;
   bool dirty = false;  // an arrival not yet written
   std::deque<InFlight> in_flight;
+
+  static bool finished(const InFlight& f) {
+    c10::intrusive_ptr<c10d::Work> w = f.work.lock();
+    return !w || w->isCompleted();
+  }
+  // Under mu.
+  void prune() {
+    while (!in_flight.empty() && finished(in_flight.front())) in_flight.pop_front();
+  }
 
   void push() {
     std::string value;
@@ -65,7 +76,7 @@ struct ArrivalMonitor::State {
     std::vector<InFlight> late;
     {
       std::lock_guard<std::mutex> lock(mu);
-      while (!in_flight.empty() && in_flight.front().work->isCompleted()) in_flight.pop_front();
+      prune();
       auto now = std::chrono::steady_clock::now();
       while (!in_flight.empty() && now - in_flight.front().start > timeout) {
         late.push_back(in_flight.front());
@@ -140,7 +151,9 @@ uint64_t ArrivalMonitor::arrive(const char* op) {
 void ArrivalMonitor::track(c10::intrusive_ptr<c10d::Work> work, uint64_t seq, std::string op) {
   std::lock_guard<std::mutex> lock(s_->mu);
   if (!s_->watch_in_flight) return;
-  s_->in_flight.push_back({std::move(work), seq, std::move(op), std::chrono::steady_clock::now()});
+  s_->prune();
+  s_->in_flight.push_back({c10::weak_intrusive_ptr<c10d::Work>(work), seq, std::move(op),
+                           std::chrono::steady_clock::now()});
 }
 
 std::string ArrivalMonitor::diagnose(uint64_t seq) const {
