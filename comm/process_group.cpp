@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "dscpp/comm/arrival_monitor.h"
 #include "dscpp/comm/backend.h"
 
 namespace dscpp::comm {
@@ -39,6 +40,8 @@ struct Work::State {
   std::string what;                    // "all_reduce on group 'world' (rank 1 of 4)"
   std::chrono::steady_clock::time_point start;
   bool done = false;
+  std::shared_ptr<ArrivalMonitor> monitor;  // names the silent ranks when the wait fails
+  uint64_t seq = 0;                         // this collective's number in its group
 };
 
 void Work::wait() {
@@ -49,7 +52,9 @@ void Work::wait() {
     double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - state_->start).count();
     state_->done = true;
-    throw CommError(fmt::format("{} failed after {:.1f} s: {}", state_->what, waited, e.what()));
+    std::string who = state_->monitor ? state_->monitor->diagnose(state_->seq) + "; " : "";
+    throw CommError(fmt::format("{} failed after {:.1f} s: {}backend: {}", state_->what, waited,
+                                who, e.what()));
   }
   if (state_->after) state_->after();
   state_->keep_alive.clear();
@@ -66,7 +71,11 @@ ProcessGroup::ProcessGroup(std::shared_ptr<BackendHandle> backend, std::string n
       name_(std::move(name)),
       global_ranks_(std::move(ranks)),
       rank_(backend_->backend->getRank()),
-      timeout_(timeout) {}
+      timeout_(timeout) {
+  if (backend_->store)
+    monitor_ = std::make_shared<ArrivalMonitor>(backend_->store, name_, rank_, global_ranks_,
+                                                timeout_, backend_->kind == "nccl");
+}
 
 ProcessGroup::~ProcessGroup() {
   // NCCL's communicators are torn down explicitly (as destroy_process_group does in
@@ -90,8 +99,13 @@ Work ProcessGroup::issue(const char* op, std::function<void(Work&)> start) {
   w.state_->what =
       fmt::format("{} on group '{}' (rank {} of {}, {})", op, name_, rank_, size(), backend_->kind);
   w.state_->start = std::chrono::steady_clock::now();
+  if (monitor_) {
+    w.state_->monitor = monitor_;
+    w.state_->seq = monitor_->arrive(op);
+  }
   try {
     start(w);
+    if (monitor_ && w.state_->work) monitor_->track(w.state_->work, w.state_->seq, op);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
@@ -250,7 +264,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&
   std::shared_ptr<BackendHandle> handle =
       backend_->kind == "nccl"
           ? make_nccl_backend(store, sub_rank, sub_size, timeout_, backend_->device_index)
-          : make_gloo_backend(store, sub_rank, sub_size, timeout_, backend_->master_addr);
+          : make_gloo_backend(store, sub_rank, sub_size, timeout_, backend_->master_addr,
+                              backend_->gloo_ifname);
   std::vector<int> globals;
   for (int r : ranks) globals.push_back(global_ranks_[r]);
   return std::make_shared<ProcessGroup>(handle, sub_name, globals, timeout_);

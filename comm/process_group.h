@@ -1,7 +1,9 @@
 // A group of ranks and its collectives: one small interface over LibTorch's c10d backends,
 // Gloo for CPU tensors and NCCL for CUDA tensors. Every call returns a Work; wait() on it
 // either completes or throws CommError naming the op, the group, the rank and the time
-// waited (a collective past the group's timeout, or a peer that died, never hangs).
+// waited (a collective past the group's timeout, or a peer that died, never hangs), and the
+// ranks that did not arrive (each collective has a per-group sequence number, and every rank
+// keeps a heartbeat in the group's store: arrival_monitor.h).
 // On NCCL, wait() makes the caller's current CUDA stream wait on the collective's event;
 // it does not block the host.
 #pragma once
@@ -15,11 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/error.h"
+
 namespace dscpp::comm {
 
-class CommError : public std::runtime_error {
+class CommError : public dscpp::Error {
  public:
-  using std::runtime_error::runtime_error;
+  using dscpp::Error::Error;
 };
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
@@ -44,6 +48,7 @@ class Work {
 
 // What a backend needs to exist: made by make_gloo_group / make_nccl_group.
 struct BackendHandle;
+class ArrivalMonitor;
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
@@ -87,7 +92,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::vector<int> global_ranks_;
   int rank_ = 0;
   std::chrono::milliseconds timeout_;
-  int subgroups_made_ = 0;  // names sub-group stores identically on every rank
+  int subgroups_made_ = 0;                   // names sub-group stores identically on every rank
+  std::shared_ptr<ArrivalMonitor> monitor_;  // null for a backend without a store
 };
 
 }  // namespace dscpp::comm

@@ -1,4 +1,4 @@
-// read_dist_env and init_distributed.
+// init_distributed: the store, the job check, the world group.
 #include "dscpp/comm/rendezvous.h"
 
 #include <fmt/format.h>
@@ -6,7 +6,6 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <cstdlib>
 #include <numeric>
 
 #include "dscpp/comm/backend.h"
@@ -19,21 +18,6 @@ namespace dscpp::comm {
 
 namespace {
 
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
-
-int env_int(const char* name, int def) {
-  const char* v = env(name);
-  if (!v) return def;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1 << 30)
-    throw CommError(fmt::format("environment variable {}={} is not a rank number", name, v));
-  return static_cast<int>(x);
-}
-
 bool cuda_visible() {
 #ifdef DSCPP_CUDA
   int n = 0;
@@ -43,35 +27,41 @@ bool cuda_visible() {
 #endif
 }
 
+// Rank 0 writes its job's identity into the store before anyone can use it; every other
+// rank reads it back before it writes anything, so a rank of another job that reached this
+// store (two jobs started at once on one port) fails here and never touches our keys.
+void check_same_job(c10d::Store& store, const DistEnv& e) {
+  const std::string key = "dscpp_job_id";
+  const std::string ours = e.job_id.empty() ? "(none)" : e.job_id;
+  if (e.rank == 0) {
+    store.set(key, std::vector<uint8_t>(ours.begin(), ours.end()));
+    return;
+  }
+  std::vector<uint8_t> raw = store.get(key);
+  std::string theirs(raw.begin(), raw.end());
+  if (theirs != ours)
+    throw CommError(fmt::format(
+        "rank {} of {} reached the store at {}:{}, but it belongs to another job (job id {}, "
+        "ours {}): two jobs are using --master_port {}; give each job its own port",
+        e.rank, e.world_size, e.master_addr, e.master_port, theirs, ours, e.master_port));
+}
+
 }  // namespace
 
-DistEnv read_dist_env() {
-  DistEnv e;
-  if (env("RANK")) {
-    if (!env("WORLD_SIZE")) throw CommError("RANK is set but WORLD_SIZE is not");
-    e.rank = env_int("RANK", 0);
-    e.world_size = env_int("WORLD_SIZE", 1);
-    e.local_rank = env_int("LOCAL_RANK", 0);
-    e.local_size = env_int("LOCAL_SIZE", 1);
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
-    e.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
-    e.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
-    e.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-    e.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+std::chrono::milliseconds resolve_timeout(const InitOptions& options, const DistEnv& env) {
+  if (options.timeout) {
+    if (options.timeout->count() <= 0)
+      throw CommError(fmt::format("init_distributed: timeout must be positive, got {} ms",
+                                  options.timeout->count()));
+    return *options.timeout;
   }
-  if (const char* a = env("MASTER_ADDR")) e.master_addr = a;
-  e.master_port = env_int("MASTER_PORT", e.master_port);
-  if (e.world_size < 1 || e.rank >= e.world_size)
-    throw CommError(fmt::format("rank {} is outside a world of {}", e.rank, e.world_size));
-  if (e.world_size > 1 && !env("MASTER_ADDR"))
-    throw CommError(
-        "MASTER_ADDR is not set: start the job with the dscpp launcher or set "
-        "MASTER_ADDR and MASTER_PORT");
-  return e;
+  if (env.timeout) return *env.timeout;
+  return kDefaultTimeout;
 }
 
 std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
   DistEnv e = read_dist_env();
+  const std::chrono::milliseconds timeout = resolve_timeout(options, e);
   std::string kind = options.backend;
   if (kind == "auto") kind = cuda_visible() ? "nccl" : "gloo";
   if (kind != "gloo" && kind != "nccl")
@@ -86,22 +76,37 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
     so.isServer = e.rank == 0;
     so.numWorkers = e.world_size;
     so.waitWorkers = true;
-    so.timeout = options.timeout;
+    so.timeout = timeout;
     try {
       store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
     } catch (const std::exception& ex) {
+      if (e.rank == 0)
+        throw CommError(
+            fmt::format("rank 0 of {} could not serve the store on port {} (is another job using "
+                        "--master_port {}?): {}",
+                        e.world_size, e.master_port, e.master_port, ex.what()));
       throw CommError(fmt::format("rank {} of {} could not reach the store at {}:{}: {}", e.rank,
                                   e.world_size, e.master_addr, e.master_port, ex.what()));
+    }
+    try {
+      check_same_job(*store, e);
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& ex) {
+      throw CommError(
+          fmt::format("rank {} of {} could not read the job id from the store at "
+                      "{}:{}: {}",
+                      e.rank, e.world_size, e.master_addr, e.master_port, ex.what()));
     }
   }
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world/", store);
   std::shared_ptr<BackendHandle> handle;
   try {
-    handle =
-        kind == "nccl"
-            ? make_nccl_backend(world_store, e.rank, e.world_size, options.timeout,
-                                options.device_index >= 0 ? options.device_index : e.local_rank)
-            : make_gloo_backend(world_store, e.rank, e.world_size, options.timeout, e.master_addr);
+    handle = kind == "nccl" ? make_nccl_backend(
+                                  world_store, e.rank, e.world_size, timeout,
+                                  options.device_index >= 0 ? options.device_index : e.local_rank)
+                            : make_gloo_backend(world_store, e.rank, e.world_size, timeout,
+                                                e.master_addr, e.gloo_socket_ifname);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& ex) {
@@ -110,7 +115,7 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
   }
   std::vector<int> ranks(e.world_size);
   std::iota(ranks.begin(), ranks.end(), 0);
-  return std::make_shared<ProcessGroup>(handle, "world", ranks, options.timeout);
+  return std::make_shared<ProcessGroup>(handle, "world", ranks, timeout);
 }
 
 }  // namespace dscpp::comm

@@ -1,6 +1,7 @@
 // Ranks laid on named axes in DeepSpeed's order (ProcessTopology): the last axis varies
 // fastest, so with axes {pipe, data, model} the ranks of one model-parallel group are
-// consecutive. Pure arithmetic: the groups it lists are made with new_subgroup.
+// consecutive. Pure arithmetic: the groups it lists are made with new_subgroup. Bad axes,
+// sizes, coordinates or ranks throw CommError.
 #pragma once
 
 #include <map>

@@ -2,7 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "errors.h"
@@ -70,6 +75,11 @@ EnvList parse_env_file(const std::string& text, const std::string& origin) {
     const std::string line = trim(raw);
     if (line.empty() || line[0] == '#') continue;
     const size_t eq = line.find('=');
+    // A NUL would cut the variable short on its way to execve and to the remote shell.
+    const size_t nul = raw.find('\0');
+    if (nul != std::string::npos) {
+      throw UserError(fmt::format("{}:{}:{}: NUL byte in the entry", origin, line_no, nul + 1));
+    }
     const std::string name = eq == std::string::npos ? "" : trim(line.substr(0, eq));
     if (name.empty()) {
       throw UserError(fmt::format("{}:{}: expected NAME=VALUE, got '{}'", origin, line_no, line));
@@ -92,13 +102,28 @@ EnvList read_deepspeed_env(const EnvList& environment, const std::string& cwd) {
   }
   EnvList merged;
   for (const auto& path : paths) {
-    std::ifstream in(path);
+    std::ifstream in(path, std::ios::binary);
     if (!in) continue;
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    for (const auto& [key, val] : parse_env_file(buffer.str(), path)) set_env(merged, key, val);
+    std::string text(kMaxEnvFileBytes + 1, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in.gcount()));
+    if (text.size() > kMaxEnvFileBytes) {
+      throw UserError(fmt::format("{}: more than the {} bytes an environment file may have", path,
+                                  kMaxEnvFileBytes));
+    }
+    for (const auto& [key, val] : parse_env_file(text, path)) set_env(merged, key, val);
   }
   return merged;
+}
+
+std::string ensure_job_id(EnvList& env) {
+  if (auto id = get_env(env, kJobIdVariable); id && !id->empty()) return *id;
+  std::random_device random;
+  const auto now = std::chrono::system_clock::now().time_since_epoch().count();
+  const std::string id =
+      fmt::format("{}-{:x}-{:08x}", ::getpid(), static_cast<uint64_t>(now), random());
+  set_env(env, kJobIdVariable, id);
+  return id;
 }
 
 EnvList collect_exports(const EnvList& environment, const EnvList& env_file) {

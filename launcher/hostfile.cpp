@@ -58,6 +58,16 @@ ResourcePool parse_hostfile(const std::string& text, const std::string& origin) 
     ++line_no;
     const std::string line = trim(raw);
     if (line.empty() || line[0] == '#') continue;
+    // Before parsing: a NUL would end the name that reaches ssh, an escape would rewrite
+    // the terminal that shows our messages.
+    for (size_t i = 0; i < raw.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(raw[i]);
+      if ((c < 0x20 && !is_space(static_cast<char>(c))) || c == 0x7f) {
+        throw HostfileError(fmt::format(
+            "{}:{}:{}: control byte 0x{:02x} in the entry; host names are printable text", origin,
+            line_no, i + 1, c));
+      }
+    }
     std::string host;
     int slots = 0;
     if (!parse_line(line, host, slots)) {
@@ -85,11 +95,19 @@ std::optional<ResourcePool> read_hostfile(const std::string& path) {
     throw HostfileError(fmt::format("cannot read hostfile {}: {}", path, std::strerror(errno)));
   }
   if (S_ISDIR(st.st_mode)) throw HostfileError(fmt::format("hostfile {} is a directory", path));
-  std::ifstream in(path);
+  if (S_ISREG(st.st_mode) && static_cast<size_t>(st.st_size) > kMaxHostfileBytes)
+    throw HostfileError(fmt::format("hostfile {} is {} bytes, more than the {} a hostfile may have",
+                                    path, st.st_size, kMaxHostfileBytes));
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw HostfileError(fmt::format("cannot read hostfile {}", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return parse_hostfile(buffer.str(), path);
+  // Bounded read as well: a FIFO or /proc file reports no size.
+  std::string text(kMaxHostfileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxHostfileBytes)
+    throw HostfileError(fmt::format("hostfile {}: more than the {} bytes a hostfile may have", path,
+                                    kMaxHostfileBytes));
+  return parse_hostfile(text, path);
 }
 
 }  // namespace dscpp::launcher

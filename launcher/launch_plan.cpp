@@ -65,6 +65,13 @@ LaunchPlan resolve_launch(const Options& options, const std::optional<ResourcePo
         slots = 1;
       }
     }
+    const long long cap = static_cast<long long>(kMaxCpuRanksPerCore) * machine.cpu_count;
+    if (cpu_ranks && slots > cap && !options.oversubscribe) {
+      throw UserError(fmt::format(
+          "no GPU found: {} CPU ranks on a machine with {} core(s) is more than {} ({} per "
+          "core); pass --oversubscribe to start them anyway",
+          slots, machine.cpu_count, cap, kMaxCpuRanksPerCore));
+    }
     plan.pool = {{"localhost", slots}};
     if (options.num_nodes > 1) {
       throw UserError("Num nodes is >1 but no extra nodes available via hostfile");

@@ -38,6 +38,8 @@ po::options_description visible_options(Parsed& p) {
     ("num_gpus", po::value(&o.num_gpus)->value_name("N"),
      "ranks per node, using device ids [0, N); without GPUs, N CPU ranks")
     ("num_accelerators", po::value(&p.num_accelerators)->value_name("N"), "alias of --num_gpus")
+    ("oversubscribe", po::bool_switch(&o.oversubscribe),
+     "without GPUs, allow more than 64 CPU ranks per core")
     ("master_addr", po::value(&o.master_addr)->value_name("ADDR"),
      "address of node 0 (default 127.0.0.1 on one node, `hostname -I` of the first host otherwise)")
     ("master_port", po::value(&o.master_port)->value_name("PORT"), "rendezvous port (default 29500)")
@@ -181,6 +183,15 @@ Options parse_options(const std::vector<std::string>& args) {
       throw UsageError("--num_gpus and --num_accelerators disagree");
     }
     opt.num_gpus = p.num_accelerators;
+  }
+  // DeepSpeed's -1 means "not given"; given, a count must be one.
+  if ((vm.count("num_gpus") || vm.count("num_accelerators")) && opt.num_gpus <= 0) {
+    throw UsageError(
+        fmt::format("--num_gpus {}: expected a positive number of ranks per node", opt.num_gpus));
+  }
+  if (vm.count("num_nodes") && opt.num_nodes <= 0) {
+    throw UsageError(
+        fmt::format("--num_nodes {}: expected a positive number of nodes", opt.num_nodes));
   }
   if (vm.count("ssh_port")) opt.ssh_port = p.ssh_port;
   if (vm.count("venv_script")) opt.venv_script = p.venv_script;

@@ -2,7 +2,8 @@
 // Parsing stops at the first positional argument: that is the user program, and everything
 // after it is passed to the program untouched, even tokens that look like dscpp flags.
 // A --world_info value switches the binary into its internal per-node launcher mode (what a
-// multi-node runner starts on each host). Usage errors throw UsageError.
+// multi-node runner starts on each host). Usage errors throw UsageError, also for a
+// --num_gpus or --num_nodes that is not a positive count.
 #pragma once
 
 #include <optional>
@@ -20,6 +21,9 @@ class UsageError : public UserError {
 
 inline constexpr const char* kDefaultHostfile = "/job/hostfile";
 inline constexpr int kDefaultMasterPort = 29500;
+// Without GPUs every rank is a process on this machine's cores; past this many per core the
+// request is a typo (--num_gpus 10000), not a job. The tests run 8 ranks on 2 cores.
+inline constexpr int kMaxCpuRanksPerCore = 64;
 
 struct Options {
   // Resource selection (runner mode).
@@ -29,6 +33,8 @@ struct Options {
   std::string exclude;
   int num_nodes = -1;
   int num_gpus = -1;
+  // Start more CPU ranks than kMaxCpuRanksPerCore per core (OpenMPI's name for the same).
+  bool oversubscribe = false;
 
   // Rendezvous.
   std::string master_addr;  // empty: 127.0.0.1 locally, detected over ssh for multi-node

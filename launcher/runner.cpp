@@ -221,7 +221,11 @@ int run_runner(const Options& o) {
     fmt::print(stderr, "dscpp: --module is Python-only and ignored; {} runs as a program\n",
                o.program);
   }
-  const EnvList environment = current_environment();
+  EnvList environment = current_environment();
+  // One id for every rank of this launch, on every host (collect_exports forwards DSCPP_*).
+  // Launchers started one per node (--no_ssh) cannot agree on a fresh one: there the user's
+  // DSCPP_JOB_ID, if any, is the job's.
+  if (!o.no_ssh) ensure_job_id(environment);
   std::optional<ResourcePool> hostfile = read_hostfile(o.hostfile);
   if (!hostfile && o.hostfile_given) {
     throw UserError(fmt::format("hostfile {} does not exist", o.hostfile));

@@ -7,15 +7,29 @@
 #include "dscpp/comm/rendezvous.h"
 
 using dscpp::comm::CommError;
+using dscpp::comm::InitOptions;
 using dscpp::comm::read_dist_env;
+using dscpp::comm::resolve_timeout;
+
+namespace {
+std::string error_of(void (*f)()) {
+  try {
+    f();
+  } catch (const dscpp::Error& e) {  // CommError is one of the library's errors
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
 
 namespace {
 class Rendezvous : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR",
-                          "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+    for (const char* v :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+          "OMPI_COMM_WORLD_LOCAL_SIZE", "GLOO_SOCKET_IFNAME", "DEEPSPEED_TIMEOUT", "DSCPP_JOB_ID"})
       unsetenv(v);
   }
 };
@@ -66,4 +80,40 @@ TEST_F(Rendezvous, InconsistentEnvironmentsAreErrors) {
   EXPECT_THROW(read_dist_env(), CommError);  // rank outside the world
   setenv("RANK", "x", 1);
   EXPECT_THROW(read_dist_env(), CommError);
+}
+
+TEST_F(Rendezvous, DeepSpeedTimeoutIsMinutesAndTheApiArgumentWins) {
+  InitOptions options;
+  // DeepSpeed 0.19's default_pg_timeout: 10 minutes.
+  EXPECT_EQ(resolve_timeout(options, read_dist_env()), std::chrono::minutes(10));
+  setenv("DEEPSPEED_TIMEOUT", "3", 1);
+  auto e = read_dist_env();
+  ASSERT_TRUE(e.timeout.has_value());
+  EXPECT_EQ(resolve_timeout(options, e), std::chrono::milliseconds(180000));
+  options.timeout = std::chrono::seconds(20);  // init_distributed(timeout=...)
+  EXPECT_EQ(resolve_timeout(options, e), std::chrono::milliseconds(20000));
+  options.timeout = std::chrono::seconds(0);
+  EXPECT_THROW(resolve_timeout(options, e), CommError);
+}
+
+TEST_F(Rendezvous, BadTimeoutsNameTheVariable) {
+  for (const char* bad : {"0", "-1", "1.5", "ten", "99999999999999999999"}) {
+    setenv("DEEPSPEED_TIMEOUT", bad, 1);
+    std::string what = error_of([] { read_dist_env(); });
+    EXPECT_NE(what.find("DEEPSPEED_TIMEOUT='" + std::string(bad) +
+                        "': expected a timeout in whole minutes"),
+              std::string::npos)
+        << what;
+  }
+}
+
+TEST_F(Rendezvous, JobIdInterfaceAndPort) {
+  setenv("DSCPP_JOB_ID", "job-42", 1);
+  setenv("GLOO_SOCKET_IFNAME", "lo", 1);
+  auto e = read_dist_env();
+  EXPECT_EQ(e.job_id, "job-42");
+  EXPECT_EQ(e.gloo_socket_ifname.value_or(""), "lo");
+  setenv("MASTER_PORT", "70000", 1);
+  EXPECT_NE(error_of([] { read_dist_env(); }).find("MASTER_PORT='70000': expected a TCP port"),
+            std::string::npos);
 }

@@ -1,6 +1,7 @@
 // Topology lays ranks as DeepSpeed's ProcessTopology does (last axis fastest).
 #include <gtest/gtest.h>
 
+#include "dscpp/comm/process_group.h"
 #include "dscpp/comm/topology.h"
 
 using dscpp::comm::Topology;
@@ -27,9 +28,9 @@ TEST(Topology, AxisListsMatchDeepSpeed) {
 }
 
 TEST(Topology, BadInputIsAnError) {
-  EXPECT_THROW(Topology({"a"}, {0}), std::invalid_argument);
-  EXPECT_THROW(Topology({"a", "b"}, {2}), std::invalid_argument);
+  EXPECT_THROW(Topology({"a"}, {0}), dscpp::comm::CommError);
+  EXPECT_THROW(Topology({"a", "b"}, {2}), dscpp::comm::CommError);
   Topology t({"data"}, {4});
-  EXPECT_THROW(t.get_axis_comm_lists("pipe"), std::invalid_argument);
-  EXPECT_THROW(t.get_coord(4), std::invalid_argument);
+  EXPECT_THROW(t.get_axis_comm_lists("pipe"), dscpp::comm::CommError);
+  EXPECT_THROW(t.get_coord(4), dscpp::comm::CommError);
 }

@@ -30,9 +30,9 @@ double since(Clock::time_point start) {
 
 bool removed_variable(const std::string& name) {
   // Anything that would make the launcher behave differently from what a test expects.
-  static const char* kNames[] = {"CUDA_VISIBLE_DEVICES", "DS_ENV_FILE",
-                                 "DSCPP_KILL_GRACE_S",   "HOME",
-                                 "KMP_AFFINITY",         "OMP_NUM_THREADS"};
+  static const char* kNames[] = {
+      "CUDA_VISIBLE_DEVICES", "DS_ENV_FILE",  "DSCPP_KILL_GRACE_S", "HOME",
+      "DSCPP_JOB_ID",         "KMP_AFFINITY", "OMP_NUM_THREADS"};
   for (const char* n : kNames) {
     if (name == n) return true;
   }

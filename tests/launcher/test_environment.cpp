@@ -50,6 +50,29 @@ TEST(EnvFile, WorkingDirectoryOverridesHome) {
   std::filesystem::remove_all(cwd);
 }
 
+TEST(EnvFile, NulByteNamesTheLine) {
+  try {
+    parse_env_file(std::string("A=1\nB=x\0y\n", 10), "envf");
+    ADD_FAILURE() << "NUL accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("envf:2:4: NUL byte"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 16: the id that keeps two jobs on one port apart (comm refuses a foreign store).
+TEST(JobId, KeptWhenGivenElseFreshAndExported) {
+  EnvList given = {{"DSCPP_JOB_ID", "mine"}};
+  EXPECT_EQ(ensure_job_id(given), "mine");
+  EXPECT_EQ(given, (EnvList{{"DSCPP_JOB_ID", "mine"}}));
+  EnvList a, b;
+  const std::string ia = ensure_job_id(a), ib = ensure_job_id(b);
+  EXPECT_FALSE(ia.empty());
+  EXPECT_NE(ia, ib);  // two launches of one process still differ (random part)
+  EXPECT_EQ(get_env(a, "DSCPP_JOB_ID"), ia);
+  // A multi-node runner carries it to every host.
+  EXPECT_EQ(get_env(collect_exports(a, {}), "DSCPP_JOB_ID"), ia);
+}
+
 TEST(Exports, DeepSpeedPrefixesThenEnvFile) {
   const EnvList environment = {{"PATH", "/bin"},
                                {"NCCL_DEBUG", "INFO "},

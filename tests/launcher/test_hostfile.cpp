@@ -59,6 +59,41 @@ TEST(Hostfile, MalformedLinesNameTheLine) {
   expect_error("worker gpus=4\n", "hf:1:");
 }
 
+// Issue 16: a NUL in a host name was accepted and cut short when handed to ssh.
+TEST(Hostfile, ControlBytesAreRefusedNamingLineAndColumn) {
+  expect_error(std::string("worker-0 slots=2\nwork\0er-1 slots=2\n", 36),
+               "hf:2:5: control byte 0x00 in the entry");
+  expect_error("worker-0 slots=2\n\n  w\x1b[2J slots=1\n", "hf:3:4: control byte 0x1b");
+  expect_error("w\x7f slots=1\n", "hf:1:2: control byte 0x7f");
+  expect_error("w slots=1\x01\n", "hf:1:10: control byte 0x01");
+  // Tabs and CRLF line ends are white space, not control bytes to refuse.
+  EXPECT_EQ(parse_hostfile("a\tslots=1\r\n"), (ResourcePool{{"a", 1}}));
+}
+
+TEST(Hostfile, OversizedFileIsRefusedBeforeItIsParsed) {
+  char path[] = "/tmp/dscpp_hostfile_XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  {
+    std::ofstream out(path);
+    out << "node-a slots=2\n";
+    out << std::string(kMaxHostfileBytes, '#') << "\n";
+  }
+  try {
+    read_hostfile(path);
+    ADD_FAILURE() << "a hostfile over the bound was read";
+  } catch (const HostfileError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::string("hostfile ") + path + " is"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("more than the 1048576 a hostfile may have"),
+              std::string::npos)
+        << e.what();
+  }
+  std::remove(path);
+}
+
 TEST(Hostfile, EmptyFileIsAnError) {
   expect_error("\n    \n", "no hosts");
   expect_error("# only a comment\n", "no hosts");

@@ -38,6 +38,37 @@ TEST(LaunchPlan, WithoutGpusStartsCpuRanks) {
   EXPECT_EQ(one.active, (ActiveResources{{"localhost", {0}}}));
 }
 
+// Issue 16: --num_gpus 10000 on a CPU machine started 10,000 processes.
+TEST(LaunchPlan, CpuRanksFarBeyondTheMachineAreRefused) {
+  const LocalMachine two_cores{0, 2, std::nullopt};
+  // The tests' 8 ranks on 2 cores, and up to 64 a core, stay allowed.
+  EXPECT_EQ(
+      resolve_launch(opts({"--num_gpus", "8"}), std::nullopt, two_cores).active[0].second.size(),
+      8u);
+  EXPECT_EQ(
+      resolve_launch(opts({"--num_gpus", "128"}), std::nullopt, two_cores).active[0].second.size(),
+      128u);
+  for (const char* n : {"129", "10000"}) {
+    try {
+      resolve_launch(opts({"--num_gpus", n}), std::nullopt, two_cores);
+      ADD_FAILURE() << n << " CPU ranks on 2 cores accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    std::string(n) + " CPU ranks on a machine with 2 core(s) is more than 128 (64 "
+                                     "per core); pass --oversubscribe"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // A device mask names slots too: CUDA_VISIBLE_DEVICES=9999 would be 10,000 ranks.
+  EXPECT_THROW(resolve_launch(opts({}), std::nullopt, LocalMachine{0, 2, "9999"}), UserError);
+  EXPECT_EQ(
+      resolve_launch(opts({"--num_gpus", "10000", "--oversubscribe"}), std::nullopt, two_cores)
+          .active[0]
+          .second.size(),
+      10000u);
+}
+
 // DeepSpeed's test_visible_devices_resolve_to_the_requested_slots.
 TEST(LaunchPlan, CudaVisibleDevicesBecomesAnInclude) {
   const LaunchPlan plan = resolve_launch(opts({}), std::nullopt, gpus(4, "0,2"));

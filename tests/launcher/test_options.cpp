@@ -122,6 +122,28 @@ TEST(Options, UsageErrors) {
   EXPECT_THROW(parse({"--hostfile"}), UsageError);
 }
 
+// Issue 16: DeepSpeed's -1 means "not given"; given, 0 or a negative count used to start one
+// rank silently.
+TEST(Options, CountsMustBePositive) {
+  for (const char* bad : {"0", "-1", "-5"}) {
+    try {
+      parse({"--num_gpus", bad, "prog"});
+      ADD_FAILURE() << "--num_gpus " << bad << " accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("--num_gpus ") + bad +
+                                           ": expected a positive number of ranks per node"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(parse({"--num_accelerators", bad, "prog"}), UsageError);
+    EXPECT_THROW(parse({"--num_nodes", bad, "prog"}), UsageError);
+  }
+  EXPECT_EQ(parse({"--num_gpus", "1", "prog"}).num_gpus, 1);
+  EXPECT_EQ(parse({"prog"}).num_gpus, -1);  // not given
+  EXPECT_TRUE(parse({"--oversubscribe", "prog"}).oversubscribe);
+  EXPECT_FALSE(parse({"prog"}).oversubscribe);
+}
+
 TEST(Options, HelpNeedsNoProgram) {
   EXPECT_TRUE(parse({"--help"}).help);
   EXPECT_NE(usage_text().find("--enable_each_rank_log"), std::string::npos);

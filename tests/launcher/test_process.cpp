@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "process_harness.h"
@@ -313,6 +314,33 @@ TEST_F(ProcessTest, UsageErrorsExitWith2) {
   expect_usage_error({"--num_gpus", "1", "-i", "localhost", kFake},
                      "Cannot specify num_nodes/gpus");
   expect_usage_error({"-H", dir_ / "two", "--no_ssh", "--node_rank", "2", kFake}, "--node_rank");
+  // Issue 16: counts that are not counts, and CPU ranks far beyond the machine.
+  expect_usage_error({"--num_gpus", "0", kFake}, "--num_gpus 0: expected a positive number");
+  expect_usage_error({"--num_gpus", "-1", kFake}, "--num_gpus -1: expected a positive number");
+  write_file(dir_ / "nul", std::string("worker-0 slots=2\nwork\0er-1 slots=2\n", 36));
+  expect_usage_error({"-H", dir_ / "nul", kFake}, "nul:2:5: control byte 0x00");
+  if (!has_gpu()) {
+    expect_usage_error({"--num_gpus", "10000", kFake}, "pass --oversubscribe");
+  }
+}
+
+// Every rank of one launch carries the same DSCPP_JOB_ID, a second launch another one, and
+// a DSCPP_JOB_ID the user set is kept.
+TEST_F(ProcessTest, RanksOfOneLaunchShareAJobId) {
+  std::set<std::string> ids;
+  for (int launch = 0; launch < 2; ++launch) {
+    const Result r = run_dscpp({"--num_gpus", "2", kFake, out_arg()});
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto all = ranks(2);
+    ASSERT_EQ(all.size(), 2u);
+    ASSERT_TRUE(all[0].env.count("DSCPP_JOB_ID"));
+    EXPECT_EQ(all[0].env.at("DSCPP_JOB_ID"), all[1].env.at("DSCPP_JOB_ID"));
+    ids.insert(all[0].env.at("DSCPP_JOB_ID"));
+  }
+  EXPECT_EQ(ids.size(), 2u);
+  const Result r = run_dscpp({"--num_gpus", "2", kFake, out_arg()}, {{"DSCPP_JOB_ID", "given"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const RankInfo& info : ranks(2)) EXPECT_EQ(info.env.at("DSCPP_JOB_ID"), "given");
 }
 
 // Multi-node backends, with pdsh and ssh replaced by scripts that run the remote command
