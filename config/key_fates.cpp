@@ -165,7 +165,7 @@ const std::vector<KeyFate> kTable = {
       "false"),
     N("activation_checkpointing.contiguous_memory_optimization",
       "checkpoints are ordinary allocations", "true", "false"),
-    A("activation_checkpointing.cpu_checkpointing", "ActivationCheckpointing.PeakCpuMemoryDrops"),
+    A("activation_checkpointing.cpu_checkpointing", "ActivationCheckpointing.PeakCudaMemoryDrops"),
     A("activation_checkpointing.number_checkpoints",
       "ActivationCheckpointing.GPTGradientsAreBitIdentical"),
     U("activation_checkpointing.synchronize_checkpoint_boundary",

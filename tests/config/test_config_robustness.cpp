@@ -11,6 +11,7 @@
 #include "dscpp/config/ds_config.h"
 #include "dscpp/config/json_bounds.h"
 #include "dscpp/config/json_text.h"
+#include "dscpp/model_zoo/gpt_config.h"
 
 using dscpp::config::parse_config_text;
 using nlohmann::json;
@@ -166,4 +167,27 @@ TEST(BatchSize, ProductsBeyondInt64AreRefusedNotWrapped) {
       {{"train_micro_batch_size_per_gpu", int64_t{1} << 60}, {"gradient_accumulation_steps", 2}},
       o);
   EXPECT_EQ(c.train_batch_size, int64_t{1} << 62);
+}
+
+TEST(ConfigRobustness, TheModelConfigReaderHasTheSameBounds) {
+  // model_zoo's GPT config reads its file through config/: the same errors, naming the file.
+  namespace fs = std::filesystem;
+  const std::string path = (fs::temp_directory_path() / "dscpp_bad_gpt_config.json").string();
+  const std::string bad = "\xfe";
+  for (const std::string& text :
+       {std::string(R"({"hidden_size": 1e400})"), std::string(5000, '[') + std::string(5000, ']'),
+        "{\"hidden_size\": x" + bad + "}"}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+    try {
+      dscpp::model_zoo::GPTConfig::from_file(path);
+      ADD_FAILURE() << "read: " << text.substr(0, 40);
+    } catch (const dscpp::ConfigError& e) {
+      EXPECT_TRUE(has(e.what(), path + ":1:")) << e.what();
+    }
+  }
+  fs::remove(path);
+  json deep = json::object();
+  json* p = &deep;
+  for (int i = 0; i < 5000; ++i) p = &((*p)["x"] = json::object());
+  EXPECT_THROW(dscpp::model_zoo::GPTConfig::from_json(deep), dscpp::ConfigError);
 }
