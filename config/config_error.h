@@ -2,16 +2,16 @@
 // (`zero_optimization.stage`), so a user can find the line to fix.
 #pragma once
 
-#include <stdexcept>
 #include <string>
+
+#include "dscpp/error.h"
 
 namespace dscpp {
 
-class ConfigError : public std::runtime_error {
+class ConfigError : public Error {
  public:
   ConfigError(std::string path, const std::string& message)
-      : std::runtime_error(path.empty() ? message : path + ": " + message),
-        path_(std::move(path)) {}
+      : Error(path.empty() ? message : path + ": " + message), path_(std::move(path)) {}
   const std::string& path() const { return path_; }
 
  private:

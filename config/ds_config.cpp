@@ -9,7 +9,9 @@
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/features.h"
+#include "dscpp/config/json_bounds.h"
 #include "dscpp/config/json_text.h"
+#include "dscpp/config/key_fates.h"
 #include "dscpp/config/section.h"
 
 namespace dscpp {
@@ -21,6 +23,8 @@ using config::Section;
 using nlohmann::json;
 
 namespace {
+
+DSConfig parse_ds_config_checked(const json& input, const ConfigOptions& options);
 
 // Fills "auto" values from the caller's table (dotted paths), as Hugging Face does.
 void fill_auto(json& root, const json& auto_values) {
@@ -188,6 +192,7 @@ ZeroConfig read_zero(Section s, const Section& root, Diagnostics& diag) {
   Section op = s.sub("offload_param");
   if (op.present()) c.offload_param = read_offload_param(op);
   // Deprecated booleans from DeepSpeed's first offload release.
+  s.known({"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"});
   auto deprecated_offload = [&](const char* key, const char* replacement, auto& target) {
     if (!s.has(key)) return;
     bool on = s.get_bool(key, false);
@@ -369,29 +374,41 @@ void resolve_batch(DSConfig& c, Section& root) {
   }
   auto& [tb, mb, ga] = v;
   const int64_t w = c.world_size;
+  if (!tb && !mb)
+    throw ConfigError("",
+                      "either train_batch_size or train_micro_batch_size_per_gpu must be given");
+  // micro * accumulation * world, refused where it leaves int64 (DeepSpeed's Python
+  // integers never overflow; ours would wrap to a wrong batch).
+  auto product = [&](int64_t micro, int64_t accumulation) {
+    int64_t mw = 0, out = 0;
+    if (__builtin_mul_overflow(micro, w, &mw) || __builtin_mul_overflow(mw, accumulation, &out))
+      throw ConfigError(
+          "train_batch_size",
+          fmt::format("train_micro_batch_size_per_gpu ({}) * gradient_accumulation_steps ({}) * "
+                      "data-parallel world size ({}) is beyond a 64-bit integer",
+                      micro, accumulation, w));
+    return out;
+  };
   if (tb && mb && !ga) {
     ga = *tb / *mb / w;
   } else if (tb && ga && !mb) {
     mb = *tb / w / *ga;
   } else if (mb && ga && !tb) {
-    tb = *mb * *ga * w;
+    tb = product(*mb, *ga);
   } else if (tb && !mb && !ga) {
     ga = 1;
     mb = *tb / w;
   } else if (mb && !tb && !ga) {
     ga = 1;
-    tb = *mb * w;
-  } else if (!tb && !mb) {
-    throw ConfigError("",
-                      "either train_batch_size or train_micro_batch_size_per_gpu must be given");
+    tb = product(*mb, 1);
   }
-  if (*mb <= 0 || *ga <= 0 || *tb != *mb * *ga * w)
+  if (*mb <= 0 || *ga <= 0 || *tb != product(*mb, *ga))
     throw ConfigError(
         "train_batch_size",
         fmt::format("the batch sizes do not agree: train_batch_size ({}) must equal "
                     "train_micro_batch_size_per_gpu ({}) * gradient_accumulation_steps ({}) * "
                     "data-parallel world size ({}) = {}",
-                    *tb, *mb, *ga, w, *mb * *ga * w));
+                    *tb, *mb, *ga, w, product(*mb, *ga)));
   c.train_batch_size = *tb;
   c.train_micro_batch_size_per_gpu = *mb;
   c.gradient_accumulation_steps = *ga;
@@ -400,6 +417,21 @@ void resolve_batch(DSConfig& c, Section& root) {
 }  // namespace
 
 DSConfig parse_ds_config(const json& input, const ConfigOptions& options) {
+  try {
+    return parse_ds_config_checked(input, options);
+  } catch (const json::exception& e) {
+    // A value nlohmann refuses to convert or print (the checks above should leave none):
+    // still our error, never an escape of the library's own.
+    throw ConfigError("", std::string("cannot read the config: ") + e.what());
+  }
+}
+
+namespace {
+
+DSConfig parse_ds_config_checked(const json& input, const ConfigOptions& options) {
+  // Before any recursive copy or walk: depth and UTF-8 (a program may hand us any JSON).
+  config::check_json_bounds(input, "");
+  config::check_json_bounds(options.auto_values, "auto values");
   if (!input.is_object()) throw ConfigError("", "a ds_config must be a JSON object");
   if (options.world_size < 1) throw ConfigError("", "the data-parallel world size must be >= 1");
   DSConfig c;
@@ -411,6 +443,7 @@ DSConfig parse_ds_config(const json& input, const ConfigOptions& options) {
   Section root(&c.source, "", &diag);
 
   config::refuse_removed_features(root, diag);
+  config::refuse_training_changes(root, diag);
   resolve_batch(c, root);
   c.steps_per_print = root.get_opt_int("steps_per_print", 0);
   c.wall_clock_breakdown = root.get_bool("wall_clock_breakdown", false);
@@ -461,10 +494,14 @@ DSConfig parse_ds_config(const json& input, const ConfigOptions& options) {
 
   config::note_ignored_features(root, c, diag);
   root.finish();
+  config::announce_unused_keys(c.source, diag);
+  c.resolved_keys.assign(diag.resolved.begin(), diag.resolved.end());
   c.warnings = std::move(diag.warnings);
   c.ignored = std::move(diag.ignored);
   return c;
 }
+
+}  // namespace
 
 DSConfig load_ds_config(const std::string& path_or_text, const ConfigOptions& options) {
   return parse_ds_config(config::read_config(path_or_text), options);

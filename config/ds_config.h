@@ -177,7 +177,9 @@ struct DSConfig {
 
   std::vector<std::string> warnings;  // unknown and deprecated keys, odd values accepted
   std::vector<std::string> ignored;   // DeepSpeed features read but not implemented
-  nlohmann::json source;              // the config as given, "auto" values filled in
+  // Every key path the reader resolved (present or not): config/key_fates.h gives each a fate.
+  std::vector<std::string> resolved_keys;
+  nlohmann::json source;  // the config as given, "auto" values filled in
 };
 
 struct ConfigOptions {

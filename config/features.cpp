@@ -63,6 +63,53 @@ void refuse_removed_features(Section& root, Diagnostics& diag) {
   }
 }
 
+void refuse_training_changes(Section& root, Diagnostics& diag) {
+  auto refuse = [](const std::string& path, const std::string& what) {
+    throw ConfigError(path, what +
+                                " is not supported by dscpp, and training without it would "
+                                "train another model: remove it or switch it off");
+  };
+  auto enabled = [](const json* section, const char* sub) -> const json* {
+    if (!section || !section->is_object() || !section->contains(sub)) return nullptr;
+    return &(*section)[sub];
+  };
+  // data_efficiency: DeepSpeed acts only when its own "enabled" is true (default false).
+  if (const json* de = root.raw("data_efficiency"); de && de->is_object()) {
+    const json* on = enabled(de, "enabled");
+    const bool de_on = on && (on->is_boolean() ? on->get<bool>() : switched_on(de));
+    const json* cl = enabled(enabled(de, "data_sampling"), "curriculum_learning");
+    const json* ltd = enabled(enabled(de, "data_routing"), "random_ltd");
+    if (de_on && cl && cl->is_object() && switched_on(cl) && cl->contains("enabled"))
+      refuse("data_efficiency.data_sampling.curriculum_learning", "curriculum learning");
+    if (de_on && ltd && ltd->is_object() && switched_on(ltd) && ltd->contains("enabled"))
+      refuse("data_efficiency.data_routing.random_ltd", "random layer-token drop (random-LTD)");
+    if (de_on)
+      ignore(diag,
+             "'data_efficiency' (data sampling and routing, neither curriculum nor "
+             "random-LTD enabled)");
+  }
+  if (switched_on(root.raw("hybrid_engine")))
+    refuse("hybrid_engine", "DeepSpeed's hybrid engine (RLHF generation with inference kernels)");
+  if (const json* wq = root.raw("weight_quantization"); wq && !wq->is_null() && switched_on(wq))
+    refuse("weight_quantization", "weight quantization");
+  if (const json* op = root.raw("gradient_allreduce_op"); op && !op->is_null()) {
+    const std::string v = op->is_string() ? lower(op->get<std::string>()) : "";
+    if (v == "sum")
+      refuse("gradient_allreduce_op",
+             "\"sum\" (summed instead of averaged gradients: another effective learning rate)");
+    if (v != "mean")
+      throw ConfigError("gradient_allreduce_op",
+                        "expected \"mean\" or \"sum\", found " + show_value(*op));
+  }
+  if (root.has("sequence_parallel_size")) {
+    int64_t sp = root.get_int("sequence_parallel_size", 1, 1);
+    if (sp > 1)
+      refuse("sequence_parallel_size",
+             "sequence parallelism above 1 (DeepSpeed-Ulysses, which also changes the batch "
+             "rule)");
+  }
+}
+
 void note_zero_features(Section& s, const ZeroConfig& c, Diagnostics& diag) {
   auto refuse_nvme = [&](const char* key, const std::string& device) {
     if (device == "nvme")
@@ -138,8 +185,7 @@ void check_scheduler(Section& s, const SchedulerConfig& c, Diagnostics&) {
 void note_ignored_features(Section& root, const DSConfig& c, Diagnostics& diag) {
   // Observers and tuners: harmless to leave out, but never silently.
   for (const char* key :
-       {"flops_profiler", "wandb", "comet", "comms_logger", "autotuning", "hybrid_engine",
-        "data_efficiency", "weight_quantization", "datastates"}) {
+       {"flops_profiler", "wandb", "comet", "comms_logger", "autotuning", "datastates"}) {
     if (switched_on(root.raw(key))) ignore(diag, fmt::format("'{}'", key));
   }
   if (c.memory_breakdown) ignore(diag, "'memory_breakdown'");
@@ -152,12 +198,6 @@ void note_ignored_features(Section& root, const DSConfig& c, Diagnostics& diag) 
     const json& size = tp->contains("autotp_size") ? (*tp)["autotp_size"] : (*tp)["tp_size"];
     if (size.is_number() && size.get<double>() > 1) ignore(diag, "'tensor_parallel' (AutoTP)");
   }
-  if (const json* sp = root.raw("sequence_parallel_size");
-      sp && sp->is_number() && sp->get<double>() > 1)
-    ignore(diag, "'sequence_parallel_size' > 1");
-  if (const json* op = root.raw("gradient_allreduce_op");
-      op && op->is_string() && lower(op->get<std::string>()) == "sum")
-    ignore(diag, "'gradient_allreduce_op': \"sum\" (dscpp averages)");
   const auto& ac = c.activation_checkpointing;
   if (ac.partition_activations) ignore(diag, "'activation_checkpointing.partition_activations'");
   if (ac.contiguous_memory_optimization)

@@ -12,6 +12,10 @@ namespace dscpp::config {
 
 // Sections DeepSpeed itself removed in 0.19 (refused unless explicitly disabled).
 void refuse_removed_features(Section& root, Diagnostics& diag);
+// Features whose absence changes what is trained, refused when on: data_efficiency's
+// curriculum learning and random-LTD, hybrid_engine, weight_quantization,
+// gradient_allreduce_op "sum", sequence_parallel_size > 1.
+void refuse_training_changes(Section& root, Diagnostics& diag);
 // ZeRO sub-features: NVMe refused, ZeRO++ and friends noted as ignored.
 void note_zero_features(Section& zero, const ZeroConfig& c, Diagnostics& diag);
 // Optimizer and scheduler names: ours, 1-bit variants run uncompressed, others refused.

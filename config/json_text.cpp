@@ -7,13 +7,14 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <vector>
 
 #include "dscpp/config/config_error.h"
+#include "dscpp/config/json_bounds.h"
 
 namespace dscpp::config {
 namespace {
@@ -40,6 +41,7 @@ class RelaxedReader {
 
   json read() {
     skip_blank();
+    if (pos_ >= s_.size()) fail("no configuration in it (the text is empty or only comments)");
     json root;
     if (pos_ < s_.size() && (s_[pos_] == '{' || s_[pos_] == '[')) {
       root = value();
@@ -94,7 +96,7 @@ class RelaxedReader {
         return obj;
       }
       if (pos_ >= s_.size()) {
-        if (braced) fail("missing '}' at the end of an object");
+        if (braced) fail("missing '}' at the end of an object" + swallowed_hint('}'));
         return obj;
       }
       size_t key_pos = pos_;
@@ -124,7 +126,7 @@ class RelaxedReader {
         ++pos_;
         return arr;
       }
-      if (pos_ >= s_.size()) fail("missing ']' at the end of an array");
+      if (pos_ >= s_.size()) fail("missing ']' at the end of an array" + swallowed_hint(']'));
       arr.push_back(value());
       bool newline = skip_blank();
       if (at(',')) {
@@ -183,18 +185,35 @@ class RelaxedReader {
     }
   }
 
+  // Hjson's quoteless values run to the end of the line, so `{"a": x}` on one line reads
+  // the '}' into the string; when the text then ends short of a bracket, say so.
+  std::string swallowed_hint(char bracket) const {
+    for (auto it = quoteless_.rbegin(); it != quoteless_.rend(); ++it) {
+      if (it->second.find(bracket) == std::string::npos) continue;
+      auto [line, col] = line_col(s_, it->first);
+      return fmt::format(
+          " (the quoteless value at {}:{} runs to the end of its line, '{}' included, as in "
+          "Hjson: quote it if it is a string, or fix it if it was meant as a number)",
+          line, col, bracket);
+    }
+    return "";
+  }
+
+  // Nesting is bounded before anything recursive (this reader, nlohmann's copy and dump)
+  // can run out of stack.
+  json nested(bool object) {
+    if (++depth_ > kMaxConfigDepth) fail(fmt::format("nested more than {} deep", kMaxConfigDepth));
+    ++pos_;
+    json v = object ? members(true) : elements();
+    --depth_;
+    return v;
+  }
+
   json value() {
     skip_blank();
     if (pos_ >= s_.size()) fail("expected a value");
     char c = s_[pos_];
-    if (c == '{') {
-      ++pos_;
-      return members(true);
-    }
-    if (c == '[') {
-      ++pos_;
-      return elements();
-    }
+    if (c == '{' || c == '[') return nested(c == '{');
     if (c == '"' || c == '\'') return quoted();
     if (c == '}' || c == ']' || c == ',' || c == ':') fail(fmt::format("unexpected '{}'", c));
     // Hjson: a quoteless value runs to the end of the line, unless it is a literal
@@ -208,27 +227,50 @@ class RelaxedReader {
              (s_[tok_end + 1] == '/' || s_[tok_end + 1] == '*')))
       ++tok_end;
     std::string tok = s_.substr(pos_, tok_end - pos_);
-    json literal = json::parse(tok, nullptr, /*allow_exceptions=*/false);
+    std::string word = lower(tok[0] == '-' || tok[0] == '+' ? tok.substr(1) : tok);
+    if (word == "nan" || word == "inf" || word == "infinity")
+      fail(fmt::format("{} is not a JSON number: write a finite number", tok));
+    json literal;
+    try {
+      literal = json::parse(tok, nullptr, /*allow_exceptions=*/true);
+    } catch (const json::out_of_range&) {
+      fail(fmt::format("the number {} is out of range (beyond a double's 1.8e308)", tok));
+    } catch (const json::exception&) {
+      literal = json(json::value_t::discarded);
+    }
     if (!literal.is_discarded() && !literal.is_string() && !literal.is_structured()) {
       pos_ = tok_end;
       return literal;
     }
     std::string rest = s_.substr(pos_, eol - pos_);
     while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back()))) rest.pop_back();
+    quoteless_.emplace_back(pos_, rest);
     pos_ = eol;
     return rest;
+  }
+
+  static std::string lower(std::string w) {
+    for (char& ch : w) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return w;
   }
 
   const std::string& s_;
   const std::string& source_;
   size_t pos_ = 0;
+  int depth_ = 0;
+  std::vector<std::pair<size_t, std::string>> quoteless_;  // offset, value: for error hints
 };
+
+// Thrown by the strict parser's callback to hand a too-deep text to the relaxed reader,
+// which names the line and column.
+struct TooDeep {};
 
 // nlohmann keeps the last of two equal keys; DeepSpeed refuses them, and so do we.
 json parse_strict(const std::string& text) {
   std::vector<std::set<std::string>> keys;
   std::string duplicate;
-  json::parser_callback_t cb = [&](int, json::parse_event_t event, json& parsed) {
+  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth >= kMaxConfigDepth) throw TooDeep{};
     if (event == json::parse_event_t::object_start) keys.emplace_back();
     if (event == json::parse_event_t::object_end) keys.pop_back();
     if (event == json::parse_event_t::key &&
@@ -244,14 +286,29 @@ json parse_strict(const std::string& text) {
 }  // namespace
 
 json parse_config_text(const std::string& text, const std::string& source) {
+  if (text.size() > kMaxConfigBytes)
+    throw ConfigError("", fmt::format("{}: {} bytes is more than a config may hold ({} MiB)",
+                                      source, text.size(), kMaxConfigBytes >> 20));
+  if (size_t bad = invalid_utf8_at(text); bad != std::string::npos) {
+    auto [line, col] = line_col(text, bad);
+    throw ConfigError("", fmt::format("{}:{}:{}: cannot parse: byte 0x{:02x} is not valid UTF-8 "
+                                      "(a config must be UTF-8 text)",
+                                      source, line, col, static_cast<unsigned char>(text[bad])));
+  }
   try {
     return parse_strict(text);
-  } catch (const json::parse_error&) {
-    // Not strict JSON: the relaxed reader either reads it or names the line and column.
+  } catch (const json::exception&) {
+    // Not strict JSON (or a number beyond a double, or too deep): the relaxed reader either
+    // reads it or names the line and column.
+  } catch (const TooDeep&) {
   } catch (const ConfigError& e) {
     throw ConfigError("", source + ": " + e.what());
   }
-  return RelaxedReader(text, source).read();
+  try {
+    return RelaxedReader(text, source).read();
+  } catch (const json::exception& e) {  // nothing of nlohmann's may escape as itself
+    throw ConfigError("", fmt::format("{}: cannot parse: {}", source, e.what()));
+  }
 }
 
 json read_config(const std::string& path_or_text) {
@@ -262,11 +319,18 @@ json read_config(const std::string& path_or_text) {
 }
 
 json read_config_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw ConfigError("", fmt::format("'{}' is a folder, not a config file", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("", fmt::format("cannot open config file '{}'", path));
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return parse_config_text(buf.str(), path);
+  // Read at most one byte past the bound, so that a pipe or /dev/zero cannot fill memory.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (in.bad()) throw ConfigError("", fmt::format("cannot read config file '{}'", path));
+  return parse_config_text(text, path);
 }
 
 }  // namespace dscpp::config

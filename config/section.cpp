@@ -48,7 +48,7 @@ std::string range_text(int64_t min, int64_t max) {
 }  // namespace
 
 std::string show_value(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
@@ -80,8 +80,13 @@ void Section::fail(const std::string& key, const std::string& expected) const {
                                               v ? show_value(*v) : std::string("nothing")));
 }
 
-const json* Section::find(const std::string& key) {
+void Section::note(const std::string& key) {
   known_.insert(key);
+  if (diag_) diag_->resolved.insert(path_of(key));
+}
+
+const json* Section::find(const std::string& key) {
+  note(key);
   if (!obj_) return nullptr;
   auto it = obj_->find(key);
   if (it == obj_->end() || is_auto(*it)) return nullptr;
@@ -93,7 +98,7 @@ bool Section::has(const std::string& key) const {
 }
 
 const json* Section::raw(const std::string& key) {
-  known_.insert(key);
+  note(key);
   if (!obj_) return nullptr;
   auto it = obj_->find(key);
   return it == obj_->end() ? nullptr : &*it;
@@ -177,7 +182,7 @@ std::string Section::get_choice(const std::string& key, const std::string& def,
 }
 
 Section Section::sub(const std::string& key) {
-  known_.insert(key);
+  note(key);
   if (!obj_ || !obj_->contains(key)) return Section(nullptr, path_of(key), diag_);
   const json& v = (*obj_)[key];
   if (v.is_null() || is_auto(v)) return Section(nullptr, path_of(key), diag_);
@@ -186,7 +191,7 @@ Section Section::sub(const std::string& key) {
 }
 
 void Section::known(std::initializer_list<const char*> keys) {
-  for (const char* k : keys) known_.insert(k);
+  for (const char* k : keys) note(k);
 }
 
 void Section::finish() {

@@ -20,6 +20,9 @@ struct Diagnostics {
   std::vector<std::string> warnings;  // unknown keys, deprecated keys, odd values we accept
   std::vector<std::string> ignored;   // DeepSpeed features dscpp reads but does not implement
   bool strict = false;                // unknown keys are errors instead of warnings
+  // Every key path a getter, raw(), sub() or known() asked about, present or not: what the
+  // key-fate table (key_fates.h) must cover.
+  std::set<std::string> resolved;
 };
 
 class Section {
@@ -60,6 +63,7 @@ class Section {
   [[noreturn]] void fail(const std::string& key, const std::string& expected) const;
 
  private:
+  void note(const std::string& key);  // known here, and resolved for the key-fate table
   const nlohmann::json* find(const std::string& key);
 
   const nlohmann::json* obj_;

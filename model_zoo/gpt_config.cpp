@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "dscpp/config/config_error.h"
+#include "dscpp/config/json_bounds.h"
 #include "dscpp/config/json_text.h"
 #include "dscpp/config/section.h"
 
@@ -39,6 +40,8 @@ std::string spelling(Section& s, std::initializer_list<const char*> names) {
 }  // namespace
 
 GPTConfig GPTConfig::from_json(const json& j, bool strict) {
+  // A program's JSON is bounded as config text is (depth, UTF-8) before anything walks it.
+  config::check_json_bounds(j, "");
   if (!j.is_object()) throw ConfigError("", "a GPT config must be a JSON object");
   config::Diagnostics diag;
   diag.strict = strict;

@@ -1,12 +1,16 @@
 // dscpp_report: DeepSpeed's ds_report for dscpp. Alone it prints the environment; with
 // --config it prints the resolved ds_config (every key, effective value) as JSON, with
 // warnings and ignored features on stderr. Exit codes: 0 fine, 2 bad config or usage.
+// The optimizer and scheduler params are checked by the code the engine builds them with
+// (optim/), so a config this accepts is one dscpp::initialize accepts.
 #include <boost/program_options.hpp>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/ds_config.h"
+#include "dscpp/optim/lr_schedules.h"
+#include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/build_info.h"
 
 namespace po = boost::program_options;
@@ -54,11 +58,17 @@ int main(int argc, char** argv) {
   }
   try {
     dscpp::DSConfig c = dscpp::load_ds_config(config, options);
+    // Build what the engine would build from the config: the same checks, the same errors.
+    // A schedule without an optimizer in the config drives the program's own; a stand-in
+    // Adam takes its place here (schedules read only lr and betas of it).
+    std::unique_ptr<dscpp::optim::Optimizer> optimizer =
+        dscpp::optim::make_optimizer(c.optimizer ? *c.optimizer : dscpp::OptimizerConfig{"adam"});
+    if (c.scheduler) dscpp::optim::make_scheduler(*c.scheduler, *optimizer);
     for (const auto& w : c.warnings) std::cerr << "dscpp: warning: " << w << "\n";
     for (const auto& i : c.ignored) std::cerr << "dscpp: " << i << "\n";
     std::cout << dscpp::to_json(c).dump(2) << "\n";
     return 0;
-  } catch (const dscpp::ConfigError& e) {
+  } catch (const dscpp::Error& e) {
     std::cerr << "dscpp: config error: " << e.what() << "\n";
     return 2;
   }
