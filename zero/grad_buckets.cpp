@@ -40,7 +40,7 @@ bool GradBuckets::overwrites_partition() const {
   // left), each by a reduce-scatter whose data is of the partition's type.
   const auto comm_type =
       options_.communication_data_type.value_or(grad_options_.dtype().toScalarType());
-  return raw() && options_.scatter && options_.use_reduce_scatter && !options_.skip_collectives &&
+  return raw() && options_.scatter && options_.use_reduce_scatter &&
          comm_type == partition_.scalar_type() &&
          grad_options_.dtype().toScalarType() == partition_.scalar_type();
 }
@@ -126,14 +126,6 @@ void GradBuckets::launch(int b) {
   const double pre =
       options_.prescale_gradients ? 1.0 / n : 1.0 / options_.gradient_predivide_factor;
   if (pre != 1.0) data.mul_(pre);
-  if (options_.skip_collectives) {
-    const int64_t r = group_->rank();
-    results_[b] = options_.scatter && options_.use_reduce_scatter
-                      ? data.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk)
-                      : data;
-    works_[b] = comm::Work();
-    return;
-  }
   if (options_.scatter && options_.use_reduce_scatter) {
     // Into a 16-bit partition that holds nothing yet, the collective writes the sums itself.
     direct_[b] = fresh_ && overwrites_partition();

@@ -41,9 +41,6 @@ struct ReduceOptions {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   std::optional<at::ScalarType> communication_data_type;  // unset: the gradients' type
-  // A benchmark's bound (DSCPP_BENCH_NO_COMM): no collective at all, each rank keeps its own
-  // unreduced chunk. Training is wrong; only the time means something.
-  bool skip_collectives = false;
 };
 
 class GradBuckets {

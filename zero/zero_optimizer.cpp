@@ -70,7 +70,6 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   ro.prescale_gradients = options_.prescale_gradients;
   ro.gradient_predivide_factor = options_.gradient_predivide_factor;
   ro.communication_data_type = options_.communication_data_type;
-  ro.skip_collectives = options_.skip_collectives;
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads_, params_, opts, group_, ro);
   hooks_ = register_ready_hooks(params_, [this](int i) { buckets_->mark_ready(i); });
   if (options_.grad_dtype != at::kFloat && options_.grad_dtype != opts.dtype().toScalarType())
@@ -293,10 +292,6 @@ comm::Work ZeroOptimizer::gather_chunks(at::Tensor whole, const at::Tensor& mine
   const int64_t r = group_->rank();
   at::Tensor place = whole.slice(0, r * mine.numel(), (r + 1) * mine.numel());
   const bool in_place = place.data_ptr() == mine.data_ptr();
-  if (options_.skip_collectives) {  // only this rank's chunk is current
-    if (!in_place) place.copy_(mine);
-    return comm::Work();
-  }
   if (group_->size() > 1) return group_->all_gather(whole, mine);
   if (!in_place) whole.copy_(mine);
   return comm::Work();

@@ -43,9 +43,6 @@ struct ZeroOptions {
   // Stage 3 by layer: each parameter's gathering unit (FlatLayout::build's unit_of; -1:
   // persistent). Empty: one unit, gathered as a whole.
   std::vector<int> unit_of;
-  // A benchmark's bound: no gradient reduction and no parameter all-gather (see
-  // ReduceOptions::skip_collectives). Training is wrong; only the time means something.
-  bool skip_collectives = false;
   // Stages 1-2 with an elementwise optimizer (dscpp_deferred_allgather): the step issues each
   // bucket's all-gather and returns without waiting for it; whoever reads the parameters
   // next waits (wait_published: a layer's buckets before its forward, or all of them), so
