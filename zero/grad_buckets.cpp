@@ -22,7 +22,19 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
       pending_(layout.buckets.size()),
       works_(layout.buckets.size()),
       results_(layout.buckets.size()),
-      direct_(layout.buckets.size(), 0) {}
+      direct_(layout.buckets.size(), 0) {
+  // Flat mode: autograd accumulates each gradient straight into the flat gradient buffer.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (per_bucket()) {
+      params_[i].mutable_grad().reset();
+      continue;
+    }
+    const auto& lp = layout_.params[i];
+    grad_views_.push_back(
+        flat_grads_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes()));
+    params_[i].mutable_grad() = grad_views_.back();
+  }
+}
 
 void GradBuckets::set_partition(at::Tensor partition) {
   partition_ = std::move(partition);
@@ -57,6 +69,17 @@ at::Tensor GradBuckets::target(int b) {
 }
 
 void GradBuckets::begin(bool reduce) {
+  // A module's zero_grad() (set_to_none by default) or an assignment to .grad detaches a
+  // parameter from the flat buffer, and autograd would then accumulate where no bucket
+  // looks: point it back before autograd runs. With per-bucket storage .grad must start
+  // empty, so that autograd's result is this backward's gradient alone.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (per_bucket()) {
+      params_[i].mutable_grad().reset();
+    } else if (!params_[i].grad().is_same(grad_views_[i])) {
+      params_[i].mutable_grad() = grad_views_[i];
+    }
+  }
   // Per-bucket storage exists only while a bucket waits for its collective: a micro-step
   // that does not reduce would have nowhere to keep its gradients.
   if (per_bucket() && !reduce)

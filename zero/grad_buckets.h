@@ -45,14 +45,16 @@ struct ReduceOptions {
 
 class GradBuckets {
  public:
-  // flat_grads: the whole buffer (stages 0-1), or undefined for per-bucket storage (stages
-  // 2-3), where params are read for their .grad and grad_options give the storage's type.
+  // flat_grads: the whole buffer (stages 0-1), whose views become the parameters' .grad, or
+  // undefined for per-bucket storage (stages 2-3), where params are read for their .grad
+  // (dropped here) and grad_options give the storage's type.
   GradBuckets(const FlatLayout& layout, at::Tensor flat_grads, std::vector<at::Tensor> params,
               at::TensorOptions grad_options, std::shared_ptr<comm::ProcessGroup> group,
               ReduceOptions options);
 
   // Starts a backward; when `reduce` is false (a micro-step inside an accumulation window
-  // of stages 0 and 1) gradients just accumulate in the flat buffer.
+  // of stages 0 and 1) gradients just accumulate in the flat buffer. Points every .grad back
+  // at its view first (or, per bucket, drops it), whatever the module did to it since.
   void begin(bool reduce);
   // Parameter i's gradient is complete for this backward.
   void mark_ready(int param);
@@ -84,6 +86,7 @@ class GradBuckets {
   const FlatLayout& layout_;
   at::Tensor flat_grads_;
   std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> grad_views_;  // flat mode: params_[i].grad() must stay this view
   at::TensorOptions grad_options_;
   std::vector<at::Tensor> storage_;  // per bucket (per-bucket mode): until its launch
   std::vector<char> written_;        // per parameter (per-bucket mode): copied in this backward
