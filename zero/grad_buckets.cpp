@@ -22,7 +22,9 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
       pending_(layout.buckets.size()),
       works_(layout.buckets.size()),
       results_(layout.buckets.size()),
-      direct_(layout.buckets.size(), 0) {
+      direct_(layout.buckets.size(), 0),
+      seen_(layout.params.size(), 0),
+      ready_at_launch_(layout.buckets.size(), 0) {
   // Flat mode: autograd accumulates each gradient straight into the flat gradient buffer.
   for (size_t i = 0; i < params_.size(); ++i) {
     if (per_bucket()) {
@@ -36,9 +38,16 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
   }
 }
 
-void GradBuckets::set_partition(at::Tensor partition) {
+void GradBuckets::set_partition(at::Tensor partition, bool fresh) {
   partition_ = std::move(partition);
-  fresh_ = true;
+  fresh_ = fresh;
+}
+
+std::vector<int> GradBuckets::ready_order() const {
+  std::vector<int> order = seen_order_;
+  for (int i = static_cast<int>(seen_.size()) - 1; i >= 0; --i)
+    if (!seen_[i]) order.push_back(i);
+  return order;
 }
 
 double GradBuckets::post_scale() const {
@@ -86,11 +95,17 @@ void GradBuckets::begin(bool reduce) {
     throw std::logic_error("GradBuckets: per-bucket gradient storage reduces every micro-step");
   reducing_ = reduce;
   next_launch_ = next_complete_ = 0;
+  ready_calls_ = 0;
   for (size_t b = 0; b < layout_.buckets.size(); ++b)
     pending_[b] = static_cast<int>(layout_.buckets[b].params.size());
 }
 
 void GradBuckets::mark_ready(int param) {
+  if (!seen_[param]) {
+    seen_[param] = 1;
+    seen_order_.push_back(param);
+  }
+  ++ready_calls_;
   if (!reducing_) return;
   const auto& lp = layout_.params[param];
   if (per_bucket()) {
@@ -140,6 +155,7 @@ void GradBuckets::launch_ready() {
 void GradBuckets::launch(int b) {
   const auto& bucket = layout_.buckets[b];
   const int n = group_->size();
+  ready_at_launch_[b] = ready_calls_;
   // Per-bucket storage is dropped here: the collective keeps it alive until it has run.
   at::Tensor data = per_bucket() ? bucket_data(b) : flat_grads_.slice(0, bucket.begin, bucket.end);
   if (options_.communication_data_type && *options_.communication_data_type != data.scalar_type())
@@ -198,6 +214,8 @@ void GradBuckets::finish() {
   for (auto& p : pending_) p = 0;
   launch_ready();
   while (next_complete_ < static_cast<int>(layout_.buckets.size())) complete(next_complete_++);
+  issued_early_ = 0;
+  for (int calls : ready_at_launch_) issued_early_ += calls < ready_calls_;
   // The reduced 16-bit gradients are in the partition now: start the next window empty.
   if (!per_bucket()) flat_grads_.zero_();
   reducing_ = false;

@@ -61,8 +61,11 @@ class GradBuckets {
   // Where finish() adds: layout.partition elements (the whole buffer at stage 0), fp32 or
   // the 16-bit type. The partition counts as empty until finish(); after the step zeroes
   // it, cleared() says so again (a reduction may then overwrite it instead of adding).
-  void set_partition(at::Tensor partition);
+  // fresh: whether it holds nothing yet (false: a re-lay carried reduced gradients over).
+  void set_partition(at::Tensor partition, bool fresh = true);
   void cleared() { fresh_ = true; }
+  bool fresh() const { return fresh_; }
+  const at::Tensor& flat_grads() const { return flat_grads_; }  // stages 0-1
   // Whether the next reduction writes every element of the partition rather than adding to
   // it (a 16-bit partition filled by reduce-scatters), so that it need not be zeroed first.
   bool overwrites_partition() const;
@@ -72,6 +75,12 @@ class GradBuckets {
   // What the partition's values are still to be multiplied by to be averaged gradients: 1 for
   // an fp32 partition, 1/world (DeepSpeed's post-division) for a 16-bit one.
   double deferred_scale() const;
+  // The parameters in the order their gradients were first seen ready, since construction
+  // (reduced or not); parameters never seen come last, in reverse registration order.
+  std::vector<int> ready_order() const;
+  // Of the buckets the last finished backward reduced, how many were issued while gradients
+  // were still to come (the reductions that overlap backward, with overlap_comm).
+  int issued_during_backward() const { return issued_early_; }
 
  private:
   void launch_ready();
@@ -102,6 +111,11 @@ class GradBuckets {
   std::vector<char> direct_;         // per bucket: results_ is the partition's own slice
   at::Tensor partition_;
   bool fresh_ = true;
+  std::vector<int> seen_order_;       // parameters, as first seen ready
+  std::vector<char> seen_;            // per parameter: in seen_order_
+  int ready_calls_ = 0;               // mark_ready calls this backward
+  std::vector<int> ready_at_launch_;  // per bucket: ready_calls_ when it was issued
+  int issued_early_ = 0;
 };
 
 }  // namespace dscpp::zero

@@ -21,6 +21,23 @@ void MasterPartition::add_shards(const std::vector<optim::Hyper>& group_options)
   }
 }
 
+void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)>& relay) {
+  std::vector<std::pair<std::string, at::Tensor>> states;
+  for (const auto& name : state_names()) {
+    at::Tensor whole = state_partition(name);
+    if (whole.numel() == master_.numel()) states.emplace_back(name, relay(whole));
+  }
+  master_ = relay(master_);
+  grads_ = relay(grads_);
+  for (int g = 0; g < optimizer_->num_shards(); ++g) {
+    const auto& gr = layout_.groups[g];
+    // The shard is the optimizer's handle on the master: it follows the new storage.
+    optimizer_->shard(g).set_data(master_.slice(0, gr.part_begin, gr.part_end));
+    for (const auto& [name, t] : states)
+      optimizer_->state(g)[name] = t.slice(0, gr.part_begin, gr.part_end);
+  }
+}
+
 at::Tensor MasterPartition::local_sumsq() const {
   return at::linalg_vector_norm(grads_, 2, c10::nullopt, false, at::kFloat).square();
 }

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ class MasterPartition {
   // defaults). Separate from construction so that stage 3 can release its 16-bit model before
   // the optimizer state exists.
   void add_shards(const std::vector<optim::Hyper>& group_options);
+  // After the layout changed (the re-lay after the first backward): relay(t) gives a tensor
+  // laid out as the old partition laid out as the new one. The master, the gradient partition
+  // and every optimizer state of the partition's size move; the shards follow.
+  void relayout(const std::function<at::Tensor(const at::Tensor&)>& relay);
 
   at::Tensor& master() { return master_; }
   const at::Tensor& grads() const { return grads_; }

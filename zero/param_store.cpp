@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "dscpp/zero/relayout.h"
+
 namespace dscpp::zero {
 
 ParamStore::ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
@@ -30,6 +32,21 @@ void ParamStore::keep_only_partition(const at::Tensor& master) {
   buckets16_.resize(layout_.buckets.size());
   for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
   flat_params_ = at::Tensor();
+}
+
+void ParamStore::relayout(const FlatLayout& old) {
+  wait_all_published();
+  if (partitioned()) {
+    part16_ = relay_partition(old, layout_, part16_, chunk_rank(), *group_);
+    buckets16_.assign(layout_.buckets.size(), Gathered{});
+    return;
+  }
+  flat_params_ = relay_flat(old, layout_, flat_params_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& lp = layout_.params[i];
+    params_[i].set_data(
+        flat_params_.slice(0, lp.offset, lp.offset + lp.numel).view(param_shapes_[i]));
+  }
 }
 
 int ParamStore::chunk_rank() const {

@@ -31,6 +31,10 @@ class ParamStore {
   // releases the parameters and the flat buffer.
   void keep_only_partition(const at::Tensor& master);
   bool partitioned() const { return part16_.defined(); }
+  // After the layout changed from `old` (the re-lay after the first backward; every bucket at
+  // rest, no all-gather deferred): the parameters' values move to their new places.
+  // Collective at stage 3.
+  void relayout(const FlatLayout& old);
 
   // Which chunk of every bucket this rank owns (0 where the layout has one partition).
   int chunk_rank() const;

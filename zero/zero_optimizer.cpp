@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "dscpp/zero/grad_hooks.h"
+#include "dscpp/zero/relayout.h"
 #include "dscpp/zero/step_scale.h"
 
 namespace dscpp::zero {
@@ -53,6 +54,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   at::Tensor flat_grads;
   if (options_.stage < 2) flat_grads = at::zeros({layout_.total}, opts);
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, params, opts, group_, ro);
+  reduce_options_ = ro;
+  param_options_ = opts;
+  // Layouts by layer keep their order (see the header).
+  relaid_ = params.empty() || !options_.unit_of.empty() || options_.defer_allgather;
   hooks_ = register_ready_hooks(params, [this](int i) { buckets_->mark_ready(i); });
   // Stage 3: this rank keeps only its 16-bit chunks; the parameters are
   // released until their buckets are gathered. After the hooks: autograd's
@@ -79,6 +84,43 @@ void ZeroOptimizer::begin_backward(bool reduce) {
 
 void ZeroOptimizer::end_backward() {
   buckets_->finish();
+  last_issued_early_ = buckets_->issued_during_backward();
+  if (!relaid_) relay_from_first_backward();
+}
+
+void ZeroOptimizer::relay_from_first_backward() {
+  relaid_ = true;
+  at::NoGradGuard no_grad;
+  std::vector<int> order = buckets_->ready_order();
+  // Every rank lays out alike: rank 0's order (ranks could see ties resolved differently).
+  if (group_->size() > 1) {
+    std::vector<int64_t> wide(order.begin(), order.end());
+    at::Tensor t = at::tensor(wide, at::kLong).to(param_options_.device());
+    group_->broadcast(t, 0).wait();
+    t = t.cpu();
+    for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(t[k].item<int64_t>());
+  }
+  std::vector<int64_t> numels;
+  for (const auto& p : layout_.params) numels.push_back(p.numel);
+  FlatLayout fresh =
+      FlatLayout::build(numels, layout_.world_size, options_.reduce_bucket_size, options_.alignment,
+                        options_.group_of, options_.unit_of, order);
+  if (fresh.same_placement(layout_)) return;
+  store_->release();  // stage 3: every bucket at rest under the old layout first
+  const FlatLayout old = layout_;
+  layout_ = std::move(fresh);
+  store_->relayout(old);
+  const int rank = store_->chunk_rank();
+  master_->relayout(
+      [&](const at::Tensor& t) { return relay_partition(old, layout_, t, rank, *group_); });
+  // The gradient buckets start over on the new layout, with the gradients of this backward
+  // (accumulated in the flat buffer, or reduced into the partition) carried over.
+  at::Tensor flat_grads = buckets_->flat_grads();
+  if (flat_grads.defined()) flat_grads = relay_flat(old, layout_, flat_grads);
+  const bool fresh_partition = buckets_->fresh();
+  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, store_->params(), param_options_,
+                                           group_, reduce_options_);
+  buckets_->set_partition(master_->grads(), fresh_partition);
 }
 
 StepResult ZeroOptimizer::step(double loss_scale) {

@@ -7,6 +7,15 @@
 // once (step_scale.h), checks overflow across ranks, runs the optimizer on the
 // partition, and publishes the new parameters. The methods below that only
 // forward to a part keep the names the engine, checkpoints and tests call.
+//
+// Bucket order: the first layout guesses reverse registration order. The first backward
+// records the order in which gradients actually became ready (rank 0's, broadcast), and its
+// end re-lays everything once by it, as PyTorch DDP rebuilds its buckets: the flat buffers,
+// the partitions, the master and the optimizer state move, and the reduced gradients are
+// carried over to the first step. From then on a bucket is complete as soon as backward has
+// reached it, so its reduction overlaps the rest of backward. Not for layouts by layer (stage
+// 3's units, or deferred all-gathers), whose order the layer list fixes and whose bucket
+// indices the layer hooks hold.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -86,6 +95,9 @@ class ZeroOptimizer {
   // The three parts.
   ParamStore& param_store() { return *store_; }
   GradBuckets& grad_buckets() { return *buckets_; }
+  // Of the buckets the last backward reduced, how many were issued while gradients were still
+  // to come: the reductions that can overlap backward (the re-lay's measure).
+  int buckets_issued_during_backward() const { return last_issued_early_; }
   MasterPartition& master() { return *master_; }
 
   const FlatLayout& layout() const { return layout_; }
@@ -168,7 +180,10 @@ class ZeroOptimizer {
   // bucket by bucket.
   void step_by_bucket(const at::Tensor& scale);
   // After a step (or an overflow's skip): the partition counts as empty again.
+  // After a step (or an overflow's skip): the partition counts as empty again.
   void clear_gradients();
+  // Once, at the end of the first backward: the layout from the order gradients became ready.
+  void relay_from_first_backward();
 
   ZeroOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;
@@ -177,6 +192,10 @@ class ZeroOptimizer {
   std::unique_ptr<MasterPartition> master_;
   std::unique_ptr<GradBuckets> buckets_;
   std::shared_ptr<void> hooks_;
+  ReduceOptions reduce_options_;
+  at::TensorOptions param_options_;
+  bool relaid_ = false;
+  int last_issued_early_ = 0;
   AsyncScalarRead verdict_;  // the global sum of squares, when the device decides overflow
 };
 
