@@ -104,7 +104,7 @@ def read_rows(logdir):
             if m:
                 row["stage"], row["gpus"] = int(m.group(1)), int(m.group(2))
                 row["unfused"] = m.group(3) == "u"  # bench/configs/gpt_1.3B_bench_unfused.json
-                row["no_comm"] = m.group(3) == "n"  # DSCPP_BENCH_NO_COMM=1: the bound
+                row["no_comm"] = m.group(3) == "n"  # train_gpt --bench-no-comm: the bound
                 row["deferred"] = m.group(3) == "d"  # dscpp_deferred_allgather, LayerSpecs
         elif name.startswith("pt_"):
             row["r"] = parse_pytorch(text)

@@ -10,7 +10,8 @@
 #   mm          bench/matmul_peak.py: the measured bf16 matrix rate (always run first if missing)
 #   dSxN        dscpp train_gpt, ZeRO stage S (0-3), N GPUs (1, 2), --train-iters GPT_ITERS (20)
 #   dSxNu       the same with the model's fused kernels off (MODEL_CONFIG's _unfused twin)
-#   dSxNn       the same with ZeRO's collectives off (DSCPP_BENCH_NO_COMM=1): the time bound
+#   dSxNn       the same with ZeRO's collectives off (train_gpt --bench-no-comm: a no-op
+#               process group): the time bound
 #               for overlap_comm (wrong training, right step time)
 #   d2xNd       ZeRO-2 with dscpp_deferred_allgather, the GPT as LayerSpecs (--layer-specs)
 #   pt_single[_c]                 PyTorch on 1 GPU (eager, or _c: torch.compile per block)
@@ -63,14 +64,14 @@ row_cmd() {
       cfg=bench/configs/gpt_bf16_zero$stage.json
       [ "$stage" = 2 ] && cfg=ds_configs/gpt_bf16_zero2.json
       [[ "$row" == *u ]] && mcfg=${model%.json}_unfused.json
-      local layered=()
+      local layered=() no_comm=()
       [[ "$row" == *d ]] && cfg=bench/configs/gpt_bf16_zero2_deferred.json && layered=(--layer-specs)
       need=$n
       cmd=()
-      [[ "$row" == *n ]] && cmd=(env DSCPP_BENCH_NO_COMM=1)
+      [[ "$row" == *n ]] && no_comm=(--bench-no-comm)
       cmd+=("$build/launcher/dscpp" --num_gpus "$n" --master_port "$port" "$build/examples/train_gpt"
         --model-config "$mcfg" --train-data-path "$data" --deepspeed_config "$cfg"
-        --train-iters "$iters" --log-interval 10 "${layered[@]}") ;;
+        --train-iters "$iters" --log-interval 10 "${layered[@]}" "${no_comm[@]}") ;;
     pt_single | pt_single_c | pt_ddp | pt_ddp_c | pt_fsdp2 | pt_fsdp2_c)
       local mode=${row#pt_} extra=()
       mode=${mode%_c}

@@ -24,6 +24,11 @@
 // from the start of step --memory-snapshot-step (default 2: the first step allocates what
 // stays) to its end, and writes the pickle torch.cuda.memory._dump_snapshot would write
 // (https://pytorch.org/memory_viz, or bench/memory_peak.py for the live blocks at the peak).
+//
+// --bench-no-comm hands the engine a no-op process group shaped like the world group
+// (comm/no_op_group.h): every rank keeps its layout and kernels but no collective moves data,
+// so the step time is the bound overlap_comm is measured against (bench/gpt_table.sh's dSxNn
+// rows). The model does not train correctly, and the logged loss is rank 0's own.
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
@@ -37,6 +42,8 @@
 #include <optional>
 #include <set>
 
+#include "dscpp/comm/no_op_group.h"
+#include "dscpp/comm/rendezvous.h"
 #include "dscpp/config/json_text.h"
 #include "dscpp/data/data_loader.h"
 #include "dscpp/dscpp.h"
@@ -71,7 +78,8 @@ struct Args {
   int64_t memory_snapshot_step = 2;
   std::string profile_out = "train_gpt_trace.json";
   bool profile_all_ranks = false;
-  bool layer_specs = false;  // the GPT as LayerSpecs at any stage (always at stage 3)
+  bool layer_specs = false;    // the GPT as LayerSpecs at any stage (always at stage 3)
+  bool bench_no_comm = false;  // a no-op process group: the communication-off bound
 };
 
 Args parse(int argc, char** argv) {
@@ -107,6 +115,9 @@ Args parse(int argc, char** argv) {
       "layer-specs", po::bool_switch(&a.layer_specs),
       "build the GPT as its LayerSpecs (nn::LayerModule) at every ZeRO stage; at stage 3 "
       "it always is, so that parameters are gathered layer by layer")(
+      "bench-no-comm", po::bool_switch(&a.bench_no_comm),
+      "a benchmark's bound: the engine gets a no-op process group, so ZeRO's collectives move "
+      "no data (the model does not train correctly; only the step time means something)")(
       "local_rank", po::value<int>(), "set by the launcher");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, o), vm);
@@ -229,7 +240,15 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
           const nlohmann::json& ds_config) {
   const double built_s = seconds_since(program_start);
   const auto init_start = std::chrono::steady_clock::now();
-  auto engine = dscpp::initialize(model, ds_config);
+  dscpp::InitArgs init;
+  if (args.bench_no_comm) {
+    init.group = dscpp::comm::make_no_op_group(*dscpp::comm::init_distributed());
+    if (init.group->rank() == 0)
+      std::cout << "[train_gpt] --bench-no-comm: a no-op process group; ZeRO's gradient "
+                   "reductions and parameter all-gathers move no data, the model does not train "
+                   "correctly, only the step time means something\n";
+  }
+  auto engine = dscpp::initialize(model, ds_config, std::move(init));
   const double init_s = seconds_since(init_start);
   const int rank = engine.global_rank(), world = engine.world_size();
   const auto& ds = engine.core().config();

@@ -1,7 +1,6 @@
 // The fused Adam/AdamW kernel: one grid-stride pass, vector loads and stores over the part
 // of the shard where all four arrays are aligned for four elements, scalar code for the rest.
 #include <cstdint>
-#include <cstdlib>
 
 #include "dscpp/ops/cuda_common.cuh"
 #include "dscpp/ops/fused_adam_kernel.h"
@@ -129,18 +128,11 @@ void launch_typed(float* p, const G* g, float* m, float* v, C* q, int64_t n,
   DSCPP_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_adam_kernel<G, C>, kThreads, 0));
   // One full wave of resident blocks (no half-empty last wave); the grid-stride loop does
-  // the rest. DSCPP_ADAM_BLOCKS_PER_SM (a measurement's knob, see docs/PERFORMANCE.md) caps
-  // the resident blocks per SM, leaving room for a collective's blocks beside the update;
-  // 0 lifts the cap (one block per 4 x 256 elements, none resident for long).
-  static const int cap = [] {
-    const char* v = std::getenv("DSCPP_ADAM_BLOCKS_PER_SM");
-    return v ? std::atoi(v) : -1;
-  }();
-  if (cap > 0 && per_sm > cap) per_sm = cap;
+  // the rest. (Other grids were measured, docs/PERFORMANCE.md's "Adam grid": no decision.)
   const int64_t max_blocks =
       static_cast<int64_t>(sms > 0 ? sms : 1) * static_cast<int64_t>(per_sm > 0 ? per_sm : 1);
   int64_t blocks = (work + kThreads - 1) / kThreads;
-  if (cap != 0 && blocks > max_blocks) blocks = max_blocks;
+  if (blocks > max_blocks) blocks = max_blocks;
   if (blocks < 1) blocks = 1;
   fused_adam_kernel<G, C><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       p, g, m, v, q, n, head, nvec, s, grad_scale);

@@ -17,8 +17,6 @@
 #   GPU_PROFILE=1   two steps (14 and 15 of 20) of dscpp ZeRO-2 on 2 GPUs under Kineto: gzipped
 #                   traces profile-rank{0,1}.json.gz and bench/trace_summary.py's profile_summary.md
 #                   (GPU_PROFILE_DEFERRED=1: the d2x2d run, deferred all-gathers and LayerSpecs)
-#   GPU_PROFILE_ADAM="2 0"  after GPU_PROFILE, one more profile per value with
-#                   DSCPP_ADAM_BLOCKS_PER_SM set to it -> profile_summary_adam<V>.md
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
 #   GPU_BASELINE=DIR  another source tree (the code before a change: `git archive COMMIT | tar x -C
 #                   .gpu/baseline`) is built too (train_gpt and the launcher), and bench/gpt_table.sh
@@ -145,12 +143,11 @@ gpt_profile() {  # two profiled ZeRO-2 steps on 2 GPUs, every rank's trace, then
   python3 bench/trace_summary.py "$out/profile-rank0.json.gz" >"$out/profile_summary.md" &&
     python3 bench/trace_summary.py "$out/profile-rank1.json.gz" >>"$out/profile_summary.md"
 }
-gpt_profile_adam() { (export DSCPP_ADAM_BLOCKS_PER_SM=$1; gpt_profile "_adam$1"); }
 if [ "${GPU_TABLE:-0}" = 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ]; then
   budget=0
   if [ "${GPU_DEADLINE_S:-0}" -gt 0 ]; then
     budget=$((GPU_DEADLINE_S - SECONDS - 15))
-    [ "${GPU_PROFILE:-0}" = 1 ] && budget=$((budget - 75 * (1 + $(wc -w <<<"${GPU_PROFILE_ADAM:-}"))))
+    [ "${GPU_PROFILE:-0}" = 1 ] && budget=$((budget - 75))
     [ "${GPU_13B:-0}" = 1 ] && budget=$((budget - 240))
     [ "${GPU_BIG:-0}" = 1 ] && budget=$((budget - 300))
     [ "$budget" -lt 1 ] && budget=1
@@ -159,9 +156,6 @@ if [ "${GPU_TABLE:-0}" = 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ] &&
 fi
 if [ "${GPU_PROFILE:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
   step gpt_profile gpt_profile
-  for v in ${GPU_PROFILE_ADAM:-}; do
-    step "gpt_profile_adam$v" gpt_profile_adam "$v"
-  done
 fi
 # GPU_13B=1: the 13 B GPT (model_zoo/configs/gpt_13B.json, activation checkpointing, micro-batch
 # 1, sequence 2048) at ZeRO-3 on 2 GPUs, layer by layer; GPU_13B_STAGE2=1 also tries stage 2.

@@ -1,10 +1,10 @@
 // Where every parameter lives in ZeRO's flat buffer, and who owns what. Parameters are laid
-// out in reverse registration order (the order backward produces their gradients), in
-// buckets of about reduce_bucket_size elements; each bucket is padded to a multiple of
-// world_size * alignment and split into world_size equal chunks. Rank r owns chunk r of
-// every bucket, so a bucket's gradients are reduce-scattered, and its parameters
-// all-gathered, with one collective each; a rank's partition (its fp32 master weights and
-// optimizer state) is its chunks laid end to end. With world_size 1 (stage 0) the single
+// out in the order backward makes their gradients ready (as first seen; before that, reverse
+// registration order, the usual guess), in buckets of about reduce_bucket_size elements; each
+// bucket is padded to a multiple of world_size * alignment and split into world_size equal chunks.
+// Rank r owns chunk r of every bucket, so a bucket's gradients are reduce-scattered, and its
+// parameters all-gathered, with one collective each; a rank's partition (its fp32 master weights
+// and optimizer state) is its chunks laid end to end. With world_size 1 (stage 0) the single
 // partition is the whole buffer.
 #pragma once
 
@@ -46,10 +46,16 @@ struct FlatLayout {
   // instance the first layer that uses it, or -1. No bucket holds two units either, so a
   // unit is gathered bucket by bucket without fetching any other. Within a group, buckets go
   // by unit from the highest down (the order backward reaches layers) with -1 last, and
-  // within a unit in reverse registration order.
+  // within a unit in `ready_order`.
+  //
+  // ready_order: every parameter index once, in the order backward made the gradients ready
+  // (GradBuckets::ready_order); empty: reverse registration order.
   static FlatLayout build(const std::vector<int64_t>& numels, int world_size, int64_t bucket_size,
                           int64_t alignment, const std::vector<int>& group_of = {},
-                          const std::vector<int>& unit_of = {});
+                          const std::vector<int>& unit_of = {},
+                          const std::vector<int>& ready_order = {});
+  // Whether two layouts place every parameter and bucket alike.
+  bool same_placement(const FlatLayout& other) const;
 };
 
 }  // namespace dscpp::zero

@@ -22,11 +22,32 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
       pending_(layout.buckets.size()),
       works_(layout.buckets.size()),
       results_(layout.buckets.size()),
-      direct_(layout.buckets.size(), 0) {}
+      direct_(layout.buckets.size(), 0),
+      seen_(layout.params.size(), 0),
+      ready_at_launch_(layout.buckets.size(), 0) {
+  // Flat mode: autograd accumulates each gradient straight into the flat gradient buffer.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (per_bucket()) {
+      params_[i].mutable_grad().reset();
+      continue;
+    }
+    const auto& lp = layout_.params[i];
+    grad_views_.push_back(
+        flat_grads_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes()));
+    params_[i].mutable_grad() = grad_views_.back();
+  }
+}
 
-void GradBuckets::set_partition(at::Tensor partition) {
+void GradBuckets::set_partition(at::Tensor partition, bool fresh) {
   partition_ = std::move(partition);
-  fresh_ = true;
+  fresh_ = fresh;
+}
+
+std::vector<int> GradBuckets::ready_order() const {
+  std::vector<int> order = seen_order_;
+  for (int i = static_cast<int>(seen_.size()) - 1; i >= 0; --i)
+    if (!seen_[i]) order.push_back(i);
+  return order;
 }
 
 double GradBuckets::post_scale() const {
@@ -40,7 +61,7 @@ bool GradBuckets::overwrites_partition() const {
   // left), each by a reduce-scatter whose data is of the partition's type.
   const auto comm_type =
       options_.communication_data_type.value_or(grad_options_.dtype().toScalarType());
-  return raw() && options_.scatter && options_.use_reduce_scatter && !options_.skip_collectives &&
+  return raw() && options_.scatter && options_.use_reduce_scatter &&
          comm_type == partition_.scalar_type() &&
          grad_options_.dtype().toScalarType() == partition_.scalar_type();
 }
@@ -57,17 +78,34 @@ at::Tensor GradBuckets::target(int b) {
 }
 
 void GradBuckets::begin(bool reduce) {
+  // A module's zero_grad() (set_to_none by default) or an assignment to .grad detaches a
+  // parameter from the flat buffer, and autograd would then accumulate where no bucket
+  // looks: point it back before autograd runs. With per-bucket storage .grad must start
+  // empty, so that autograd's result is this backward's gradient alone.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (per_bucket()) {
+      params_[i].mutable_grad().reset();
+    } else if (!params_[i].grad().is_same(grad_views_[i])) {
+      params_[i].mutable_grad() = grad_views_[i];
+    }
+  }
   // Per-bucket storage exists only while a bucket waits for its collective: a micro-step
   // that does not reduce would have nowhere to keep its gradients.
   if (per_bucket() && !reduce)
     throw std::logic_error("GradBuckets: per-bucket gradient storage reduces every micro-step");
   reducing_ = reduce;
   next_launch_ = next_complete_ = 0;
+  ready_calls_ = 0;
   for (size_t b = 0; b < layout_.buckets.size(); ++b)
     pending_[b] = static_cast<int>(layout_.buckets[b].params.size());
 }
 
 void GradBuckets::mark_ready(int param) {
+  if (!seen_[param]) {
+    seen_[param] = 1;
+    seen_order_.push_back(param);
+  }
+  ++ready_calls_;
   if (!reducing_) return;
   const auto& lp = layout_.params[param];
   if (per_bucket()) {
@@ -117,6 +155,7 @@ void GradBuckets::launch_ready() {
 void GradBuckets::launch(int b) {
   const auto& bucket = layout_.buckets[b];
   const int n = group_->size();
+  ready_at_launch_[b] = ready_calls_;
   // Per-bucket storage is dropped here: the collective keeps it alive until it has run.
   at::Tensor data = per_bucket() ? bucket_data(b) : flat_grads_.slice(0, bucket.begin, bucket.end);
   if (options_.communication_data_type && *options_.communication_data_type != data.scalar_type())
@@ -126,14 +165,6 @@ void GradBuckets::launch(int b) {
   const double pre =
       options_.prescale_gradients ? 1.0 / n : 1.0 / options_.gradient_predivide_factor;
   if (pre != 1.0) data.mul_(pre);
-  if (options_.skip_collectives) {
-    const int64_t r = group_->rank();
-    results_[b] = options_.scatter && options_.use_reduce_scatter
-                      ? data.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk)
-                      : data;
-    works_[b] = comm::Work();
-    return;
-  }
   if (options_.scatter && options_.use_reduce_scatter) {
     // Into a 16-bit partition that holds nothing yet, the collective writes the sums itself.
     direct_[b] = fresh_ && overwrites_partition();
@@ -183,6 +214,8 @@ void GradBuckets::finish() {
   for (auto& p : pending_) p = 0;
   launch_ready();
   while (next_complete_ < static_cast<int>(layout_.buckets.size())) complete(next_complete_++);
+  issued_early_ = 0;
+  for (int calls : ready_at_launch_) issued_early_ += calls < ready_calls_;
   // The reduced 16-bit gradients are in the partition now: start the next window empty.
   if (!per_bucket()) flat_grads_.zero_();
   reducing_ = false;

@@ -41,29 +41,31 @@ struct ReduceOptions {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   std::optional<at::ScalarType> communication_data_type;  // unset: the gradients' type
-  // A benchmark's bound (DSCPP_BENCH_NO_COMM): no collective at all, each rank keeps its own
-  // unreduced chunk. Training is wrong; only the time means something.
-  bool skip_collectives = false;
 };
 
 class GradBuckets {
  public:
-  // flat_grads: the whole buffer (stages 0-1), or undefined for per-bucket storage (stages
-  // 2-3), where params are read for their .grad and grad_options give the storage's type.
+  // flat_grads: the whole buffer (stages 0-1), whose views become the parameters' .grad, or
+  // undefined for per-bucket storage (stages 2-3), where params are read for their .grad
+  // (dropped here) and grad_options give the storage's type.
   GradBuckets(const FlatLayout& layout, at::Tensor flat_grads, std::vector<at::Tensor> params,
               at::TensorOptions grad_options, std::shared_ptr<comm::ProcessGroup> group,
               ReduceOptions options);
 
   // Starts a backward; when `reduce` is false (a micro-step inside an accumulation window
-  // of stages 0 and 1) gradients just accumulate in the flat buffer.
+  // of stages 0 and 1) gradients just accumulate in the flat buffer. Points every .grad back
+  // at its view first (or, per bucket, drops it), whatever the module did to it since.
   void begin(bool reduce);
   // Parameter i's gradient is complete for this backward.
   void mark_ready(int param);
   // Where finish() adds: layout.partition elements (the whole buffer at stage 0), fp32 or
   // the 16-bit type. The partition counts as empty until finish(); after the step zeroes
   // it, cleared() says so again (a reduction may then overwrite it instead of adding).
-  void set_partition(at::Tensor partition);
+  // fresh: whether it holds nothing yet (false: a re-lay carried reduced gradients over).
+  void set_partition(at::Tensor partition, bool fresh = true);
   void cleared() { fresh_ = true; }
+  bool fresh() const { return fresh_; }
+  const at::Tensor& flat_grads() const { return flat_grads_; }  // stages 0-1
   // Whether the next reduction writes every element of the partition rather than adding to
   // it (a 16-bit partition filled by reduce-scatters), so that it need not be zeroed first.
   bool overwrites_partition() const;
@@ -73,6 +75,12 @@ class GradBuckets {
   // What the partition's values are still to be multiplied by to be averaged gradients: 1 for
   // an fp32 partition, 1/world (DeepSpeed's post-division) for a 16-bit one.
   double deferred_scale() const;
+  // The parameters in the order their gradients were first seen ready, since construction
+  // (reduced or not); parameters never seen come last, in reverse registration order.
+  std::vector<int> ready_order() const;
+  // Of the buckets the last finished backward reduced, how many were issued while gradients
+  // were still to come (the reductions that overlap backward, with overlap_comm).
+  int issued_during_backward() const { return issued_early_; }
 
  private:
   void launch_ready();
@@ -87,6 +95,7 @@ class GradBuckets {
   const FlatLayout& layout_;
   at::Tensor flat_grads_;
   std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> grad_views_;  // flat mode: params_[i].grad() must stay this view
   at::TensorOptions grad_options_;
   std::vector<at::Tensor> storage_;  // per bucket (per-bucket mode): until its launch
   std::vector<char> written_;        // per parameter (per-bucket mode): copied in this backward
@@ -102,6 +111,11 @@ class GradBuckets {
   std::vector<char> direct_;         // per bucket: results_ is the partition's own slice
   at::Tensor partition_;
   bool fresh_ = true;
+  std::vector<int> seen_order_;       // parameters, as first seen ready
+  std::vector<char> seen_;            // per parameter: in seen_order_
+  int ready_calls_ = 0;               // mark_ready calls this backward
+  std::vector<int> ready_at_launch_;  // per bucket: ready_calls_ when it was issued
+  int issued_early_ = 0;
 };
 
 }  // namespace dscpp::zero

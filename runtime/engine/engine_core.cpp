@@ -5,7 +5,6 @@
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <set>
@@ -216,15 +215,6 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   zo.check_overflow =
       config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
   zo.grad_dtype = gradient_partition_type();
-  // The bound a benchmark shows beside a real run: the same step with ZeRO's gradient
-  // reduction and parameter all-gathers left out (bench/gpt_table.sh's dSxNn rows).
-  if (const char* off = std::getenv("DSCPP_BENCH_NO_COMM"); off && std::string(off) == "1") {
-    zo.skip_collectives = true;
-    if (group_->rank() == 0)
-      std::cerr << "dscpp: DSCPP_BENCH_NO_COMM=1: ZeRO's gradient reduction and parameter "
-                   "all-gathers are skipped; the model does not train correctly, only the time "
-                   "of a step without them means something\n";
-  }
   // Parameter groups: each trainable parameter's group, by name.
   if (!client_.param_groups.empty()) {
     std::map<std::string, int> group_of_name;

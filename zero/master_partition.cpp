@@ -1,0 +1,112 @@
+// MasterPartition: see master_partition.h.
+#include "dscpp/zero/master_partition.h"
+
+#include <ATen/ATen.h>
+
+namespace dscpp::zero {
+
+MasterPartition::MasterPartition(const FlatLayout& layout, at::TensorOptions options,
+                                 std::unique_ptr<optim::Optimizer> optimizer,
+                                 at::ScalarType grad_dtype)
+    : layout_(layout),
+      master_(at::empty({layout.partition}, options.dtype(at::kFloat))),
+      grads_(at::zeros({layout.partition}, options.dtype(grad_dtype))),
+      optimizer_(std::move(optimizer)) {}
+
+void MasterPartition::add_shards(const std::vector<optim::Hyper>& group_options) {
+  for (size_t g = 0; g < layout_.groups.size(); ++g) {
+    const auto& gr = layout_.groups[g];
+    optimizer_->add_shard(master_.slice(0, gr.part_begin, gr.part_end),
+                          g < group_options.size() ? group_options[g] : optim::Hyper::object());
+  }
+}
+
+void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)>& relay) {
+  std::vector<std::pair<std::string, at::Tensor>> states;
+  for (const auto& name : state_names()) {
+    at::Tensor whole = state_partition(name);
+    if (whole.numel() == master_.numel()) states.emplace_back(name, relay(whole));
+  }
+  master_ = relay(master_);
+  grads_ = relay(grads_);
+  for (int g = 0; g < optimizer_->num_shards(); ++g) {
+    const auto& gr = layout_.groups[g];
+    // The shard is the optimizer's handle on the master: it follows the new storage.
+    optimizer_->shard(g).set_data(master_.slice(0, gr.part_begin, gr.part_end));
+    for (const auto& [name, t] : states)
+      optimizer_->state(g)[name] = t.slice(0, gr.part_begin, gr.part_end);
+  }
+}
+
+at::Tensor MasterPartition::local_sumsq() const {
+  return at::linalg_vector_norm(grads_, 2, c10::nullopt, false, at::kFloat).square();
+}
+
+void MasterPartition::apply_scale(const at::Tensor& scale) {
+  if (!optimizer_->fuses_grad_scale() && grads_.scalar_type() == at::kFloat) grads_.mul_(scale);
+}
+
+at::Tensor MasterPartition::update_grad(int64_t begin, int64_t end, const at::Tensor& scale) {
+  // fp32: already unscaled unless the optimizer fuses the scale. 16 bits: as it is for an
+  // optimizer that reads 16 bits and fuses the scale; otherwise widened (and unscaled) here,
+  // a range at a time, so no whole fp32 copy of the partition is ever made at stages 1-2.
+  at::Tensor grad = grads_.slice(0, begin, end);
+  if (grad.scalar_type() == at::kFloat) return grad;
+  const bool fused = optimizer_->fuses_grad_scale();
+  if (fused && optimizer_->reads_16bit_grads()) return grad;
+  grad = grad.to(at::kFloat);
+  if (!fused) grad.mul_(scale);
+  return grad;
+}
+
+void MasterPartition::update(const at::Tensor& scale) {
+  std::vector<at::Tensor> grads;
+  for (const auto& gr : layout_.groups)
+    grads.push_back(update_grad(gr.part_begin, gr.part_end, scale));
+  optimizer_->step(grads, optimizer_->fuses_grad_scale() ? scale : at::Tensor());
+}
+
+void MasterPartition::update_bucket(int b, const at::Tensor& scale, const at::Tensor& copy16) {
+  const auto& bucket = layout_.buckets[b];
+  const int64_t in_shard = bucket.part_offset - layout_.groups[bucket.group].part_begin;
+  optimizer_->update_range(
+      bucket.group, in_shard, in_shard + bucket.chunk,
+      update_grad(bucket.part_offset, bucket.part_offset + bucket.chunk, scale),
+      optimizer_->fuses_grad_scale() ? scale : at::Tensor(), copy16);
+}
+
+void MasterPartition::undo_step_count() {
+  for (int g = 0; g < optimizer_->num_shards(); ++g) --optimizer_->step_count(g);
+}
+
+void MasterPartition::clear_gradients(bool zero) {
+  if (zero) grads_.zero_();
+}
+
+std::vector<std::string> MasterPartition::state_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : optimizer_->state(0)) names.push_back(name);
+  return names;
+}
+
+at::Tensor MasterPartition::state_partition(const std::string& name) {
+  if (optimizer_->num_shards() == 1) return optimizer_->state(0).at(name);
+  std::vector<at::Tensor> parts;
+  for (int g = 0; g < optimizer_->num_shards(); ++g) parts.push_back(optimizer_->state(g).at(name));
+  return at::cat(parts);
+}
+
+void MasterPartition::load_state_partition(const std::string& name, const at::Tensor& values) {
+  for (int g = 0; g < optimizer_->num_shards(); ++g) {
+    const auto& gr = layout_.groups[g];
+    at::Tensor& dst = optimizer_->state(g).at(name);
+    at::Tensor src = values.slice(0, gr.part_begin, gr.part_end);
+    if (!dst.is_same(src)) dst.copy_(src);
+  }
+}
+
+void MasterPartition::set_step_count(int64_t steps) {
+  for (int g = 0; g < optimizer_->num_shards(); ++g) optimizer_->step_count(g) = steps;
+}
+
+}  // namespace dscpp::zero

@@ -1,0 +1,250 @@
+// ParamStore: see param_store.h.
+#include "dscpp/zero/param_store.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "dscpp/zero/relayout.h"
+
+namespace dscpp::zero {
+
+ParamStore::ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
+                       std::shared_ptr<comm::ProcessGroup> group)
+    : layout_(layout), group_(std::move(group)), params_(std::move(params)) {
+  const auto opts = params_.empty() ? at::TensorOptions().dtype(at::kFloat) : params_[0].options();
+  flat_params_ = at::zeros({layout_.total}, opts);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    param_shapes_.push_back(params_[i].sizes().vec());
+    const auto& lp = layout_.params[i];
+    at::Tensor view =
+        flat_params_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes());
+    view.copy_(params_[i].detach());
+    // The module's parameter now lives in the flat buffer.
+    params_[i].set_data(view);
+  }
+  // Every rank starts from rank 0's weights, as DeepSpeed broadcasts the model at init.
+  if (group_->size() > 1) group_->broadcast(flat_params_, 0).wait();
+}
+
+void ParamStore::keep_only_partition(const at::Tensor& master) {
+  part16_ = master.to(flat_params_.scalar_type());
+  buckets16_.resize(layout_.buckets.size());
+  for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
+  flat_params_ = at::Tensor();
+}
+
+void ParamStore::relayout(const FlatLayout& old) {
+  wait_all_published();
+  if (partitioned()) {
+    part16_ = relay_partition(old, layout_, part16_, chunk_rank(), *group_);
+    buckets16_.assign(layout_.buckets.size(), Gathered{});
+    return;
+  }
+  flat_params_ = relay_flat(old, layout_, flat_params_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& lp = layout_.params[i];
+    params_[i].set_data(
+        flat_params_.slice(0, lp.offset, lp.offset + lp.numel).view(param_shapes_[i]));
+  }
+}
+
+int ParamStore::chunk_rank() const {
+  return layout_.world_size == 1 ? 0 : group_->rank();
+}
+
+at::Tensor ParamStore::partition_chunk(const at::Tensor& partition, int b) const {
+  const auto& bucket = layout_.buckets[b];
+  return partition.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk);
+}
+
+at::Tensor ParamStore::chunk_destination(int b) {
+  if (partitioned()) return partition_chunk(part16_, b);
+  const auto& bucket = layout_.buckets[b];
+  const int64_t r = chunk_rank();
+  // NCCL all-gathers in place (the input at the rank's offset in the output); Gloo's is not
+  // documented to, so on the CPU the chunk goes through its own tensor there.
+  if (layout_.world_size == 1 || flat_params_.is_cuda())
+    return flat_params_.slice(0, bucket.begin + r * bucket.chunk,
+                              bucket.begin + (r + 1) * bucket.chunk);
+  return at::empty({bucket.chunk}, flat_params_.options());
+}
+
+comm::Work ParamStore::gather_chunks(at::Tensor whole, const at::Tensor& mine) {
+  const int64_t r = chunk_rank();
+  at::Tensor place = whole.slice(0, r * mine.numel(), (r + 1) * mine.numel());
+  const bool in_place = place.data_ptr() == mine.data_ptr();
+  if (layout_.world_size > 1 && group_->size() > 1) return group_->all_gather(whole, mine);
+  if (!in_place) place.copy_(mine);
+  return comm::Work();
+}
+
+comm::Work ParamStore::publish_bucket(int b, const at::Tensor& chunk16) {
+  if (partitioned()) {
+    // Only this rank's 16-bit chunk changes; the next gather spreads it. A bucket gathered
+    // now (persistent, or inside a GatheredParameters scope) is refreshed in place.
+    at::Tensor mine = partition_chunk(part16_, b);
+    if (mine.data_ptr() != chunk16.data_ptr()) mine.copy_(chunk16);
+    Gathered& g = buckets16_.at(b);
+    if (g.state == BucketState::kRest) return comm::Work();
+    finish_gather(b);
+    return gather_chunks(g.buffer, mine);
+  }
+  const auto& bucket = layout_.buckets[b];
+  // The collective keeps the chunk alive until it has run.
+  return gather_chunks(flat_params_.slice(0, bucket.begin, bucket.end), chunk16);
+}
+
+void ParamStore::publish(const at::Tensor& master) {
+  wait_all_published();
+  std::vector<comm::Work> works;
+  for (int b = 0; b < static_cast<int>(layout_.buckets.size()); ++b) {
+    at::Tensor chunk16 = chunk_destination(b);
+    chunk16.copy_(partition_chunk(master, b));
+    works.push_back(publish_bucket(b, chunk16));
+  }
+  for (auto& w : works) w.wait();
+}
+
+void ParamStore::copy_partition_into(at::Tensor& master) {
+  wait_all_published();
+  // Stage 3: the 16-bit partition is the parameters' truth.
+  if (partitioned()) {
+    master.copy_(part16_);
+    return;
+  }
+  const int64_t r = chunk_rank();
+  for (int b = 0; b < static_cast<int>(layout_.buckets.size()); ++b) {
+    const auto& bucket = layout_.buckets[b];
+    partition_chunk(master, b).copy_(flat_params_.slice(0, bucket.begin + r * bucket.chunk,
+                                                        bucket.begin + (r + 1) * bucket.chunk));
+  }
+}
+
+void ParamStore::defer(int b, comm::Work work) {
+  if (!work.defined()) return;
+  if (published_.size() < layout_.buckets.size()) published_.resize(layout_.buckets.size());
+  wait_published(b);
+  published_[b] = std::move(work);
+  ++pending_publishes_;
+}
+
+void ParamStore::wait_published(int b) {
+  if (pending_publishes_ == 0) return;
+  comm::Work& w = published_.at(b);
+  if (!w.defined()) return;
+  w.wait();
+  w = comm::Work();
+  --pending_publishes_;
+}
+
+void ParamStore::wait_all_published() {
+  for (size_t b = 0; pending_publishes_ > 0 && b < published_.size(); ++b)
+    wait_published(static_cast<int>(b));
+}
+
+bool ParamStore::gathered() const {
+  for (const auto& g : buckets16_)
+    if (g.state != BucketState::kGathered) return false;
+  return true;
+}
+
+ParamStore::BucketState ParamStore::bucket_state(int b) const {
+  return partitioned() ? buckets16_.at(b).state : BucketState::kGathered;
+}
+
+bool ParamStore::persistent(int b) const {
+  return partitioned() && buckets16_.at(b).persistent;
+}
+
+void ParamStore::start_gather(int b) {
+  if (!partitioned()) return;
+  Gathered& g = buckets16_.at(b);
+  if (g.state != BucketState::kRest) return;
+  const auto& bucket = layout_.buckets[b];
+  g.buffer = at::empty({bucket.end - bucket.begin}, part16_.options());
+  g.work = gather_chunks(g.buffer, partition_chunk(part16_, b));
+  g.state = BucketState::kInFlight;
+  if (!g.persistent) {
+    live_ += g.buffer.numel();
+    peak_live_ = std::max(peak_live_, live_);
+  }
+  ++gathers_;
+}
+
+void ParamStore::finish_gather(int b) {
+  if (!partitioned()) return;
+  Gathered& g = buckets16_.at(b);
+  if (g.state == BucketState::kGathered) return;
+  if (g.state == BucketState::kRest) start_gather(b);
+  g.work.wait();
+  g.work = comm::Work();
+  const auto& bucket = layout_.buckets[b];
+  for (int i : bucket.params) {
+    const auto& lp = layout_.params[i];
+    params_[i].set_data(
+        g.buffer.slice(0, lp.offset - bucket.begin, lp.offset - bucket.begin + lp.numel)
+            .view(param_shapes_[i]));
+  }
+  g.state = BucketState::kGathered;
+}
+
+void ParamStore::release_bucket(int b) {
+  if (!partitioned()) return;
+  Gathered& g = buckets16_.at(b);
+  if (g.state == BucketState::kRest) return;
+  if (g.state == BucketState::kInFlight) g.work.wait();  // a collective in flight keeps its buffer
+  g.work = comm::Work();
+  // A parameter at rest is an empty tensor of its dtype and device, as in DeepSpeed; the
+  // bucket's buffer is freed with the last view of it.
+  for (int i : layout_.buckets[b].params) params_[i].set_data(at::empty({0}, part16_.options()));
+  if (!g.persistent) live_ -= g.buffer.numel();
+  g.buffer = at::Tensor();
+  g.state = BucketState::kRest;
+}
+
+void ParamStore::make_persistent(int b) {
+  if (!partitioned()) return;
+  Gathered& g = buckets16_.at(b);
+  if (g.persistent) return;
+  if (g.state != BucketState::kRest) live_ -= g.buffer.numel();
+  g.persistent = true;
+  finish_gather(b);
+}
+
+void ParamStore::gather() {
+  wait_all_published();  // stages 1-2: a GatheredParameters scope reads the parameters
+  if (!partitioned()) return;
+  for (size_t b = 0; b < buckets16_.size(); ++b) start_gather(static_cast<int>(b));
+  for (size_t b = 0; b < buckets16_.size(); ++b) finish_gather(static_cast<int>(b));
+}
+
+void ParamStore::release() {
+  if (!partitioned()) return;
+  for (size_t b = 0; b < buckets16_.size(); ++b)
+    if (!buckets16_[b].persistent) release_bucket(static_cast<int>(b));
+}
+
+void ParamStore::scatter_gathered_from(int src_rank, at::Tensor& master) {
+  if (!partitioned()) return;
+  const int r = group_->rank();
+  for (size_t b = 0; b < buckets16_.size(); ++b) {
+    Gathered& g = buckets16_[b];
+    if (g.state == BucketState::kRest) continue;
+    finish_gather(static_cast<int>(b));
+    // Every rank takes src_rank's values, then keeps its own chunk of them.
+    if (group_->size() > 1) group_->broadcast(g.buffer, src_rank).wait();
+    const auto& bucket = layout_.buckets[b];
+    at::Tensor mine = g.buffer.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk);
+    partition_chunk(part16_, static_cast<int>(b)).copy_(mine);
+    partition_chunk(master, static_cast<int>(b)).copy_(mine);
+  }
+}
+
+int64_t ParamStore::params_numel_held() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  return n;
+}
+
+}  // namespace dscpp::zero

@@ -1,0 +1,109 @@
+// ZeRO's parameter store (DESIGN.md, "Parameter store"): where the trainable parameters live.
+// Stages 0-2: one flat buffer of the training type whose views are the module's parameters.
+// Stage 3: this rank's 16-bit chunks only (laid out as its partition); a parameter at rest
+// holds an empty tensor, and is gathered a bucket at a time (the bucket's chunks all-gathered
+// into a buffer of its own, its parameters views of it); persistent buckets stay gathered.
+// publish_bucket() is the one routine that writes an updated chunk back, at every stage; with
+// deferred all-gathers (stages 1-2) its collective stays in flight until wait_published().
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "dscpp/comm/process_group.h"
+#include "dscpp/zero/flat_layout.h"
+
+namespace dscpp::zero {
+
+class ParamStore {
+ public:
+  enum class BucketState { kRest, kInFlight, kGathered };
+
+  // params: the trainable parameters in registration order, in the training dtype and on the
+  // training device; they become views of the flat buffer, with rank 0's values on every rank
+  // (as DeepSpeed broadcasts the model at init). The layout must outlive the store.
+  ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
+             std::shared_ptr<comm::ProcessGroup> group);
+
+  // Stage 3, once: keeps this rank's chunks (from `master`, the fp32 partition) in 16 bits and
+  // releases the parameters and the flat buffer.
+  void keep_only_partition(const at::Tensor& master);
+  bool partitioned() const { return part16_.defined(); }
+  // After the layout changed from `old` (the re-lay after the first backward; every bucket at
+  // rest, no all-gather deferred): the parameters' values move to their new places.
+  // Collective at stage 3.
+  void relayout(const FlatLayout& old);
+
+  // Which chunk of every bucket this rank owns (0 where the layout has one partition).
+  int chunk_rank() const;
+  // Where this rank's updated 16-bit chunk of bucket b is to be written before
+  // publish_bucket(b, ...): its place in the partition (stage 3) or in the flat buffer (one
+  // partition, or a GPU, where NCCL all-gathers in place), else a tensor of its own.
+  at::Tensor chunk_destination(int b);
+  // Spreads bucket b's updated chunk: into every rank's flat buffer (stages 0-2; a copy with
+  // one partition, an all-gather otherwise), or into the partition, all-gathered again where
+  // the bucket is gathered now (stage 3). Returns the collective (undefined: none, or done).
+  comm::Work publish_bucket(int b, const at::Tensor& chunk16);
+  // Every bucket from the fp32 partition (after a step or a checkpoint load); waits.
+  void publish(const at::Tensor& master);
+  // The other way: this rank's chunks of the parameters into the fp32 partition.
+  void copy_partition_into(at::Tensor& master);
+
+  // Deferred all-gathers (stages 1-2): bucket b's publish left in flight until waited for.
+  void defer(int b, comm::Work work);
+  void wait_published(int b);
+  void wait_all_published();
+  bool publish_pending() const { return pending_publishes_ > 0; }
+
+  at::Tensor& flat_params() {  // stages 0-2
+    wait_all_published();
+    return flat_params_;
+  }
+  // Stage 3's gathering; no-ops at stages 0-2 (see ZeroOptimizer for the contract).
+  void gather();
+  void release();
+  bool gathered() const;
+  void start_gather(int b);
+  void finish_gather(int b);
+  void release_bucket(int b);
+  BucketState bucket_state(int b) const;
+  void make_persistent(int b);
+  bool persistent(int b) const;
+  int64_t live_numel() const { return live_; }
+  int64_t peak_live_numel() const { return peak_live_; }
+  // While gathered: every rank takes rank src's values into its partition, 16-bit and `master`.
+  void scatter_gathered_from(int src_rank, at::Tensor& master);
+  int64_t params_numel_held() const;
+  int64_t partition16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
+  int64_t gathers() const { return gathers_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  const std::vector<int64_t>& param_shape(size_t i) const { return param_shapes_.at(i); }
+
+ private:
+  // Fills `whole` (a bucket) with every rank's `mine` (its chunk): an all-gather, or a copy
+  // with one partition (an empty Work then).
+  comm::Work gather_chunks(at::Tensor whole, const at::Tensor& mine);
+  at::Tensor partition_chunk(const at::Tensor& partition, int b) const;
+
+  const FlatLayout& layout_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::vector<int64_t>> param_shapes_;
+  at::Tensor flat_params_;  // stages 0-2
+  at::Tensor part16_;       // stage 3: this rank's 16-bit chunks, laid out as its partition
+  struct Gathered {         // stage 3, per bucket
+    BucketState state = BucketState::kRest;
+    bool persistent = false;
+    at::Tensor buffer;  // the whole bucket while in flight or gathered
+    comm::Work work;
+  };
+  std::vector<Gathered> buckets16_;
+  int64_t live_ = 0, peak_live_ = 0;
+  int64_t gathers_ = 0;
+  std::vector<comm::Work> published_;  // per bucket: its deferred all-gather, until waited for
+  int pending_publishes_ = 0;
+};
+
+}  // namespace dscpp::zero
