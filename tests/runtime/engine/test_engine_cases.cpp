@@ -418,7 +418,7 @@ TEST(EngineCases, Stage3ParametersAreEmptyAtRestAndGatheredOnDemand) {
   EXPECT_EQ(zo.params_numel_held(), 0);
   // A change made in a modifier scope is what the next forward computes with.
   {
-    dscpp::zero::GatheredParameters edit(zo, /*modifier_rank=*/0);
+    auto edit = engine.gathered_parameters(model->parameters(), /*modifier_rank=*/0);
     at::NoGradGuard no_grad;
     model->a->weight.fill_(0.25);
   }
