@@ -15,11 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/error.h"
+
 namespace dscpp::comm {
 
-class CommError : public std::runtime_error {
+class CommError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };

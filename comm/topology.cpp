@@ -5,16 +5,17 @@
 
 #include <stdexcept>
 
+#include "dscpp/error.h"
+
 namespace dscpp::comm {
 
 Topology::Topology(std::vector<std::string> axes, std::vector<int> dims)
     : axes_(std::move(axes)), dims_(std::move(dims)) {
   if (axes_.size() != dims_.size() || axes_.empty())
-    throw std::invalid_argument("Topology: one size per axis, at least one axis");
+    throw dscpp::Error("Topology: one size per axis, at least one axis");
   for (size_t i = 0; i < dims_.size(); ++i) {
     if (dims_[i] < 1)
-      throw std::invalid_argument(
-          fmt::format("Topology: axis '{}' has size {}", axes_[i], dims_[i]));
+      throw dscpp::Error(fmt::format("Topology: axis '{}' has size {}", axes_[i], dims_[i]));
     world_size_ *= dims_[i];
   }
 }
@@ -22,7 +23,7 @@ Topology::Topology(std::vector<std::string> axes, std::vector<int> dims)
 size_t Topology::axis_index(const std::string& axis) const {
   for (size_t i = 0; i < axes_.size(); ++i)
     if (axes_[i] == axis) return i;
-  throw std::invalid_argument(fmt::format("Topology: no axis '{}'", axis));
+  throw dscpp::Error(fmt::format("Topology: no axis '{}'", axis));
 }
 
 int Topology::get_dim(const std::string& axis) const {
@@ -34,15 +35,14 @@ int Topology::get_rank(const std::map<std::string, int>& coord) const {
   for (size_t i = 0; i < axes_.size(); ++i) {
     auto it = coord.find(axes_[i]);
     if (it == coord.end() || it->second < 0 || it->second >= dims_[i])
-      throw std::invalid_argument(
-          fmt::format("Topology: bad or missing coordinate for '{}'", axes_[i]));
+      throw dscpp::Error(fmt::format("Topology: bad or missing coordinate for '{}'", axes_[i]));
     rank = rank * dims_[i] + it->second;
   }
   return rank;
 }
 
 std::map<std::string, int> Topology::get_coord(int rank) const {
-  if (rank < 0 || rank >= world_size_) throw std::invalid_argument("Topology: rank out of range");
+  if (rank < 0 || rank >= world_size_) throw dscpp::Error("Topology: rank out of range");
   std::map<std::string, int> coord;
   for (size_t i = axes_.size(); i-- > 0;) {
     coord[axes_[i]] = rank % dims_[i];

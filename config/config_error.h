@@ -5,13 +5,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "dscpp/error.h"
+
 namespace dscpp {
 
-class ConfigError : public std::runtime_error {
+class ConfigError : public Error {
  public:
   ConfigError(std::string path, const std::string& message)
-      : std::runtime_error(path.empty() ? message : path + ": " + message),
-        path_(std::move(path)) {}
+      : Error(path.empty() ? message : path + ": " + message), path_(std::move(path)) {}
   const std::string& path() const { return path_; }
 
  private:

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "dscpp/error.h"
+
 namespace dscpp::data {
 
 Batch make_batch(const EpochIndex& e, const BatchPlan& plan, int64_t b) {
@@ -23,14 +25,14 @@ Batch make_batch(const EpochIndex& e, const BatchPlan& plan, int64_t b) {
 
 DataLoader::DataLoader(std::shared_ptr<const GPTDataset> dataset, DataLoaderOptions options)
     : dataset_(std::move(dataset)), options_(options) {
-  if (!dataset_) throw std::runtime_error("DataLoader: no dataset");
+  if (!dataset_) throw dscpp::Error("DataLoader: no dataset");
   plan_ = {options_.micro_batch_size, options_.rank, options_.world_size};
   plan_.check();
   if (options_.num_epochs < 0 || options_.prefetch < 0 || options_.start_batch < 0)
-    throw std::runtime_error("DataLoader: num_epochs, prefetch and start_batch must be >= 0");
+    throw dscpp::Error("DataLoader: num_epochs, prefetch and start_batch must be >= 0");
   batches_per_epoch_ = plan_.batches(dataset_->samples_per_epoch());
   if (batches_per_epoch_ < 1)
-    throw std::runtime_error(
+    throw dscpp::Error(
         dataset_->data().prefix() + ": " + std::to_string(dataset_->samples_per_epoch()) +
         " samples per epoch give no micro-batch of " + std::to_string(plan_.micro_batch_size) +
         " to each of " + std::to_string(plan_.world_size) + " ranks");

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "dscpp/data/unicode_classes.h"
+#include "dscpp/error.h"
 
 namespace dscpp::data {
 
@@ -21,10 +22,10 @@ constexpr char32_t kInvalid = 0xFFFFFFFF;  // a byte that starts no valid UTF-8 
 
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open the " + what + " file");
+  if (!in) throw dscpp::Error(path + ": cannot open the " + what + " file");
   std::ostringstream s;
   s << in.rdbuf();
-  if (in.bad()) throw std::runtime_error(path + ": cannot read the " + what + " file");
+  if (in.bad()) throw dscpp::Error(path + ": cannot read the " + what + " file");
   return s.str();
 }
 
@@ -142,14 +143,14 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& m
   nlohmann::json vocab_json =
       nlohmann::json::parse(read_file(vocab_path, "vocabulary"), nullptr, false);
   if (vocab_json.is_discarded() || !vocab_json.is_object())
-    throw std::runtime_error(vocab_path + ": not a JSON object from token to id");
+    throw dscpp::Error(vocab_path + ": not a JSON object from token to id");
   std::unordered_map<std::string, int32_t> vocab;
   vocab.reserve(vocab_json.size());
   std::string bytes;
   for (const auto& [token, id_json] : vocab_json.items()) {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
         id_json.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      throw std::runtime_error(vocab_path + ": the id of '" + token + "' is not an int32 >= 0");
+      throw dscpp::Error(vocab_path + ": the id of '" + token + "' is not an int32 >= 0");
     auto id = id_json.get<int32_t>();
     vocab.emplace(token, id);
     id_to_bytes_[id] = spelling_to_bytes(token, bytes) ? bytes : token;
@@ -160,8 +161,8 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& m
     if (it == vocab.end()) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", b);
-      throw std::runtime_error(vocab_path + ": missing vocab entry '" +
-                               spell_byte(static_cast<unsigned char>(b)) + "' for byte " + hex);
+      throw dscpp::Error(vocab_path + ": missing vocab entry '" +
+                         spell_byte(static_cast<unsigned char>(b)) + "' for byte " + hex);
     }
     byte_id_[b] = it->second;
   }
@@ -177,14 +178,14 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& m
     size_t space = line.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string::npos)
-      throw std::runtime_error(merges_path + ":" + std::to_string(line_no) +
-                               ": expected 'left right', got '" + line + "'");
+      throw dscpp::Error(merges_path + ":" + std::to_string(line_no) +
+                         ": expected 'left right', got '" + line + "'");
     std::string left = line.substr(0, space), right = line.substr(space + 1);
     auto id_of = [&](const std::string& token) {
       auto it = vocab.find(token);
       if (it == vocab.end())
-        throw std::runtime_error(merges_path + ":" + std::to_string(line_no) +
-                                 ": missing vocab entry '" + token + "' in " + vocab_path);
+        throw dscpp::Error(merges_path + ":" + std::to_string(line_no) + ": missing vocab entry '" +
+                           token + "' in " + vocab_path);
       return static_cast<uint32_t>(it->second);
     };
     uint64_t key = uint64_t{id_of(left)} << 32 | id_of(right);
@@ -195,7 +196,7 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_path, const std::string& m
 }
 
 int32_t GPT2Tokenizer::eod() const {
-  if (eod_ < 0) throw std::runtime_error(vocab_path_ + ": missing vocab entry '<|endoftext|>'");
+  if (eod_ < 0) throw dscpp::Error(vocab_path_ + ": missing vocab entry '<|endoftext|>'");
   return eod_;
 }
 
@@ -336,7 +337,7 @@ std::string GPT2Tokenizer::decode(const std::vector<int32_t>& ids) const {
   for (int32_t id : ids) {
     auto it = id_to_bytes_.find(id);
     if (it == id_to_bytes_.end())
-      throw std::runtime_error(vocab_path_ + ": no token has id " + std::to_string(id));
+      throw dscpp::Error(vocab_path_ + ": no token has id " + std::to_string(id));
     out += it->second;
   }
   return out;

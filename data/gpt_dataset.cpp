@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "dscpp/error.h"
+
 namespace dscpp::data {
 
 namespace {
@@ -52,20 +54,20 @@ std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed) {
 
 GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, GPTDatasetOptions options)
     : data_(std::move(data)), options_(options) {
-  if (!data_) throw std::runtime_error("GPTDataset: no indexed dataset");
+  if (!data_) throw dscpp::Error("GPTDataset: no indexed dataset");
   if (options_.seq_length < 1)
-    throw std::runtime_error("GPTDataset: seq_length must be >= 1, got " +
-                             std::to_string(options_.seq_length));
+    throw dscpp::Error("GPTDataset: seq_length must be >= 1, got " +
+                       std::to_string(options_.seq_length));
   samples_per_epoch_ =
       data_->num_tokens() < 1 ? 0 : (data_->num_tokens() - 1) / options_.seq_length;
   if (samples_per_epoch_ < 1)
-    throw std::runtime_error(data_->prefix() + ": " + std::to_string(data_->num_tokens()) +
-                             " tokens cannot fill one sample of seq_length + 1 = " +
-                             std::to_string(options_.seq_length + 1));
+    throw dscpp::Error(data_->prefix() + ": " + std::to_string(data_->num_tokens()) +
+                       " tokens cannot fill one sample of seq_length + 1 = " +
+                       std::to_string(options_.seq_length + 1));
 }
 
 EpochIndex GPTDataset::epoch(int64_t e) const {
-  if (e < 0) throw std::runtime_error("GPTDataset: negative epoch " + std::to_string(e));
+  if (e < 0) throw dscpp::Error("GPTDataset: negative epoch " + std::to_string(e));
   EpochIndex index;
   index.data_ = data_;
   index.epoch_ = e;
@@ -88,8 +90,8 @@ EpochIndex GPTDataset::epoch(int64_t e) const {
 
 void EpochIndex::read_window(int64_t j, int64_t* out) const {
   if (j < 0 || j >= num_samples())
-    throw std::runtime_error(data_->prefix() + ": window " + std::to_string(j) +
-                             " out of range (epoch has " + std::to_string(num_samples()) + ")");
+    throw dscpp::Error(data_->prefix() + ": window " + std::to_string(j) +
+                       " out of range (epoch has " + std::to_string(num_samples()) + ")");
   int64_t pos = j * seq_length_, need = seq_length_ + 1;
   // The last entry starting at or before pos: past any empty sequences that start there too.
   auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, pos);
@@ -108,14 +110,14 @@ void EpochIndex::read_window(int64_t j, int64_t* out) const {
 
 void EpochIndex::read_sample(int64_t k, int64_t* out) const {
   if (k < 0 || k >= num_samples())
-    throw std::runtime_error(data_->prefix() + ": sample " + std::to_string(k) +
-                             " out of range (epoch has " + std::to_string(num_samples()) + ")");
+    throw dscpp::Error(data_->prefix() + ": sample " + std::to_string(k) +
+                       " out of range (epoch has " + std::to_string(num_samples()) + ")");
   read_window(sample_order_[static_cast<size_t>(k)], out);
 }
 
 void BatchPlan::check() const {
   if (micro_batch_size < 1 || world_size < 1 || rank < 0 || rank >= world_size)
-    throw std::runtime_error(
+    throw dscpp::Error(
         "data loader: need micro_batch_size >= 1 and 0 <= rank < "
         "world_size; got micro_batch_size " +
         std::to_string(micro_batch_size) + ", rank " + std::to_string(rank) + ", world_size " +
@@ -124,9 +126,9 @@ void BatchPlan::check() const {
 
 void read_batch(const EpochIndex& e, const BatchPlan& plan, int64_t b, int64_t* out) {
   if (b < 0 || b >= plan.batches(e.num_samples()))
-    throw std::runtime_error("data loader: batch " + std::to_string(b) + " out of range (rank " +
-                             std::to_string(plan.rank) + " has " +
-                             std::to_string(plan.batches(e.num_samples())) + " per epoch)");
+    throw dscpp::Error("data loader: batch " + std::to_string(b) + " out of range (rank " +
+                       std::to_string(plan.rank) + " has " +
+                       std::to_string(plan.batches(e.num_samples())) + " per epoch)");
   const int64_t row_size = e.seq_length() + 1;
   for (int64_t row = 0; row < plan.micro_batch_size; ++row)
     e.read_sample(plan.position(b, row), out + row * row_size);

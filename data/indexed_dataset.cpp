@@ -11,6 +11,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "dscpp/error.h"
+
 namespace dscpp::data {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -90,7 +92,7 @@ size_t dtype_size(DType t) {
     case DType::Float64:
       return 8;
   }
-  throw std::runtime_error("unknown dtype code " + std::to_string(static_cast<int>(t)));
+  throw dscpp::Error("unknown dtype code " + std::to_string(static_cast<int>(t)));
 }
 
 const char* dtype_name(DType t) {
@@ -133,11 +135,11 @@ std::string idx_path(const std::string& prefix) {
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, DType dtype)
     : prefix_(std::move(prefix)), dtype_(dtype) {
   if (!valid_code(static_cast<uint8_t>(dtype)) || is_float(dtype))
-    throw std::runtime_error(bin_path(prefix_) + ": tokens need an integer dtype, not " +
-                             dtype_name(dtype));
+    throw dscpp::Error(bin_path(prefix_) + ": tokens need an integer dtype, not " +
+                       dtype_name(dtype));
   std::string tmp = bin_path(prefix_) + ".tmp";
   bin_ = std::fopen(tmp.c_str(), "wb");
-  if (!bin_) throw std::runtime_error(tmp + ": cannot create: " + system_error());
+  if (!bin_) throw dscpp::Error(tmp + ": cannot create: " + system_error());
 }
 
 IndexedDatasetWriter::~IndexedDatasetWriter() {
@@ -149,17 +151,17 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
 
 template <typename T>
 void IndexedDatasetWriter::add(const T* tokens, size_t count) {
-  if (finished_) throw std::runtime_error(bin_path(prefix_) + ": add after finish()");
+  if (finished_) throw dscpp::Error(bin_path(prefix_) + ": add after finish()");
   if (count > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    throw std::runtime_error(bin_path(prefix_) + ": a sequence of " + std::to_string(count) +
-                             " tokens exceeds the int32 length field");
+    throw dscpp::Error(bin_path(prefix_) + ": a sequence of " + std::to_string(count) +
+                       " tokens exceeds the int32 length field");
   int64_t lo, hi;
   dtype_range(dtype_, lo, hi);
   for (size_t k = 0; k < count; ++k) {
     auto v = static_cast<int64_t>(tokens[k]);
     if (v < lo || v > hi)
-      throw std::runtime_error(bin_path(prefix_) + ": token " + std::to_string(v) +
-                               " does not fit dtype " + dtype_name(dtype_));
+      throw dscpp::Error(bin_path(prefix_) + ": token " + std::to_string(v) +
+                         " does not fit dtype " + dtype_name(dtype_));
     switch (dtype_) {
       case DType::UInt8:
         narrow_into<uint8_t>(buffer_, v);
@@ -193,7 +195,7 @@ void IndexedDatasetWriter::add_sequence(const int64_t* tokens, size_t count) {
 }
 
 void IndexedDatasetWriter::end_document() {
-  if (finished_) throw std::runtime_error(bin_path(prefix_) + ": add after finish()");
+  if (finished_) throw dscpp::Error(bin_path(prefix_) + ": add after finish()");
   doc_index_.push_back(static_cast<int64_t>(lengths_.size()));
 }
 
@@ -204,7 +206,7 @@ void IndexedDatasetWriter::add_document(const std::vector<int32_t>& tokens) {
 
 void IndexedDatasetWriter::flush() {
   if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), bin_) != buffer_.size())
-    throw std::runtime_error(bin_path(prefix_) + ".tmp: write failed: " + system_error());
+    throw dscpp::Error(bin_path(prefix_) + ".tmp: write failed: " + system_error());
   buffer_.clear();
 }
 
@@ -218,7 +220,7 @@ void IndexedDatasetWriter::finish() {
   bool ok = std::fflush(bin_) == 0 && ::fsync(::fileno(bin_)) == 0;
   ok = (std::fclose(bin_) == 0) && ok;
   bin_ = nullptr;
-  if (!ok) throw std::runtime_error(bin_tmp + ": write failed: " + system_error());
+  if (!ok) throw dscpp::Error(bin_tmp + ": write failed: " + system_error());
 
   std::string idx;
   idx.append(kMagic, sizeof kMagic);
@@ -237,15 +239,15 @@ void IndexedDatasetWriter::finish() {
   idx.append(reinterpret_cast<const char*>(doc_index_.data()), doc_index_.size() * sizeof(int64_t));
 
   std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
-  if (!f) throw std::runtime_error(idx_tmp + ": cannot create: " + system_error());
+  if (!f) throw dscpp::Error(idx_tmp + ": cannot create: " + system_error());
   ok = std::fwrite(idx.data(), 1, idx.size(), f) == idx.size() && std::fflush(f) == 0 &&
        ::fsync(::fileno(f)) == 0;
   ok = (std::fclose(f) == 0) && ok;
-  if (!ok) throw std::runtime_error(idx_tmp + ": write failed: " + system_error());
+  if (!ok) throw dscpp::Error(idx_tmp + ": write failed: " + system_error());
   if (std::rename(bin_tmp.c_str(), bin_path(prefix_).c_str()) != 0)
-    throw std::runtime_error(bin_path(prefix_) + ": cannot rename into place: " + system_error());
+    throw dscpp::Error(bin_path(prefix_) + ": cannot rename into place: " + system_error());
   if (std::rename(idx_tmp.c_str(), idx_path(prefix_).c_str()) != 0)
-    throw std::runtime_error(idx_path(prefix_) + ": cannot rename into place: " + system_error());
+    throw dscpp::Error(idx_path(prefix_) + ": cannot rename into place: " + system_error());
   finished_ = true;
 }
 
@@ -255,12 +257,12 @@ void IndexedDatasetWriter::finish() {
 
 IndexedDataset::Mapping::Mapping(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error(path + ": cannot open: " + system_error());
+  if (fd < 0) throw dscpp::Error(path + ": cannot open: " + system_error());
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     std::string e = system_error();
     ::close(fd);
-    throw std::runtime_error(path + ": cannot stat: " + e);
+    throw dscpp::Error(path + ": cannot stat: " + e);
   }
   size = static_cast<size_t>(st.st_size);
   if (size > 0) {
@@ -268,7 +270,7 @@ IndexedDataset::Mapping::Mapping(const std::string& path) {
     if (p == MAP_FAILED) {
       std::string e = system_error();
       ::close(fd);
-      throw std::runtime_error(path + ": cannot mmap: " + e);
+      throw dscpp::Error(path + ": cannot mmap: " + e);
     }
     data = static_cast<const unsigned char*>(p);
   }
@@ -281,7 +283,7 @@ IndexedDataset::Mapping::~Mapping() {
 
 namespace {
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
-  throw std::runtime_error(path + ": " + problem);
+  throw dscpp::Error(path + ": " + problem);
 }
 }  // namespace
 
@@ -352,9 +354,9 @@ int64_t IndexedDataset::document_index(int64_t d) const {
 void IndexedDataset::read(int64_t seq, int64_t offset, int64_t count, int64_t* out) const {
   if (seq < 0 || seq >= num_sequences_ || offset < 0 || count < 0 ||
       offset + count > sequence_length(seq))
-    throw std::runtime_error(bin_path(prefix_) + ": tokens [" + std::to_string(offset) + ", " +
-                             std::to_string(offset + count) + ") of sequence " +
-                             std::to_string(seq) + " are out of range");
+    throw dscpp::Error(bin_path(prefix_) + ": tokens [" + std::to_string(offset) + ", " +
+                       std::to_string(offset + count) + ") of sequence " + std::to_string(seq) +
+                       " are out of range");
   const unsigned char* src =
       bin_.data + sequence_pointer(seq) + offset * static_cast<int64_t>(dtype_size(dtype_));
   switch (dtype_) {
@@ -380,7 +382,7 @@ void IndexedDataset::read(int64_t seq, int64_t offset, int64_t count, int64_t* o
 
 std::vector<int64_t> IndexedDataset::sequence(int64_t seq) const {
   if (seq < 0 || seq >= num_sequences_)
-    throw std::runtime_error(bin_path(prefix_) + ": no sequence " + std::to_string(seq));
+    throw dscpp::Error(bin_path(prefix_) + ": no sequence " + std::to_string(seq));
   std::vector<int64_t> out(static_cast<size_t>(sequence_length(seq)));
   read(seq, 0, static_cast<int64_t>(out.size()), out.data());
   return out;

@@ -11,14 +11,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "dscpp/error.h"
 #include "dscpp/ops/kernel_launch.h"
 
 namespace dscpp::ops::cuda {
 
 inline void check(cudaError_t err, const char* call, const char* file, int line) {
   if (err != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
-                             cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
+    throw dscpp::Error(std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
+                       cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
 }
 #define DSCPP_KERNELS_CHECK(call) ::dscpp::ops::cuda::check((call), #call, __FILE__, __LINE__)
 
@@ -116,7 +117,7 @@ void dispatch(DType dtype, F&& f) {
       f(__nv_bfloat16{});
       return;
   }
-  throw std::invalid_argument("dscpp kernels: unknown DType");
+  throw dscpp::Error("dscpp kernels: unknown DType");
 }
 
 }  // namespace dscpp::ops::cuda

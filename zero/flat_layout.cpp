@@ -4,21 +4,23 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "dscpp/error.h"
+
 namespace dscpp::zero {
 
 FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
                              int64_t bucket_size, int64_t alignment,
                              const std::vector<int>& group_of, const std::vector<int>& unit_of) {
   if (world_size < 1 || bucket_size < 1 || alignment < 1)
-    throw std::invalid_argument("FlatLayout: world_size, bucket_size and alignment must be >= 1");
+    throw dscpp::Error("FlatLayout: world_size, bucket_size and alignment must be >= 1");
   if (!group_of.empty() && group_of.size() != numels.size())
-    throw std::invalid_argument("FlatLayout: a group for every parameter");
+    throw dscpp::Error("FlatLayout: a group for every parameter");
   if (!unit_of.empty() && unit_of.size() != numels.size())
-    throw std::invalid_argument("FlatLayout: a unit for every parameter");
+    throw dscpp::Error("FlatLayout: a unit for every parameter");
   auto unit = [&](int i) { return unit_of.empty() ? 0 : unit_of[i]; };
   int num_groups = 1;
   for (int g : group_of) {
-    if (g < 0) throw std::invalid_argument("FlatLayout: negative group");
+    if (g < 0) throw dscpp::Error("FlatLayout: negative group");
     num_groups = std::max(num_groups, g + 1);
   }
   FlatLayout l;

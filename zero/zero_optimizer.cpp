@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "dscpp/error.h"
 #include "dscpp/zero/grad_hooks.h"
 
 namespace dscpp::zero {
@@ -74,7 +75,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads_, params_, opts, group_, ro);
   hooks_ = register_ready_hooks(params_, [this](int i) { buckets_->mark_ready(i); });
   if (options_.grad_dtype != at::kFloat && options_.grad_dtype != opts.dtype().toScalarType())
-    throw std::invalid_argument(
+    throw dscpp::Error(
         "ZeroOptimizer: a 16-bit gradient partition must be of the "
         "parameters' type");
   // Allocated while the whole 16-bit model is still held (stage 3 releases it below): after

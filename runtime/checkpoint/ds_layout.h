@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/error.h"
+
 namespace dscpp::checkpoint {
 
-class CheckpointError : public std::runtime_error {
+class CheckpointError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 // The version of DeepSpeed whose format we write ("ds_version"; DeepSpeed parses it).

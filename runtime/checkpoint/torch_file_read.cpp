@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "dscpp/error.h"
 #include "dscpp/runtime/checkpoint/torch_format.h"
 #include "dscpp/runtime/checkpoint/zip_crc.h"
 
@@ -268,7 +269,7 @@ class Unpickler {
         default: {
           char buf[64];
           std::snprintf(buf, sizeof buf, "unsupported pickle opcode 0x%02x at byte %zu", c, at_pos);
-          throw std::runtime_error(buf);
+          throw dscpp::Error(buf);
         }
       }
     }
@@ -285,7 +286,7 @@ class Unpickler {
   std::map<std::string, at::Tensor> storages_;
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error("data.pkl: " + what + " (near byte " + std::to_string(pos_) + ")");
+    throw dscpp::Error("data.pkl: " + what + " (near byte " + std::to_string(pos_) + ")");
   }
   uint8_t u8() {
     if (pos_ >= data_.size()) fail("pickle ends before STOP (truncated)");
@@ -367,12 +368,11 @@ class Unpickler {
 
   static std::vector<int64_t> ints(const Obj& t, const char* what) {
     if (t.k != Obj::Tuple && t.k != Obj::List) {
-      throw std::runtime_error(std::string("data.pkl: ") + what + " is not a tuple");
+      throw dscpp::Error(std::string("data.pkl: ") + what + " is not a tuple");
     }
     std::vector<int64_t> v;
     for (const auto& x : t.items) {
-      if (x->k != Obj::Int)
-        throw std::runtime_error(std::string("data.pkl: ") + what + " not ints");
+      if (x->k != Obj::Int) throw dscpp::Error(std::string("data.pkl: ") + what + " not ints");
       v.push_back(x->i);
     }
     return v;
@@ -547,7 +547,7 @@ class Unpickler {
 };
 
 PyValue to_value(const Obj& o, int depth) {
-  if (depth > kMaxDepth) throw std::runtime_error("data.pkl: value nested too deeply (a cycle?)");
+  if (depth > kMaxDepth) throw dscpp::Error("data.pkl: value nested too deeply (a cycle?)");
   switch (o.k) {
     case Obj::None:
       return PyValue();
@@ -576,9 +576,9 @@ PyValue to_value(const Obj& o, int depth) {
       return d;
     }
     case Obj::Global:
-      throw std::runtime_error("data.pkl: holds the bare global " + o.s + "." + o.s2);
+      throw dscpp::Error("data.pkl: holds the bare global " + o.s + "." + o.s2);
     case Obj::Storage:
-      throw std::runtime_error("data.pkl: holds a bare storage");
+      throw dscpp::Error("data.pkl: holds a bare storage");
   }
   return PyValue();
 }
@@ -589,15 +589,15 @@ PyValue load_torch_file(const std::string& path) {
   try {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(path, ec)) {
-      throw std::runtime_error("no such file");
+      throw dscpp::Error("no such file");
     }
     caffe2::serialize::PyTorchStreamReader reader(path);
     if (reader.hasRecord("byteorder")) {
       auto [ptr, n] = reader.getRecord("byteorder");
       std::string order(static_cast<const char*>(ptr.get()), n);
-      if (order != "little") throw std::runtime_error("byteorder '" + order + "' not supported");
+      if (order != "little") throw dscpp::Error("byteorder '" + order + "' not supported");
     }
-    if (!reader.hasRecord("data.pkl")) throw std::runtime_error("no data.pkl record");
+    if (!reader.hasRecord("data.pkl")) throw dscpp::Error("no data.pkl record");
     auto [ptr, n] = reader.getRecord("data.pkl");
     std::string pkl(static_cast<const char*>(ptr.get()), n);
     const auto crcs = record_crcs(path);
@@ -606,7 +606,7 @@ PyValue load_torch_file(const std::string& path) {
     ObjP root = u.load();
     return to_value(*root, 0);
   } catch (const std::exception& e) {
-    throw std::runtime_error("dscpp: cannot read torch file '" + path + "': " + error_text(e));
+    throw dscpp::Error("dscpp: cannot read torch file '" + path + "': " + error_text(e));
   }
 }
 

@@ -233,8 +233,8 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     for (int g = 0; g < listed; ++g) {
       for (const auto& name : client_.param_groups[g].params) {
         if (!group_of_name.emplace(name, g).second)
-          throw std::invalid_argument("initialize: parameter '" + name +
-                                      "' is in more than one parameter group");
+          throw dscpp::Error("initialize: parameter '" + name +
+                             "' is in more than one parameter group");
       }
       zo.group_options.push_back(client_.param_groups[g].options);
     }
@@ -246,14 +246,13 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
       if (it != group_of_name.end()) group_of_name.erase(it);
     }
     if (!group_of_name.empty())
-      throw std::invalid_argument("initialize: parameter groups name '" +
-                                  group_of_name.begin()->first +
-                                  "', which is not a trainable parameter of the module");
+      throw dscpp::Error("initialize: parameter groups name '" + group_of_name.begin()->first +
+                         "', which is not a trainable parameter of the module");
     if (unlisted) zo.group_options.push_back(nlohmann::json::object());
   }
   auto optimizer =
       config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
-  if (!optimizer) throw std::invalid_argument("initialize: the client optimizer factory gave null");
+  if (!optimizer) throw dscpp::Error("initialize: the client optimizer factory gave null");
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
   if (layered_) z.stage == 3 ? start_layer_gather() : start_publish_waits();

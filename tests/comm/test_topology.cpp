@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "dscpp/comm/topology.h"
+#include "dscpp/error.h"
 
 using dscpp::comm::Topology;
 
@@ -27,9 +28,9 @@ TEST(Topology, AxisListsMatchDeepSpeed) {
 }
 
 TEST(Topology, BadInputIsAnError) {
-  EXPECT_THROW(Topology({"a"}, {0}), std::invalid_argument);
-  EXPECT_THROW(Topology({"a", "b"}, {2}), std::invalid_argument);
+  EXPECT_THROW(Topology({"a"}, {0}), dscpp::Error);
+  EXPECT_THROW(Topology({"a", "b"}, {2}), dscpp::Error);
   Topology t({"data"}, {4});
-  EXPECT_THROW(t.get_axis_comm_lists("pipe"), std::invalid_argument);
-  EXPECT_THROW(t.get_coord(4), std::invalid_argument);
+  EXPECT_THROW(t.get_axis_comm_lists("pipe"), dscpp::Error);
+  EXPECT_THROW(t.get_coord(4), dscpp::Error);
 }

@@ -19,6 +19,8 @@
 
 #include "dscpp/dscpp.h"
 #include "dscpp/nn/layer_module.h"
+#include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/precision/loss_scaler.h"
 #include "dscpp/zero/gathered_parameters.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -96,10 +98,10 @@ class EngineApi : public ::testing::Test {
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::exception& e) {
+  } catch (const dscpp::Error& e) {
     return e.what();
   }
-  return "(no exception)";
+  return "(no dscpp::Error)";
 }
 
 }  // namespace
@@ -331,4 +333,17 @@ TEST(EngineApiGathered, ModifierRankOutsideTheGroupIsAnError) {
   auto e = dscpp::initialize(m, config(3));
   const std::string err = error_of([&] { e.gathered_parameters({m->a->weight}, 1); });
   EXPECT_NE(err.find("modifier_rank 1 is not a rank"), std::string::npos) << err;
+}
+
+// One type catches every error the library throws.
+TEST(EngineApiErrors, EveryLibraryErrorDerivesFromDscppError) {
+  static_assert(std::is_base_of_v<dscpp::Error, dscpp::ConfigError>);
+  static_assert(std::is_base_of_v<dscpp::Error, dscpp::comm::CommError>);
+  static_assert(std::is_base_of_v<dscpp::Error, dscpp::checkpoint::CheckpointError>);
+  static_assert(std::is_base_of_v<dscpp::Error, dscpp::LossScaleAtMinimumError>);
+  Net m;
+  EXPECT_THROW(dscpp::initialize(m, json{{"train_batch_size", 4}}), dscpp::Error);  // no optimizer
+  dscpp::InitArgs args;
+  args.param_groups.push_back({{"no.such.parameter"}, json::object()});
+  EXPECT_THROW(dscpp::initialize(m, config(0), args), dscpp::Error);
 }

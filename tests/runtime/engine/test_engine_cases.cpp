@@ -477,7 +477,7 @@ TEST(EngineCases, ParameterGroupsTrainAsTorchAdamWGroupsDo) {
   TwoLayer model;
   dscpp::InitArgs bad;
   bad.param_groups.push_back({{"a.weight", "nope"}, {}});
-  EXPECT_THROW(dscpp::initialize(model, base_config(), bad), std::invalid_argument);
+  EXPECT_THROW(dscpp::initialize(model, base_config(), bad), dscpp::Error);
 }
 
 // overlap_comm keeps at most two bucket reductions in flight (DeepSpeed's double-buffered
