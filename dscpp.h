@@ -3,4 +3,5 @@
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/ds_config.h"
+#include "dscpp/error.h"
 #include "dscpp/runtime/engine/engine.h"

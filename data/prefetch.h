@@ -18,6 +18,8 @@
 #include <thread>
 #include <utility>
 
+#include "dscpp/error.h"
+
 namespace dscpp::data {
 
 template <typename T>
@@ -26,7 +28,7 @@ class Prefetcher {
   using Producer = std::function<std::optional<T>()>;
 
   Prefetcher(Producer produce, size_t depth) : produce_(std::move(produce)), depth_(depth) {
-    if (depth_ < 1) throw std::invalid_argument("Prefetcher: depth must be >= 1");
+    if (depth_ < 1) throw dscpp::Error("Prefetcher: depth must be >= 1");
     thread_ = std::thread([this] { run(); });
   }
 

@@ -251,7 +251,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   auto engine = dscpp::initialize(model, ds_config, std::move(init));
   const double init_s = seconds_since(init_start);
   const int rank = engine.global_rank(), world = engine.world_size();
-  const auto& ds = engine.core().config();
+  const auto& ds = engine.config();
 
   int64_t first = 0;
   if (!args.load.empty()) {
@@ -300,7 +300,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                      cfg.num_parameters() / 1e6, cfg.num_layers, cfg.hidden_size,
                      cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size, world,
                      engine.device().str(), engine.zero_optimization_stage(),
-                     at::toString(engine.core().dtype()), ds.train_batch_size, mb, ga, world,
+                     at::toString(engine.dtype()), ds.train_batch_size, mb, ga, world,
                      indexed->num_tokens(), loader.batches_per_epoch())
               << fmt::format(
                      "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
@@ -386,7 +386,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
     if (done % args.log_interval == 0 || done == args.train_iters) {
       // One all-reduce per log line: the mean loss over ranks, micro-batches and steps.
       at::Tensor l = interval_loss / interval_steps;
-      engine.core().group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
+      engine.data_parallel_group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tokens_per_s = timed_steps * tokens_per_step / secs;

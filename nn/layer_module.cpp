@@ -5,6 +5,8 @@
 #include <memory>
 #include <stdexcept>
 
+#include "dscpp/error.h"
+
 namespace dscpp::nn {
 
 namespace {
@@ -36,7 +38,7 @@ LayerModuleImpl::LayerModuleImpl(const std::vector<LayerSpec>& specs) {
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& spec = specs[i];
     const auto& module = layers_[i].module;
-    if (spec.name.empty()) throw std::invalid_argument("LayerModule: a layer spec without a name");
+    if (spec.name.empty()) throw dscpp::Error("LayerModule: a layer spec without a name");
     auto [it, fresh] = registered.emplace(module.get(), spec.name);
     if (fresh) {
       const size_t dot = spec.name.rfind('.');

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dscpp/error.h"
 #include "dscpp/ops/cuda_check.h"
 #include "dscpp/ops/kernel_launch.h"
 
@@ -110,7 +111,7 @@ void dispatch(DType dtype, F&& f) {
       f(__nv_bfloat16{});
       return;
   }
-  throw std::invalid_argument("dscpp kernels: unknown DType");
+  throw Error("dscpp kernels: unknown DType");
 }
 
 }  // namespace dscpp::ops::cuda

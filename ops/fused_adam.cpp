@@ -9,6 +9,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "dscpp/error.h"
 #include "dscpp/ops/fused_adam_kernel.h"
 
 namespace dscpp::ops::cuda {
@@ -16,27 +17,25 @@ namespace {
 
 void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& param,
                   bool sixteen_bit_ok = false, bool fp32_ok = true) {
-  if (!t.defined())
-    throw std::invalid_argument(fmt::format("fused_adam_step: {} is undefined", what));
+  if (!t.defined()) throw dscpp::Error(fmt::format("fused_adam_step: {} is undefined", what));
   if (!t.is_cuda())
-    throw std::invalid_argument(
+    throw dscpp::Error(
         fmt::format("fused_adam_step: {} is on {}, not a CUDA device", what, t.device().str()));
   const auto type = t.scalar_type();
   const bool sixteen = type == at::kBFloat16 || type == at::kHalf;
   if (!(fp32_ok && type == at::kFloat) && !(sixteen_bit_ok && sixteen))
-    throw std::invalid_argument(fmt::format("fused_adam_step: {} is {}, not {}", what,
-                                            c10::toString(type),
-                                            !fp32_ok         ? "bf16 or fp16"
-                                            : sixteen_bit_ok ? "fp32, bf16 or fp16"
-                                                             : "fp32"));
+    throw dscpp::Error(fmt::format("fused_adam_step: {} is {}, not {}", what, c10::toString(type),
+                                   !fp32_ok         ? "bf16 or fp16"
+                                   : sixteen_bit_ok ? "fp32, bf16 or fp16"
+                                                    : "fp32"));
   if (!t.is_contiguous())
-    throw std::invalid_argument(fmt::format("fused_adam_step: {} is not contiguous", what));
+    throw dscpp::Error(fmt::format("fused_adam_step: {} is not contiguous", what));
   if (t.device() != param.device())
-    throw std::invalid_argument(fmt::format("fused_adam_step: {} is on {}, param on {}", what,
-                                            t.device().str(), param.device().str()));
+    throw dscpp::Error(fmt::format("fused_adam_step: {} is on {}, param on {}", what,
+                                   t.device().str(), param.device().str()));
   if (t.numel() != param.numel())
-    throw std::invalid_argument(fmt::format("fused_adam_step: {} has {} elements, param {}", what,
-                                            t.numel(), param.numel()));
+    throw dscpp::Error(fmt::format("fused_adam_step: {} has {} elements, param {}", what, t.numel(),
+                                   param.numel()));
 }
 
 }  // namespace
@@ -47,8 +46,7 @@ void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
   check_tensor(grad, "grad", param, /*sixteen_bit_ok=*/true);
   check_tensor(exp_avg, "exp_avg", param);
   check_tensor(exp_avg_sq, "exp_avg_sq", param);
-  if (a.step < 1)
-    throw std::invalid_argument(fmt::format("fused_adam_step: step is {}, not >= 1", a.step));
+  if (a.step < 1) throw dscpp::Error(fmt::format("fused_adam_step: step is {}, not >= 1", a.step));
   if (param.numel() == 0) return;
 
   const double step = static_cast<double>(a.step);
@@ -71,7 +69,7 @@ void fused_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_
     const at::Tensor& gs = *a.grad_scale;
     if (!gs.defined() || gs.numel() != 1 || gs.scalar_type() != at::kFloat ||
         gs.device() != param.device())
-      throw std::invalid_argument(
+      throw dscpp::Error(
           "fused_adam_step: grad_scale must be one fp32 element on the param's device");
     grad_scale = gs.data_ptr<float>();
   }

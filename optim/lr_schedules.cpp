@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dscpp/config/config_error.h"
+#include "dscpp/error.h"
 #include "dscpp/optim/param_reader.h"
 
 namespace dscpp::optim {
@@ -32,7 +33,7 @@ nlohmann::json LRScheduler::state_dict() const {
 void LRScheduler::load_state_dict(const nlohmann::json& state) {
   if (!state.is_object() || !state.contains("last_batch_iteration") ||
       !state["last_batch_iteration"].is_number_integer())
-    throw std::invalid_argument("LR scheduler state needs an integer last_batch_iteration");
+    throw dscpp::Error("LR scheduler state needs an integer last_batch_iteration");
   last_batch_iteration_ = state["last_batch_iteration"].get<int64_t>();
   apply();
 }

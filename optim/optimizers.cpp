@@ -20,6 +20,7 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/optim/param_reader.h"
 #ifdef DSCPP_CUDA
+#include "dscpp/error.h"
 #include "dscpp/ops/fused_adam.h"
 #endif
 
@@ -28,9 +29,9 @@ namespace dscpp::optim {
 int Optimizer::add_shard(at::Tensor param, const Hyper& overrides) {
   if (!param.defined() || param.dim() != 1 || param.scalar_type() != at::kFloat ||
       !param.is_contiguous())
-    throw std::invalid_argument(name() + ": a shard is a contiguous 1-D fp32 tensor");
+    throw dscpp::Error(name() + ": a shard is a contiguous 1-D fp32 tensor");
   if (!overrides.is_object())
-    throw std::invalid_argument(name() + ": a shard's overrides are a JSON object");
+    throw dscpp::Error(name() + ": a shard's overrides are a JSON object");
   const int index = num_shards();
   Hyper merged = defaults_;
   for (const auto& [key, value] : overrides.items()) merged[key] = value;
@@ -46,14 +47,14 @@ int Optimizer::add_shard(at::Tensor param, const Hyper& overrides) {
 
 void Optimizer::step(const std::vector<at::Tensor>& grads, const at::Tensor& grad_scale) {
   if (grad_scale.defined() && !fuses_grad_scale())
-    throw std::invalid_argument(name() + ": this optimizer takes no grad_scale");
+    throw dscpp::Error(name() + ": this optimizer takes no grad_scale");
   if (grads.size() != shards_.size())
-    throw std::invalid_argument(
+    throw dscpp::Error(
         fmt::format("{}: {} gradients for {} shards", name(), grads.size(), shards_.size()));
   for (size_t i = 0; i < grads.size(); ++i)
     if (!grads[i].defined() || grads[i].numel() != shards_[i].param.numel() ||
         !gradient_type(grads[i]))
-      throw std::invalid_argument(fmt::format(
+      throw dscpp::Error(fmt::format(
           "{}: gradient {} is not an fp32, bf16 or fp16 tensor of the shard's size", name(), i));
   for (size_t i = 0; i < grads.size(); ++i) {
     Shard& s = shards_[i];
@@ -75,7 +76,7 @@ at::Tensor Optimizer::as_read(const at::Tensor& grad) const {
 }
 
 void Optimizer::begin_step() {
-  if (!elementwise()) throw std::logic_error(name() + ": not elementwise, cannot step in ranges");
+  if (!elementwise()) throw dscpp::Error(name() + ": not elementwise, cannot step in ranges");
   for (Shard& s : shards_) {
     if (s.state.empty() && s.steps == 0) init_state(s);
     ++s.steps;
@@ -85,19 +86,19 @@ void Optimizer::begin_step() {
 void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Tensor& grad,
                              const at::Tensor& grad_scale, const at::Tensor& param_copy) {
   if (grad_scale.defined() && !fuses_grad_scale())
-    throw std::invalid_argument(name() + ": this optimizer takes no grad_scale");
+    throw dscpp::Error(name() + ": this optimizer takes no grad_scale");
   Shard& s = shards_.at(shard);
   if (begin < 0 || end > s.param.numel() || begin > end || grad.numel() != end - begin ||
       !gradient_type(grad))
-    throw std::invalid_argument(
+    throw dscpp::Error(
         fmt::format("{}: range [{}, {}) of shard {} ({} elements) with a gradient of {} elements",
                     name(), begin, end, shard, s.param.numel(), grad.numel()));
   // A shard of views: the update writes through them into the shard and its state.
   Shard part{s.param.slice(0, begin, end), s.hyper, {}, s.steps};
   for (auto& [key, t] : s.state) part.state[key] = t.slice(0, begin, end);
   if (param_copy.defined() && param_copy.numel() != end - begin)
-    throw std::invalid_argument(fmt::format("{}: param_copy of {} elements for a range of {}",
-                                            name(), param_copy.numel(), end - begin));
+    throw dscpp::Error(fmt::format("{}: param_copy of {} elements for a range of {}", name(),
+                                   param_copy.numel(), end - begin));
   const bool writes = param_copy.defined() && writes_param_copy(param_copy);
   grad_scale_ = grad_scale.defined() ? &grad_scale : nullptr;
   param_copy_ = writes ? &param_copy : nullptr;

@@ -8,6 +8,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "dscpp/error.h"
+
 namespace dscpp::zero {
 
 struct AsyncScalarRead::State {
@@ -21,7 +23,7 @@ AsyncScalarRead::~AsyncScalarRead() = default;
 
 void AsyncScalarRead::start(const at::Tensor& value) {
   if (value.numel() != 1 || value.scalar_type() != at::kDouble)
-    throw std::invalid_argument("AsyncScalarRead: the value must be one float64 element");
+    throw dscpp::Error("AsyncScalarRead: the value must be one float64 element");
   State& s = *state_;
   const c10::Device device = value.device();
   if (device.is_cpu()) {
@@ -39,7 +41,7 @@ void AsyncScalarRead::start(const at::Tensor& value) {
 
 double AsyncScalarRead::read() {
   State& s = *state_;
-  if (!s.pending) throw std::logic_error("AsyncScalarRead: read() without start()");
+  if (!s.pending) throw dscpp::Error("AsyncScalarRead: read() without start()");
   if (s.copied) s.copied->synchronize();
   s.pending = false;
   return s.host.item<double>();

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "dscpp/error.h"
+
 namespace dscpp::zero {
 
 FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
@@ -11,11 +13,11 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
                              const std::vector<int>& group_of, const std::vector<int>& unit_of,
                              const std::vector<int>& ready_order) {
   if (world_size < 1 || bucket_size < 1 || alignment < 1)
-    throw std::invalid_argument("FlatLayout: world_size, bucket_size and alignment must be >= 1");
+    throw dscpp::Error("FlatLayout: world_size, bucket_size and alignment must be >= 1");
   if (!group_of.empty() && group_of.size() != numels.size())
-    throw std::invalid_argument("FlatLayout: a group for every parameter");
+    throw dscpp::Error("FlatLayout: a group for every parameter");
   if (!unit_of.empty() && unit_of.size() != numels.size())
-    throw std::invalid_argument("FlatLayout: a unit for every parameter");
+    throw dscpp::Error("FlatLayout: a unit for every parameter");
   auto unit = [&](int i) { return unit_of.empty() ? 0 : unit_of[i]; };
   // Each parameter's place in the ready order (reverse registration order by default).
   const int n = static_cast<int>(numels.size());
@@ -23,19 +25,19 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int world_size,
   for (int i = 0; i < n; ++i) when[i] = n - 1 - i;
   if (!ready_order.empty()) {
     if (static_cast<int>(ready_order.size()) != n)
-      throw std::invalid_argument("FlatLayout: a ready order must name every parameter once");
+      throw Error("FlatLayout: a ready order must name every parameter once");
     std::vector<char> seen(n, 0);
     for (int k = 0; k < n; ++k) {
       const int i = ready_order[k];
       if (i < 0 || i >= n || seen[i])
-        throw std::invalid_argument("FlatLayout: a ready order must name every parameter once");
+        throw Error("FlatLayout: a ready order must name every parameter once");
       seen[i] = 1;
       when[i] = k;
     }
   }
   int num_groups = 1;
   for (int g : group_of) {
-    if (g < 0) throw std::invalid_argument("FlatLayout: negative group");
+    if (g < 0) throw dscpp::Error("FlatLayout: negative group");
     num_groups = std::max(num_groups, g + 1);
   }
   FlatLayout l;

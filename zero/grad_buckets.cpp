@@ -6,6 +6,8 @@
 
 #include <utility>
 
+#include "dscpp/error.h"
+
 namespace dscpp::zero {
 
 GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
@@ -92,7 +94,7 @@ void GradBuckets::begin(bool reduce) {
   // Per-bucket storage exists only while a bucket waits for its collective: a micro-step
   // that does not reduce would have nowhere to keep its gradients.
   if (per_bucket() && !reduce)
-    throw std::logic_error("GradBuckets: per-bucket gradient storage reduces every micro-step");
+    throw dscpp::Error("GradBuckets: per-bucket gradient storage reduces every micro-step");
   reducing_ = reduce;
   next_launch_ = next_complete_ = 0;
   ready_calls_ = 0;

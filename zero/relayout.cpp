@@ -5,6 +5,8 @@
 
 #include <stdexcept>
 
+#include "dscpp/error.h"
+
 namespace dscpp::zero {
 
 namespace {
@@ -31,9 +33,9 @@ at::Tensor partition_of(const FlatLayout& l, const at::Tensor& flat, int rank) {
 
 at::Tensor relay_flat(const FlatLayout& from, const FlatLayout& to, const at::Tensor& flat) {
   if (from.params.size() != to.params.size() || flat.numel() != from.total)
-    throw std::invalid_argument("relay_flat: layouts of different parameters, or a buffer of " +
-                                std::to_string(flat.numel()) + " elements for a layout of " +
-                                std::to_string(from.total));
+    throw Error("relay_flat: layouts of different parameters, or a buffer of " +
+                std::to_string(flat.numel()) + " elements for a layout of " +
+                std::to_string(from.total));
   at::Tensor out = at::zeros({to.total}, flat.options());
   for (size_t i = 0; i < to.params.size(); ++i) {
     const auto& a = from.params[i];
@@ -46,7 +48,7 @@ at::Tensor relay_flat(const FlatLayout& from, const FlatLayout& to, const at::Te
 at::Tensor relay_partition(const FlatLayout& from, const FlatLayout& to, const at::Tensor& part,
                            int rank, comm::ProcessGroup& group) {
   if (from.world_size != to.world_size)
-    throw std::invalid_argument("relay_partition: layouts of different world sizes");
+    throw Error("relay_partition: layouts of different world sizes");
   if (from.world_size == 1) return relay_flat(from, to, part);
   at::Tensor all = at::empty({from.world_size * from.partition}, part.options());
   group.all_gather(all, part.contiguous()).wait();

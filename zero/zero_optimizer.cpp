@@ -8,6 +8,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "dscpp/error.h"
 #include "dscpp/zero/grad_hooks.h"
 #include "dscpp/zero/relayout.h"
 #include "dscpp/zero/step_scale.h"
@@ -27,7 +28,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
                               options_.group_of, options_.unit_of);
   const auto opts = params.empty() ? at::TensorOptions().dtype(at::kFloat) : params[0].options();
   if (options_.grad_dtype != at::kFloat && options_.grad_dtype != opts.dtype().toScalarType())
-    throw std::invalid_argument(
+    throw Error(
         "ZeroOptimizer: a 16-bit gradient partition must be of the "
         "parameters' type");
 

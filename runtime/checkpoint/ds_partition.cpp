@@ -6,15 +6,16 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include "dscpp/runtime/checkpoint/ds_layout.h"
 
 namespace dscpp::checkpoint {
 
 DsLayout DsLayout::build(const std::vector<int64_t>& numels, int world_size,
                          const std::vector<int64_t>& paddings) {
-  if (world_size < 1) throw std::invalid_argument("DsLayout: world_size must be >= 1");
+  if (world_size < 1) throw CheckpointError("DsLayout: world_size must be >= 1");
   if (!paddings.empty() && paddings.size() != numels.size()) {
-    throw std::invalid_argument("DsLayout: " + std::to_string(paddings.size()) + " paddings for " +
-                                std::to_string(numels.size()) + " parameters");
+    throw CheckpointError("DsLayout: " + std::to_string(paddings.size()) + " paddings for " +
+                          std::to_string(numels.size()) + " parameters");
   }
   DsLayout ds;
   ds.numels = numels;
@@ -32,7 +33,7 @@ DsLayout DsLayout::build(const std::vector<int64_t>& numels, int world_size,
 }
 
 DsLayout DsLayout::build_stage3(const std::vector<int64_t>& numels, int world_size) {
-  if (world_size < 1) throw std::invalid_argument("DsLayout: world_size must be >= 1");
+  if (world_size < 1) throw CheckpointError("DsLayout: world_size must be >= 1");
   DsLayout ds;
   ds.numels = numels;
   ds.world_size = world_size;
@@ -71,9 +72,8 @@ at::Tensor to_ds_partition(const zero::FlatLayout& ours, const DsLayout& ds,
                            const at::Tensor& partition, comm::ProcessGroup& group) {
   const int r = group.rank();
   if (ds.world_size != group.size()) {
-    throw std::invalid_argument("to_ds_partition: DeepSpeed layout for " +
-                                std::to_string(ds.world_size) + " ranks in a group of " +
-                                std::to_string(group.size()));
+    throw CheckpointError("to_ds_partition: DeepSpeed layout for " + std::to_string(ds.world_size) +
+                          " ranks in a group of " + std::to_string(group.size()));
   }
   at::Tensor out = at::zeros({ds.held(r)}, partition.options().dtype(at::kFloat));
   const auto segments = ds.segments(r);
@@ -101,15 +101,15 @@ at::Tensor to_ds_partition(const zero::FlatLayout& ours, const DsLayout& ds,
 void from_ds_partition(const zero::FlatLayout& ours, int rank, const DsLayout& ds, int file_rank,
                        const at::Tensor& saved, at::Tensor& partition) {
   if (saved.numel() > ds.partition) {
-    throw std::runtime_error("partition " + std::to_string(file_rank) + " holds " +
-                             std::to_string(saved.numel()) + " elements, more than its " +
-                             std::to_string(ds.partition));
+    throw CheckpointError("partition " + std::to_string(file_rank) + " holds " +
+                          std::to_string(saved.numel()) + " elements, more than its " +
+                          std::to_string(ds.partition));
   }
   at::Tensor src_all = saved.detach().to(partition.device(), at::kFloat);
   for (const auto& s : ds.segments(file_rank)) {
     if (s.at + s.count > saved.numel())
-      throw std::runtime_error("partition " + std::to_string(file_rank) + " is shorter (" +
-                               std::to_string(saved.numel()) + " elements) than its layout");
+      throw CheckpointError("partition " + std::to_string(file_rank) + " is shorter (" +
+                            std::to_string(saved.numel()) + " elements) than its layout");
     const auto& p = ours.params[s.param];
     const auto& b = ours.buckets[p.bucket];
     const int64_t own = b.begin + rank * b.chunk;  // our chunk of this bucket: [own, own+chunk)

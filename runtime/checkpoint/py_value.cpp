@@ -1,6 +1,7 @@
 // PyValue: the Python values a torch file holds (see torch_file.h).
 #include <stdexcept>
 
+#include "dscpp/error.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
 
 namespace dscpp::checkpoint {
@@ -89,7 +90,7 @@ nlohmann::json PyValue::to_json() const {
     case Kind::Tensor:
       break;
   }
-  throw std::runtime_error("a tensor has no JSON form");
+  throw dscpp::Error("a tensor has no JSON form");
 }
 
 std::vector<int64_t> PyValue::as_ints() const {
@@ -132,8 +133,8 @@ const char* PyValue::kind_name() const {
 
 void PyValue::require(Kind k, const char* what) const {
   if (kind_ != k) {
-    throw std::runtime_error(std::string("dscpp::checkpoint::PyValue: expected ") + what +
-                             ", got " + kind_name());
+    throw dscpp::Error(std::string("dscpp::checkpoint::PyValue: expected ") + what + ", got " +
+                       kind_name());
   }
 }
 
@@ -215,9 +216,9 @@ bool PyValue::same_key(const PyValue& o) const {
 PyValue& PyValue::set(PyValue key, PyValue value) {
   require(Kind::Dict, "dict");
   if (!key.is_string() && !key.is_int()) {
-    throw std::runtime_error(std::string("dscpp::checkpoint::PyValue: dict keys must be str or "
-                                         "int, got ") +
-                             key.kind_name());
+    throw dscpp::Error(std::string("dscpp::checkpoint::PyValue: dict keys must be str or "
+                                   "int, got ") +
+                       key.kind_name());
   }
   if (PyValue* existing = find(key)) {
     *existing = std::move(value);
@@ -249,7 +250,7 @@ const PyValue& PyValue::at(const PyValue& key) const {
   std::string k = key.is_string() ? "'" + key.string_ + "'"
                   : key.is_int()  ? std::to_string(key.int_)
                                   : key.kind_name();
-  throw std::runtime_error("dscpp::checkpoint::PyValue: no key " + k + " in dict");
+  throw dscpp::Error("dscpp::checkpoint::PyValue: no key " + k + " in dict");
 }
 PyValue& PyValue::at(const PyValue& key) {
   return const_cast<PyValue&>(static_cast<const PyValue&>(*this).at(key));

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "dscpp/error.h"
 #include "dscpp/runtime/checkpoint/torch_format.h"
 
 namespace dscpp::checkpoint {
@@ -61,7 +62,7 @@ class Pickler {
     out += '\n';
   }
   void str(const std::string& s) {
-    if (s.size() > 0xffffffffULL) throw std::runtime_error("string too long to pickle");
+    if (s.size() > 0xffffffffULL) throw dscpp::Error("string too long to pickle");
     op('X');
     le(s.size(), 4);
     out += s;
@@ -110,9 +111,9 @@ class Pickler {
   }
 
   void tensor(const at::Tensor& t) {
-    if (!t.defined()) throw std::runtime_error("cannot save an undefined tensor");
+    if (!t.defined()) throw dscpp::Error("cannot save an undefined tensor");
     if (t.layout() != at::kStrided || t.is_quantized()) {
-      throw std::runtime_error("can only save dense (strided) tensors");
+      throw dscpp::Error("can only save dense (strided) tensors");
     }
     const char* sname = storage_name(t.scalar_type());
     const void* impl = t.unsafeGetTensorImpl();
@@ -154,7 +155,7 @@ class Pickler {
   }
 
   void value(const PyValue& v, int depth) {
-    if (depth > kMaxDepth) throw std::runtime_error("value nested too deeply to pickle");
+    if (depth > kMaxDepth) throw dscpp::Error("value nested too deeply to pickle");
     switch (v.kind()) {
       case PyValue::Kind::None:
         op('N');
@@ -257,7 +258,7 @@ void save_torch_file(const PyValue& root, const std::string& path) {
     pickler.dump(root);
 
     f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+    if (!f) throw dscpp::Error("cannot create " + tmp + ": " + std::strerror(errno));
     {
       caffe2::serialize::PyTorchStreamWriter writer(
           [f](const void* buf, size_t n) -> size_t { return std::fwrite(buf, 1, n, f); });
@@ -277,16 +278,16 @@ void save_torch_file(const PyValue& root, const std::string& path) {
       writer.writeEndOfFile();
     }
     if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
-      throw std::runtime_error(std::string("cannot flush ") + tmp + ": " + std::strerror(errno));
+      throw dscpp::Error(std::string("cannot flush ") + tmp + ": " + std::strerror(errno));
     }
     FILE* g = f;
     f = nullptr;
     if (std::fclose(g) != 0) {
-      throw std::runtime_error(std::string("cannot close ") + tmp + ": " + std::strerror(errno));
+      throw dscpp::Error(std::string("cannot close ") + tmp + ": " + std::strerror(errno));
     }
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
-    if (ec) throw std::runtime_error("cannot rename " + tmp + ": " + ec.message());
+    if (ec) throw dscpp::Error("cannot rename " + tmp + ": " + ec.message());
     std::string dir = std::filesystem::path(path).parent_path().string();
     int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
@@ -297,7 +298,7 @@ void save_torch_file(const PyValue& root, const std::string& path) {
     if (f) std::fclose(f);
     std::error_code ec;
     std::filesystem::remove(tmp, ec);
-    throw std::runtime_error("dscpp: cannot save torch file '" + path + "': " + error_text(e));
+    throw dscpp::Error("dscpp: cannot save torch file '" + path + "': " + error_text(e));
   }
 }
 

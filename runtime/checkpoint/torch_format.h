@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "dscpp/error.h"
+
 namespace dscpp::checkpoint::detail {
 
 struct StorageName {
@@ -33,7 +35,7 @@ inline const char* storage_name(at::ScalarType t) {
   for (const auto& s : kStorageNames) {
     if (s.dtype == t) return s.name;
   }
-  throw std::runtime_error(std::string("cannot save a tensor of dtype ") + c10::toString(t));
+  throw dscpp::Error(std::string("cannot save a tensor of dtype ") + c10::toString(t));
 }
 
 inline bool storage_dtype(const std::string& name, at::ScalarType* out) {

@@ -46,7 +46,8 @@ void EngineCore::restore_rng_state(const PyValue& states) {
   }
 }
 
-void EngineCore::load_module(const PyValue& model, const std::string& path) {
+bool EngineCore::load_module(const PyValue& model, const std::string& path,
+                             const LoadCheckpointOptions& options, LoadCheckpointResult& result) {
   const PyValue& module = need(model, "module", path);
   if (!module.is_dict()) throw CheckpointError("'" + path + "': 'module' is not a state dict");
   std::vector<std::string> missing, mismatched, unexpected_params;
@@ -104,16 +105,55 @@ void EngineCore::load_module(const PyValue& model, const std::string& path) {
   for (const auto& k : module.keys())
     if (!k.is_string() || !ours.count(k.as_string()))
       unexpected.push_back(k.is_string() ? k.as_string() : "<non-string key>");
-  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+  const bool strict = options.load_module_strict;
+  if (!mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty()))) {
     std::string msg = "'" + path + "' is a checkpoint of another model:";
     if (!missing.empty()) msg += " missing " + list_names(missing) + ";";
     if (!unexpected.empty()) msg += " unexpected " + list_names(unexpected) + ";";
     if (!mismatched.empty()) msg += " shapes differ for " + list_names(mismatched) + ";";
     msg.pop_back();
+    if (mismatched.empty())
+      msg += " (load_module_strict=false tolerates missing and unexpected keys)";
     throw CheckpointError(msg);
+  }
+  // Not strict: do ZeRO's parameters differ from those the checkpoint's partitions hold?
+  // (Buffers and frozen parameters live outside them.) Stage 0 checkpoints of DeepSpeed
+  // name no parameters: any unexpected key counts.
+  bool other_params = false;
+  const std::set<std::string> trainable(param_names_.begin(), param_names_.end());
+  for (const auto& name : missing) other_params |= trainable.count(name) > 0;
+  const PyValue* shapes = model.find(PyValue("param_shapes"));
+  for (const auto& name : unexpected) {
+    bool saved_param = !shapes || !shapes->is_list();
+    if (!saved_param)
+      for (const auto& g : shapes->items()) saved_param |= g.find(PyValue(name)) != nullptr;
+    other_params |= saved_param;
+  }
+  std::string differ;  // "missing a, b; unexpected c"
+  if (!missing.empty()) differ = "missing " + list_names(missing);
+  if (!unexpected.empty())
+    differ += (differ.empty() ? "" : "; ") + std::string("unexpected ") + list_names(unexpected);
+  if (other_params && zero_->stage() == 3)
+    throw CheckpointError("'" + path + "': at ZeRO stage 3 the parameters' values are in the " +
+                          "checkpoint's partitions, laid out for its own parameters: they " +
+                          "cannot load into a model whose parameters differ (" + differ +
+                          "), even with load_module_strict=false");
+  if (other_params && options.load_optimizer_states && !options.load_module_only)
+    throw CheckpointError("'" + path + "': with load_module_strict=false the module's " +
+                          "parameters differ from the checkpoint's (" + differ +
+                          "), so its optimizer state does not fit them: pass " +
+                          "load_optimizer_states=false or load_module_only=true");
+  if (!differ.empty()) {
+    if (group_->rank() == 0)
+      std::cerr << "dscpp: load_checkpoint with load_module_strict=false: '" << path
+                << "': " << differ << " (missing keys keep their values, unexpected ones are "
+                << "ignored)\n";
+    result.missing_keys = missing;
+    result.unexpected_keys = unexpected;
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, src] : copies) dst.copy_(src);
+  return other_params;
 }
 
 void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& path,
@@ -321,11 +361,13 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       throw CheckpointError("'" + path +
                             "' is a ZeRO stage 1-2 checkpoint; this engine runs stage 0");
 
-    load_module(model, path);
+    const bool other_params = load_module(model, path, options, result);
     if (options.load_module_only) {
       zero_->refresh_master_from_params();
     } else {
-      if (zero_->stage() == 0) {
+      if (other_params) {  // its partitions hold other parameters: the module's values stand
+        zero_->refresh_master_from_params();
+      } else if (zero_->stage() == 0) {
         load_stage0_optimizer(model, path, options.load_optimizer_states);
       } else {
         load_zero_partitions(load_dir, tag, model, path, options.load_optimizer_states);

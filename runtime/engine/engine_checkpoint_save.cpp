@@ -20,6 +20,7 @@
 #include <map>
 #include <set>
 
+#include "dscpp/error.h"
 #include "dscpp/optim/lr_schedules.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
@@ -244,14 +245,13 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   const std::string tag = tag_in.empty() ? "global_step" + std::to_string(global_steps_) : tag_in;
   checkpoint::check_tag(tag);
   zero_->wait_all_published();  // the module's parameters are saved as they are
-  if (!client_state.is_dict())
-    throw std::invalid_argument("save_checkpoint: client_state must be a dict");
+  if (!client_state.is_dict()) throw dscpp::Error("save_checkpoint: client_state must be a dict");
   for (const auto& k : client_state.keys()) {
     const auto& reserved = checkpoint::engine_state_keys();
     if (k.is_string() &&
         std::find(reserved.begin(), reserved.end(), k.as_string()) != reserved.end())
-      throw std::invalid_argument("save_checkpoint: client_state key '" + k.as_string() +
-                                  "' is one the engine writes itself");
+      throw dscpp::Error("save_checkpoint: client_state key '" + k.as_string() +
+                         "' is one the engine writes itself");
   }
   check_tag_agrees(tag);
   at::NoGradGuard no_grad;

@@ -11,6 +11,7 @@
 
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/config/config_error.h"
+#include "dscpp/error.h"
 #include "dscpp/optim/lr_schedules.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/monitor/monitor.h"
@@ -222,8 +223,8 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     for (int g = 0; g < listed; ++g) {
       for (const auto& name : client_.param_groups[g].params) {
         if (!group_of_name.emplace(name, g).second)
-          throw std::invalid_argument("initialize: parameter '" + name +
-                                      "' is in more than one parameter group");
+          throw dscpp::Error("initialize: parameter '" + name +
+                             "' is in more than one parameter group");
       }
       zo.group_options.push_back(client_.param_groups[g].options);
     }
@@ -235,14 +236,13 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
       if (it != group_of_name.end()) group_of_name.erase(it);
     }
     if (!group_of_name.empty())
-      throw std::invalid_argument("initialize: parameter groups name '" +
-                                  group_of_name.begin()->first +
-                                  "', which is not a trainable parameter of the module");
+      throw dscpp::Error("initialize: parameter groups name '" + group_of_name.begin()->first +
+                         "', which is not a trainable parameter of the module");
     if (unlisted) zo.group_options.push_back(nlohmann::json::object());
   }
   auto optimizer =
       config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
-  if (!optimizer) throw std::invalid_argument("initialize: the client optimizer factory gave null");
+  if (!optimizer) throw dscpp::Error("initialize: the client optimizer factory gave null");
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
   if (layered_) z.stage == 3 ? start_layer_gather() : start_publish_waits();
@@ -284,6 +284,12 @@ double EngineCore::now_ms() {
 
 void EngineCore::forward_begin() {
   if (config_.wall_clock_breakdown) forward_start_ = now_ms();
+  if (zero_->stage() == 3) {  // what forward_failed puts back to rest
+    rest_before_forward_.resize(zero_->layout().buckets.size());
+    for (size_t b = 0; b < rest_before_forward_.size(); ++b)
+      rest_before_forward_[b] =
+          zero_->bucket_state(static_cast<int>(b)) == zero::ZeroOptimizer::BucketState::kRest;
+  }
   // Stage 3 of a module without layers: gathered as a whole for its forward and kept until
   // its backward is done. A layered module gathers layer by layer through its hooks (at
   // stages 1-2 with deferred all-gathers, its hooks wait for them layer by layer; any other
@@ -297,6 +303,30 @@ void EngineCore::forward_end() {
   // A forward without autograd (evaluation) has no backward to wait for.
   if (!at::GradMode::is_enabled()) layer_gather_ ? layer_gather_->end_step() : zero_->release();
   if (config_.wall_clock_breakdown) timers_.forward += now_ms() - forward_start_;
+}
+
+void EngineCore::forward_failed() {
+  // Nothing else changed: counters move in backward and step, and the partial autograd
+  // graph (its layer boundaries included) went with the exception. Only stage 3's gathers
+  // outlive it: the whole module's (forward_begin), or the layers' (LayerGather's hooks).
+  for (size_t b = 0; b < rest_before_forward_.size(); ++b)
+    if (rest_before_forward_[b]) zero_->release_bucket(static_cast<int>(b));
+}
+
+void EngineCore::defer_error(const std::string& what) noexcept {
+  if (deferred_) return;  // the first failure is the cause; later ones follow from it
+  deferred_ = true;
+  try {
+    deferred_error_ = what;
+  } catch (...) {  // no memory for the message: the flag alone still stops the engine
+  }
+}
+
+void EngineCore::check_deferred_error() const {
+  if (deferred_)
+    throw Error("dscpp engine: " +
+                (deferred_error_.empty() ? std::string("an earlier failure") : deferred_error_) +
+                "; the ranks may no longer agree, so this engine cannot go on");
 }
 
 void EngineCore::backward(const at::Tensor& loss) {

@@ -36,8 +36,15 @@ namespace monitor {
 class MonitorMaster;
 }
 
-// load_checkpoint's switches, DeepSpeed's names and defaults.
+// load_checkpoint's switches, DeepSpeed's names, order and defaults.
 struct LoadCheckpointOptions {
+  // false: the module's missing and unexpected keys are tolerated (PyTorch's strict=False):
+  // a missing one keeps its value, an unexpected one is ignored; shapes must still agree.
+  // Where ZeRO's parameters differ, the checkpoint's fp32 partitions and optimizer state
+  // belong to another parameter set: they are not read (the fp32 master copy follows the
+  // loaded module), so load_optimizer_states must be false or load_module_only true; at
+  // stage 3, whose parameter values live only in those partitions, they must not differ.
+  bool load_module_strict = true;
   bool load_optimizer_states = true;     // false: fresh optimizer state, fp32 weights still loaded
   bool load_lr_scheduler_states = true;  // false: the schedule keeps its current position
   bool load_module_only = false;         // true: the module's weights only, nothing else
@@ -47,6 +54,10 @@ struct LoadCheckpointOptions {
 struct LoadCheckpointResult {
   std::string path;
   checkpoint::PyValue client_state = checkpoint::PyValue::dict();
+  // With load_module_strict = false, the module's keys the checkpoint lacked (they kept
+  // their values) and the checkpoint's keys the module lacks (ignored), as PyTorch's
+  // load_state_dict returns them.
+  std::vector<std::string> missing_keys, unexpected_keys;
 };
 
 // A parameter group (DeepSpeed's model_parameters as a list of dicts): parameters by their
@@ -108,6 +119,15 @@ class EngineCore {
   // Around the module's forward, for wall_clock_breakdown.
   void forward_begin();
   void forward_end();
+  // Instead of forward_end when the module's forward threw: puts back to rest what this
+  // forward gathered, so the engine is as if the forward had not been called.
+  void forward_failed();
+
+  // A failure that could not be thrown where it happened (a GatheredParameters scope's
+  // destructor): kept, and thrown (as dscpp::Error) by every later engine call, since the
+  // ranks may no longer agree. The first one is kept.
+  void defer_error(const std::string& what) noexcept;
+  void check_deferred_error() const;
 
   bool is_gradient_accumulation_boundary() const;
   int64_t global_steps() const { return global_steps_; }
@@ -153,7 +173,9 @@ class EngineCore {
   void check_tag_agrees(const std::string& tag);
   // The tag `latest` names; false (warning on rank 0, as DeepSpeed) when there is none.
   bool latest_tag(const std::string& load_dir, std::string* tag);
-  void load_module(const checkpoint::PyValue& model, const std::string& path);
+  // Returns whether ZeRO's parameters differ from the checkpoint's (load_module_strict false).
+  bool load_module(const checkpoint::PyValue& model, const std::string& path,
+                   const LoadCheckpointOptions& options, LoadCheckpointResult& result);
   void load_stage0_optimizer(const checkpoint::PyValue& model, const std::string& path,
                              bool load_optimizer_states);
   void load_zero_partitions(const std::string& dir, const std::string& tag,
@@ -197,6 +219,9 @@ class EngineCore {
   std::vector<std::string> param_names_;  // the trainable parameters, as the ZeRO buffer holds them
   std::vector<std::pair<std::string, std::string>> shared_params_;  // alias -> first name
   double forward_start_ = 0;
+  std::vector<char> rest_before_forward_;  // stage 3: per bucket, at rest when forward began
+  bool deferred_ = false;                  // see defer_error
+  std::string deferred_error_;
 };
 
 }  // namespace dscpp

@@ -9,11 +9,13 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "dscpp/error.h"
+
 namespace dscpp::monitor {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, const std::string& what, int err) {
-  throw std::runtime_error("dscpp csv_monitor: " + what + " '" + path + "': " + std::strerror(err));
+  throw dscpp::Error("dscpp csv_monitor: " + what + " '" + path + "': " + std::strerror(err));
 }
 
 void put(std::FILE* f, const std::string& text, const std::string& path) {
@@ -73,8 +75,8 @@ CsvMonitor::CsvMonitor(const std::string& log_dir) : log_dir_(log_dir) {
   std::error_code ec;
   std::filesystem::create_directories(log_dir_, ec);
   if (ec)
-    throw std::runtime_error("dscpp csv_monitor: cannot create folder '" + log_dir_ +
-                             "': " + ec.message());
+    throw dscpp::Error("dscpp csv_monitor: cannot create folder '" + log_dir_ +
+                       "': " + ec.message());
 }
 
 CsvMonitor::~CsvMonitor() {

@@ -4,7 +4,7 @@
 // rank 0 opens or writes anything; every other rank's MonitorMaster is a no-op. `wandb` and
 // `comet` need their Python services: not implemented (the config reader announces them).
 // Every write_events call ends with the files flushed to the OS, so a crash of the process
-// loses nothing already written. Errors throw std::runtime_error naming the file.
+// loses nothing already written. Errors throw dscpp::Error naming the file.
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "dscpp/error.h"
 #include "dscpp/runtime/monitor/tfrecord.h"
 #include "tensorboard_event.pb.h"  // generated from tensorboard_event.proto
 
@@ -21,8 +22,8 @@ namespace dscpp::monitor {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, const std::string& what, int err) {
-  throw std::runtime_error("dscpp tensorboard monitor: " + what + " '" + path +
-                           "': " + std::strerror(err));
+  throw dscpp::Error("dscpp tensorboard monitor: " + what + " '" + path +
+                     "': " + std::strerror(err));
 }
 
 double wall_time() {
@@ -73,8 +74,8 @@ TensorBoardMonitor::TensorBoardMonitor(const std::string& log_dir)
   std::error_code ec;
   std::filesystem::create_directories(log_dir, ec);
   if (ec)
-    throw std::runtime_error("dscpp tensorboard monitor: cannot create folder '" + log_dir +
-                             "': " + ec.message());
+    throw dscpp::Error("dscpp tensorboard monitor: cannot create folder '" + log_dir +
+                       "': " + ec.message());
   impl_->path = (std::filesystem::path(log_dir) / event_file_name()).string();
   impl_->file = std::fopen(impl_->path.c_str(), "wb");
   if (!impl_->file) fail(impl_->path, "cannot create", errno);

@@ -5,6 +5,8 @@
 #include <string>
 #include <type_traits>
 
+#include "dscpp/error.h"
+
 namespace dscpp {
 
 LossScaler::LossScaler(const FP16Config& config)
@@ -18,7 +20,7 @@ LossScaler::LossScaler(const FP16Config& config)
   // Without fp16 DeepSpeed still builds a static scaler of 1 (CreateLossScaler).
   if (!config.enabled) return;
   if (config.loss_scale < 0 || !std::isfinite(config.loss_scale)) {
-    throw std::invalid_argument("fp16.loss_scale must be a finite number >= 0");
+    throw dscpp::Error("fp16.loss_scale must be a finite number >= 0");
   }
   if (!dynamic_) {
     cur_scale_ = config.loss_scale;
@@ -27,10 +29,10 @@ LossScaler::LossScaler(const FP16Config& config)
   // DeepSpeed's config rejects these for dynamic scaling; a zero window would otherwise be a
   // division by zero in update_scale.
   if (scale_window_ <= 0) {
-    throw std::invalid_argument("fp16.loss_scale_window must be > 0 for dynamic loss scaling");
+    throw dscpp::Error("fp16.loss_scale_window must be > 0 for dynamic loss scaling");
   }
   if (!(min_scale_ > 0)) {
-    throw std::invalid_argument("fp16.min_loss_scale must be > 0 for dynamic loss scaling");
+    throw dscpp::Error("fp16.min_loss_scale must be > 0 for dynamic loss scaling");
   }
   cur_scale_ = std::ldexp(1.0, static_cast<int>(config.initial_scale_power));
 }
@@ -85,7 +87,7 @@ template <typename T>
 void read_field(const nlohmann::json& state, const char* key, bool required, T& out) {
   auto it = state.find(key);
   if (it == state.end()) {
-    if (required) throw std::invalid_argument(std::string("loss scaler state lacks ") + key);
+    if (required) throw dscpp::Error(std::string("loss scaler state lacks ") + key);
     return;
   }
   bool ok = false;
@@ -96,14 +98,14 @@ void read_field(const nlohmann::json& state, const char* key, bool required, T& 
   } else {
     ok = it->is_number();
   }
-  if (!ok) throw std::invalid_argument(std::string("loss scaler state: bad ") + key);
+  if (!ok) throw dscpp::Error(std::string("loss scaler state: bad ") + key);
   out = it->get<T>();
 }
 
 }  // namespace
 
 void LossScaler::load_state_dict(const nlohmann::json& state) {
-  if (!state.is_object()) throw std::invalid_argument("loss scaler state must be an object");
+  if (!state.is_object()) throw dscpp::Error("loss scaler state must be an object");
   // Filled into a copy so that a bad state leaves this scaler untouched.
   LossScaler next = *this;
   read_field(state, "dynamic", false, next.dynamic_);
@@ -118,7 +120,7 @@ void LossScaler::load_state_dict(const nlohmann::json& state) {
     read_field(state, "delayed_shift", false, next.delayed_shift_);
     read_field(state, "consecutive_hysteresis", false, next.consecutive_hysteresis_);
     if (next.scale_window_ <= 0) {
-      throw std::invalid_argument("loss scaler state: scale_window must be > 0");
+      throw dscpp::Error("loss scaler state: scale_window must be > 0");
     }
   }
   *this = next;

@@ -15,15 +15,16 @@
 #include <stdexcept>
 
 #include "dscpp/config/ds_config.h"
+#include "dscpp/error.h"
 
 namespace dscpp {
 
 // Thrown by update_scale() on an overflow that would halve a scale already at min_loss_scale.
 // DeepSpeed's ZeRO optimizers build DynamicLossScaler with raise_error_at_min_scale=True (its
 // default; the config cannot change it) and raise there, ending the run.
-class LossScaleAtMinimumError : public std::runtime_error {
+class LossScaleAtMinimumError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 class LossScaler {

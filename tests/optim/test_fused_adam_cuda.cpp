@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/error.h"
 #include "dscpp/ops/fused_adam.h"
 #include "dscpp/optim/optimizer.h"
 #include "tests/gpu_skip.h"
@@ -223,22 +224,22 @@ TEST(FusedAdamCuda, RejectsTensorsItCannotUpdate) {
   at::Tensor m = at::zeros({16}, cuda), v = at::zeros({16}, cuda);
   AdamArgs a;
   at::Tensor cpu_g = at::zeros({16}, at::kFloat);
-  EXPECT_THROW(fused_adam_step(p, cpu_g, m, v, a), std::invalid_argument);
+  EXPECT_THROW(fused_adam_step(p, cpu_g, m, v, a), dscpp::Error);
   at::Tensor short_m = at::zeros({15}, cuda);
-  EXPECT_THROW(fused_adam_step(p, g, short_m, v, a), std::invalid_argument);
+  EXPECT_THROW(fused_adam_step(p, g, short_m, v, a), dscpp::Error);
   at::Tensor dbl_v = at::zeros({16}, cuda.dtype(at::kDouble));
-  EXPECT_THROW(fused_adam_step(p, g, m, dbl_v, a), std::invalid_argument);
+  EXPECT_THROW(fused_adam_step(p, g, m, dbl_v, a), dscpp::Error);
   at::Tensor strided = at::zeros({32}, cuda).slice(0, 0, 32, 2);
-  EXPECT_THROW(fused_adam_step(strided, g, m, v, a), std::invalid_argument);
+  EXPECT_THROW(fused_adam_step(strided, g, m, v, a), dscpp::Error);
   a.step = 0;
-  EXPECT_THROW(fused_adam_step(p, g, m, v, a), std::invalid_argument);
+  EXPECT_THROW(fused_adam_step(p, g, m, v, a), dscpp::Error);
   a.step = 1;
   at::Tensor fp32_copy = at::zeros({16}, cuda),
              short_copy = at::zeros({15}, cuda.dtype(at::kBFloat16));
   a.param_copy = &fp32_copy;
-  EXPECT_THROW(fused_adam_step(p, g, m, v, a), std::invalid_argument);
+  EXPECT_THROW(fused_adam_step(p, g, m, v, a), dscpp::Error);
   a.param_copy = &short_copy;
-  EXPECT_THROW(fused_adam_step(p, g, m, v, a), std::invalid_argument);
+  EXPECT_THROW(fused_adam_step(p, g, m, v, a), dscpp::Error);
   a.param_copy = nullptr;
   EXPECT_NO_THROW(fused_adam_step(p, g, m, v, a));
   at::Tensor empty = at::zeros({0}, cuda);
@@ -339,7 +340,7 @@ TEST(FusedAdamCuda, SixteenBitGradientEqualsItsFp32Copy) {
   at::Tensor p = at::zeros({8}, scale.options()), m = at::zeros_like(p), v = at::zeros_like(p);
   at::Tensor bf16_param = at::zeros({8}, scale.options().dtype(at::kBFloat16));
   AdamArgs a;
-  EXPECT_THROW(fused_adam_step(bf16_param, p, m, v, a), std::invalid_argument) << "fp32 param only";
+  EXPECT_THROW(fused_adam_step(bf16_param, p, m, v, a), dscpp::Error) << "fp32 param only";
 }
 
 }  // namespace

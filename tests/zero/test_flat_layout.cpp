@@ -2,6 +2,7 @@
 // owning chunk r of every bucket, partitions of equal size.
 #include <gtest/gtest.h>
 
+#include "dscpp/error.h"
 #include "dscpp/zero/flat_layout.h"
 
 using dscpp::zero::FlatLayout;
@@ -71,5 +72,5 @@ TEST(FlatLayout, UnitsNeverShareABucketAndGoLastLayerFirst) {
   EXPECT_EQ(l.params[3].offset, 0);
   EXPECT_EQ(l.params[1].offset, 8);
   EXPECT_EQ(l.total, 18);
-  EXPECT_THROW(FlatLayout::build({4, 4}, 2, 8, 1, {}, {0}), std::invalid_argument);
+  EXPECT_THROW(FlatLayout::build({4, 4}, 2, 8, 1, {}, {0}), dscpp::Error);
 }

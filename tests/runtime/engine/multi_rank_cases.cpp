@@ -59,11 +59,11 @@ int main() try {
   auto engine = dscpp::initialize(net, config(3, "FAIL"));
   const int rank = engine.global_rank();
   auto& zo = engine.core().zero_optimizer();
-  auto& group = engine.core().group();
+  auto& group = engine.data_parallel_group();
 
   check(zo.params_numel_held() == 0, "stage 3 parameters are empty at rest", rank);
   {
-    dscpp::zero::GatheredParameters edit(zo, /*modifier_rank=*/1);
+    auto edit = engine.gathered_parameters({net->weight, net->bias}, /*modifier_rank=*/1);
     at::NoGradGuard no_grad;
     if (rank == 1) net->weight.fill_(0.5);  // only rank 1 changes it
   }

@@ -418,7 +418,7 @@ TEST(EngineCases, Stage3ParametersAreEmptyAtRestAndGatheredOnDemand) {
   EXPECT_EQ(zo.params_numel_held(), 0);
   // A change made in a modifier scope is what the next forward computes with.
   {
-    dscpp::zero::GatheredParameters edit(zo, /*modifier_rank=*/0);
+    auto edit = engine.gathered_parameters(model->parameters(), /*modifier_rank=*/0);
     at::NoGradGuard no_grad;
     model->a->weight.fill_(0.25);
   }
@@ -477,7 +477,7 @@ TEST(EngineCases, ParameterGroupsTrainAsTorchAdamWGroupsDo) {
   TwoLayer model;
   dscpp::InitArgs bad;
   bad.param_groups.push_back({{"a.weight", "nope"}, {}});
-  EXPECT_THROW(dscpp::initialize(model, base_config(), bad), std::invalid_argument);
+  EXPECT_THROW(dscpp::initialize(model, base_config(), bad), dscpp::Error);
 }
 
 // overlap_comm keeps at most two bucket reductions in flight (DeepSpeed's double-buffered

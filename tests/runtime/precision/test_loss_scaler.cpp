@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/error.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
 
 namespace dscpp {
@@ -158,22 +159,22 @@ TEST(LossScaler, LoadingAStaticStateMakesTheScalerStatic) {
 TEST(LossScaler, BadStateIsRejectedAndLeavesTheScalerAlone) {
   LossScaler s(dynamic_config(4, 2, 1));
   const nlohmann::json before = s.state_dict();
-  EXPECT_THROW(s.load_state_dict({{"cur_scale", 8.0}}), std::invalid_argument);
-  EXPECT_THROW(s.load_state_dict({{"cur_scale", "8"}, {"dynamic", false}}), std::invalid_argument);
+  EXPECT_THROW(s.load_state_dict({{"cur_scale", 8.0}}), dscpp::Error);
+  EXPECT_THROW(s.load_state_dict({{"cur_scale", "8"}, {"dynamic", false}}), dscpp::Error);
   nlohmann::json bad = before;
   bad["cur_iter"] = 1.5;
-  EXPECT_THROW(s.load_state_dict(bad), std::invalid_argument);
-  EXPECT_THROW(s.load_state_dict(nlohmann::json::array()), std::invalid_argument);
+  EXPECT_THROW(s.load_state_dict(bad), dscpp::Error);
+  EXPECT_THROW(s.load_state_dict(nlohmann::json::array()), dscpp::Error);
   EXPECT_EQ(s.state_dict(), before);
 }
 
 TEST(LossScaler, RejectsWhatDeepSpeedsConfigRejects) {
-  EXPECT_THROW(LossScaler(dynamic_config(4, 0, 2)), std::invalid_argument);
-  EXPECT_THROW(LossScaler(dynamic_config(4, 10, 2, 0)), std::invalid_argument);
+  EXPECT_THROW(LossScaler(dynamic_config(4, 0, 2)), dscpp::Error);
+  EXPECT_THROW(LossScaler(dynamic_config(4, 10, 2, 0)), dscpp::Error);
   FP16Config c;
   c.enabled = true;
   c.loss_scale = -1;
-  EXPECT_THROW(LossScaler{c}, std::invalid_argument);
+  EXPECT_THROW(LossScaler{c}, dscpp::Error);
 }
 
 }  // namespace
