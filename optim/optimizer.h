@@ -80,6 +80,9 @@ class Optimizer {
 
   int num_shards() const { return static_cast<int>(shards_.size()); }
   const at::Tensor& shard(int i) const { return shards_.at(i).param; }
+  // Points shard i at another tensor of its size (its master moved, as ZeRO's re-lay moves
+  // it); the state stays. The old tensor is dropped, not written into: a view keeps its base.
+  void reseat_shard(int i, at::Tensor param);
   const Hyper& hyper(int i) const { return shards_.at(i).hyper; }
   // The shard's state tensors by PyTorch's names ("exp_avg", "exp_avg_sq",
   // "momentum_buffer", "sum", ...) and its step count: what checkpoints save.

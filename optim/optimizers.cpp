@@ -26,6 +26,15 @@
 
 namespace dscpp::optim {
 
+void Optimizer::reseat_shard(int i, at::Tensor param) {
+  Shard& s = shards_.at(i);
+  if (!param.defined() || param.dim() != 1 || param.scalar_type() != at::kFloat ||
+      !param.is_contiguous() || param.numel() != s.param.numel())
+    throw dscpp::Error(name() + ": a shard is re-seated on a contiguous 1-D fp32 tensor of " +
+                       std::to_string(s.param.numel()) + " elements");
+  s.param = std::move(param);
+}
+
 int Optimizer::add_shard(at::Tensor param, const Hyper& overrides) {
   if (!param.defined() || param.dim() != 1 || param.scalar_type() != at::kFloat ||
       !param.is_contiguous())

@@ -22,19 +22,37 @@ void MasterPartition::add_shards(const std::vector<optim::Hyper>& group_options)
 }
 
 void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)>& relay) {
-  std::vector<std::pair<std::string, at::Tensor>> states;
+  // One buffer at a time, in place where the partition keeps its size, so that only one
+  // re-laid copy exists at any moment (a partition sized to fit has no room for one per
+  // buffer). The shards are re-seated, not set_data'd: a shard is a view of the master, and a
+  // view keeps its base alive (a whole old fp32 partition stayed held, measured on an H200).
   for (const auto& name : state_names()) {
     at::Tensor whole = state_partition(name);
-    if (whole.numel() == master_.numel()) states.emplace_back(name, relay(whole));
+    if (whole.numel() != master_.numel()) continue;
+    at::Tensor moved = relay(whole);
+    whole = at::Tensor();
+    if (moved.numel() == master_.numel()) {
+      load_state_partition(name, moved);  // into the state tensors themselves
+    } else {
+      for (int g = 0; g < optimizer_->num_shards(); ++g) {
+        const auto& gr = layout_.groups[g];
+        optimizer_->state(g)[name] = moved.slice(0, gr.part_begin, gr.part_end);
+      }
+    }
   }
-  master_ = relay(master_);
-  grads_ = relay(grads_);
+  auto move_buffer = [&](at::Tensor& buffer) {
+    at::Tensor moved = relay(buffer);
+    if (moved.numel() == buffer.numel()) {
+      buffer.copy_(moved);
+    } else {
+      buffer = moved;
+    }
+  };
+  move_buffer(master_);
+  move_buffer(grads_);
   for (int g = 0; g < optimizer_->num_shards(); ++g) {
     const auto& gr = layout_.groups[g];
-    // The shard is the optimizer's handle on the master: it follows the new storage.
-    optimizer_->shard(g).set_data(master_.slice(0, gr.part_begin, gr.part_end));
-    for (const auto& [name, t] : states)
-      optimizer_->state(g)[name] = t.slice(0, gr.part_begin, gr.part_end);
+    optimizer_->reseat_shard(g, master_.slice(0, gr.part_begin, gr.part_end));
   }
 }
 

@@ -41,7 +41,14 @@ void ParamStore::relayout(const FlatLayout& old) {
     buckets16_.assign(layout_.buckets.size(), Gathered{});
     return;
   }
-  flat_params_ = relay_flat(old, layout_, flat_params_);
+  // In place where the size stays: one re-laid copy at a time.
+  at::Tensor moved = relay_flat(old, layout_, flat_params_);
+  if (moved.numel() == flat_params_.numel()) {
+    flat_params_.copy_(moved);
+  } else {
+    flat_params_ = moved;
+  }
+  moved = at::Tensor();
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& lp = layout_.params[i];
     params_[i].set_data(

@@ -34,7 +34,11 @@ void put_file(const std::string& path, const std::string& b) {
 }
 template <typename T>
 std::string with(std::string b, size_t offset, T value) {
-  std::memcpy(b.data() + offset, &value, sizeof value);
+  // Byte by byte, through replace: g++ 13 -O3 cannot see the offset in range and flags a
+  // memcpy into b.data() as an overflow (-Wstringop-overflow).
+  char raw[sizeof value];
+  std::memcpy(raw, &value, sizeof value);
+  b.replace(offset, sizeof value, raw, sizeof value);
   return b;
 }
 

@@ -12,5 +12,5 @@ cmake -S "$src_dir" -B "$work/build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 ninja -C "$work/build" >/dev/null
 "$work/build/consumer" >"$work/out.txt" || { cat "$work/out.txt"; exit 1; }
-grep -qx "micro_batch=4" "$work/out.txt" && grep -qx "trained=1" "$work/out.txt"
+grep -qx "micro_batch=4" "$work/out.txt" && grep -qx "trained=1" "$work/out.txt" || { cat "$work/out.txt"; exit 1; }
 echo "outside project built against the installed package and ran"

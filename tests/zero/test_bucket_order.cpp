@@ -112,7 +112,9 @@ TEST_P(BucketOrder, FirstBackwardReLaysBucketsAndTrainingMatchesSgd) {
   // The first reducing backward of stage 2 (or 3) ran on the guessed layout: nothing could
   // be issued before backward's end. Once re-laid, the late module's bucket goes while the
   // early module's gradients are still to come.
-  if (stage >= 2 && accumulation == 1) EXPECT_EQ(run.issued.front(), 0);
+  if (stage >= 2 && accumulation == 1) {
+    EXPECT_EQ(run.issued.front(), 0);
+  }
   EXPECT_EQ(run.issued.back(), 1);
   auto want = reference(accumulation, steps, inputs);
   for (size_t i = 0; i < want.size(); ++i)

@@ -51,7 +51,7 @@ void train(E& engine, int steps) {
 
 at::Tensor weights(Net& m) {
   std::vector<at::Tensor> all;
-  for (const auto& p : m->parameters()) all.push_back(p.detach().flatten().clone());
+  for (const auto& p : m->parameters()) all.push_back(p.detach().flatten().cpu().clone());
   return at::cat(all);
 }
 

@@ -214,11 +214,11 @@ TEST(EngineApiForward, ThrowingForwardLeavesNoTrace) {
       auto e = dscpp::initialize(m, config(stage));
       auto& zo = e.core().zero_optimizer();
       train(e, 1);
-      e.backward(e.forward(batch(10)).square().mean());  // micro-step 1 of 2
+      e.backward(e.forward(batch(10).to(e.device())).square().mean());  // micro-step 1 of 2
       if (with_failure) {
         const int64_t live = zo.live_numel();
         m->fail_next = true;
-        EXPECT_THROW(e.forward(batch(11)), std::runtime_error);
+        EXPECT_THROW(e.forward(batch(11).to(e.device())), std::runtime_error);
         EXPECT_EQ(zo.live_numel(), live);
         for (size_t b = 0; b < zo.layout().buckets.size(); ++b)
           EXPECT_EQ(zo.bucket_state(static_cast<int>(b)),
@@ -265,7 +265,7 @@ TEST(EngineApiForward, ThrowingLayerLeavesNoTraceAtStage3ByLayer) {
     train(e, 1);
     if (with_failure) {
       *fail = true;
-      EXPECT_THROW(e.forward(batch(11)), std::runtime_error);
+      EXPECT_THROW(e.forward(batch(11).to(e.device())), std::runtime_error);
       EXPECT_EQ(zo.live_numel(), 0);
     }
     train(e, 2, 1);
@@ -320,7 +320,7 @@ TEST(EngineApiGathered, ModifierUpdatesOnlyTheNamedMasterElements) {
     const auto& lp = zo.layout().params[2];  // registration order: a.weight, a.bias, head.weight
     ASSERT_EQ(lp.numel, 16);
     at::Tensor master = zo.master_partition();
-    at::Tensor changed = at::zeros({master.numel()}, at::kBool);
+    at::Tensor changed = at::zeros({master.numel()}, master.options().dtype(at::kBool));
     changed.slice(0, lp.offset, lp.offset + lp.numel).fill_(true);
     EXPECT_TRUE(at::all(master.masked_select(changed) == 0.5).item<bool>());
     EXPECT_TRUE(at::equal(master.masked_select(~changed), master_before.masked_select(~changed)));
