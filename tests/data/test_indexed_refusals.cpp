@@ -17,10 +17,13 @@
 #include "dscpp/data/gpt_dataset.h"
 #include "dscpp/data/indexed_dataset.h"
 #include "tests/data/data_test_util.h"
+#include "tests/data/refusal.h"
 
 namespace {
 
 using namespace dscpp::data;
+using dscpp::data::testing::has;
+using dscpp::data::testing::refusal;
 using dscpp::data::testing::TempDir;
 using dscpp::data::testing::write_documents;
 namespace fs = std::filesystem;
@@ -40,25 +43,6 @@ std::string with(std::string b, size_t offset, T value) {
   std::memcpy(raw, &value, sizeof value);
   b.replace(offset, sizeof value, raw, sizeof value);
   return b;
-}
-
-// The DataError `f` throws; fails the test if it throws nothing or something else.
-template <typename F>
-DataError refusal(F f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a DataError: " << e.what();
-    return DataError("?", e.what());
-  }
-  ADD_FAILURE() << "nothing thrown";
-  return DataError("?", "nothing thrown");
-}
-
-bool has(const std::string& text, const std::string& word) {
-  return text.find(word) != std::string::npos;
 }
 
 // Four documents in uint16, the third empty: S = 3 sequences, D + 1 = 5 document indices

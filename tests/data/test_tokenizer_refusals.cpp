@@ -13,11 +13,14 @@
 
 #include "dscpp/data/gpt2_tokenizer.h"
 #include "tests/data/data_test_util.h"
+#include "tests/data/refusal.h"
 
 namespace {
 
 using dscpp::data::DataError;
 using dscpp::data::GPT2Tokenizer;
+using dscpp::data::testing::has;
+using dscpp::data::testing::refusal;
 using dscpp::data::testing::TempDir;
 
 // A JSON string literal for `s` (UTF-8), escaping what JSON requires.
@@ -38,24 +41,6 @@ std::string byte_vocab(const std::string& extra = "") {
     v += json_string(s) + ": " + std::to_string(b) + (b < 255 ? ", " : "");
   }
   return v + extra + "}";
-}
-
-template <typename F>
-DataError refusal(F f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a DataError: " << e.what();
-    return DataError("?", e.what());
-  }
-  ADD_FAILURE() << "nothing thrown";
-  return DataError("?", "nothing thrown");
-}
-
-bool has(const std::string& text, const std::string& word) {
-  return text.find(word) != std::string::npos;
 }
 
 DataError vocab_refusal(const std::string& json) {
