@@ -122,7 +122,7 @@ fi
 # Issue 7's table: dscpp ZeRO 0-3 on 1 and 2 GPUs beside PyTorch single/DDP/FSDP2, eager and
 # compiled, in this call. Under GPU_DEADLINE_S it gets what is left, less the profile's share.
 gpt_profile() {  # two profiled ZeRO-2 steps on 2 GPUs, every rank's trace, then their summaries
-  local tag=${1:-} trace=$out/profile${1:-}.json limit=600
+  local trace=$out/profile.json limit=600
   local cfg=(--deepspeed_config ds_configs/gpt_bf16_zero2.json)
   [ "${GPU_PROFILE_DEFERRED:-0}" = 1 ] &&
     cfg=(--deepspeed_config bench/configs/gpt_bf16_zero2_deferred.json --layer-specs)
@@ -132,13 +132,6 @@ gpt_profile() {  # two profiled ZeRO-2 steps on 2 GPUs, every rank's trace, then
     --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
     "${cfg[@]}" --train-iters 20 --log-interval 10 \
     --profile-step 14 --profile-steps 2 --profile-out "$trace" --profile-all-ranks || return 1
-  if [ -n "$tag" ]; then  # a variant: its summaries only (a device call returns 8 files)
-    python3 bench/trace_summary.py "$out/profile$tag-rank0.json" >"$out/profile_summary$tag.md" &&
-      python3 bench/trace_summary.py "$out/profile$tag-rank1.json" >>"$out/profile_summary$tag.md"
-    local rc=$?
-    rm -f "$out/profile$tag-rank0.json" "$out/profile$tag-rank1.json"
-    return $rc
-  fi
   gzip -f "$out/profile-rank0.json" "$out/profile-rank1.json" || return 1
   python3 bench/trace_summary.py "$out/profile-rank0.json.gz" >"$out/profile_summary.md" &&
     python3 bench/trace_summary.py "$out/profile-rank1.json.gz" >>"$out/profile_summary.md"
