@@ -1,0 +1,76 @@
+// Pipeline schedules as lists of instructions, one list per step, as DeepSpeed's
+// TrainSchedule / InferenceSchedule: 1F1B for training (Megatron's interleaved 1F1B when a
+// rank holds several chunks of layers), and the inference schedule. Pure arithmetic: the
+// pipeline engine (pipe/pipeline_engine.h) executes the lists, tests check them against
+// the bubble formulas without running a model.
+//
+// The contract every schedule keeps, on which the executor's deadlock freedom rests:
+// - A step lists its point-to-point instructions (Send*/Recv*) first, then its compute
+//   (LoadMicroBatch, Forward, Backward), then the step-level ones (ReduceTiedGrads,
+//   ReduceGrads, OptimizerStep) on the last step only. A step's sends carry results of
+//   compute in earlier steps; its receives feed compute in this step or later.
+// - Steps are aligned across ranks: every Send* in step t of one stage has its matching
+//   Recv* (same micro-batch and chunk, the same activation or gradient) in step t of the
+//   peer stage (peer_of), and the order of transfers between two neighbours is the same
+//   on both sides. The executor issues a step's transfers together (on NCCL as one group),
+//   so no ordering of them can deadlock.
+// - Every micro-batch goes forward through every chunk on every stage once and backward
+//   once (training), in dependency order.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dscpp::pipe {
+
+enum class Op {
+  kLoadMicroBatch,   // first stage: the inputs; last stage: the labels
+  kForward,
+  kBackward,
+  kSendActivation,   // to peer_of(...): the next stage (chunk+1 on stage 0 after the last)
+  kRecvActivation,
+  kSendGrad,         // the gradient of the received activation, to the previous stage
+  kRecvGrad,
+  kReduceTiedGrads,  // sum tied layers' gradients among the stages that hold them
+  kReduceGrads,      // the data-parallel reduction ZeRO's stage needs at the boundary
+  kOptimizerStep,
+};
+
+struct Instruction {
+  Op op;
+  int micro_batch = -1;  // 0..micro_batches-1; -1 for the step-level ops
+  int chunk = 0;         // which of this rank's model chunks (virtual stages), 0..chunks-1
+  int buffer = -1;       // activation buffer slot, 0..num_buffers-1; -1 where none
+};
+using Step = std::vector<Instruction>;
+
+struct PipeShape {
+  int stages = 1;         // p: ranks along the pipe axis
+  int stage = 0;          // this rank's position, 0..p-1
+  int micro_batches = 1;  // m: gradient_accumulation_steps
+  int chunks = 1;         // v: model chunks per rank (1: plain 1F1B; >1: interleaved)
+};
+
+// Training: 1F1B (chunks == 1) or interleaved 1F1B (chunks > 1; needs micro_batches >= stages
+// and micro_batches % stages == 0, Megatron's rule: refused with dscpp::Error showing the
+// arithmetic). Bubble fraction (p-1)/m, resp. (p-1)/(v*m), of the ideal step.
+std::vector<Step> train_schedule(const PipeShape& shape);
+// Forward only, for eval_batch (DeepSpeed's InferenceSchedule).
+std::vector<Step> inference_schedule(const PipeShape& shape);
+// The activation buffer slots a schedule's instructions index (DeepSpeed's num_pipe_buffers).
+int num_buffers(const std::vector<Step>& steps);
+
+// The peer stage of a Send*/Recv* instruction, and the chunk the transfer reaches there.
+struct Peer {
+  int stage;
+  int chunk;
+};
+Peer peer_of(const PipeShape& shape, const Instruction& instruction);
+
+// The ideal bubble fraction the formulas give: (p-1)/(v*m).
+double bubble_fraction(const PipeShape& shape);
+
+// "ForwardPass(micro_batch=2, chunk=0, buffer=1)": DeepSpeed's names, for errors and tests.
+std::string to_string(const Instruction& instruction);
+
+}  // namespace dscpp::pipe
