@@ -13,7 +13,7 @@ Everything is recomputed from tokens/s per GPU with one formula for both systems
 token = 6*Psi + 12*L*h*s, Psi the trainable parameters of the model config (tied embeddings once,
 as model_zoo's GPTConfig::num_parameters counts them). MFU is given against --peak (989
 TFLOP/s, H100/H200 dense bf16) and against the measured bf16 matrix rate. The ratio columns
-divide each row's tokens/s per GPU by PyTorch FSDP2's (eager, compiled).
+divide each dscpp row's tokens/s per GPU by its like-for-like rows, named in the cell (like_rows).
 
 Second table, dscpp rows only: peak memory per rank against the ZeRO paper's model states
 (mixed-precision Adam; bytes per parameter: stage 0 16, stage 1 4 + 12/N, stage 2 2 + 14/N,
@@ -25,7 +25,8 @@ import json
 import os
 import re
 
-CANONICAL = ["mm", "d0x1", "d1x1", "d2x1", "d3x1", "pt_single", "pt_single_c", "d0x2", "d1x2", "d2x2", "d2x2u", "d2x2n", "d2x2d", "d3x2",
+CANONICAL = ["mm", "d0x1", "d1x1", "d2x1", "d3x1", "ds0x1", "ds0x1t", "ds1x1", "ds1x1t", "ds2x1", "ds2x1t",
+             "ds2x1e", "ds2x1te", "ds3x1", "ds3x1t", "pt_single", "pt_single_c", "pt_single_w", "d0x2", "d1x2", "d2x2", "d2x2u", "d2x2n", "d2x2d", "d3x2",
              "pt_ddp", "pt_ddp_c", "pt_fsdp2", "pt_fsdp2_c"]
 LABELS = {"pt_single": "PyTorch 1 GPU, autocast", "pt_ddp": "PyTorch DDP, autocast",
           "pt_fsdp2": "PyTorch FSDP2 (bf16 params, fp32 reduce)"}
@@ -81,6 +82,16 @@ def parse_pytorch(text):
             "compile": kv.get("compile") == "1", "psi_logged": float(kv.get("params", "nan"))}
 
 
+def parse_deepspeed(text):
+    lines = re.findall(r"^.*?deepspeed (stage=.*)$", text, re.M)
+    if not lines:
+        return None
+    kv = dict(re.findall(r"(\w+)=(\S+)", lines[-1]))
+    return {"tps": float(kv["tokens_per_s_per_gpu"]), "tflops_logged": float(kv["tflops_per_gpu"]),
+            "peak_gib": float(kv["peak_mem_gib"]), "ranks": int(kv["gpus"]), "adam": kv["adam"],
+            "psi_logged": float(kv.get("params", "nan"))}
+
+
 def parse_mm(text):
     m = re.findall(r"matmul_tflops=([\d.]+)", text)
     return float(m[-1]) if m else None
@@ -98,6 +109,12 @@ def read_rows(logdir):
         row = {"name": name, "rc": rc, "wall": wall, "text": text, "machine": m[-1] if m else None}
         if name == "mm":
             row["mm"] = parse_mm(text)
+        elif name.startswith("ds"):
+            row["r"] = parse_deepspeed(text)
+            m = re.match(r"ds(\d)x(\d+)(t?)(e?)$", name)
+            if m:
+                row["ds_stage"], row["gpus"] = int(m.group(1)), int(m.group(2))
+                row["torch_adam"], row["expandable"] = m.group(3) == "t", m.group(4) == "e"
         elif name.startswith("d"):
             row["r"] = parse_dscpp(text)
             m = re.match(r"d(\d)x(\d+)([und]?)$", name)
@@ -119,8 +136,31 @@ def label(row):
         return f"dscpp ZeRO-{row['stage']}" + (", fusions off" if row.get("unfused") else "") + \
             (", collectives off (bound)" if row.get("no_comm") else "") + \
             (", deferred all-gathers" if row.get("deferred") else "")
-    base = LABELS.get(n.removesuffix("_c"), n)
-    return base + (", compiled blocks" if n.endswith("_c") else "")
+    if "ds_stage" in row:
+        return f"DeepSpeed ZeRO-{row['ds_stage']}, " + ("torch fused AdamW (torch_adam)" if row["torch_adam"]
+                                                       else "its FusedAdam") + \
+            (", expandable segments" if row["expandable"] else "")
+    base = LABELS.get(n.removesuffix("_c").removesuffix("_w"), n)
+    return base + (", compiled blocks" if n.endswith("_c") else "") + \
+        (", whole model and loss compiled" if n.endswith("_w") else "")
+
+
+def like_rows(row, ok):
+    """The like-for-like rows a dscpp row is divided by (DESIGN's oracles): DeepSpeed at the same
+    stage and GPU count (the faster of its Adam rows), and PyTorch: on one GPU the whole model
+    compiled (else compiled blocks, else eager); on two, FSDP2 (compiled if there)."""
+    if "stage" not in row or row.get("unfused") or row.get("no_comm"):
+        return None, None
+    s, n = row["stage"], row["gpus"]
+    ds = [ok[k] for k in (f"ds{s}x{n}", f"ds{s}x{n}t", f"ds{s}x{n}e", f"ds{s}x{n}te") if k in ok]
+    ds = max(ds, key=lambda r: r["r"]["tps"]) if ds else None
+    order = ["pt_single_w", "pt_single_c", "pt_single"] if n == 1 else ["pt_fsdp2_c", "pt_fsdp2"]
+    pt = next((ok[k] for k in order if k in ok), None)
+    return ds, pt
+
+
+def ratio_cell(row, ref):
+    return f"{row['r']['tps'] / ref['r']['tps']:.3f} ({ref['name']})" if ref else "n/a"
 
 
 def fmt(x, spec, none="n/a"):
@@ -158,9 +198,8 @@ def main():
     if len(machines) > 1:
         print("WARNING: rows from different machines (compare only rows of one machine): " +
               "; ".join(f"{m}: {' '.join(n)}" for m, n in machines.items()) + "\n")
-    ref = {"fsdp2": ok.get("pt_fsdp2"), "fsdp2_c": ok.get("pt_fsdp2_c")}
     print(f"| row | run | GPUs | tokens/s per GPU | TFLOP/s per GPU | MFU ({args.peak:g}) | MFU (matmul "
-          f"{fmt(mm, '.0f')}) | peak memory GiB | / FSDP2 | / FSDP2 compiled | wall s |")
+          f"{fmt(mm, '.0f')}) | peak memory GiB | / DeepSpeed (like row) | / PyTorch (like row) | wall s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         if row["name"] == "mm":
@@ -174,7 +213,8 @@ def main():
                   f"`{last_error(row['text'])}` | | | | | | | {wall} |")
             continue
         t = row["tflops"]
-        ratios = [fmt(r["tps"] / ref[k]["r"]["tps"], ".3f") if ref[k] else "n/a" for k in ("fsdp2", "fsdp2_c")]
+        ds_ref, pt_ref = like_rows(row, ok)
+        ratios = [ratio_cell(row, ds_ref), ratio_cell(row, pt_ref)] if "stage" in row else ["", ""]
         print(f"| {name} | {label(row)} | {row.get('gpus', r.get('ranks'))} | {r['tps']:,.0f} | {t:.1f} | "
               f"{100 * t / args.peak:.1f}% | {fmt(100 * t / mm if mm else None, '.1f')}{'%' if mm else ''} | "
               f"{r['peak_gib']:.2f} | {ratios[0]} | {ratios[1]} | {wall} |")

@@ -14,7 +14,11 @@
 #               process group): the time bound
 #               for overlap_comm (wrong training, right step time)
 #   d2xNd       ZeRO-2 with dscpp_deferred_allgather, the GPT as LayerSpecs (--layer-specs)
-#   pt_single[_c]                 PyTorch on 1 GPU (eager, or _c: torch.compile per block)
+#   pt_single[_c|_w]              PyTorch on 1 GPU (eager; _c: torch.compile per block; _w: the
+#                                 whole model and its loss compiled as one function)
+#   dsSxN[t][e]  DeepSpeed itself (bench/deepspeed_gpt.py), ZeRO stage S, N GPUs, from the same
+#               ds_config file as dSxN: its FusedAdam, or t: torch's fused AdamW via `torch_adam`;
+#               e: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the 6.66 B model needs it)
 #   pt_ddp[_c], pt_fsdp2[_c]      PyTorch on 2 GPUs
 # Each row's output goes to LOGDIR/<row>.log (LOGDIR default $OUT/table, OUT default ./gpu-out),
 # ending with a trailer "## gpt_table row=R rc=C wall_s=W"; the logs are also packed into
@@ -28,7 +32,9 @@
 # (default 40) left, so the table is always printed.
 # PYTHON (default python3) runs the Python parts; BUILD_DIR (default build-cuda),
 # MODEL_CONFIG and GPUS (default: what nvidia-smi lists) override the build, the model and the
-# GPU count (for tests).
+# GPU count (for tests); DS_CONFIG_PATTERN (printf, %s the stage) picks the ds_configs of both
+# systems (default: bench/configs/gpt_bf16_zero%s.json, ds_configs/gpt_bf16_zero2.json for 2);
+# PT_MICRO (8) the PyTorch rows' micro-batch (the ds_config's train_micro_batch_size_per_gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 t_start=$SECONDS
@@ -54,6 +60,12 @@ gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 # Which machine a row ran on: rows of two calls compare only if they ran on one machine.
 machine="host=$(hostname) gpu0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 2>/dev/null || echo none)"
 
+ds_config() {  # ds_config STAGE: the one ds_config file both systems read for that stage
+  if [ -n "${DS_CONFIG_PATTERN:-}" ]; then printf "$DS_CONFIG_PATTERN\n" "$1"
+  elif [ "$1" = 2 ]; then echo ds_configs/gpt_bf16_zero2.json
+  else echo "bench/configs/gpt_bf16_zero$1.json"; fi
+}
+
 # row_cmd ROW PORT: prints nothing, sets the array `cmd` and `need` (GPUs); returns 1 if unknown.
 row_cmd() {
   local row=$1 port=$2
@@ -61,8 +73,7 @@ row_cmd() {
     mm) need=1; cmd=("$py" bench/matmul_peak.py) ;;
     d[0-3]x[12] | d[0-3]x[12]u | d[0-3]x[12]n | d2x[12]d)  # u: fused kernels off; n: collectives off; d: deferred all-gathers
       local stage=${row:1:1} n=${row:3:1} cfg mcfg=$model
-      cfg=bench/configs/gpt_bf16_zero$stage.json
-      [ "$stage" = 2 ] && cfg=ds_configs/gpt_bf16_zero2.json
+      cfg=$(ds_config "$stage")
       [[ "$row" == *u ]] && mcfg=${model%.json}_unfused.json
       local layered=() no_comm=()
       [[ "$row" == *d ]] && cfg=bench/configs/gpt_bf16_zero2_deferred.json && layered=(--layer-specs)
@@ -72,11 +83,24 @@ row_cmd() {
       cmd+=("$build/launcher/dscpp" --num_gpus "$n" --master_port "$port" "$build/examples/train_gpt"
         --model-config "$mcfg" --train-data-path "$data" --deepspeed_config "$cfg"
         --train-iters "$iters" --log-interval 10 "${layered[@]}" "${no_comm[@]}") ;;
-    pt_single | pt_single_c | pt_ddp | pt_ddp_c | pt_fsdp2 | pt_fsdp2_c)
+    ds[0-3]x[12] | ds[0-3]x[12]t | ds[0-3]x[12]e | ds[0-3]x[12]te)
+      local stage=${row:2:1} n=${row:4:1} adam=fused
+      [[ "$row" == *t* ]] && adam=torch
+      need=$n
+      # DeepSpeed 0.19.8's op builder cannot parse the 9.0a arch PyTorch reports on an H200.
+      cmd=(env TORCH_CUDA_ARCH_LIST=9.0)
+      [[ "$row" == *e ]] && cmd+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+      local args=(bench/deepspeed_gpt.py --model-config "$model" --deepspeed_config "$(ds_config "$stage")"
+        --adam "$adam" --steps "$pt_steps" --warmup "$pt_warmup")
+      if [ "$n" = 1 ]; then cmd+=("$py" "${args[@]}")
+      else cmd+=("$py" -m torch.distributed.run --nproc_per_node "$n" --master_port "$port" "${args[@]}"); fi ;;
+    pt_single | pt_single_c | pt_single_w | pt_ddp | pt_ddp_c | pt_fsdp2 | pt_fsdp2_c)
       local mode=${row#pt_} extra=()
       mode=${mode%_c}
+      mode=${mode%_w}
       [[ "$row" == *_c ]] && extra=(--compile)
-      local args=(bench/pytorch_gpt.py --model-config "$model" --mode "$mode" --micro-batch 8
+      [[ "$row" == *_w ]] && extra=(--compile-whole)
+      local args=(bench/pytorch_gpt.py --model-config "$model" --mode "$mode" --micro-batch "${PT_MICRO:-8}"
         --steps "$pt_steps" --warmup "$pt_warmup" "${extra[@]}")
       if [ "$mode" = single ]; then need=1; cmd=("$py" "${args[@]}")
       else need=2; cmd=("$py" -m torch.distributed.run --nproc_per_node 2 --master_port "$port" "${args[@]}"); fi ;;

@@ -3,21 +3,24 @@
 
     torchrun --nproc_per_node 2 bench/pytorch_gpt.py --model-config bench/configs/gpt_1.3B_bench.json \
         --mode fsdp2|ddp --micro-batch 8 --steps 20 --warmup 10 [--compile]
-    python3 bench/pytorch_gpt.py --model-config ... --mode single [--compile]     # one GPU
+    python3 bench/pytorch_gpt.py --model-config ... --mode single [--compile | --compile-whole]  # one GPU
 
 Plain PyTorch as a user would write it (../shared/GPU.md): the same GPT as model_zoo's (pre-LN,
 tanh GELU, learned positions, tied embeddings, SDPA causal attention), bf16 autocast with fp32
 weights for DDP/single, FSDP2 with bf16 parameters and fp32 gradient reduction, fused AdamW.
+The model config's checkpoint_activations recomputes each block in backward, as train_gpt does.
 --compile wraps each transformer block in torch.compile (before DDP/fully_shard wraps it, as
-torchtitan does, so FSDP2's hooks stay outside the compiled graphs). Random tokens.
+torchtitan does, so FSDP2's hooks stay outside the compiled graphs); --compile-whole (one GPU)
+compiles the whole model with its loss as one function, what a performance engineer would set
+against a fused runtime. Random tokens.
 
 Timing starts after --warmup steps (compilation happens inside them) and ends with a device
 synchronisation. Rank 0 prints one machine-readable line (read by bench/gpt_table.py):
-    pytorch mode=M compile=0|1 gpus=N micro_batch=B seq=S steps=K params=P
+    pytorch mode=M compile=0|1|2 gpus=N micro_batch=B seq=S steps=K params=P
         tokens_per_s_per_gpu=X tflops_per_gpu=Y peak_mem_gib=Z steady_peak_mem_gib=W loss=L secs=T
 TFLOP/s count 6N + 12*L*h*s per token (the formula train_gpt uses); peak_mem_gib is the
 caching allocator's peak allocated bytes over the whole run (as train_gpt reports), steady_*
-the peak over the timed steps only."""
+the peak over the timed steps only. compile: 0 eager, 1 blocks, 2 whole model and loss."""
 import argparse
 import json
 import os
@@ -44,6 +47,13 @@ class Block(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
         x = x + self.proj(a)
         return x + self.out(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+def checkpoint_blocks(model):
+    """Recompute each block in backward (non-reentrant), as train_gpt's checkpoint_activations."""
+    from torch.utils.checkpoint import checkpoint
+    for b in model.blocks:
+        b.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(b.forward)
 
 
 class GPT(nn.Module):
@@ -73,6 +83,8 @@ def main():
     ap.add_argument("--model-config", required=True)
     ap.add_argument("--mode", choices=["single", "ddp", "fsdp2"], default="fsdp2")
     ap.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    ap.add_argument("--compile-whole", action="store_true",
+                    help="torch.compile the whole model and its loss as one function (--mode single)")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=10)
@@ -84,6 +96,8 @@ def main():
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if args.mode == "single" and world > 1:
         raise SystemExit("--mode single runs on one GPU: start it with python3, not torchrun with several ranks")
+    if args.compile_whole and (args.mode != "single" or args.compile):
+        raise SystemExit("--compile-whole is the one-GPU row (--mode single), without --compile")
     torch.cuda.set_device(local)
     distributed = args.mode != "single"
     if distributed:
@@ -94,6 +108,8 @@ def main():
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     torch.manual_seed(0)
     model = GPT(c).cuda()
+    if c.get("checkpoint_activations", False):
+        checkpoint_blocks(model)
     n_params = sum(p.numel() for p in model.parameters())
     if args.compile:
         # Per block, before any wrapper: the 24 blocks share one compiled graph (their
@@ -112,6 +128,14 @@ def main():
         autocast = False
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     seq, vocab = c["seq_length"], c["vocab_size"]
+
+    def forward_loss(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(ids[:, :-1])
+        return F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
+
+    if args.compile_whole:
+        forward_loss = torch.compile(forward_loss)
     ids = torch.randint(0, vocab, (args.micro_batch, seq + 1), device="cuda")
     flops_per_token = 6 * n_params + 12 * c["num_layers"] * c["hidden_size"] * seq
     torch.cuda.reset_peak_memory_stats()
@@ -122,9 +146,7 @@ def main():
             run_peak = torch.cuda.max_memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
+        loss = forward_loss(ids)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -134,7 +156,7 @@ def main():
     steady_peak = torch.cuda.max_memory_allocated()
     tps = args.steps * args.micro_batch * seq / secs
     if rank == 0:
-        print(f"pytorch mode={args.mode} compile={int(args.compile)} gpus={world} micro_batch={args.micro_batch} "
+        print(f"pytorch mode={args.mode} compile={2 if args.compile_whole else int(args.compile)} gpus={world} micro_batch={args.micro_batch} "
               f"seq={seq} steps={args.steps} params={n_params} tokens_per_s_per_gpu={tps:.1f} "
               f"tflops_per_gpu={tps * flops_per_token / 1e12:.2f} "
               f"peak_mem_gib={max(run_peak, steady_peak) / 2**30:.3f} steady_peak_mem_gib={steady_peak / 2**30:.3f} "

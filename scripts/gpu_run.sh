@@ -14,9 +14,12 @@
 #                   to 1 GiB) with NCCL's defaults, then with NCCL_MIN_NCHANNELS=32 -> comm_ag.log
 #   GPU_TABLE=1     bench/gpt_table.sh: issue 7's table (ROWS, LOGDIR, ... as that script says;
 #                   it replaces the default GPT benchmark, whose rows it holds); -> gpt_table.md
-#   GPU_PROFILE=1   two steps (14 and 15 of 20) of dscpp ZeRO-2 on 2 GPUs under Kineto: gzipped
-#                   traces profile-rank{0,1}.json.gz and bench/trace_summary.py's profile_summary.md
+#   GPU_PROFILE=1   two steps (14 and 15 of 20) of dscpp ZeRO-2 on 2 GPUs (1 where there is one)
+#                   under Kineto: gzipped traces profile-rank*.json.gz and bench/trace_summary.py's
+#                   profile_summary.md
 #                   (GPU_PROFILE_DEFERRED=1: the d2x2d run, deferred all-gathers and LayerSpecs)
+#   GPU_67B=1       the 6.66 B GPT with activation checkpointing (bench/configs/gpt_6.7B_*):
+#                   GPU_67B_ROWS (default "d2x1 ds2x1te d3x1 ds3x1t") -> gpt_table_67b.md
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
 #   GPU_BASELINE=DIR  another source tree (the code before a change: `git archive COMMIT | tar x -C
 #                   .gpu/baseline`) is built too (train_gpt and the launcher), and bench/gpt_table.sh
@@ -35,6 +38,12 @@ deps=/opt/deps
 mkdir -p "$deps"
 for f in .gpu/*.deb; do dpkg -x "$f" "$deps"; done
 export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# DeepSpeed for its own table rows (issue 17): the wheels carried in .gpu/ds-wheels (the GPU
+# machine has no DeepSpeed and no network; ../shared/GPU.md).
+if ls .gpu/ds-wheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /opt/dspy .gpu/ds-wheels/*.whl >/dev/null 2>&1 &&
+    export PYTHONPATH=/opt/dspy${PYTHONPATH:+:$PYTHONPATH}
+fi
 [ -d /opt/gcc/bin ] && export PATH=/opt/gcc/bin:$PATH
 summary=()
 step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records the outcome
@@ -128,13 +137,16 @@ gpt_profile() {  # two profiled ZeRO-2 steps on 2 GPUs, every rank's trace, then
     cfg=(--deepspeed_config bench/configs/gpt_bf16_zero2_deferred.json --layer-specs)
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 10))
   [ "$limit" -ge 45 ] || { echo "gpt_profile: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
-  timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29740 ./build-cuda/examples/train_gpt \
+  local n=$(( gpus >= 2 ? 2 : 1 )) r
+  timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus "$n" --master_port 29740 ./build-cuda/examples/train_gpt \
     --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
     "${cfg[@]}" --train-iters 20 --log-interval 10 \
     --profile-step 14 --profile-steps 2 --profile-out "$trace" --profile-all-ranks || return 1
-  gzip -f "$out/profile-rank0.json" "$out/profile-rank1.json" || return 1
-  python3 bench/trace_summary.py "$out/profile-rank0.json.gz" >"$out/profile_summary.md" &&
-    python3 bench/trace_summary.py "$out/profile-rank1.json.gz" >>"$out/profile_summary.md"
+  : >"$out/profile_summary.md"
+  for ((r = 0; r < n; r++)); do
+    gzip -f "$out/profile-rank$r.json" || return 1
+    python3 bench/trace_summary.py "$out/profile-rank$r.json.gz" >>"$out/profile_summary.md" || return 1
+  done
 }
 if [ "${GPU_TABLE:-0}" = 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ] && [ "$gpus" -ge 1 ]; then
   budget=0
@@ -147,8 +159,18 @@ if [ "${GPU_TABLE:-0}" = 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ] &&
   fi
   step gpt_table env OUT="$out" BUDGET_S="$budget" bash bench/gpt_table.sh
 fi
-if [ "${GPU_PROFILE:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+if [ "${GPU_PROFILE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
   step gpt_profile gpt_profile
+fi
+table67() {
+  local budget=0
+  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && budget=$((GPU_DEADLINE_S - SECONDS - 15))
+  env OUT="$out/t67" LOGDIR="$out/table67" BUDGET_S="$budget" ROWS="${GPU_67B_ROWS:-d2x1 ds2x1te d3x1 ds3x1t}" \
+    MODEL_CONFIG=bench/configs/gpt_6.7B_bench.json DS_CONFIG_PATTERN=bench/configs/gpt_6.7B_bf16_zero%s.json \
+    PT_MICRO=4 bash bench/gpt_table.sh && cp "$out/t67/gpt_table.md" "$out/gpt_table_67b.md"
+}
+if [ "${GPU_67B:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+  step gpt_table_67b table67
 fi
 # GPU_13B=1: the 13 B GPT (model_zoo/configs/gpt_13B.json, activation checkpointing, micro-batch
 # 1, sequence 2048) at ZeRO-3 on 2 GPUs, layer by layer; GPU_13B_STAGE2=1 also tries stage 2.
@@ -220,6 +242,7 @@ grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
 grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
 grep -E "^gpt_table: " "$out/gpt_table.log" 2>/dev/null  # each row's wall time
 cat "$out/gpt_table.md" 2>/dev/null
+cat "$out/gpt_table_67b.md" 2>/dev/null
 cat "$out/baseline_compare.md" 2>/dev/null
 for f in "$out"/profile_summary*.md; do
   [ -f "$f" ] && { echo "## $(basename "$f")"; grep -E "^# GPU|GPU span|s GPU work|exposed|compute stream" "$f"; }
