@@ -99,13 +99,9 @@ GPTAttentionImpl::GPTAttentionImpl(const GPTConfig& c)
 
 at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
-  // [B,S,3h] -> [3,B,heads,S,head_dim]: q, k and v with heads as a batch dimension. unbind,
-  // not indexing: the backward of three selects zero-fills three whole-size gradients, copies
-  // into each and adds them up; unbind's backward is one stack.
-  auto qkv_heads = linear_of(qkv, x)
-                       .view({batch, seq, 3, heads, hidden / heads})
-                       .permute({2, 0, 3, 1, 4})
-                       .unbind(0);
+  // q, k and v as [B,heads,S,head_dim] views of the projection; their gradients land in one
+  // contiguous buffer (ops::qkv_heads says why not view/permute/unbind).
+  auto qkv_heads = ops::qkv_heads(linear_of(qkv, x), heads);
   at::Tensor y = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2],
                                                   /*attn_mask=*/{}, is_training() ? dropout : 0.0,
                                                   /*is_causal=*/true);

@@ -53,7 +53,41 @@ struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
   }
 };
 
+struct QkvHeadsFunction : torch::autograd::Function<QkvHeadsFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
+    TORCH_CHECK(qkv.dim() == 3 && heads >= 1 && qkv.size(2) % (3 * heads) == 0,
+                "qkv_heads: expected qkv [batch, seq, 3 * hidden] with hidden divisible by the ",
+                heads, " heads, got ", qkv.sizes());
+    const int64_t batch = qkv.size(0), seq = qkv.size(1), dim = qkv.size(2) / (3 * heads);
+    ctx->saved_data["sizes"] = std::vector<int64_t>{batch, seq, heads, dim};
+    auto parts = qkv.view({batch, seq, 3, heads, dim}).permute({2, 0, 3, 1, 4}).unbind(0);
+    return {parts[0], parts[1], parts[2]};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->saved_data["sizes"].toIntVector();
+    const at::Tensor& any = grads[0].defined()   ? grads[0]
+                            : grads[1].defined() ? grads[1]
+                                                 : grads[2];
+    at::Tensor out = at::empty({s[0], s[1], 3, s[2], s[3]}, any.options());
+    for (int64_t i = 0; i < 3; ++i) {
+      at::Tensor part = out.select(2, i);  // [B, S, heads, dim], rows 3h apart
+      if (grads[i].defined()) {
+        part.copy_(grads[i].transpose(1, 2));
+      } else {
+        part.zero_();
+      }
+    }
+    return {out.view({s[0], s[1], 3 * s[2] * s[3]}), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+std::array<at::Tensor, 3> qkv_heads(const at::Tensor& qkv, int64_t heads) {
+  auto out = QkvHeadsFunction::apply(qkv, heads);
+  return {out[0], out[1], out[2]};
+}
 
 at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh_approximation) {
   return BiasGeluFunction::apply(x, bias, tanh_approximation);

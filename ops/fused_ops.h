@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 
 namespace dscpp::ops {
@@ -39,5 +40,15 @@ at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh_appr
 // kernel's loss NaN (a check would cost a device-to-host synchronisation).
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
                          int64_t ignore_index = -100);
+
+// The attention's q, k and v from the fused projection's output: qkv [B, S, 3h] (the last
+// dimension laid out as [3, heads, h / heads]) gives three [B, heads, S, h / heads] views
+// of it, no copy, the strides scaled_dot_product_attention takes. Backward writes the three
+// gradients straight into one contiguous [B, S, 3h] gradient (three strided copies); the
+// eager composition (view, permute, unbind) stacks them in one copy and makes the stack
+// contiguous in a second, both at a fraction of the memory bandwidth (a GPT-1.3B step spent
+// about 10 ms of 139 there on one H200, docs/PERFORMANCE.md). An undefined gradient (an output
+// unused) counts as zeros. The views may not be modified in place.
+std::array<at::Tensor, 3> qkv_heads(const at::Tensor& qkv, int64_t heads);
 
 }  // namespace dscpp::ops
