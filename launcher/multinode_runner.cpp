@@ -169,6 +169,18 @@ EnvList pdsh_environment(const RunnerInputs& in, const EnvList& environment) {
   return env;
 }
 
+std::optional<int> pdsh_failed_node(const std::string& line) {
+  static const std::string kMark = ": ssh exited with exit code ";
+  if (line.rfind("pdsh@", 0) != 0) return std::nullopt;
+  const size_t at = line.find(kMark);
+  if (at == std::string::npos) return std::nullopt;
+  const std::string digits = line.substr(at + kMark.size());
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      digits.size() > 3)
+    return std::nullopt;
+  return std::stoi(digits);
+}
+
 Argv openmpi_command(const RunnerInputs& in) {
   std::vector<std::string> launcher_args = shlex_split(in.launcher_args);
   Argv cmd = {"mpirun",    "-n",        std::to_string(pool_total(in.pool)),

@@ -75,6 +75,10 @@ Argv pdsh_kill_command(const RunnerInputs& in);
 // Variables pdsh itself needs (PDSH_RCMD_TYPE, PDSH_SSH_ARGS_APPEND).
 EnvList pdsh_environment(const RunnerInputs& in, const EnvList& environment);
 
+// The exit code in pdsh's report of a remote command that failed ("pdsh@h: node2: ssh exited
+// with exit code 3"); nullopt for any other line.
+std::optional<int> pdsh_failed_node(const std::string& stderr_line);
+
 Argv openmpi_command(const RunnerInputs& in);
 Argv mpich_command(const RunnerInputs& in);
 Argv slurm_command(const RunnerInputs& in);

@@ -250,6 +250,7 @@ pid_t Supervisor::fork_exec(const ChildSpec& spec) {
       ::dup2(spec.output_fd, 1);
       ::dup2(spec.output_fd, 2);
     }
+    if (spec.stderr_fd >= 0) ::dup2(spec.stderr_fd, 2);
     if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
       write_all(2, affinity_error + std::strerror(errno) + "\n");
       ::_exit(126);
@@ -351,6 +352,39 @@ void Supervisor::on_stdin() {
   begin_teardown(true);
 }
 
+void Supervisor::watch_output(int fd, const std::string& label, LineWatch on_line) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  watches_.push_back({fd, label, std::move(on_line), {}});
+}
+
+void Supervisor::on_output(size_t index) {
+  OutputWatch& w = watches_[index];
+  char buffer[4096];
+  const ssize_t n = ::read(w.fd, buffer, sizeof(buffer));
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {  // the writer is gone: what is left of a line is still shown
+    if (!w.pending.empty()) write_all(2, w.pending);
+    ::close(w.fd);
+    w.fd = -1;
+    return;
+  }
+  write_all(2, std::string(buffer, static_cast<size_t>(n)));
+  w.pending.append(buffer, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t end; (end = w.pending.find('\n', start)) != std::string::npos; start = end + 1) {
+    const auto code = w.on_line(w.pending.substr(start, end - start));
+    if (code && *code != 0 && state_ == State::kRunning) {
+      exit_code_ = *code;
+      exit_code_set_ = true;
+      fmt::print(stderr, "dscpp: {} reported a failure (exit code {}); stopping the others\n",
+                 w.label, *code);
+      begin_teardown(false);
+    }
+  }
+  w.pending.erase(0, start);
+  if (w.pending.size() > (1 << 16)) w.pending.clear();  // no line ending: nothing to match
+}
+
 void Supervisor::begin_teardown(bool by_signal) {
   state_ = State::kTerminating;
   deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -409,16 +443,20 @@ int Supervisor::run() {
       // Orphans adopted since the last pass get their signal too.
       signal_stragglers();
     }
-    pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {0, POLLIN, 0}};
-    const int n = ::poll(fds, watch_stdin_ ? 2 : 1, poll_timeout_ms());
+    std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}, {watch_stdin_ ? 0 : -1, POLLIN, 0}};
+    for (const OutputWatch& w : watches_) fds.push_back({w.fd, POLLIN, 0});  // -1: ignored
+    const int n = ::poll(fds.data(), fds.size(), poll_timeout_ms());
     if (n < 0 && errno != EINTR) throw_errno("poll");
+    for (size_t i = 0; n > 0 && i < watches_.size(); ++i) {
+      if (fds[2 + i].fd >= 0 && fds[2 + i].revents) on_output(i);
+    }
     if (n > 0 && (fds[0].revents & POLLIN)) {
       signalfd_siginfo info;
       while (::read(signal_fd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
         on_signal(static_cast<int>(info.ssi_signo));
       }
     }
-    if (n > 0 && watch_stdin_ && fds[1].revents) on_stdin();
+    if (n > 0 && watch_stdin_ && fds[1].fd >= 0 && fds[1].revents) on_stdin();
     if (state_ != State::kRunning && Clock::now() >= deadline_) {
       if (state_ == State::kKilling) {
         fmt::print(stderr, "dscpp: some processes survive SIGKILL; giving up on them\n");
@@ -426,6 +464,15 @@ int Supervisor::run() {
       }
       escalate();
     }
+  }
+  for (size_t i = 0; i < watches_.size(); ++i) {
+    while (watches_[i].fd >= 0) {  // the rest of what the members wrote
+      pollfd p{watches_[i].fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) break;
+      on_output(i);
+    }
+    if (watches_[i].fd >= 0) ::close(watches_[i].fd);
+    watches_[i].fd = -1;
   }
   if (guardian_fd_ >= 0) {
     const int32_t done = 0;

@@ -38,6 +38,7 @@ struct ChildSpec {
   std::vector<std::string> envp;  // complete environment, NAME=VALUE
   int stdin_fd = -1;              // -1: inherit
   int output_fd = -1;             // stdout and stderr; -1: inherit
+  int stderr_fd = -1;             // stderr alone (after output_fd); -1: as above
   std::vector<int> cpus;          // CPU affinity; empty: inherit
 };
 
@@ -65,6 +66,14 @@ class Supervisor {
   // if still running when the grace period ends.
   pid_t spawn_helper(const ChildSpec& spec);
 
+  // A member's stderr read through a pipe: fd is the pipe's read end (the supervisor owns
+  // it). What arrives is copied to this process's stderr unchanged; each complete line is
+  // passed to on_line, and a line for which it returns an exit code fails the job as that
+  // member's non-zero exit would (pdsh reports a remote command's failure only as a line,
+  // and keeps waiting for the other hosts).
+  using LineWatch = std::function<std::optional<int>(const std::string& line)>;
+  void watch_output(int fd, const std::string& label, LineWatch on_line);
+
   // For a launcher started over ssh: EOF on stdin means the runner is gone.
   void watch_stdin_for_eof() { watch_stdin_ = true; }
   // Called once when teardown begins; `by_signal` is true when the launcher was signalled
@@ -91,6 +100,7 @@ class Supervisor {
   void on_exit(pid_t pid, int status);
   void on_signal(int signo);
   void on_stdin();
+  void on_output(size_t watch);
   void begin_teardown(bool by_signal);
   void escalate();
   void signal_stragglers();
@@ -109,6 +119,13 @@ class Supervisor {
   int guardian_fd_ = -1;
   bool started_ = false;
   bool watch_stdin_ = false;
+  struct OutputWatch {
+    int fd;
+    std::string label;
+    LineWatch on_line;
+    std::string pending;  // the part of a line read so far
+  };
+  std::vector<OutputWatch> watches_;
   bool teardown_hook_called_ = false;
   std::function<void(bool)> hook_;
   sigset_t original_mask_{};

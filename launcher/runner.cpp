@@ -164,7 +164,12 @@ int run_multi_node(const Options& o, const LaunchPlan& plan, const EnvList& envi
     if (verbose(o))
       fmt::print(stderr, "dscpp: using {} of {} as master address\n", in.master_addr, first_host);
   }
-  in.exports = collect_exports(environment, read_deepspeed_env(environment, in.cwd));
+  // As DeepSpeed's runner: the launch folder first on every node's PYTHONPATH (exported with
+  // the other PYTHON* variables), so a Python program imports its neighbours there.
+  EnvList exported = environment;
+  const auto python_path = get_env(environment, "PYTHONPATH");
+  set_env(exported, "PYTHONPATH", python_path ? in.cwd + ":" + *python_path : in.cwd);
+  in.exports = collect_exports(exported, read_deepspeed_env(environment, in.cwd));
 
   std::vector<std::vector<std::string>> commands;
   EnvList env = environment;
@@ -192,22 +197,34 @@ int run_multi_node(const Options& o, const LaunchPlan& plan, const EnvList& envi
   for (size_t i = 0; i < commands.size(); ++i) {
     ChildSpec spec = child_spec(commands[i], env);
     int fds[2] = {-1, -1};
+    int err[2] = {-1, -1};
     if (o.launcher == "ssh") {
       if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
       spec.stdin_fd = fds[0];
       stdin_pipes.push_back(fds[1]);
     }
+    if (o.launcher == "pdsh") {
+      // pdsh waits for every host: a node whose rank failed shows only as a line on its
+      // stderr, which is read here so that the other hosts are stopped at once.
+      if (::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+      spec.stderr_fd = err[1];
+    }
     supervisor.spawn_member(spec,
                             o.launcher == "ssh" ? "ssh to " + plan.active[i].first : o.launcher);
     if (fds[0] >= 0) ::close(fds[0]);
+    if (err[1] >= 0) {
+      ::close(err[1]);
+      supervisor.watch_output(err[0], "pdsh", pdsh_failed_node);
+    }
   }
   const ChildSpec kill_spec =
       o.launcher == "pdsh" ? child_spec(pdsh_kill_command(in), env) : ChildSpec{};
-  supervisor.set_teardown_hook([&](bool by_signal) {
+  supervisor.set_teardown_hook([&](bool) {
     for (int fd : stdin_pipes) ::close(fd);
     stdin_pipes.clear();
-    // pdsh cannot stop what it started remotely once interrupted; DeepSpeed runs pkill there.
-    if (by_signal && !kill_spec.path.empty()) supervisor.spawn_helper(kill_spec);
+    // pdsh cannot stop what it started remotely, whether it was interrupted or one host
+    // failed while the others run on; DeepSpeed runs pkill there (on interrupts only).
+    if (!kill_spec.path.empty()) supervisor.spawn_helper(kill_spec);
   });
   const int code = supervisor.run();
   for (int fd : stdin_pipes) ::close(fd);

@@ -11,7 +11,8 @@ packages=(build-essential clang cmake ninja-build ccache git python3-venv python
   libgloo-dev fortunes zlib1g-dev
   libclang-rt-14-dev  # tests/fuzz: libFuzzer, ASan and UBSan for clang
   libprotobuf-dev protobuf-compiler  # runtime/monitor: TensorBoard event records
-  iso-codes)  # tests/data: text in ~150 languages (gettext catalogs) for the tokenizer test
+  iso-codes  # tests/data: text in ~150 languages (gettext catalogs) for the tokenizer test
+  iproute2 openssh-server openssh-client pdsh)  # tests/comm: two hosts as network namespaces
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -92,6 +92,15 @@ TEST(PdshRunner, KillCommandDoesNotMatchItsOwnShell) {
   EXPECT_EQ(pdsh_kill_command(inputs("pdsh")), expected);
 }
 
+TEST(PdshRunner, FailedNodeLineGivesItsExitCode) {
+  EXPECT_EQ(pdsh_failed_node("pdsh@vm: 10.77.0.2: ssh exited with exit code 3"), 3);
+  EXPECT_EQ(pdsh_failed_node("pdsh@head: worker-1: ssh exited with exit code 255"), 255);
+  // A rank's own output that merely looks alike, or pdsh's other lines, are not failures.
+  EXPECT_EQ(pdsh_failed_node("worker-1: pdsh@x: y: ssh exited with exit code 3"), std::nullopt);
+  EXPECT_EQ(pdsh_failed_node("pdsh@head: worker-1: connect: Connection refused"), std::nullopt);
+  EXPECT_EQ(pdsh_failed_node("pdsh@head: worker-1: ssh exited with exit code x"), std::nullopt);
+}
+
 TEST(PdshRunner, Environment) {
   RunnerInputs in = inputs("pdsh");
   EXPECT_EQ(pdsh_environment(in, {}), (EnvList{{"PDSH_RCMD_TYPE", "ssh"}}));
