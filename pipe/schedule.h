@@ -16,6 +16,11 @@
 //   so no ordering of them can deadlock.
 // - Every micro-batch goes forward through every chunk on every stage once and backward
 //   once (training), in dependency order.
+// - A buffer slot belongs to one (micro-batch, chunk) from its first instruction on this
+//   stage (its RecvActivation or LoadMicroBatch) to its last (its SendGrad, or its
+//   Backward on the first stage): it holds the input, the output and the input's gradient,
+//   and no other unit uses the slot in any step of that span, not even the step that
+//   frees it. Slots are numbered per stage, shared by all its chunks.
 #pragma once
 
 #include <string>
@@ -24,12 +29,12 @@
 namespace dscpp::pipe {
 
 enum class Op {
-  kLoadMicroBatch,   // first stage: the inputs; last stage: the labels
+  kLoadMicroBatch,  // first stage: the inputs; last stage: the labels
   kForward,
   kBackward,
-  kSendActivation,   // to peer_of(...): the next stage (chunk+1 on stage 0 after the last)
+  kSendActivation,  // to peer_of(...): the next stage (chunk+1 on stage 0 after the last)
   kRecvActivation,
-  kSendGrad,         // the gradient of the received activation, to the previous stage
+  kSendGrad,  // the gradient of the received activation, to the previous stage
   kRecvGrad,
   kReduceTiedGrads,  // sum tied layers' gradients among the stages that hold them
   kReduceGrads,      // the data-parallel reduction ZeRO's stage needs at the boundary
@@ -55,7 +60,8 @@ struct PipeShape {
 // and micro_batches % stages == 0, Megatron's rule: refused with dscpp::Error showing the
 // arithmetic). Bubble fraction (p-1)/m, resp. (p-1)/(v*m), of the ideal step.
 std::vector<Step> train_schedule(const PipeShape& shape);
-// Forward only, for eval_batch (DeepSpeed's InferenceSchedule).
+// Forward only, for eval_batch: DeepSpeed's InferenceSchedule (chunks == 1), or with chunks > 1
+// the interleaved layout's forwards in Megatron's order (the same refusals as training).
 std::vector<Step> inference_schedule(const PipeShape& shape);
 // The activation buffer slots a schedule's instructions index (DeepSpeed's num_pipe_buffers).
 int num_buffers(const std::vector<Step>& steps);
