@@ -13,6 +13,8 @@ ours:   a 2-rank ZeRO-2 run of dscpp saves; tools/to_universal converts it; Deep
 theirs: a 2-rank ZeRO-2 run of DeepSpeed saves; DeepSpeed's ds_to_universal converts it;
         dscpp resumes it with checkpoint.load_universal on 1 rank (stages 0 and 2) and on 4
         (stages 1, 2 and 3) and trains on as DeepSpeed's own 4-rank universal resume does.
+errors: no latest_universal, a missing state file, a missing parameter folder, a tensor of
+        another shape: each an error naming the file (and the shapes).
 Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
 import argparse
 import glob
@@ -96,6 +98,44 @@ def part_ours(r, report):
         report(f"ours -> to_universal -> dscpp {ranks} ranks ZeRO-{stage}", p)
 
 
+def refused(r, name, cfg, load, want):
+    """A run that must fail with an error holding every string of `want`."""
+    try:
+        r.dscpp(name, 1, cfg, ["--load", load], steps=SAVE_AT + 1)
+    except RuntimeError as e:
+        missing = [w for w in want if w not in str(e)]
+        return [f"{name}: the error lacks {missing}: {str(e)[-600:]}"] if missing else []
+    return [f"{name}: loaded"]
+
+
+def part_errors(r, report):
+    """Broken universal folders: an error naming the file, on every rank, never a crash."""
+    cfg = config(2, 2)
+    ckpt = os.path.join(r.tmp, "errors")
+    r.dscpp("errors_first", 2, cfg, ["--save", ckpt, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+    problems = refused(r, "no_latest_universal", universal(cfg), ckpt, ["latest_universal", "does not exist"])
+    zero = os.path.join(ckpt, f"global_step{SAVE_AT}_universal", "zero")
+
+    def fresh():  # each case breaks one thing of an intact folder
+        shutil.rmtree(os.path.dirname(zero), ignore_errors=True)
+        subprocess.run([r.args.to_universal, "--input_folder", ckpt], check=True, capture_output=True)
+
+    fresh()
+    os.remove(os.path.join(zero, "l2.bias", "exp_avg_sq.pt"))
+    problems += refused(r, "no_exp_avg_sq", universal(cfg), ckpt, [os.path.join(zero, "l2.bias"), "exp_avg_sq"])
+    fresh()
+    shutil.rmtree(os.path.join(zero, "l3.weight"))
+    problems += refused(r, "no_param_folder", universal(cfg), ckpt, ["l3.weight", "has no folder"])
+    import torch
+    fresh()
+    path = os.path.join(zero, "l1.weight", "fp32.pt")
+    d = torch.load(path)
+    d["param"] = d["param"][:, :8].clone()
+    torch.save(d, path)
+    problems += refused(r, "wrong_shape", universal(cfg), ckpt, [path, "32x8", "32x16"])
+    report("broken universal checkpoints are refused, naming the file", problems)
+
+
 def part_theirs(r, report):
     ckpt = os.path.join(r.tmp, "theirs")
     r.deepspeed("ds_first", 2, 2, 2, ["--save", ckpt, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
@@ -125,7 +165,7 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--to-universal", dest="to_universal", required=True)
-    ap.add_argument("--part", choices=["ours", "theirs", "all"], default="all")
+    ap.add_argument("--part", choices=["ours", "theirs", "errors", "all"], default="all")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="universal_oracle_")
@@ -141,7 +181,7 @@ def main():
         counts[0 if ok else 1] += 1
         print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ': ' + '; '.join(problems)}", flush=True)
 
-    for name, fn in {"ours": part_ours, "theirs": part_theirs}.items():
+    for name, fn in {"ours": part_ours, "theirs": part_theirs, "errors": part_errors}.items():
         if args.part in (name, "all"):
             try:
                 fn(r, report)
