@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "dscpp/runtime/checkpoint/checkpoint_error.h"
@@ -76,25 +77,26 @@ void save_safetensors(const NamedTensors& tensors, const std::string& path,
     throw CheckpointError("cannot rename '" + tmp + "' to '" + path + "'");
 }
 
-Safetensors load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw CheckpointError("cannot open '" + path + "'");
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+namespace {
+
+// Reads [offset, offset + n) of the source into dst; false when it cannot.
+using ReadAt = std::function<bool(uint64_t offset, uint64_t n, void* dst)>;
+
+// The format over any source of `size` bytes; `name` names it in errors.
+Safetensors parse(const ReadAt& read_at, uint64_t size, const std::string& name) {
   auto bad = [&](const std::string& what) {
-    return CheckpointError("'" + path + "' is not a safetensors file: " + what);
+    return CheckpointError("'" + name + "' is not a safetensors file: " + what);
   };
   if (size < 8) throw bad(fmt::format("{} bytes, fewer than the 8 of the header length", size));
   unsigned char len[8];
-  in.read(reinterpret_cast<char*>(len), 8);
+  if (!read_at(0, 8, len)) throw CheckpointError("cannot read '" + name + "'");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
   if (n > kMaxHeader || n > size - 8)
     throw bad(
         fmt::format("header length {} (byte 0) exceeds the file's {} bytes or 100 MB", n, size));
   std::string text(n, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
-  if (!in) throw CheckpointError("cannot read '" + path + "'");
+  if (!read_at(8, n, text.data())) throw CheckpointError("cannot read '" + name + "'");
   json header;
   try {
     header = json::parse(text);
@@ -111,16 +113,16 @@ Safetensors load_safetensors(const std::string& path) {
     uint64_t begin, end;
   };
   std::vector<Entry> entries;
-  for (const auto& [name, v] : header.items()) {
-    if (name == "__metadata__") {
+  for (const auto& [key, v] : header.items()) {
+    if (key == "__metadata__") {
       if (!v.is_object()) throw bad("__metadata__ is not an object");
-      for (const auto& [k, s] : v.items()) {
-        if (!s.is_string()) throw bad("__metadata__ value of '" + k + "' is not a string");
-        out.metadata[k] = s.get<std::string>();
+      for (const auto& [k, m] : v.items()) {
+        if (!m.is_string()) throw bad("__metadata__ value of '" + k + "' is not a string");
+        out.metadata[k] = m.get<std::string>();
       }
       continue;
     }
-    const std::string where = "tensor '" + name + "': ";
+    const std::string where = "tensor '" + key + "': ";
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
         !v.contains("data_offsets") || !v["dtype"].is_string() || !v["shape"].is_array() ||
         !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
@@ -129,13 +131,17 @@ Safetensors load_safetensors(const std::string& path) {
     auto it = std::find_if(dtypes().begin(), dtypes().end(),
                            [&](const auto& d) { return dt == d.first; });
     if (it == dtypes().end()) throw bad(where + "unknown dtype '" + dt + "'");
-    Entry e{name, it->second, {}, 0, 0};
+    Entry e{key, it->second, {}, 0, 0};
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) throw bad(where + "shape holds a non-natural number");
-      e.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
-      if (numel > size) throw bad(where + "shape larger than the file");
+      const uint64_t dim = d.get<uint64_t>();
+      // No dimension, and no product of them, is larger than the data that holds it (an
+      // empty tensor aside: a zero keeps the product at zero).
+      if (dim > data_size && dim != 0) throw bad(where + "a dimension larger than the data");
+      if (__builtin_mul_overflow(numel, dim, &numel) || numel > data_size)
+        throw bad(where + "a shape larger than the data");
+      e.shape.push_back(static_cast<int64_t>(dim));
     }
     for (const auto& o : v["data_offsets"])
       if (!o.is_number_unsigned()) throw bad(where + "data_offsets are not natural numbers");
@@ -157,12 +163,36 @@ Safetensors load_safetensors(const std::string& path) {
       throw bad("tensors '" + entries[i - 1].name + "' and '" + entries[i].name + "' overlap");
   for (const Entry& e : entries) {
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    in.seekg(static_cast<std::streamoff>(8 + n + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in) throw CheckpointError("cannot read tensor '" + e.name + "' of '" + path + "'");
+    if (!read_at(8 + n + e.begin, e.end - e.begin, t.data_ptr()))
+      throw CheckpointError("cannot read tensor '" + e.name + "' of '" + name + "'");
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;
+}
+
+}  // namespace
+
+Safetensors load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw CheckpointError("cannot open '" + path + "'");
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  return parse(
+      [&](uint64_t offset, uint64_t n, void* dst) {
+        in.seekg(static_cast<std::streamoff>(offset));
+        in.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
+        return static_cast<bool>(in);
+      },
+      size, path);
+}
+
+Safetensors safetensors_from_memory(std::string_view bytes, const std::string& name) {
+  return parse(
+      [&](uint64_t offset, uint64_t n, void* dst) {
+        if (offset > bytes.size() || n > bytes.size() - offset) return false;
+        if (n) std::memcpy(dst, bytes.data() + offset, n);
+        return true;
+      },
+      bytes.size(), name);
 }
 
 }  // namespace dscpp::checkpoint

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -31,5 +32,7 @@ void save_safetensors(const NamedTensors& tensors, const std::string& path,
 // longer than the file, JSON that is not the format, an unknown dtype, offsets outside the
 // data or not matching the shape, overlapping tensors).
 Safetensors load_safetensors(const std::string& path);
+// The same over bytes in memory (`name` names them in errors): what tests/fuzz fuzzes.
+Safetensors safetensors_from_memory(std::string_view bytes, const std::string& name);
 
 }  // namespace dscpp::checkpoint
