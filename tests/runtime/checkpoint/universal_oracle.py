@@ -9,7 +9,9 @@ ours:   a 2-rank ZeRO-2 run of dscpp saves; tools/to_universal converts it; Deep
         loads it on 4 ranks with checkpoint.load_universal and trains on as dscpp's own 4-rank
         resume of the original checkpoint does (1e-5 relative); the files open with
         torch.load's defaults (weights_only=True) and hold what DeepSpeed's ds_to_universal
-        writes (zero/<name>/{fp32,exp_avg,exp_avg_sq,step}.pt, {"param", "cat_dim"}).
+        writes (zero/<name>/{fp32,exp_avg,exp_avg_sq,step}.pt, {"param", "cat_dim"}); our own
+        reader takes them onto 4 ranks at stage 3 and 1 rank at stage 0; to_universal of
+        stage-0 and stage-3 checkpoints resumes on 1 rank at stage 2 as the originals do.
 theirs: a 2-rank ZeRO-2 run of DeepSpeed saves; DeepSpeed's ds_to_universal converts it;
         dscpp resumes it with checkpoint.load_universal on 1 rank (stages 0 and 2) and on 4
         (stages 1, 2 and 3) and trains on as DeepSpeed's own 4-rank universal resume does.
@@ -96,6 +98,19 @@ def part_ours(r, report):
         p = compare(got["losses"], ours4["losses"], "losses", exact=False)
         p += compare(got["params"], ours4["params"], "weights", exact=False)
         report(f"ours -> to_universal -> dscpp {ranks} ranks ZeRO-{stage}", p)
+    # to_universal from checkpoints of stages 0 and 3 (stage 3: per-parameter partitions and
+    # one model-states file per rank), resumed on 1 rank at stage 2 as the original resumes.
+    for src in (0, 3):
+        c = config(src, 2)
+        ck = os.path.join(r.tmp, f"ours_s{src}")
+        r.dscpp(f"ours_s{src}_first", 2, c, ["--save", ck, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+        subprocess.run([r.args.to_universal, "--input_folder", ck], check=True, capture_output=True)
+        want = r.dscpp(f"ours_s{src}_resume", 2, c, ["--load", ck])
+        got = r.dscpp(f"ours_s{src}_u_1_2", 1, universal(config(2, 2)), ["--load", ck])
+        p = compare(got["losses"], want["losses"], "losses", exact=False)
+        p += compare(got["params"], want["params"], "weights", exact=False)
+        p += layout_problems(os.path.join(ck, f"global_step{SAVE_AT}_universal"))
+        report(f"ours 2 ranks ZeRO-{src} -> to_universal -> dscpp 1 rank ZeRO-2", p)
 
 
 def refused(r, name, cfg, load, want):
