@@ -207,7 +207,7 @@ const std::vector<KeyFate> kTable = {
     // Checkpoints.
     A("checkpoint", "engine.MultiRankGatheredParametersAndTagValidation"),
     A("checkpoint.tag_validation", "engine.MultiRankGatheredParametersAndTagValidation"),
-    N("checkpoint.load_universal", "universal checkpoints are not read", "true", "false"),
+    A("checkpoint.load_universal", "checkpoint.Universal_theirs"),
     N("checkpoint.use_node_local_storage", "checkpoints go where save_checkpoint says", "true",
       "false"),
     N("checkpoint.parallel_write", "one writer per rank", R"({"pipeline_stage": true})",

@@ -46,8 +46,8 @@ std::string find_zero_states(const std::string& dir, const std::string& tag, int
                         " or its bf16_ variant)");
 }
 
-std::optional<std::string> read_latest(const std::string& dir) {
-  fs::path p = fs::path(dir) / "latest";
+std::optional<std::string> read_latest(const std::string& dir, const std::string& file) {
+  fs::path p = fs::path(dir) / file;
   std::error_code ec;
   if (!fs::exists(p, ec)) return std::nullopt;
   if (!fs::is_regular_file(p, ec)) throw CheckpointError("'" + p.string() + "' is not a file");
@@ -75,8 +75,8 @@ std::optional<std::string> read_latest(const std::string& dir) {
   return tag;
 }
 
-void write_latest(const std::string& dir, const std::string& tag) {
-  const std::string path = (fs::path(dir) / "latest").string();
+void write_latest(const std::string& dir, const std::string& tag, const std::string& file) {
+  const std::string path = (fs::path(dir) / file).string();
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   auto fail = [&](const char* what) {

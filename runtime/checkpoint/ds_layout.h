@@ -26,10 +26,12 @@ std::string zero_states_path(const std::string& dir, const std::string& tag, int
 // The zero file of dp_rank, whichever prefix it was written with; throws if neither exists.
 std::string find_zero_states(const std::string& dir, const std::string& tag, int dp_rank);
 
-// The tag <dir>/latest names, or nullopt when there is no such file.
-std::optional<std::string> read_latest(const std::string& dir);
-// Writes <dir>/latest atomically (temporary file, fsync, rename).
-void write_latest(const std::string& dir, const std::string& tag);
+// The tag <dir>/latest names, or nullopt when there is no such file. `file`: another pointer
+// file of the same kind (DeepSpeed's universal checkpoints use "latest_universal").
+std::optional<std::string> read_latest(const std::string& dir, const std::string& file = "latest");
+// Writes <dir>/<file> atomically (temporary file, fsync, rename).
+void write_latest(const std::string& dir, const std::string& tag,
+                  const std::string& file = "latest");
 // Creates <dir>/<tag>/ (and <dir>); safe when several processes race to create it.
 void make_tag_dir(const std::string& dir, const std::string& tag);
 // A tag must name one folder: not empty, no '/', not "." or "..".

@@ -17,8 +17,10 @@
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
+#include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/universal_load.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -292,10 +294,19 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
 bool EngineCore::latest_tag(const std::string& load_dir, std::string* tag) {
   std::string error;
   bool found = false;
+  // checkpoint.load_universal: the tag latest_universal names, and none is an error (as
+  // DeepSpeed's "Invalid for universal checkpoint").
+  const bool universal = config_.checkpoint.load_universal;
   try {
-    if (auto latest = checkpoint::read_latest(load_dir)) {
+    if (auto latest = checkpoint::read_latest(
+            load_dir, universal ? checkpoint::kLatestUniversal : "latest")) {
       *tag = *latest;
       found = true;
+    } else if (universal) {
+      throw CheckpointError(
+          "checkpoint.load_universal is set, but '" +
+          (std::filesystem::path(load_dir) / checkpoint::kLatestUniversal).string() +
+          "' does not exist (tools/to_universal or DeepSpeed's ds_to_universal writes it)");
     } else if (group_->rank() == 0) {
       // DeepSpeed's engine warns so, and returns (None, None): nothing is loaded.
       std::cerr << "dscpp: warning: Unable to find latest file at "
@@ -344,6 +355,8 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       path = checkpoint::zero_model_states_path(load_dir, tag, 0);
     PyValue model = checkpoint::load_torch_file(path);
     result.path = checkpoint::tag_dir(load_dir, tag);
+    // A universal checkpoint holds whole tensors (zero/<name>/): any stage, any ranks.
+    const bool universal = config_.checkpoint.load_universal;
 
     // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0.
     int saved_stage = 0;
@@ -352,20 +365,34 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     } else if (need(model, "optimizer", path).is_none()) {
       saved_stage = -1;  // 1 or 2: the ZeRO files tell
     }
-    if (!options.load_module_only && saved_stage >= 0 && saved_stage != zero_->stage() &&
-        (saved_stage == 0 || zero_->stage() == 0))
+    if (!universal && !options.load_module_only && saved_stage >= 0 &&
+        saved_stage != zero_->stage() && (saved_stage == 0 || zero_->stage() == 0))
       throw CheckpointError(
           fmt::format("'{}' is a ZeRO stage {} checkpoint; this engine runs stage {}", path,
                       saved_stage, zero_->stage()));
-    if (!options.load_module_only && saved_stage == -1 && zero_->stage() == 0)
+    if (!universal && !options.load_module_only && saved_stage == -1 && zero_->stage() == 0)
       throw CheckpointError("'" + path +
                             "' is a ZeRO stage 1-2 checkpoint; this engine runs stage 0");
 
-    const bool other_params = load_module(model, path, options, result);
+    if (universal) {
+      // As DeepSpeed: the weights come from zero/ (the module is not read), the buffers,
+      // which zero/ does not hold, from the model states where they are.
+      engine_checkpoint::load_universal_partition(
+          *zero_, param_names_, result.path,
+          options.load_optimizer_states && !options.load_module_only);
+      const PyValue* module = model.find(PyValue("module"));
+      for (const auto& [name, b] : named_buffers_()) {
+        const PyValue* v = module && module->is_dict() ? module->find(PyValue(name)) : nullptr;
+        if (v && v->is_tensor() && v->as_tensor().sizes() == b.sizes()) b.copy_(v->as_tensor());
+      }
+    }
+    const bool other_params = !universal && load_module(model, path, options, result);
     if (options.load_module_only) {
-      zero_->refresh_master_from_params();
+      if (!universal) zero_->refresh_master_from_params();
     } else {
-      if (other_params) {  // its partitions hold other parameters: the module's values stand
+      if (universal) {
+        // loaded above
+      } else if (other_params) {  // its partitions hold other parameters: the module's stand
         zero_->refresh_master_from_params();
       } else if (zero_->stage() == 0) {
         load_stage0_optimizer(model, path, options.load_optimizer_states);
@@ -383,10 +410,14 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       micro_steps_ = micro ? micro->as_int() : global_steps_ * config_.gradient_accumulation_steps;
       if (const PyValue* ls = model.find(PyValue("dscpp_loss_scaler"))) {
         scaler_->load_state_dict(ls->to_json());
-      } else if (zero_->stage() >= 1) {
+      } else if (zero_->stage() >= 1 || universal) {
         // DeepSpeed pickles its LossScaler object; we read it as a dict of its fields.
-        PyValue z = checkpoint::load_torch_file(checkpoint::find_zero_states(load_dir, tag, 0));
-        const PyValue* ls0 = need(z, "optimizer_state_dict", load_dir).find(PyValue("loss_scaler"));
+        const std::string zpath =
+            universal ? (fs::path(result.path) / "zero" / "optimizer_state.pt").string()
+                      : checkpoint::find_zero_states(load_dir, tag, 0);
+        PyValue z = checkpoint::load_torch_file(zpath);
+        const PyValue* ls0 =
+            (universal ? z : need(z, "optimizer_state_dict", zpath)).find(PyValue("loss_scaler"));
         if (ls0 && ls0->is_dict()) {
           nlohmann::json j = ls0->to_json();
           j.erase("__class__");

@@ -25,6 +25,7 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/recovery_script.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
@@ -293,6 +294,13 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
       checkpoint::write_latest(save_dir, tag);
     } catch (const std::exception& e) {
       error = e.what();
+    }
+    // As DeepSpeed's: the folder carries its consolidation script (ours, torch only). The
+    // checkpoint is complete without it, so a failure to write it only warns.
+    try {
+      checkpoint::write_zero_to_fp32_script(save_dir);
+    } catch (const std::exception& e) {
+      std::cerr << "dscpp: warning: " << e.what() << "\n";
     }
   }
   agree(error, "save_checkpoint");

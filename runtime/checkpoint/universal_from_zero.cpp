@@ -1,0 +1,208 @@
+// A checkpoint of ours as a universal checkpoint: see universal_from_zero.h.
+#include "dscpp/runtime/checkpoint/universal_from_zero.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <set>
+
+#include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/save_binding.h"
+
+namespace dscpp::checkpoint {
+
+namespace {
+
+const PyValue& need(const PyValue& dict, const char* key, const std::string& path) {
+  const PyValue* v = dict.is_dict() ? dict.find(PyValue(key)) : nullptr;
+  if (!v) throw CheckpointError("'" + path + "' has no '" + key + "' entry");
+  return *v;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The dict without the given keys (the big tensors ds_to_universal leaves out too).
+PyValue without(const PyValue& dict, const std::set<std::string>& drop) {
+  PyValue out = PyValue::dict();
+  for (size_t i = 0; i < dict.size(); ++i) {
+    const PyValue& k = dict.keys()[i];
+    if (k.is_string() && drop.count(k.as_string())) continue;
+    out.set(k, dict.values()[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
+                                                   const std::string& tag_in) {
+  std::string tag = tag_in;
+  if (tag.empty()) {
+    auto latest = read_latest(dir);
+    if (!latest) throw CheckpointError("'" + dir + "' has no 'latest' file: pass a tag");
+    tag = *latest;
+  }
+  check_tag(tag);
+  std::string path = model_states_path(dir, tag);
+  if (!std::filesystem::exists(path) &&
+      std::filesystem::exists(zero_model_states_path(dir, tag, 0)))
+    path = zero_model_states_path(dir, tag, 0);
+  if (!std::filesystem::exists(path))
+    throw CheckpointError("'" + tag_dir(dir, tag) + "' has no model states file (expected " +
+                          model_states_path(dir, tag) + ")");
+  UniversalCheckpoint ck;
+  ck.model = load_torch_file(path);
+  const PyValue& module = need(ck.model, "module", path);
+
+  // The trainable parameters in ZeRO's (registration) order: param_shapes, one group.
+  const PyValue& shapes_v = need(ck.model, "param_shapes", path);
+  if (!shapes_v.is_list() || shapes_v.size() != 1)
+    throw CheckpointError("'" + path +
+                          "': param_shapes is not one group's (a checkpoint of "
+                          "dscpp's engine holds exactly one)");
+  const PyValue& shapes = shapes_v.items()[0];
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<int64_t> numels;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    names.push_back(shapes.keys()[i].as_string());
+    dims.push_back(shapes.values()[i].as_ints());
+    numels.push_back(numel_of(dims.back()));
+  }
+  ck.params.resize(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    ck.params[i].name = names[i];
+    // Whole on every rank: tensor parallelism, when it comes, fills partition_dim and sizes.
+    ck.params[i].partition = ParamPartition::whole(dims[i]);
+  }
+
+  const PyValue& optimizer = need(ck.model, "optimizer", path);
+  if (!optimizer.is_none()) {
+    // Stage 0: torch.optim's per-parameter state; fp32 weights beside it under 16-bit.
+    const PyValue& state = need(optimizer, "state", path + ": optimizer");
+    const PyValue* fp32 = optimizer.find(PyValue("dscpp_fp32_params"));
+    for (size_t i = 0; i < names.size(); ++i) {
+      UniversalParam& p = ck.params[i];
+      if (fp32) {
+        p.fp32 = fp32->items().at(i).as_tensor().to(at::kFloat).reshape(dims[i]);
+      } else {
+        p.fp32 = need(module, names[i].c_str(), path + ": module").as_tensor().to(at::kFloat);
+      }
+      const PyValue* entry = state.find(PyValue(static_cast<int64_t>(i)));
+      if (!entry) continue;  // never stepped
+      for (size_t k = 0; k < entry->size(); ++k) {
+        const std::string key = entry->keys()[k].as_string();
+        const PyValue& v = entry->values()[k];
+        if (key == "step")
+          p.step = v;
+        else if (v.is_tensor())
+          p.states[key] = v.as_tensor().to(at::kFloat).reshape(dims[i]);
+      }
+    }
+    ck.optimizer_state = PyValue::dict();
+    ck.optimizer_state.set("param_groups", need(optimizer, "param_groups", path + ": optimizer"));
+    ck.optimizer_state.set("zero_stage", PyValue(0));
+    const PyValue* cfg = ck.model.find(PyValue("ds_config"));
+    const PyValue* clip = cfg && cfg->is_dict() ? cfg->find(PyValue("gradient_clipping")) : nullptr;
+    ck.optimizer_state.set("clip_grad", clip ? PyValue(clip->as_double()) : PyValue(0.0));
+    ck.optimizer_state.set("dynamic_loss_scale", PyValue(false));
+    ck.optimizer_state.set("overflow", PyValue(false));
+    ck.optimizer_state.set("ds_version", need(ck.model, "ds_version", path));
+  } else {
+    const int world = static_cast<int>(need(ck.model, "dp_world_size", path).as_int());
+    if (world < 1) throw CheckpointError("'" + path + "': dp_world_size < 1");
+    const SaveBinding binding = read_binding(ck.model, path);
+    std::vector<at::Tensor> fp32(names.size());
+    std::map<std::string, std::vector<at::Tensor>> states;
+    for (size_t i = 0; i < names.size(); ++i) fp32[i] = at::zeros({numels[i]}, at::kFloat);
+    for (int r = 0; r < world; ++r) {
+      const std::string zpath = find_zero_states(dir, tag, r);
+      PyValue z = load_torch_file(zpath);
+      check_partition_binding(binding, path, read_binding(z, zpath), zpath, r);
+      const PyValue& osd = need(z, "optimizer_state_dict", zpath);
+      const bool stage3 = osd.contains(PyValue("fp32_flat_groups"));
+      std::vector<int64_t> paddings;
+      if (const PyValue* pad = osd.find(PyValue("param_alignment_paddings")))
+        if (pad->is_list() && pad->size() == 1) paddings = pad->items()[0].as_ints();
+      const DsLayout ds =
+          stage3 ? DsLayout::build_stage3(numels, world) : DsLayout::build(numels, world, paddings);
+      const PyValue& groups =
+          need(osd, stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups", zpath);
+      if (!groups.is_list() || groups.size() != 1)
+        throw CheckpointError("'" + zpath + "' does not hold one parameter group");
+      const PyValue& base =
+          need(osd, stage3 ? "optimizer_state_dict" : "base_optimizer_state", zpath);
+      const PyValue* entry = need(base, "state", zpath).find(PyValue(0));
+      // Each flat tensor of this file (the master weights, each state) into the parameters.
+      auto scatter = [&](const at::Tensor& flat_in, std::vector<at::Tensor>& into,
+                         const std::string& what) {
+        const at::Tensor flat = flat_in.to(at::kFloat).reshape({-1});
+        for (const DsLayout::Segment& s : ds.segments(r)) {
+          if (s.at + s.count > flat.numel())
+            throw CheckpointError(
+                fmt::format("'{}': {} holds {} elements, fewer than "
+                            "param_shapes needs",
+                            zpath, what, flat.numel()));
+          into[s.param]
+              .slice(0, s.first, s.first + s.count)
+              .copy_(flat.slice(0, s.at, s.at + s.count));
+        }
+      };
+      scatter(groups.items()[0].as_tensor(), fp32, "the fp32 partition");
+      if (r == 0) {
+        std::set<std::string> drop = {"base_optimizer_state", "single_partition_of_fp32_groups",
+                                      "fp32_flat_groups", "optimizer_state_dict",
+                                      "param_slice_mappings"};
+        ck.optimizer_state = without(osd, drop);
+        ck.optimizer_state.set("param_groups", need(base, "param_groups", zpath));
+      }
+      if (!entry) continue;  // never stepped: no state
+      for (size_t k = 0; k < entry->size(); ++k) {
+        const std::string key = entry->keys()[k].as_string();
+        const PyValue& v = entry->values()[k];
+        if (key == "step") {
+          for (auto& p : ck.params) p.step = v;
+          continue;
+        }
+        if (!v.is_tensor()) continue;
+        auto& per_param = states[key];
+        if (per_param.empty())
+          for (int64_t n : numels) per_param.push_back(at::zeros({n}, at::kFloat));
+        scatter(v.as_tensor(), per_param, "optimizer state " + key);
+      }
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+      ck.params[i].fp32 = fp32[i].view(dims[i]);
+      for (auto& [key, per_param] : states) ck.params[i].states[key] = per_param[i].view(dims[i]);
+    }
+  }
+
+  // The model states: a whole module (stage 3's holds no partitioned parameter), and
+  // DeepSpeed's universal_checkpoint_info.
+  PyValue whole = PyValue::ordered_dict();
+  for (const UniversalParam& p : ck.params) {
+    const PyValue* old = module.find(PyValue(p.name));
+    const auto dtype = old && old->is_tensor() ? old->as_tensor().scalar_type() : at::kFloat;
+    whole.set(PyValue(p.name), PyValue(p.fp32.to(dtype)));
+  }
+  for (size_t i = 0; i < module.size(); ++i)
+    if (!whole.contains(module.keys()[i])) whole.set(module.keys()[i], module.values()[i]);
+  // A shared parameter's other names are its tensor again (at stage 3 they were absent).
+  if (const PyValue* shared = ck.model.find(PyValue("shared_params")); shared && shared->is_dict())
+    for (size_t i = 0; i < shared->size(); ++i)
+      if (const PyValue* src = whole.find(shared->values()[i]))
+        whole.set(shared->keys()[i], PyValue(*src));
+  ck.model.set("module", std::move(whole));
+  PyValue info = PyValue::dict();
+  info.set("universal_checkpoint_version", PyValue(kUniversalVersion));
+  ck.model.set("universal_checkpoint_info", std::move(info));
+  return ck;
+}
+
+}  // namespace dscpp::checkpoint

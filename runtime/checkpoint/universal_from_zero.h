@@ -1,0 +1,20 @@
+// Our ZeRO checkpoints (stages 0-3, any number of data ranks, runtime/checkpoint/ds_layout.h)
+// as universal checkpoints (universal.h): what DeepSpeed's ds_to_universal does for its own,
+// which it cannot do for ours (it needs pickled DeepSpeed objects, param_slice_mappings, that
+// torch.load(weights_only=True) refuses and that we do not write). Reads files only.
+#pragma once
+
+#include <string>
+
+#include "dscpp/runtime/checkpoint/universal.h"
+
+namespace dscpp::checkpoint {
+
+// tag "": the one <dir>/latest names. Each parameter's fp32 master weights and optimizer
+// states are consolidated from every rank's partition; the model states are the checkpoint's
+// (rank 0's at stage 3, its module then filled with the consolidated weights), with
+// universal_checkpoint_info added. Throws CheckpointError naming the file.
+UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
+                                                   const std::string& tag = "");
+
+}  // namespace dscpp::checkpoint

@@ -1,0 +1,68 @@
+// Universal checkpoints into ZeRO's partition: see universal_load.h.
+#include "dscpp/runtime/engine/universal_load.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <map>
+
+#include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/universal.h"
+#include "dscpp/runtime/engine/checkpoint_parts.h"
+
+namespace dscpp::engine_checkpoint {
+
+void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
+                              const std::string& tag_dir, bool load_optimizer_states) {
+  const auto numels = numels_of(zero);
+  if (names.size() != numels.size())
+    throw CheckpointError(fmt::format("load_universal: {} parameter names for {} parameters",
+                                      names.size(), numels.size()));
+  // The whole model laid out flat in registration order is DeepSpeed's partition of one rank:
+  // from_ds_partition then cuts out whatever this rank owns under our layout.
+  const checkpoint::DsLayout whole = checkpoint::DsLayout::build(numels, 1);
+  at::Tensor fp32 = at::empty({whole.total}, at::kFloat);
+  std::map<std::string, at::Tensor> states;
+  if (load_optimizer_states)
+    for (const auto& s : zero.state_names()) states[s] = at::empty({whole.total}, at::kFloat);
+  int64_t step = -1;
+  std::string step_from;
+  for (size_t i = 0; i < names.size(); ++i) {
+    checkpoint::UniversalParam p =
+        checkpoint::read_universal_param(tag_dir, names[i], zero.param_shape(i));
+    const std::string pdir = checkpoint::universal_param_dir(tag_dir, names[i]);
+    const int64_t off = whole.offsets[i], n = numels[i];
+    if (!p.fp32.defined()) throw CheckpointError("'" + pdir + "' has no fp32.pt");
+    fp32.slice(0, off, off + n).copy_(p.fp32.reshape({-1}));
+    if (!load_optimizer_states) continue;
+    for (auto& [name, flat] : states) {
+      auto it = p.states.find(name);
+      if (it == p.states.end())
+        throw CheckpointError(
+            fmt::format("'{}' has no {}.pt, a state this engine's optimizer "
+                        "keeps (load_optimizer_states=false starts it afresh)",
+                        pdir, name));
+      flat.slice(0, off, off + n).copy_(it->second.reshape({-1}));
+    }
+    if (!p.step.is_none()) {
+      const int64_t s = step_of(p.step);
+      if (step >= 0 && s != step)
+        throw CheckpointError(
+            fmt::format("'{}/step.pt' says step {}, '{}/step.pt' {}", pdir, s, step_from, step));
+      step = s;
+      step_from = pdir;
+    }
+  }
+  const auto& layout = zero.layout();
+  const int me = zero.layout_rank();
+  checkpoint::from_ds_partition(layout, me, whole, 0, fp32, zero.master_partition());
+  if (!load_optimizer_states) return;
+  for (auto& [name, flat] : states) {
+    at::Tensor part = zero.state_partition(name);
+    checkpoint::from_ds_partition(layout, me, whole, 0, flat, part);
+    zero.load_state_partition(name, part);
+  }
+  zero.set_step_count(step >= 0 ? step : 0);
+}
+
+}  // namespace dscpp::engine_checkpoint
