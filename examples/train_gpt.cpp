@@ -51,9 +51,9 @@
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/monitor/monitor.h"
+#include "dscpp/runtime/monitor/peak_memory.h"
 #include "gpt_flags.h"
 #ifdef DSCPP_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 #endif
@@ -72,23 +72,9 @@ using Args = dscpp::examples::GptOptions;
 // Peak memory of this process: the CUDA caching allocator's peak on a GPU, the resident
 // high-water mark (VmHWM) on the CPU.
 std::string peak_memory(at::Device device) {
-#ifdef DSCPP_CUDA
-  if (device.is_cuda()) {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    const auto& peak =
-        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-    return fmt::format("{:.2f} GiB allocated (peak)", peak / double(1 << 30));
-  }
-#endif
-  (void)device;
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) {
-      return fmt::format("{:.2f} GiB resident (peak)",
-                         std::stod(line.substr(6)) / (1024.0 * 1024.0));
-    }
-  return "n/a";
+  return fmt::format("{:.2f} GiB {} (peak)",
+                     static_cast<double>(dscpp::monitor::peak_memory_bytes(device)) / (1 << 30),
+                     device.is_cuda() ? "allocated" : "resident");
 }
 
 // Waits for the device's queued work, so a profile or a timing holds exactly one step.
@@ -360,6 +346,15 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                                   : std::string("n/a"),
                          peak_memory(engine.device()))
                   << std::flush;
+      // What only the program knows, beside the engine's own events (docs/monitor.md).
+      if (engine.monitor_enabled()) {
+        const int64_t x = engine.global_samples();
+        std::vector<dscpp::monitor::Event> events = {
+            {"Train/Samples/tokens_per_sec", tokens_per_s, x},
+            {"Train/Samples/tflops_per_rank", tflops, x}};
+        if (peak > 0) events.push_back({"Train/Samples/mfu", tflops / peak, x});
+        engine.write_monitor_events(events);
+      }
       interval_loss.zero_();
       interval_steps = timed_steps = 0;
       t0 = std::chrono::steady_clock::now();
