@@ -2,10 +2,13 @@
 
 - Megatron-LM's flags filling a ds_config of "auto"s train exactly as the same numbers written
   in the ds_config do (the same log lines: loss, lr, grad norm), under --deepspeed-config and
-  --deepspeed_config alike, with Megatron-DeepSpeed's --deepspeed switch before them.
+  --deepspeed_config alike, with Megatron-DeepSpeed's --deepspeed switch before them; with no
+  optimizer or schedule in the ds_config the flags make them (as the sections written out);
+  --bf16 switches bf16 on.
 - A flag that contradicts a number of the ds_config is an error naming both; an "auto" no flag
   fills names the flag; an unknown flag, a prefix of a known one (--train-it), a stray value
-  (--deepspeed x) and a parallel degree above 1 are refused: each message printed once (by
+  (--deepspeed x), a parallel degree above 1 and --bf16 against fp16 on are refused: each
+  message printed once (by
   rank 0), every rank exiting non-zero.
 - A finished run resumed says it is finished and how to go on; raising --train-iters goes on.
 """
@@ -100,6 +103,23 @@ def main():
                               "--log-interval", "2", "--seed", "7", *megatron)
         check("--deepspeed_config and --train-data-path, the same run", step_lines(log_u) == step_lines(log_w), log_u)
 
+        # A ds_config with no optimizer or schedule: Megatron-LM's flags make them (an AdamW with
+        # Megatron-LM's defaults; the --lr-decay-style schedule with a linear warmup, as long
+        # as --train-iters), training as the same sections written out do.
+        bare = write_json(os.path.join(tmp, "bare.json"), dict(base, train_batch_size=8,
+                                                                 train_micro_batch_size_per_gpu=2))
+        spelled = write_json(os.path.join(tmp, "spelled.json"), dict(
+            written, optimizer={"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01,
+                                                            "betas": [0.9, 0.999], "eps": 1e-8}}))
+        rc_b, log_b = job.run("--deepspeed_config", bare, *common, "--lr", "2e-3", "--min-lr", "2e-4",
+                              "--lr-warmup-iters", "2", "--lr-decay-style", "cosine")
+        rc_s, log_s = job.run("--deepspeed_config", spelled, *common)
+        check("no optimizer or schedule in the ds_config: the flags make them, as written out",
+              rc_b == 0 and rc_s == 0 and step_lines(log_b) == step_lines(log_s) and step_lines(log_s),
+              log_b + "\n---\n" + log_s)
+        rc, log = job.run("--deepspeed_config", bare, *common, "--lr", "2e-3", "--bf16")
+        check("--bf16 switches bf16 on", rc == 0 and "BFloat16" in log, log)
+
         def refused(name, flags, message, ds=ds_written, ranks=2):
             rc, log = job.run("--deepspeed_config", ds, *common, *flags, ranks=ranks)
             check(name + ": refused", rc != 0, log)
@@ -118,6 +138,11 @@ def main():
         refused("--deepspeed followed by a value", ["--deepspeed", "x"], "unexpected argument 'x'")
         refused("tensor parallelism", ["--tensor-model-parallel-size", "2"],
                 "--tensor-model-parallel-size 2: tensor parallelism is not in train_gpt yet (issue 19)")
+        refused("pipeline parallelism", ["--pipeline-model-parallel-size", "2"],
+                "--pipeline-model-parallel-size 2: pipeline parallelism is not in train_gpt yet (issue 18)")
+        refused("--bf16 against fp16 on in the ds_config", ["--bf16"],
+                "--bf16 contradicts the ds_config's fp16.enabled=true",
+                ds=write_json(os.path.join(tmp, "fp16.json"), dict(written, fp16={"enabled": True})))
         refused("the same flag twice", ["--train-data-path", prefix + "_other"], "are one flag given two values")
 
         # A finished run, resumed: nothing to train, and it says what to do.
