@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <boost/program_options.hpp>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -39,7 +40,7 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
   GptOptions a;
   std::string data_path, train_data_path;
   int64_t micro = 0, global = 0, warmup = 0, decay_iters = 0;
-  double lr = 0, min_lr = 0;
+  double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, clip = 0;
   std::string style;
   po::options_description o("train_gpt options (Megatron-LM's and DeepSpeed's names)");
   // clang-format off
@@ -62,6 +63,11 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
     ("lr-decay-iters", po::value(&decay_iters), "fills scheduler.params.total_num_steps")
     ("lr-decay-style", po::value(&style), "constant, linear or cosine: scheduler.type WarmupLR, "
      "WarmupDecayLR or WarmupCosineLR")
+    ("weight-decay", po::value(&weight_decay), "fills optimizer.params.weight_decay")
+    ("adam-beta1", po::value(&beta1), "fills optimizer.params.betas[0] (the other: 0.999)")
+    ("adam-beta2", po::value(&beta2), "fills optimizer.params.betas[1] (the other: 0.9)")
+    ("adam-eps", po::value(&eps), "fills optimizer.params.eps")
+    ("clip-grad", po::value(&clip), "fills gradient_clipping")
     ("fp16", po::bool_switch(&a.fp16), "fp16.enabled")
     ("bf16", po::bool_switch(&a.bf16), "bf16.enabled")
     ("train-iters", po::value(&a.train_iters), "optimizer steps in all (default 100); fills an "
@@ -145,6 +151,11 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
   if (vm.count("lr")) a.lr = lr;
   if (vm.count("min-lr")) a.min_lr = min_lr;
   if (vm.count("lr-warmup-iters")) a.lr_warmup_iters = warmup;
+  if (vm.count("weight-decay")) a.weight_decay = weight_decay;
+  if (vm.count("adam-beta1")) a.adam_beta1 = beta1;
+  if (vm.count("adam-beta2")) a.adam_beta2 = beta2;
+  if (vm.count("adam-eps")) a.adam_eps = eps;
+  if (vm.count("clip-grad")) a.clip_grad = clip;
   if (vm.count("lr-decay-iters")) a.lr_decay_iters = decay_iters;
   if (vm.count("lr-decay-style")) {
     if (style != "constant" && style != "linear" && style != "cosine")
@@ -207,10 +218,17 @@ class Filler {
   static bool is_auto(const json* v) { return v && v->is_string() && *v == "auto"; }
 
   // Hugging Face's fill_match: "auto" takes the flag's value; a value written there must
-  // equal it (numbers compared as numbers); a missing key is left alone.
-  void match(const std::string& path, const json& value, const std::string& flag) {
+  // equal it (numbers compared as numbers). A missing key is added where its section exists
+  // and `add` says the section takes it (Hugging Face leaves it to DeepSpeed's default, which
+  // need not be the flag's value); otherwise left alone.
+  void match(const std::string& path, const json& value, const std::string& flag, bool add = true) {
     json* node = find(path);
-    if (!node) return;
+    if (!node) {
+      const size_t dot = path.rfind('.');
+      json* parent = dot == std::string::npos ? &root_ : find(path.substr(0, dot));
+      if (add && parent && parent->is_object()) (*parent)[path.substr(dot + 1)] = value;
+      return;
+    }
     if (is_auto(node)) {
       *node = value;
       return;
@@ -230,6 +248,12 @@ class Filler {
 
  private:
   static bool same(const json& a, const json& b) {
+    if (a.is_array() && b.is_array()) {
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!same(a[i], b[i])) return false;
+      return true;
+    }
     if (a.is_number() && b.is_number()) {
       const double x = a.get<double>(), y = b.get<double>();
       return std::abs(x - y) <= 1e-12 * std::max(std::abs(x), std::abs(y));
@@ -304,6 +328,24 @@ json apply_gpt_flags(json ds, const GptOptions& a, int64_t world) {
            {{"lr", *a.lr}, {"weight_decay", 0.01}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}}}};
     f.match("optimizer.params.lr", *a.lr, "--lr");
   }
+  // Adam's other settings and clipping; an "auto" no flag names takes Megatron-LM's default
+  // (weight decay 0.01, betas 0.9 / 0.999, eps 1e-8, clip 1.0), as Hugging Face fills its own.
+  json* opt_type = f.find("optimizer.type");
+  std::string otype = opt_type && opt_type->is_string() ? opt_type->get<std::string>() : "";
+  for (auto& ch : otype) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const bool adam_like =
+      otype.find("adam") != std::string::npos || otype.find("lamb") != std::string::npos;
+  if (a.weight_decay) f.match("optimizer.params.weight_decay", *a.weight_decay, "--weight-decay");
+  if (a.adam_beta1 || a.adam_beta2)
+    f.match("optimizer.params.betas",
+            json::array({a.adam_beta1.value_or(0.9), a.adam_beta2.value_or(0.999)}),
+            "--adam-beta1/--adam-beta2", adam_like);
+  if (a.adam_eps) f.match("optimizer.params.eps", *a.adam_eps, "--adam-eps", adam_like);
+  if (a.clip_grad) f.match("gradient_clipping", *a.clip_grad, "--clip-grad");
+  f.fill("optimizer.params.weight_decay", 0.01);
+  f.fill("optimizer.params.betas", json::array({0.9, 0.999}));
+  f.fill("optimizer.params.eps", 1e-8);
+  f.fill("gradient_clipping", 1.0);
 
   // The schedule: the flags fill the ds_config's; with none, any schedule flag makes one,
   // Megatron-LM's way (linear warmup from 0, decay to --min-lr at --lr-decay-iters, which
@@ -326,11 +368,14 @@ json apply_gpt_flags(json ds, const GptOptions& a, int64_t world) {
     f.match("scheduler.type", schedule_of(*a.lr_decay_style), "--lr-decay-style");
   json* type_node = f.find("scheduler.type");
   const std::string type = type_node && type_node->is_string() ? type_node->get<std::string>() : "";
-  if (a.lr) f.match("scheduler.params.warmup_max_lr", *a.lr, "--lr");
+  const bool warmup_lr = type == "WarmupLR", cosine = type == "WarmupCosineLR";
+  if (a.lr) f.match("scheduler.params.warmup_max_lr", *a.lr, "--lr", !cosine && !type.empty());
   if (a.lr_warmup_iters)
-    f.match("scheduler.params.warmup_num_steps", *a.lr_warmup_iters, "--lr-warmup-iters");
+    f.match("scheduler.params.warmup_num_steps", *a.lr_warmup_iters, "--lr-warmup-iters",
+            !type.empty());
   if (a.lr_decay_iters)
-    f.match("scheduler.params.total_num_steps", *a.lr_decay_iters, "--lr-decay-iters");
+    f.match("scheduler.params.total_num_steps", *a.lr_decay_iters, "--lr-decay-iters",
+            !type.empty() && !warmup_lr);
   // --train-iters is how long this run goes, not the schedule's length: a run resumed past
   // its schedule, or stopped before its end, is not a contradiction; it fills an "auto" only.
   f.fill("scheduler.params.total_num_steps", a.train_iters);
@@ -348,7 +393,7 @@ json apply_gpt_flags(json ds, const GptOptions& a, int64_t world) {
       f.match("scheduler.params.cos_min_ratio", *a.min_lr / *base,
               fmt::format("--min-lr/--lr={}/{}", *a.min_lr, *base));
     } else {
-      f.match("scheduler.params.warmup_min_lr", *a.min_lr, "--min-lr");
+      f.match("scheduler.params.warmup_min_lr", *a.min_lr, "--min-lr", !type.empty());
     }
   }
   // Megatron-LM's warmup starts at 0; an unfilled floor is 0, an unfilled warmup none.

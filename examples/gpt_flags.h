@@ -41,10 +41,13 @@ struct GptOptions {
   std::optional<int64_t> lr_warmup_iters;     // --lr-warmup-iters
   std::optional<int64_t> lr_decay_iters;      // --lr-decay-iters
   std::optional<std::string> lr_decay_style;  // --lr-decay-style: constant, linear, cosine
-  bool fp16 = false, bf16 = false;            // --fp16 / --bf16
-  bool deepspeed = false;                     // --deepspeed (Megatron-DeepSpeed's switch; no-op)
-  int64_t tensor_model_parallel_size = 1;     // --tensor-model-parallel-size
-  int64_t pipeline_model_parallel_size = 1;   // --pipeline-model-parallel-size
+  std::optional<double> weight_decay;         // --weight-decay
+  std::optional<double> adam_beta1, adam_beta2, adam_eps;  // --adam-beta1/-beta2/-eps
+  std::optional<double> clip_grad;                         // --clip-grad
+  bool fp16 = false, bf16 = false;                         // --fp16 / --bf16
+  bool deepspeed = false;                    // --deepspeed (Megatron-DeepSpeed's switch; no-op)
+  int64_t tensor_model_parallel_size = 1;    // --tensor-model-parallel-size
+  int64_t pipeline_model_parallel_size = 1;  // --pipeline-model-parallel-size
   // train_gpt's own.
   double peak_tflops = 0;
   int64_t profile_step = 0;  // 0: no profiling

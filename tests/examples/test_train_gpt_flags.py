@@ -103,6 +103,19 @@ def main():
                               "--log-interval", "2", "--seed", "7", *megatron)
         check("--deepspeed_config and --train-data-path, the same run", step_lines(log_u) == step_lines(log_w), log_u)
 
+        # Adam's settings and clipping: flags into "auto"s as the numbers written.
+        adam_written = dict(written, gradient_clipping=0.5, optimizer={"type": "AdamW", "params": {
+            "lr": 2e-3, "weight_decay": 0.05, "betas": [0.9, 0.95], "eps": 1e-6}})
+        adam_auto = dict(written, gradient_clipping="auto", optimizer={"type": "AdamW", "params": {
+            "lr": 2e-3, "weight_decay": "auto", "betas": "auto", "eps": "auto"}})
+        ds_adam = write_json(os.path.join(tmp, "adam_written.json"), adam_written)
+        rc1, log1 = job.run("--deepspeed_config", ds_adam, *common)
+        rc2, log2 = job.run("--deepspeed_config", write_json(os.path.join(tmp, "adam_auto.json"), adam_auto), *common,
+                            "--weight-decay", "0.05", "--adam-beta2", "0.95", "--adam-eps", "1e-6", "--clip-grad", "0.5")
+        check("--weight-decay, --adam-beta2, --adam-eps, --clip-grad fill the autos as written",
+              rc1 == 0 and rc2 == 0 and step_lines(log1) == step_lines(log2) and step_lines(log1)
+              and step_lines(log1) != step_lines(log_w), log1 + "\n---\n" + log2)
+
         # A ds_config with no optimizer or schedule: Megatron-LM's flags make them (an AdamW with
         # Megatron-LM's defaults; the --lr-decay-style schedule with a linear warmup, as long
         # as --train-iters), training as the same sections written out do.
@@ -143,6 +156,8 @@ def main():
         refused("--bf16 against fp16 on in the ds_config", ["--bf16"],
                 "--bf16 contradicts the ds_config's fp16.enabled=true",
                 ds=write_json(os.path.join(tmp, "fp16.json"), dict(written, fp16={"enabled": True})))
+        refused("a contradicted clipping", ["--clip-grad", "2"], "ds_config gradient_clipping=0.5 vs --clip-grad=2.0",
+                ds=ds_adam)
         refused("the same flag twice", ["--train-data-path", prefix + "_other"], "are one flag given two values")
 
         # A finished run, resumed: nothing to train, and it says what to do.
