@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <mutex>
 #include <numeric>
 
 #include "dscpp/comm/backend.h"
@@ -46,7 +47,67 @@ void check_same_job(c10d::Store& store, const DistEnv& e) {
         e.rank, e.world_size, e.master_addr, e.master_port, theirs, ours, e.master_port));
 }
 
+// The world this process joined, and what it was joined with: what a second init_distributed
+// must agree with to be given it.
+struct JoinedWorld {
+  std::shared_ptr<ProcessGroup> group;
+  DistEnv env;
+  std::string backend;  // "gloo" or "nccl"
+  std::chrono::milliseconds timeout{0};
+  int device_index = -1;  // NCCL's device
+};
+
+std::mutex& world_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+JoinedWorld& joined() {
+  static JoinedWorld w;
+  return w;
+}
+
+// Throws CommError listing every way the request differs from the world already joined.
+void check_compatible(const JoinedWorld& w, const InitOptions& options, const DistEnv& e,
+                      const std::string& backend, int device_index) {
+  std::string differs;
+  auto add = [&](const std::string& what) { differs += (differs.empty() ? "" : "; ") + what; };
+  const DistEnv& o = w.env;
+  if (e.rank != o.rank || e.world_size != o.world_size)
+    add(fmt::format("the environment says rank {} of {}, the world was joined as rank {} of {}",
+                    e.rank, e.world_size, o.rank, o.world_size));
+  if (e.world_size > 1 && (e.master_addr != o.master_addr || e.master_port != o.master_port))
+    add(fmt::format("MASTER_ADDR:MASTER_PORT is {}:{}, the world's is {}:{}", e.master_addr,
+                    e.master_port, o.master_addr, o.master_port));
+  if (e.job_id != o.job_id)
+    add(fmt::format("DSCPP_JOB_ID is '{}', the world's is '{}'", e.job_id, o.job_id));
+  if (options.backend != "auto" && backend != w.backend)
+    add(fmt::format("backend {} was asked for, the world's is {}", backend, w.backend));
+  if (options.timeout && *options.timeout != w.timeout)
+    add(fmt::format("a timeout of {} ms was asked for, the world's is {} ms",
+                    options.timeout->count(), w.timeout.count()));
+  if (w.backend == "nccl" && options.device_index >= 0 && device_index != w.device_index)
+    add(fmt::format("NCCL device {} was asked for, the world's is {}", device_index,
+                    w.device_index));
+  if (!differs.empty())
+    throw CommError(
+        "init_distributed: this process already joined a world that does not fit this call (" +
+        differs +
+        "); call dscpp::comm::destroy_process_group() on every rank first to join "
+        "anew");
+}
+
 }  // namespace
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(world_mutex());
+  return joined().group != nullptr;
+}
+
+void destroy_process_group() {
+  std::lock_guard<std::mutex> lock(world_mutex());
+  joined() = JoinedWorld{};
+}
 
 std::chrono::milliseconds resolve_timeout(const InitOptions& options, const DistEnv& env) {
   if (options.timeout) {
@@ -66,6 +127,13 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
   if (kind == "auto") kind = cuda_visible() ? "nccl" : "gloo";
   if (kind != "gloo" && kind != "nccl")
     throw CommError(fmt::format("unknown backend '{}': expected gloo, nccl or auto", kind));
+  const int device_index = options.device_index >= 0 ? options.device_index : e.local_rank;
+  std::lock_guard<std::mutex> lock(world_mutex());
+  JoinedWorld& world = joined();
+  if (world.group) {
+    check_compatible(world, options, e, kind, device_index);
+    return world.group;
+  }
 
   c10::intrusive_ptr<c10d::Store> store;
   if (e.world_size == 1) {
@@ -102,11 +170,10 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world/", store);
   std::shared_ptr<BackendHandle> handle;
   try {
-    handle = kind == "nccl" ? make_nccl_backend(
-                                  world_store, e.rank, e.world_size, timeout,
-                                  options.device_index >= 0 ? options.device_index : e.local_rank)
-                            : make_gloo_backend(world_store, e.rank, e.world_size, timeout,
-                                                e.master_addr, e.gloo_socket_ifname);
+    handle = kind == "nccl"
+                 ? make_nccl_backend(world_store, e.rank, e.world_size, timeout, device_index)
+                 : make_gloo_backend(world_store, e.rank, e.world_size, timeout, e.master_addr,
+                                     e.gloo_socket_ifname);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& ex) {
@@ -115,7 +182,12 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
   }
   std::vector<int> ranks(e.world_size);
   std::iota(ranks.begin(), ranks.end(), 0);
-  return std::make_shared<ProcessGroup>(handle, "world", ranks, timeout);
+  world.group = std::make_shared<ProcessGroup>(handle, "world", ranks, timeout);
+  world.env = e;
+  world.backend = kind;
+  world.timeout = timeout;
+  world.device_index = device_index;
+  return world.group;
 }
 
 }  // namespace dscpp::comm

@@ -34,13 +34,13 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
-#include <boost/program_options.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "dscpp/comm/no_op_group.h"
 #include "dscpp/comm/rendezvous.h"
@@ -51,13 +51,12 @@
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/monitor/monitor.h"
+#include "dscpp/runtime/monitor/peak_memory.h"
+#include "gpt_flags.h"
 #ifdef DSCPP_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 #endif
-
-namespace po = boost::program_options;
 
 namespace {
 
@@ -68,90 +67,14 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-struct Args {
-  std::string model_config, data_path, ds_config, save, load;
-  int64_t train_iters = 100, save_interval = 0, log_interval = 10, seed = 1234;
-  double peak_tflops = 0;
-  int64_t profile_step = 0;  // 0: no profiling
-  int64_t profile_steps = 1;
-  std::string memory_snapshot;  // empty: none
-  int64_t memory_snapshot_step = 2;
-  std::string profile_out = "train_gpt_trace.json";
-  bool profile_all_ranks = false;
-  bool layer_specs = false;    // the GPT as LayerSpecs at any stage (always at stage 3)
-  bool bench_no_comm = false;  // a no-op process group: the communication-off bound
-};
-
-Args parse(int argc, char** argv) {
-  Args a;
-  po::options_description o("train_gpt options");
-  o.add_options()("help,h", "this text")("model-config", po::value(&a.model_config)->required(),
-                                         "GPT config (JSON)")(
-      "train-data-path", po::value(&a.data_path)->required(),
-      "indexed dataset prefix (PREFIX.bin / PREFIX.idx, from tools/preprocess_data)")(
-      "deepspeed_config", po::value(&a.ds_config)->required(), "ds_config JSON")(
-      "train-iters", po::value(&a.train_iters)->default_value(100), "optimizer steps in all")(
-      "save", po::value(&a.save), "checkpoint folder to save to")(
-      "save-interval", po::value(&a.save_interval)->default_value(0),
-      "save every K steps (0: only at the end, when --save is given)")(
-      "load", po::value(&a.load), "checkpoint folder to resume from (if it holds one)")(
-      "log-interval", po::value(&a.log_interval)->default_value(10), "log every K steps")(
-      "seed", po::value(&a.seed)->default_value(1234), "initialisation and data order")(
-      "peak-tflops", po::value(&a.peak_tflops)->default_value(0),
-      "a rank's peak TFLOP/s for MFU (0: 989 on a CUDA device, the H100/H200 bf16 dense "
-      "peak; none on the CPU)")(
-      "profile-step", po::value(&a.profile_step)->default_value(0),
-      "record optimizer step N (1-based) with the Kineto profiler (0: off)")(
-      "profile-steps", po::value(&a.profile_steps)->default_value(1),
-      "record this many consecutive steps from --profile-step into the one trace")(
-      "memory-snapshot", po::value(&a.memory_snapshot),
-      "CUDA: write the caching allocator's history of one step (a memory_viz pickle) here")(
-      "memory-snapshot-step", po::value(&a.memory_snapshot_step)->default_value(2),
-      "the step --memory-snapshot records (1-based)")(
-      "profile-out", po::value(&a.profile_out)->default_value(a.profile_out),
-      "Chrome trace JSON written by --profile-step")(
-      "profile-all-ranks", po::bool_switch(&a.profile_all_ranks),
-      "every rank writes its trace (PATH with -rank<R> before the extension), not only rank 0")(
-      "layer-specs", po::bool_switch(&a.layer_specs),
-      "build the GPT as its LayerSpecs (nn::LayerModule) at every ZeRO stage; at stage 3 "
-      "it always is, so that parameters are gathered layer by layer")(
-      "bench-no-comm", po::bool_switch(&a.bench_no_comm),
-      "a benchmark's bound: the engine gets a no-op process group, so ZeRO's collectives move "
-      "no data (the model does not train correctly; only the step time means something)")(
-      "local_rank", po::value<int>(), "set by the launcher");
-  po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, o), vm);
-  if (vm.count("help")) {
-    std::cout << o << "\n";
-    std::exit(0);
-  }
-  po::notify(vm);
-  if (a.profile_steps < 1)
-    throw std::invalid_argument("--profile-steps: expected a count >= 1, found " +
-                                std::to_string(a.profile_steps));
-  return a;
-}
+using Args = dscpp::examples::GptOptions;
 
 // Peak memory of this process: the CUDA caching allocator's peak on a GPU, the resident
 // high-water mark (VmHWM) on the CPU.
 std::string peak_memory(at::Device device) {
-#ifdef DSCPP_CUDA
-  if (device.is_cuda()) {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    const auto& peak =
-        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-    return fmt::format("{:.2f} GiB allocated (peak)", peak / double(1 << 30));
-  }
-#endif
-  (void)device;
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) {
-      return fmt::format("{:.2f} GiB resident (peak)",
-                         std::stod(line.substr(6)) / (1024.0 * 1024.0));
-    }
-  return "n/a";
+  return fmt::format("{:.2f} GiB {} (peak)",
+                     static_cast<double>(dscpp::monitor::peak_memory_bytes(device)) / (1 << 30),
+                     device.is_cuda() ? "allocated" : "resident");
 }
 
 // Waits for the device's queued work, so a profile or a timing holds exactly one step.
@@ -262,6 +185,26 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                         ? fmt::format("[train_gpt] no checkpoint in {}: starting from scratch\n",
                                       args.load)
                         : fmt::format("[train_gpt] resumed from {} at step {}\n", r.path, first));
+  }
+
+  if (first >= args.train_iters) {
+    // A finished run resumed: nothing to do, and the user should learn why and what next.
+    if (rank == 0) {
+      std::cout << fmt::format(
+          "[train_gpt] finished: the checkpoint is at step {} and --train-iters is {}, so "
+          "there is nothing left to train. To train further, raise --train-iters (e.g. "
+          "--train-iters {})",
+          first, args.train_iters, first + std::max<int64_t>(args.train_iters, 1));
+      const auto sched = ds_config.find("scheduler");
+      if (sched != ds_config.end() && sched->is_object() && sched->contains("params") &&
+          (*sched)["params"].is_object() && (*sched)["params"].contains("total_num_steps"))
+        std::cout << fmt::format(
+            "; the LR schedule ends at total_num_steps={} too: raise it in the ds_config (or "
+            "write \"auto\" there, which --train-iters fills)",
+            (*sched)["params"]["total_num_steps"].dump());
+      std::cout << "\n" << std::flush;
+    }
+    return 0;
   }
 
   auto indexed = std::make_shared<dscpp::data::IndexedDataset>(args.data_path);
@@ -403,6 +346,15 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                                   : std::string("n/a"),
                          peak_memory(engine.device()))
                   << std::flush;
+      // What only the program knows, beside the engine's own events (docs/monitor.md).
+      if (engine.monitor_enabled()) {
+        const int64_t x = engine.global_samples();
+        std::vector<dscpp::monitor::Event> events = {
+            {"Train/Samples/tokens_per_sec", tokens_per_s, x},
+            {"Train/Samples/tflops_per_rank", tflops, x}};
+        if (peak > 0) events.push_back({"Train/Samples/mfu", tflops / peak, x});
+        engine.write_monitor_events(events);
+      }
       interval_loss.zero_();
       interval_steps = timed_steps = 0;
       t0 = std::chrono::steady_clock::now();
@@ -431,26 +383,77 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   return 0;
 }
 
+// Rank 0 prints; another rank waits a moment before it fails, so that the launcher, which
+// stops the job at the first rank to exit, does not stop rank 0 before it has printed.
+int report_once(bool quiet, const std::string& what, int status) {
+  if (!quiet) {
+    std::cerr << "train_gpt: " << what << "\n" << std::flush;
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+  }
+  return status;
+}
+
 }  // namespace
 
-int main(int argc, char** argv) try {
+// An error found before the ranks meet (the command line, the configs) is the same on every
+// rank: rank 0 prints it, the others exit with the same status without a word.
+int main(int argc, char** argv) {
   program_start = std::chrono::steady_clock::now();
-  const Args args = parse(argc, argv);
-  at::manual_seed(static_cast<uint64_t>(args.seed));
-  auto cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
-  const nlohmann::json ds_config = dscpp::config::read_config(args.ds_config);
-  // ZeRO stage 3 gathers a model given as layers one layer at a time, and any other module
-  // whole: the GPT goes in as its LayerSpecs there (the same modules, names and numerics).
-  // (A malformed stage is left for the engine's config reader to report.)
-  const auto zero = ds_config.is_object() ? ds_config.find("zero_optimization") : ds_config.end();
-  const bool stage3 = zero != ds_config.end() && zero->is_object() && zero->contains("stage") &&
-                      (*zero)["stage"].is_number_integer() && (*zero)["stage"] == 3;
-  const bool layered = stage3 || args.layer_specs;
-  if (layered)
-    return train(args, cfg, dscpp::nn::LayerModule(dscpp::model_zoo::gpt_layer_specs(cfg)),
-                 ds_config);
-  return train(args, cfg, dscpp::model_zoo::GPT(cfg), ds_config);
-} catch (const std::exception& e) {
-  std::cerr << "train_gpt: " << e.what() << "\n";
-  return 1;
+  bool quiet = false;
+  int64_t world = 1;
+  try {
+    const auto env = dscpp::comm::read_dist_env();
+    quiet = env.rank != 0;
+    world = env.world_size;
+  } catch (const std::exception&) {
+    // A broken launch environment is the rendezvous's to report, with its variable named.
+  }
+  Args args;
+  std::optional<dscpp::model_zoo::GPTConfig> cfg;
+  nlohmann::json ds_config;
+  try {
+    args = dscpp::examples::parse_gpt_flags(argc, argv);
+    if (args.help) {
+      if (!quiet) std::cout << args.help_text << "\n";
+      return 0;
+    }
+    // The parallel degrees are read here so that a Megatron-LM command line is understood;
+    // train_gpt runs data parallelism only until issue 19's tensor parallelism and issue
+    // 18's pipeline are in it.
+    if (args.tensor_model_parallel_size > 1)
+      throw dscpp::examples::FlagError(fmt::format(
+          "--tensor-model-parallel-size {}: tensor parallelism is not in train_gpt yet (issue "
+          "19); only 1 runs today",
+          args.tensor_model_parallel_size));
+    if (args.pipeline_model_parallel_size > 1)
+      throw dscpp::examples::FlagError(fmt::format(
+          "--pipeline-model-parallel-size {}: pipeline parallelism is not in train_gpt yet "
+          "(issue 18); only 1 runs today",
+          args.pipeline_model_parallel_size));
+    cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
+    ds_config =
+        dscpp::examples::apply_gpt_flags(dscpp::config::read_config(args.ds_config), args, world);
+  } catch (const dscpp::examples::FlagError& e) {
+    return report_once(quiet, e.what(), 2);
+  } catch (const std::exception& e) {
+    return report_once(quiet, e.what(), 1);
+  }
+  try {
+    at::manual_seed(static_cast<uint64_t>(args.seed));
+    // ZeRO stage 3 gathers a model given as layers one layer at a time, and any other module
+    // whole: the GPT goes in as its LayerSpecs there (the same modules, names and numerics).
+    // (A malformed stage is left for the engine's config reader to report.)
+    const auto zero = ds_config.find("zero_optimization");
+    const bool stage3 = zero != ds_config.end() && zero->is_object() && zero->contains("stage") &&
+                        (*zero)["stage"].is_number_integer() && (*zero)["stage"] == 3;
+    const bool layered = stage3 || args.layer_specs;
+    if (layered)
+      return train(args, *cfg, dscpp::nn::LayerModule(dscpp::model_zoo::gpt_layer_specs(*cfg)),
+                   ds_config);
+    return train(args, *cfg, dscpp::model_zoo::GPT(*cfg), ds_config);
+  } catch (const std::exception& e) {
+    std::cerr << "train_gpt: " << e.what() << "\n";
+    return 1;
+  }
 }

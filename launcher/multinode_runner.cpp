@@ -1,5 +1,7 @@
 #include "multinode_runner.h"
 
+#include "python_program.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -127,6 +129,7 @@ Argv node_launcher_flags(const RunnerInputs& in, const std::string& node_rank) {
   Argv flags = {"--world_info=" + in.world_info, "--node_rank=" + node_rank,
                 "--master_addr=" + in.master_addr, fmt::format("--master_port={}", in.master_port)};
   if (in.no_local_rank) flags.push_back("--no_local_rank");
+  if (in.no_python) flags.push_back("--no_python");
   if (in.save_pid) flags.push_back(fmt::format("--save_pid={}", in.save_pid_owner));
   if (!in.each_rank_log.empty()) flags.push_back("--enable_each_rank_log=" + in.each_rank_log);
   if (in.bind_cores_to_rank) flags.push_back("--bind_cores_to_rank");
@@ -203,7 +206,8 @@ Argv openmpi_command(const RunnerInputs& in) {
   set_env(exports, "MASTER_ADDR", in.master_addr);
   set_env(exports, "MASTER_PORT", std::to_string(in.master_port));
   for (const auto& [key, val] : exports) cmd.insert(cmd.end(), {"-x", key + "=" + val});
-  cmd.push_back(in.program);
+  // DeepSpeed's MPI runners: python_exec ([sys.executable, "-u"]) before a .py program.
+  for (auto& word : program_prefix(in.program, in.no_python, in.python)) cmd.push_back(word);
   cmd.insert(cmd.end(), in.program_args.begin(), in.program_args.end());
   return cmd;
 }
@@ -220,7 +224,8 @@ Argv mpich_command(const RunnerInputs& in) {
   cmd.insert(cmd.end(), {"-genv", "WORLD_SIZE", std::to_string(pool_total(in.pool))});
   cmd.insert(cmd.end(), {"-genv", "LOCAL_SIZE", std::to_string(per_node)});
   cmd.insert(cmd.end(), {"-hosts", join(pool_hosts(in.pool), ",")});
-  cmd.push_back(in.program);
+  // DeepSpeed's MPI runners: python_exec ([sys.executable, "-u"]) before a .py program.
+  for (auto& word : program_prefix(in.program, in.no_python, in.python)) cmd.push_back(word);
   cmd.insert(cmd.end(), in.program_args.begin(), in.program_args.end());
   return cmd;
 }
@@ -242,7 +247,8 @@ Argv slurm_command(const RunnerInputs& in) {
   // As for openmpi: the rank's runtime needs the rendezvous point without MPI.
   exports += ",MASTER_ADDR=" + in.master_addr + fmt::format(",MASTER_PORT={}", in.master_port);
   cmd.push_back(exports);
-  cmd.push_back(in.program);
+  // DeepSpeed's MPI runners: python_exec ([sys.executable, "-u"]) before a .py program.
+  for (auto& word : program_prefix(in.program, in.no_python, in.python)) cmd.push_back(word);
   cmd.insert(cmd.end(), in.program_args.begin(), in.program_args.end());
   return cmd;
 }

@@ -41,6 +41,8 @@ struct RunnerInputs {
   int num_gpus = -1;
   // Forwarded to every per-node launcher.
   bool no_local_rank = false;
+  bool no_python = false;          // forwarded; the MPI runners apply the .py rule themselves
+  std::string python = "python3";  // the MPI runners' interpreter for a .py program
   bool save_pid = false;
   int save_pid_owner = 0;
   std::string each_rank_log;

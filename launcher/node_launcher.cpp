@@ -13,6 +13,7 @@
 
 #include "errors.h"
 #include "process_group.h"
+#include "python_program.h"
 
 namespace dscpp::launcher {
 namespace {
@@ -61,6 +62,24 @@ class FdCloser {
 
 }  // namespace
 
+std::string find_program(const NodeConfig& config, const EnvList& env) {
+  const std::string search = get_env(env, "PATH").value_or("");
+  if (runs_with_python(config.program, config.no_python)) {
+    if (::access(config.program.c_str(), R_OK) != 0)
+      throw UserError(fmt::format("cannot find the Python program '{}'", config.program));
+    const auto python = find_executable(config.python, search);
+    if (!python)
+      throw UserError(fmt::format(
+          "cannot find the Python interpreter '{}' to run {} (set DSCPP_PYTHON, or give "
+          "--no_python to run the program directly)",
+          config.python, config.program));
+    return *python;
+  }
+  const auto path = find_executable(config.program, search);
+  if (!path) throw UserError(fmt::format("cannot find an executable program '{}'", config.program));
+  return *path;
+}
+
 std::string rank_log_path(const std::string& dir, const std::string& timestamp, int rank) {
   return fmt::format("{}/{}_rank{}.log", dir, timestamp, rank);
 }
@@ -68,8 +87,7 @@ std::string rank_log_path(const std::string& dir, const std::string& timestamp, 
 int run_node(const NodeRunOptions& options) {
   const std::vector<RankLaunch> ranks = plan_node(options.config);
   const std::string program = options.config.program;
-  const auto path = find_executable(program, get_env(options.base_env, "PATH").value_or(""));
-  if (!path) throw UserError(fmt::format("cannot find an executable program '{}'", program));
+  const auto path = find_program(options.config, options.base_env);
 
   std::string timestamp;
   if (!options.each_rank_log.empty()) {
@@ -105,7 +123,7 @@ int run_node(const NodeRunOptions& options) {
     EnvList env = options.base_env;
     for (const auto& [key, val] : rank.env) set_env(env, key, val);
     ChildSpec spec;
-    spec.path = *path;
+    spec.path = path;
     spec.argv = rank.argv;
     spec.envp = to_envp(env);
     spec.cpus = rank.cpus;

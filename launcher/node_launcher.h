@@ -25,6 +25,10 @@ struct NodeRunOptions {
 int run_node(const NodeRunOptions& options);
 
 // DeepSpeed's per-rank log name: <dir>/<YYYYmmddHHMMSS>_rank<R>.log.
+// The file the ranks exec: the program from PATH, or for a .py program (python_program.h) the
+// interpreter, after checking that the script exists. Throws UserError naming what is missing.
+std::string find_program(const NodeConfig& config, const EnvList& env);
+
 std::string rank_log_path(const std::string& dir, const std::string& timestamp, int rank);
 
 }  // namespace dscpp::launcher

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "errors.h"
+#include "python_program.h"
 
 namespace dscpp::launcher {
 
@@ -58,12 +59,14 @@ std::vector<RankLaunch> plan_node(const NodeConfig& config) {
                     cores.begin() + (local + 1) * cores_per_rank);
       set_env(r.env, "OMP_NUM_THREADS", std::to_string(cores_per_rank));
     }
-    r.argv.push_back(config.program);
+    // A .py program: `python -u train.py --local_rank=N ...`, as DeepSpeed's launch.py.
+    const auto prefix = program_prefix(config.program, config.no_python, config.python);
+    r.argv.insert(r.argv.end(), prefix.begin(), prefix.end());
     // `dscpp ... python3 train.py`: the flag belongs to the script, as DeepSpeed's launcher
     // places it (python -u train.py --local_rank=N ...), not to the interpreter.
     auto args = config.program_args.begin();
     const std::string base = config.program.substr(config.program.find_last_of('/') + 1);
-    if (base.rfind("python", 0) == 0 && args != config.program_args.end() &&
+    if (prefix.size() == 1 && base.rfind("python", 0) == 0 && args != config.program_args.end() &&
         args->rfind("-", 0) != 0)
       r.argv.push_back(*args++);
     if (!config.no_local_rank) r.argv.push_back(fmt::format("--local_rank={}", local));

@@ -22,6 +22,9 @@ struct NodeConfig {
   std::string program;
   std::vector<std::string> program_args;
   bool no_local_rank = false;
+  // The .py rule (python_program.h): a program ending in .py runs under `python`.
+  bool no_python = false;
+  std::string python = "python3";
   bool bind_cores_to_rank = false;
   std::optional<std::string> bind_core_list;
   std::vector<int> default_cores;  // used when binding without --bind_core_list

@@ -68,7 +68,8 @@ po::options_description visible_options(Parsed& p) {
     ("bind_core_list", po::value(&p.bind_core_list)->value_name("LIST"),
      "cores to share out with --bind_cores_to_rank, e.g. 0,2-5 (default: all physical cores)")
     ("module", po::bool_switch(&o.module), "Python only; ignored with a notice")
-    ("no_python", po::bool_switch(&o.no_python), "accepted; dscpp always runs the program directly")
+    ("no_python", po::bool_switch(&o.no_python), "run the program directly even when its name ends in .py (otherwise a .py program runs as "
+     "$DSCPP_PYTHON or python3 -u PROGRAM)")
     ("log_level", po::value(&o.log_level)->value_name("LEVEL"),
      "debug, info (default), warning, error or critical")
     ("quiet,q", po::bool_switch(&o.quiet), "print errors only (same as --log_level error)");

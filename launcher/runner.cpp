@@ -18,6 +18,7 @@
 #include "multinode_runner.h"
 #include "node_launcher.h"
 #include "process_group.h"
+#include "python_program.h"
 #include "world_info.h"
 
 namespace dscpp::launcher {
@@ -141,6 +142,8 @@ int run_multi_node(const Options& o, const LaunchPlan& plan, const EnvList& envi
   in.num_nodes = o.num_nodes;
   in.num_gpus = o.num_gpus;
   in.no_local_rank = o.no_local_rank;
+  in.no_python = o.no_python;
+  in.python = python_interpreter(environment);
   in.save_pid = o.save_pid;
   in.save_pid_owner = ::getpid();
   in.each_rank_log = o.each_rank_log;
@@ -254,9 +257,13 @@ int run_runner(const Options& o) {
   machine.cuda_visible_devices = get_env(environment, "CUDA_VISIBLE_DEVICES");
   const LaunchPlan plan = resolve_launch(o, hostfile, machine);
   const double grace = kill_grace_seconds(environment);
-  if (!plan.multi_node && !find_executable(o.program, get_env(environment, "PATH").value_or(""))) {
+  if (!plan.multi_node) {
     // Checked here as well as in run_node so that no notice precedes the error.
-    throw UserError(fmt::format("cannot find an executable program '{}'", o.program));
+    NodeConfig program;
+    program.program = o.program;
+    program.no_python = o.no_python;
+    program.python = python_interpreter(environment);
+    find_program(program, environment);
   }
   for (const auto& notice : plan.notices) {
     if (warnings(o)) fmt::print(stderr, "dscpp: {}\n", notice);
@@ -271,6 +278,8 @@ int run_runner(const Options& o) {
   run.config.program = o.program;
   run.config.program_args = o.program_args;
   run.config.no_local_rank = o.no_local_rank;
+  run.config.no_python = o.no_python;
+  run.config.python = python_interpreter(environment);
   run.config.bind_cores_to_rank = o.bind_cores_to_rank;
   run.config.bind_core_list = o.bind_core_list;
   if (o.bind_cores_to_rank) run.config.default_cores = physical_core_list();
@@ -293,6 +302,8 @@ int run_node_mode(const Options& o) {
   run.config.program = o.program;
   run.config.program_args = o.program_args;
   run.config.no_local_rank = o.no_local_rank;
+  run.config.no_python = o.no_python;
+  run.config.python = python_interpreter(environment);
   run.config.bind_cores_to_rank = o.bind_cores_to_rank;
   run.config.bind_core_list = o.bind_core_list;
   if (o.bind_cores_to_rank) run.config.default_cores = physical_core_list();

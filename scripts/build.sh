@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds one variant: `cpu` (build/) or `cuda` (build-cuda/, -DDSCPP_CUDA=ON).
+# DSCPP_BUILD_DIR names another folder (scripts/demo.sh builds its own, build-demo/, so that the
+# test build and the demo build never reconfigure each other's build type).
 # The CUDA variant needs a CUDA toolkit with NCCL (/usr/local/cuda on the project's
 # machines); it compiles and links anywhere, and runs only where there is a GPU.
 set -euo pipefail
@@ -13,9 +15,9 @@ compilers=()
 # clang++ compiles LibTorch code about twice as fast as g++ on these machines.
 if command -v clang++ >/dev/null; then compilers=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang); fi
 case "$variant" in
-  cpu) dir=build; extra=() ;;
+  cpu) dir=${DSCPP_BUILD_DIR:-build}; extra=() ;;
   cuda)
-    dir=build-cuda
+    dir=${DSCPP_BUILD_DIR:-build-cuda}
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     if [ ! -x "$nvcc" ]; then
       echo "dscpp build: no CUDA toolkit (nvcc) found: cannot build the CUDA variant" >&2

@@ -4,13 +4,19 @@
 # through the dscpp launcher with ZeRO-2: on every GPU when there are GPUs (the CUDA build),
 # otherwise on 2 CPU ranks over Gloo. Logs, TensorBoard and CSV files and the checkpoint go
 # under runs/. Environment: DEMO_ITERS (default 150), DEMO_RANKS (CPU ranks, default 2).
+# Builds in build-demo/ (build-cuda-demo/ on a GPU), apart from scripts/test.sh's build/.
+# Run again, it resumes from runs/checkpoints: at DEMO_ITERS it says that the run is finished
+# and how to train further (a larger DEMO_ITERS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=cpu
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then variant=cuda; fi
-scripts/build.sh "$variant" train_gpt preprocess_data dscpp_launcher
-build=build
-[ "$variant" = cuda ] && build=build-cuda
+# Its own folder, in its own build type: scripts/test.sh's build/ (Check) stays as it is, so
+# the README's two commands run one after the other without rebuilding either.
+build=build-demo
+[ "$variant" = cuda ] && build=build-cuda-demo
+DSCPP_BUILD_DIR=$build DSCPP_BUILD_TYPE=${DSCPP_BUILD_TYPE:-RelWithDebInfo} \
+  scripts/build.sh "$variant" train_gpt preprocess_data dscpp_launcher
 export DSCPP_PYTHON=${DSCPP_PYTHON:-$PWD/.venv/bin/python3}
 if [ ! -f runs/corpus/fortunes_text_document.idx ]; then
   PREPROCESS_DATA=$build/tools/preprocess_data scripts/prepare_corpus.sh runs/corpus

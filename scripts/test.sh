@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds both variants (the CUDA one compiles and links; its tests need a GPU) and runs
-# every CPU test through ctest, which prints its summary last.
+# every CPU test through ctest, which prints its summary last. Folders: build/ and build-cuda/
+# (type Check); scripts/demo.sh keeps to its own build-demo/, so neither rebuilds the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DSCPP_BUILD_TYPE=${DSCPP_BUILD_TYPE:-Check}

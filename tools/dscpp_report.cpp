@@ -1,9 +1,18 @@
-// dscpp_report: DeepSpeed's ds_report for dscpp. Alone it prints the environment; with
-// --config it prints the resolved ds_config (every key, effective value) as JSON, with
-// warnings and ignored features on stderr. Exit codes: 0 fine, 2 bad config or usage.
+// dscpp_report: DeepSpeed's ds_report for dscpp. Alone it prints, in ds_report's layout, the op
+// report (every op and kernel this build holds: compiled in, and usable on this machine) and
+// the general environment (versions of dscpp, LibTorch, CUDA, NCCL and the compiler, install
+// and library paths, build type, devices, /dev/shm). --json prints the same as one JSON
+// object. With --config it prints the resolved ds_config (every key, effective value) as JSON,
+// with warnings and ignored features on stderr. Exit codes: 0 fine, 2 bad config or usage.
 // The optimizer and scheduler params are checked by the code the engine builds them with
 // (optim/), so a config this accepts is one dscpp::initialize accepts.
+#include <fmt/format.h>
+#include <link.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -14,13 +23,168 @@
 #include "dscpp/runtime/build_info.h"
 
 namespace po = boost::program_options;
+using nlohmann::json;
+
+namespace {
+
+#ifndef DSCPP_BUILD_TYPE
+#define DSCPP_BUILD_TYPE "unknown"
+#endif
+
+#ifdef DSCPP_CUDA
+constexpr bool kCudaBuild = true;
+#else
+constexpr bool kCudaBuild = false;
+#endif
+
+std::string compiler() {
+#if defined(__clang__)
+  return std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  return std::string("g++ ") + __VERSION__;
+#else
+  return "unknown";
+#endif
+}
+
+// Where LibTorch was loaded from: the loaded object named libtorch_cpu.so (libtorch.so in
+// older wheels). A symbol's address would not do: in the executable it is its PLT entry.
+std::string libtorch_library() {
+  std::string found;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* data) {
+        auto* out = static_cast<std::string*>(data);
+        const std::string name = info->dlpi_name ? info->dlpi_name : "";
+        const std::string base = std::filesystem::path(name).filename().string();
+        if (base.rfind("libtorch_cpu.so", 0) == 0 ||
+            (out->empty() && base.rfind("libtorch.so", 0) == 0))
+          *out = name;
+        return 0;
+      },
+      &found);
+  if (found.empty()) return "unknown";
+  std::error_code ec;
+  auto path = std::filesystem::canonical(found, ec);
+  return ec ? found : path.string();
+}
+
+// The ops and kernels of this build: DeepSpeed's op report, for what dscpp compiles ahead of
+// time (there is no JIT: an op is in the build or not). A CUDA kernel is usable where the
+// build has CUDA and a device is visible; the ATen paths and the Gloo backend run anywhere.
+json op_report(int cuda_devices) {
+  const bool gpu = kCudaBuild && cuda_devices > 0;
+  const std::string why_not =
+      !kCudaBuild ? "not in a CPU build (scripts/build.sh cuda)" : "no CUDA device visible";
+  json ops = json::array();
+  auto add = [&](const char* name, const char* what, bool compiled, bool usable,
+                 const std::string& note) {
+    ops.push_back({{"name", name},
+                   {"description", what},
+                   {"compiled", compiled},
+                   {"usable", compiled && usable},
+                   {"note", compiled && usable ? "" : note}});
+  };
+  add("fused_adam", "Adam/AdamW on flat fp32 shards, one CUDA kernel (ops/fused_adam.cu)",
+      kCudaBuild, gpu, why_not);
+  add("bias_gelu_cuda", "bias + GeLU forward and backward kernels (ops/bias_gelu.cu)", kCudaBuild,
+      gpu, why_not);
+  add("cross_entropy_cuda", "fused cross entropy over the logits (ops/cross_entropy.cu)",
+      kCudaBuild, gpu, why_not);
+  add("bias_gelu", "bias + GeLU, the ATen path (CPU, float64, mixed dtypes)", true, true, "");
+  add("cross_entropy", "cross entropy, the ATen path", true, true, "");
+  add("optimizers_aten", "adam, adamw, sgd, adagrad, lamb, lion on ATen (optim/)", true, true, "");
+  add("comm_gloo", "c10d ProcessGroupGloo: CPU tensors, any machine", true, true, "");
+  add("comm_nccl", "c10d ProcessGroupNCCL: CUDA tensors", kCudaBuild, gpu, why_not);
+  return ops;
+}
+
+json full_report() {
+  json r = dscpp::environment_report();
+  const int devices = r.contains("cuda") && r["cuda"].is_object() && r["cuda"].contains("devices")
+                          ? static_cast<int>(r["cuda"]["devices"].size())
+                          : 0;
+  r["ops"] = op_report(devices);
+  r["compiler"] = compiler();
+  r["build_type"] = DSCPP_BUILD_TYPE;
+  std::error_code ec;
+  const auto exe = std::filesystem::canonical("/proc/self/exe", ec);
+  r["dscpp_report_path"] = ec ? "unknown" : exe.string();
+  r["install_path"] = ec ? "unknown" : exe.parent_path().parent_path().string();
+  r["libtorch_library"] = libtorch_library();
+  struct statvfs shm {};
+  if (statvfs("/dev/shm", &shm) == 0)
+    r["shm_gib"] = static_cast<double>(shm.f_blocks) * shm.f_frsize / (1ull << 30);
+  r["cuda_device_count"] = devices;
+  return r;
+}
+
+std::string dots(const std::string& key, size_t width) {
+  return key + " " + std::string(key.size() + 1 < width ? width - key.size() - 1 : 1, '.') + " ";
+}
+
+std::string text(const json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+void print_text(const json& r) {
+  const std::string rule(50, '-');
+  std::cout << rule << "\ndscpp C++/CUDA op report\n"
+            << rule << "\n"
+            << "NOTE: dscpp compiles its ops ahead of time (there is no JIT): 'compiled'\n"
+            << "      says this build holds the op, 'usable' that it can run on this\n"
+            << "      machine (a CUDA kernel needs the CUDA build and a visible GPU).\n"
+            << rule << "\n"
+            << dots("op name", 25) << "compiled .. usable\n"
+            << rule << "\n";
+  for (const auto& op : r["ops"]) {
+    std::cout << dots(op["name"].get<std::string>(), 25)
+              << (op["compiled"].get<bool>() ? "[YES]" : "[NO] ") << " ...... "
+              << (op["usable"].get<bool>() ? "[OKAY]" : "[NO]  ");
+    if (!op["note"].get<std::string>().empty()) std::cout << " (" << text(op["note"]) << ")";
+    std::cout << "\n";
+  }
+  std::cout << rule << "\ndscpp general environment info:\n";
+  auto line = [](const std::string& k, const std::string& v) {
+    std::cout << dots(k, 34) << v << "\n";
+  };
+  line("dscpp install path", text(r["install_path"]));
+  line("dscpp version", text(r["dscpp"]));
+  line("dscpp build type", text(r["build_type"]));
+  line("dscpp compiled w.", text(r["compiler"]));
+  line("libtorch version", text(r["libtorch"]));
+  line("libtorch built for", text(r["libtorch_built_for"]));
+  line("libtorch library path", text(r["libtorch_library"]));
+  line("cuda build", r["cuda_build"].get<bool>() ? "yes" : "no");
+  if (r["cuda"].is_object()) {
+    const auto& c = r["cuda"];
+    line("cuda runtime version", text(c["runtime"]));
+    line("cuda driver version", c["driver"].is_null() ? "none" : text(c["driver"]));
+  } else {
+    line("cuda runtime version", text(r["cuda"]));
+  }
+  line("nccl version", r.contains("nccl") ? text(r["nccl"]) : "unknown");
+  line("gloo", text(r["gloo"]));
+  line("cuda devices", std::to_string(r["cuda_device_count"].get<int>()));
+  if (r["cuda"].is_object())
+    for (const auto& d : r["cuda"]["devices"])
+      line(fmt::format("  cuda:{}", d["index"].get<int>()),
+           fmt::format("{} (compute {}, {:.1f} GiB, {} SMs)", text(d["name"]),
+                       text(d["compute_capability"]), d["memory_gib"].get<double>(),
+                       d["multiprocessors"].get<int>()));
+  line("cpu threads", text(r["cpu_threads"]));
+  if (r.contains("shm_gib"))
+    line("shared memory (/dev/shm) size", fmt::format("{:.2f} GB", r["shm_gib"].get<double>()));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   po::options_description opts("dscpp_report options");
   std::string config;
   int64_t world_size = 1;
   std::vector<std::string> autos;
-  opts.add_options()("help,h", "show this help")(
+  opts.add_options()("help,h", "show this help")("json",
+                                                 "print the environment report as one JSON object")(
       "config", po::value(&config), "ds_config file (or JSON text) to resolve and print")(
       "world-size", po::value(&world_size)->default_value(1),
       "data-parallel world size for the batch-size rule")(
@@ -40,7 +204,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (config.empty()) {
-    std::cout << dscpp::environment_report().dump(2) << "\n";
+    const json r = full_report();
+    if (vm.count("json"))
+      std::cout << r.dump(2) << "\n";
+    else
+      print_text(r);
     return 0;
   }
   dscpp::ConfigOptions options;

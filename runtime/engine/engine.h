@@ -120,6 +120,13 @@ class Engine {
   // The data-parallel group the engine averages over (DeepSpeed's data_parallel_group),
   // e.g. to average a logged loss across ranks.
   comm::ProcessGroup& data_parallel_group() { return core_->group(); }
+  // The ds_config's tensorboard / csv_monitor: whether one is on (the same on every rank), and
+  // a program's own events beside the engine's, e.g. {"Train/Samples/tokens_per_sec", v,
+  // global_samples()}: rank 0 writes them, a no-op on the others and with no monitor on.
+  bool monitor_enabled() const { return core_->monitor_enabled(); }
+  void write_monitor_events(const std::vector<monitor::Event>& events) {
+    core_->write_monitor_events(events);
+  }
   // The engine's internals (ZeRO's state, the LR schedule): for tests and tools.
   EngineCore& core() { return *core_; }
 

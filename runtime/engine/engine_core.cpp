@@ -15,6 +15,7 @@
 #include "dscpp/optim/lr_schedules.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/monitor/monitor.h"
+#include "dscpp/runtime/monitor/peak_memory.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
 #include "dscpp/zero/layer_gather.h"
 #include "dscpp/zero/publish_waits.h"
@@ -251,7 +252,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   } else if (client_.lr_scheduler) {
     scheduler_ = client_.lr_scheduler(*opt);
   }
-  last_log_ = std::chrono::steady_clock::now();
+  last_log_ = last_step_end_ = std::chrono::steady_clock::now();
 }
 
 bool EngineCore::is_gradient_accumulation_boundary() const {
@@ -386,13 +387,31 @@ void EngineCore::step() {
     log_progress();
 }
 
+bool EngineCore::monitor_enabled() const {
+  return monitor_->enabled();
+}
+
+void EngineCore::write_monitor_events(const std::vector<monitor::Event>& events) {
+  if (monitor_->enabled() && group_->rank() == 0) monitor_->write_events(events);
+}
+
 void EngineCore::write_monitor_events(double train_loss) {
-  // DeepSpeed's event names, each at x = global_samples.
+  // DeepSpeed's event names, each at x = global_samples; then what our log line shows and
+  // DeepSpeed's engine has no event for, under names of the same form.
   const int64_t x = global_samples_;
+  const auto now = std::chrono::steady_clock::now();
+  const double secs = std::chrono::duration<double>(now - last_step_end_).count();
+  last_step_end_ = now;
   std::vector<monitor::Event> events = {{"Train/Samples/train_loss", train_loss, x},
                                         {"Train/Samples/lr", zero_->optimizer().get_lr(), x}};
   if (config_.fp16.enabled)
     events.push_back({"Train/Samples/loss_scale", scaler_->loss_scale(), x});
+  if (step_applied_) events.push_back({"Train/Samples/grad_norm", get_global_grad_norm(), x});
+  // This step's throughput: the samples of one optimizer step over the time since the last.
+  if (secs > 0)
+    events.push_back({"Train/Samples/samples_per_sec", config_.train_batch_size / secs, x});
+  events.push_back({"Train/Samples/peak_memory_gib",
+                    static_cast<double>(monitor::peak_memory_bytes(device_)) / (1 << 30), x});
   if (config_.wall_clock_breakdown) {
     events.push_back({"Train/Samples/elapsed_time_ms_forward", timers_.forward, x});
     events.push_back({"Train/Samples/elapsed_time_ms_backward", timers_.backward, x});

@@ -16,6 +16,7 @@
 #include "dscpp/comm/process_group.h"
 #include "dscpp/config/ds_config.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
+#include "dscpp/runtime/monitor/event.h"
 
 namespace dscpp {
 
@@ -129,6 +130,12 @@ class EngineCore {
   void defer_error(const std::string& what) noexcept;
   void check_deferred_error() const;
 
+  // Whether a tensorboard or csv_monitor is on (the same on every rank), and a program's own
+  // events (train_gpt's tokens/s) into them beside the engine's: written by rank 0, a no-op
+  // elsewhere and with no monitor on.
+  bool monitor_enabled() const;
+  void write_monitor_events(const std::vector<monitor::Event>& events);
+
   bool is_gradient_accumulation_boundary() const;
   int64_t global_steps() const { return global_steps_; }
   int64_t global_samples() const { return global_samples_; }
@@ -163,6 +170,7 @@ class EngineCore {
   at::ScalarType gradient_partition_type() const;
   void log_progress();
   void write_monitor_events(double train_loss);
+  std::chrono::steady_clock::time_point last_step_end_;  // for the samples/s event
   // Checkpoint parts (engine_checkpoint.cpp).
   checkpoint::PyValue model_states(const checkpoint::PyValue& client_state,
                                    checkpoint::PyValue rng_states);

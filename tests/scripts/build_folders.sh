@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 22: the README's two commands, scripts/test.sh and scripts/demo.sh, build in separate
+# folders (build/ as Check, build-demo/ as RelWithDebInfo), so running one after the other
+# never reconfigures the other's folder. Runs both scripts in a copy of scripts/ whose build.sh
+# records the folder and type each asks for (and ctest, the tools and the launcher are stubs),
+# in either order.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/tree/scripts" "$tmp/bin" "$tmp/tree/runs/corpus"
+cp "$src/scripts/test.sh" "$src/scripts/demo.sh" "$tmp/tree/scripts/"
+touch "$tmp/tree/runs/corpus/fortunes_text_document.idx"
+cat >"$tmp/tree/scripts/build.sh" <<'STUB'
+#!/usr/bin/env bash
+variant=$1
+case "$variant" in cpu) dir=${DSCPP_BUILD_DIR:-build} ;; cuda) dir=${DSCPP_BUILD_DIR:-build-cuda} ;; esac
+echo "$variant $dir ${DSCPP_BUILD_TYPE:-RelWithDebInfo}" >>"$(dirname "$0")/../builds.log"
+mkdir -p "$dir/launcher" "$dir/tools"
+printf '#!/bin/sh\necho launched "$@"\n' >"$dir/launcher/dscpp"
+printf '#!/bin/sh\ntrue\n' >"$dir/tools/dscpp_report"
+chmod +x "$dir/launcher/dscpp" "$dir/tools/dscpp_report"
+STUB
+chmod +x "$tmp/tree/scripts/build.sh"
+printf '#!/bin/sh\necho "ctest in $(basename "$PWD")" >>../builds.log\n' >"$tmp/bin/ctest"
+# No GPU here: demo.sh picks the CPU variant (nvidia-smi fails).
+printf '#!/bin/sh\nexit 1\n' >"$tmp/bin/nvidia-smi"
+chmod +x "$tmp/bin/ctest" "$tmp/bin/nvidia-smi"
+export PATH="$tmp/bin:$PATH"
+unset DSCPP_BUILD_TYPE DSCPP_BUILD_DIR
+cd "$tmp/tree"
+for order in "test demo" "demo test"; do
+  rm -f builds.log
+  for s in $order; do "./scripts/$s.sh" >/dev/null; done
+  cpu=$(grep '^cpu ' builds.log)
+  want_test="cpu build Check"
+  want_demo="cpu build-demo RelWithDebInfo"
+  if ! grep -qx "$want_test" <<<"$cpu" || ! grep -qx "$want_demo" <<<"$cpu" ||
+     [ "$(wc -l <<<"$cpu")" -ne 2 ] || ! grep -qx "ctest in build" builds.log; then
+    echo "FAIL ($order): builds asked for:"; cat builds.log; exit 1
+  fi
+  # The CUDA variant, where test.sh builds it, has its own folder too.
+  if grep -q '^cuda ' builds.log && ! grep -qx "cuda build-cuda Check" builds.log; then
+    echo "FAIL ($order): CUDA build:"; cat builds.log; exit 1
+  fi
+done
+echo "PASS: test.sh builds build/ (Check), demo.sh build-demo/ (RelWithDebInfo), in either order"

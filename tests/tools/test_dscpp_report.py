@@ -1,0 +1,96 @@
+"""dscpp_report prints what DeepSpeed's ds_report prints that applies (issue 22): the op table
+(compiled, usable) and the environment, each field checked against an independent source (the
+venv's torch for the LibTorch version, os for the CPU count and /dev/shm, the build's own
+settings for the build type and variant), in the text layout and in --json alike."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+FAILED = []
+
+
+def check(name, ok, detail=""):
+    print(("PASS " if ok else "FAIL ") + name)
+    if not ok:
+        FAILED.append(name)
+        print(str(detail)[-3000:])
+
+
+def field(text, key):
+    m = re.search(r"^" + re.escape(key) + r" \.+ (.*)$", text, re.M)
+    return m.group(1) if m else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--report", required=True)
+    ap.add_argument("--build-type", required=True)
+    ap.add_argument("--cuda-build", required=True)
+    args = ap.parse_args()
+    cuda_build = args.cuda_build in ("1", "ON", "TRUE", "true")
+    p = subprocess.run([args.report], capture_output=True, text=True, timeout=60)
+    out = p.stdout
+    check("runs", p.returncode == 0, p.stderr)
+    j = subprocess.run([args.report, "--json"], capture_output=True, text=True, timeout=60)
+    import json
+    r = json.loads(j.stdout)
+
+    # The op table, as ds_report's: every op a row with compiled and usable.
+    check("the op report's header", "dscpp C++/CUDA op report" in out and "op name" in out and "compiled .. usable" in out, out)
+    ops = {o["name"]: o for o in r["ops"]}
+    for name in ("fused_adam", "bias_gelu_cuda", "cross_entropy_cuda", "bias_gelu", "cross_entropy", "comm_gloo",
+                 "comm_nccl"):
+        check(f"op {name} is reported", name in ops and re.search(r"^" + re.escape(name) + r" \.+ \[", out, re.M), out)
+    gpu = cuda_build and r["cuda_device_count"] > 0
+    for name in ("fused_adam", "bias_gelu_cuda", "cross_entropy_cuda", "comm_nccl"):
+        check(f"{name}: compiled iff the CUDA build, usable iff a GPU too",
+              ops[name]["compiled"] == cuda_build and ops[name]["usable"] == gpu, ops[name])
+    for name in ("bias_gelu", "cross_entropy", "comm_gloo"):
+        check(f"{name}: compiled and usable everywhere", ops[name]["compiled"] and ops[name]["usable"], ops[name])
+    if not cuda_build:
+        check("a CPU build says why its kernels are not usable",
+              re.search(r"^fused_adam \.+ \[NO\] +\.+ \[NO\] +\(not in a CPU build", out, re.M), out)
+
+    # Versions, against the venv's torch (the LibTorch we link is its wheel's).
+    try:
+        import torch
+        want = torch.__version__.split("+")[0]
+        check(f"libtorch version is torch's {want}", (field(out, "libtorch version") or "").startswith(want), out)
+    except ImportError:
+        print("SKIP libtorch version: no torch in this Python")
+    lib = field(out, "libtorch library path") or ""
+    check("the libtorch library path is a loaded libtorch .so",
+          os.path.isfile(lib) and re.search(r"libtorch[_a-z]*\.so", os.path.basename(lib)), lib)
+    check("dscpp version", re.fullmatch(r"\d+\.\d+\.\d+", field(out, "dscpp version") or ""), out)
+    check("the compiler", re.match(r"(clang|g\+\+) \d", field(out, "dscpp compiled w.") or ""), out)
+    check(f"the build type is {args.build_type}", field(out, "dscpp build type") == args.build_type, out)
+    check("cuda build", field(out, "cuda build") == ("yes" if cuda_build else "no"), out)
+    if not cuda_build:
+        check("no CUDA, no NCCL in a CPU build",
+              "not compiled in" in (field(out, "cuda runtime version") or "")
+              and "not compiled in" in (field(out, "nccl version") or ""), out)
+    else:
+        check("the NCCL version", re.fullmatch(r"\d+\.\d+\.\d+", field(out, "nccl version") or ""), out)
+
+    # Paths and the machine.
+    exe = os.path.realpath(args.report)
+    check("the install path is the folder above the tool's",
+          field(out, "dscpp install path") == os.path.dirname(os.path.dirname(exe)), out)
+    check("cpu threads", field(out, "cpu threads") == str(os.cpu_count()), out)
+    st = os.statvfs("/dev/shm")
+    check("/dev/shm size", field(out, "shared memory (/dev/shm) size") ==
+          f"{st.f_blocks * st.f_frsize / 2**30:.2f} GB", out)
+    check("cuda devices", field(out, "cuda devices") == str(r["cuda_device_count"]), out)
+    check("--json holds the text's fields",
+          r["build_type"] == args.build_type and r["libtorch_library"] == lib and r["cpu_threads"] == os.cpu_count(), r)
+    if FAILED:
+        print(f"{len(FAILED)} check(s) failed: {FAILED}")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
