@@ -24,12 +24,12 @@
 namespace dscpp::pipe {
 
 enum class Op {
-  kLoadMicroBatch,   // first stage: the inputs; last stage: the labels
+  kLoadMicroBatch,  // first stage: the inputs; last stage: the labels
   kForward,
   kBackward,
-  kSendActivation,   // to peer_of(...): the next stage (chunk+1 on stage 0 after the last)
+  kSendActivation,  // to peer_of(...): the next stage (chunk+1 on stage 0 after the last)
   kRecvActivation,
-  kSendGrad,         // the gradient of the received activation, to the previous stage
+  kSendGrad,  // the gradient of the received activation, to the previous stage
   kRecvGrad,
   kReduceTiedGrads,  // sum tied layers' gradients among the stages that hold them
   kReduceGrads,      // the data-parallel reduction ZeRO's stage needs at the boundary

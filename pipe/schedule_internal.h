@@ -1,0 +1,16 @@
+// What schedule.cpp and schedule_interleaved.cpp share; not part of the public contract.
+#pragma once
+
+#include "dscpp/pipe/schedule.h"
+
+namespace dscpp::pipe {
+
+// Refuses a shape out of range (stages, stage, micro_batches, chunks) with dscpp::Error.
+void validate(const PipeShape& shape);
+// Megatron's interleaved 1F1B (shape.chunks > 1), validated by train_schedule.
+std::vector<Step> interleaved_train_schedule(const PipeShape& shape);
+// ReduceTiedGrads, ReduceGrads, OptimizerStep: the last step's tail.
+void append_step_level(Step& last);
+bool is_transfer(Op op);
+
+}  // namespace dscpp::pipe
