@@ -6,13 +6,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <regex>
 #include <set>
 
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/error.h"
 #include "dscpp/nn/activation_checkpointing.h"
-#include "dscpp/pipe/partition_methods.h"
+#include "dscpp/pipe/partition.h"
 
 namespace dscpp::pipe {
 
@@ -101,7 +100,31 @@ PipelineModule::PipelineModule(std::vector<nn::LayerSpec> specs, PipelineOptions
 }
 
 void PipelineModule::partition() {
-  parts_ = partition_layers(specs_, stages_ * options_.num_chunks(), options_.partition_method());
+  // What DeepSpeed's _partition_layers looks at: each layer's type name and trainable count.
+  // Only "parameters" and "type:" need them, and DeepSpeed builds every layer once for them.
+  std::string method = options_.partition_method();
+  std::transform(method.begin(), method.end(), method.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  std::vector<LayerInfo> infos(specs_.size());
+  if (method != "uniform") {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      auto module = specs_[i].build();
+      // name() is the demangled class ("dscpp::model_zoo::GPTBlockImpl"); DeepSpeed's
+      // typename.__name__ is the bare class: "GPTBlock".
+      std::string type = module->name();
+      if (auto colon = type.rfind("::"); colon != std::string::npos) type = type.substr(colon + 2);
+      if (type.size() > 4 && type.compare(type.size() - 4, 4, "Impl") == 0)
+        type.resize(type.size() - 4);
+      infos[i].type_name = type;
+      for (const auto& p : module->parameters(/*recurse=*/true))
+        if (p.requires_grad()) infos[i].trainable_params += p.numel();
+    }
+  }
+  parts_ = partition_layers(options_.partition_method(), infos, stages_ * options_.num_chunks());
+  for (size_t k = 0; k + 1 < parts_.size(); ++k)
+    if (parts_[k] >= parts_[k + 1])
+      throw Error(fmt::format("PipelineModule: partition '{}' leaves part {} without layers",
+                              options_.partition_method(), k));
 }
 
 std::shared_ptr<comm::ProcessGroup> PipelineModule::link(int peer) const {

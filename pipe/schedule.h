@@ -16,6 +16,11 @@
 //   so no ordering of them can deadlock.
 // - Every micro-batch goes forward through every chunk on every stage once and backward
 //   once (training), in dependency order.
+// - A buffer slot belongs to one (micro-batch, chunk) from its first instruction on this
+//   stage (its RecvActivation or LoadMicroBatch) to its last (its SendGrad, or its
+//   Backward on the first stage): it holds the input, the output and the input's gradient,
+//   and no other unit uses the slot in any step of that span, not even the step that
+//   frees it. Slots are numbered per stage, shared by all its chunks.
 #pragma once
 
 #include <string>

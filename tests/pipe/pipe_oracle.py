@@ -64,6 +64,10 @@ def check(model, case, p, d, z, ref, out):
         e = rel_err(r["losses"], ref["losses"])
         if e > TOL:
             errors.append(f"stage {s} losses differ by {e:.2e}")
+        # The global norm (before clipping at 1.0) over every stage, tied weights once.
+        e = rel_err(r["grad_norms"], ref["grad_norms"])
+        if e > TOL:
+            errors.append(f"stage {s} grad norms differ by {e:.2e}")
     # Weights: each parameter from the first stage that holds it (a tied copy is the same).
     merged = {}
     for r in stages:

@@ -132,14 +132,16 @@ void reference(const std::string& model, int steps, const std::string& out) {
                                                   .weight_decay(0.01));
   json result;
   result["losses"] = json::array();
+  result["grad_norms"] = json::array();
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = samples(model, s * kGlobalBatch, kGlobalBatch);
     opt.zero_grad();
     at::Tensor loss = loss_of(model, dscpp::nn::run_layers(layers, x), y);
     loss.backward();
-    torch::nn::utils::clip_grad_norm_(root->parameters(), 1.0);
+    const double norm = torch::nn::utils::clip_grad_norm_(root->parameters(), 1.0);
     opt.step();
     result["losses"].push_back(loss.item<double>());
+    result["grad_norms"].push_back(norm);
   }
   // Parameters under their whole-model names (spec name + key inside the layer).
   result["params"] = json::object();
@@ -181,6 +183,7 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
     };
     at::Tensor loss = engine.train_batch(it);
     result["losses"].push_back(loss.item<double>());
+    result["grad_norms"].push_back(engine.get_global_grad_norm());
   }
   result["params"] = json::object();
   int64_t trainable = 0;

@@ -159,3 +159,74 @@ TEST(Schedule, CheckerCatchesBrokenLists) {
 
 }  // namespace
 }  // namespace dscpp::pipe
+
+namespace dscpp::pipe {
+namespace {
+
+// Interleaved 1F1B: the contract, and per stage the idle time of the event simulation
+// (F = 1, B = 2 per stage, F/v and B/v per chunk) over the stage's ideal time m(F + B),
+// within 10% of Megatron's (p - 1)/(v m).
+void check_interleaved(int p, int m, int v) {
+  SCOPED_TRACE(::testing::Message() << "p=" << p << " m=" << m << " v=" << v);
+  const auto pipe = testing::build(p, m, v, true);
+  EXPECT_EQ(testing::check_contract(pipe), "");
+  const auto timing = testing::simulate(pipe, 1.0, 2.0);
+  const double formula = (p - 1.0) / (v * m);
+  EXPECT_DOUBLE_EQ(bubble_fraction({p, 0, m, v}), formula);
+  for (int s = 0; s < p; ++s) {
+    EXPECT_NEAR(timing.busy[s], m * 3.0, 1e-9);
+    const double idle_over_ideal = (timing.makespan - timing.busy[s]) / timing.busy[s];
+    EXPECT_NEAR(idle_over_ideal, formula, 0.1 * formula) << "stage " << s;
+  }
+}
+
+TEST(Schedule, InterleavedKeepsTheContractAndMegatronsBubble) {
+  for (int p : {2, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 3 * p}) check_interleaved(p, m, v);
+  check_interleaved(3, 6, 2);
+}
+
+TEST(ScheduleGrid, InterleavedEveryShape) {
+  for (int p : {2, 3, 4, 8})
+    for (int v : {2, 3})
+      for (int m = p; m <= 32; m += p) check_interleaved(p, m, v);
+}
+
+// Megatron's warm-up: stage s runs (p - s - 1) * 2 + (v - 1) * p forwards before its first
+// backward; the chunk of its k-th forward is (k / p) % v.
+TEST(Schedule, InterleavedFollowsMegatronsOrder) {
+  const int p = 4, m = 8, v = 2;
+  for (int s = 0; s < p; ++s) {
+    int forwards = 0, k = 0;
+    bool backward_seen = false;
+    for (const Step& step : train_schedule({p, s, m, v}))
+      for (const Instruction& i : step) {
+        if (i.op == Op::kBackward && !backward_seen) {
+          backward_seen = true;
+          // The steady step pairs the warm-up's next forward with the first backward.
+          EXPECT_EQ(forwards, (p - s - 1) * 2 + (v - 1) * p + 1) << "stage " << s;
+        }
+        if (i.op != Op::kForward) continue;
+        EXPECT_EQ(i.chunk, (k / p) % v) << "stage " << s << " forward " << k;
+        EXPECT_EQ(i.micro_batch, (k / (p * v)) * p + k % p) << "stage " << s << " forward " << k;
+        ++forwards, ++k;
+      }
+  }
+}
+
+TEST(Schedule, InterleavedRefusesWithTheArithmetic) {
+  try {
+    train_schedule({4, 0, 6, 2});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("micro_batches = 6, stages = 4 (6 % 4 = 2)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(train_schedule({4, 0, 2, 2}), Error);
+  EXPECT_THROW(train_schedule({1, 0, 4, 2}), Error);
+}
+
+}  // namespace
+}  // namespace dscpp::pipe
