@@ -64,6 +64,9 @@ def check(model, case, p, d, z, ref, out):
         e = rel_err(r["losses"], ref["losses"])
         if e > TOL:
             errors.append(f"stage {s} losses differ by {e:.2e}")
+        # eval_batch: the next batch's loss under the final weights, on every stage.
+        if "eval_loss" in r and abs(r["eval_loss"] - ref["eval_loss"]) > TOL * abs(ref["eval_loss"]):
+            errors.append(f"stage {s} eval_batch loss {r['eval_loss']} != {ref['eval_loss']}")
         # The global norm (before clipping at 1.0) over every stage, tied weights once.
         e = rel_err(r["grad_norms"], ref["grad_norms"])
         if e > TOL:

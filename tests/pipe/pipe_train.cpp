@@ -143,6 +143,11 @@ void reference(const std::string& model, int steps, const std::string& out) {
     result["losses"].push_back(loss.item<double>());
     result["grad_norms"].push_back(norm);
   }
+  {  // eval_batch's oracle: the next global batch's loss under the final weights
+    torch::NoGradGuard no_grad;
+    auto [x, y] = samples(model, steps * kGlobalBatch, kGlobalBatch);
+    result["eval_loss"] = loss_of(model, dscpp::nn::run_layers(layers, x), y).item<double>();
+  }
   // Parameters under their whole-model names (spec name + key inside the layer).
   result["params"] = json::object();
   std::set<const torch::nn::Module*> seen;
@@ -184,6 +189,14 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
     at::Tensor loss = engine.train_batch(it);
     result["losses"].push_back(loss.item<double>());
     result["grad_norms"].push_back(engine.get_global_grad_norm());
+  }
+  if (engine.module().num_chunks() == 1) {  // the inference schedule runs plain stages
+    int64_t j = 0;
+    dscpp::pipe::DataIter it = [&]() {
+      auto [x, y] = samples(model, steps * kGlobalBatch + (j++ * n + d) * mb, mb);
+      return dscpp::pipe::MicroBatch{{x}, y};
+    };
+    result["eval_loss"] = engine.eval_batch(it).loss.item<double>();
   }
   result["params"] = json::object();
   int64_t trainable = 0;
