@@ -289,6 +289,71 @@ int die(const std::shared_ptr<dscpp::comm::ProcessGroup>& world) {
   return 0;
 }
 
+// fp16: a layer on the last stage whose weight's gradient overflows while every other gradient
+// (stage 0's included) stays finite. The verdict must be the whole model's: both stages skip
+// both steps, stage 0's weights do not move, and the loss scales agree.
+int overflow(const std::shared_ptr<dscpp::comm::ProcessGroup>& world) {
+  auto specs = mlp_specs();
+  specs.push_back({"spike",
+                   [] {
+                     auto m = std::make_shared<torch::nn::Module>();
+                     m->register_parameter("w", torch::zeros({1}));
+                     return m;
+                   },
+                   [](torch::nn::Module& m, const at::Tensor& x) {
+                     // Adds nothing; its gradient is 60000 x the sum of the output's.
+                     at::Tensor w = m.named_parameters()["w"];
+                     return x + (w - w.detach()) * 60000.0;
+                   },
+                   "",
+                   {}});
+  dscpp::pipe::PipelineOptions options(world->size());
+  options.group(world).partition_method("uniform").loss_fn(
+      dscpp::pipe::loss_of([](const at::Tensor& o, const at::Tensor& l) {
+        return torch::mse_loss(o.to(at::kFloat), l);
+      }));
+  dscpp::pipe::PipelineModule module(specs, options);
+  json cfg = {{"train_batch_size", 8},
+              {"gradient_accumulation_steps", 2},
+              {"fp16", {{"enabled", true}, {"initial_scale_power", 4}}},
+              {"optimizer", optimizer_config("mlp")}};
+  auto engine = dscpp::initialize(module, cfg);
+  auto params = [&] {
+    std::vector<double> all;
+    for (const auto& p : engine.module().stage_module()->parameters()) {
+      auto v = flat(p);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto before = params();
+  for (int s = 0; s < 2; ++s) {
+    int64_t j = 0;
+    dscpp::pipe::DataIter it = [&]() {
+      auto [x, y] = samples("mlp", s * 8 + j++ * 4, 4);
+      return dscpp::pipe::MicroBatch{{x.to(at::kHalf)}, y};
+    };
+    (void)engine.train_batch(it);
+  }
+  const bool unchanged = params() == before;
+  at::Tensor mine = torch::tensor({static_cast<double>(engine.core().skipped_steps()),
+                                   engine.loss_scale(), unchanged ? 1.0 : 0.0},
+                                  torch::kDouble);
+  at::Tensor all = torch::zeros({3 * world->size()}, torch::kDouble);
+  world->all_gather(all, mine).wait();
+  bool ok = true;
+  for (int r = 0; r < world->size(); ++r) {
+    ok &= all[3 * r].item<double>() == 2 && all[3 * r + 2].item<double>() == 1;
+    ok &= all[3 * r + 1].item<double>() == all[1].item<double>();
+  }
+  if (world->rank() == 0)
+    std::cout << (ok ? "overflow: every stage skipped both steps alike\n"
+                     : "overflow: FAILED\n")
+              << all << "\n"
+              << std::flush;
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -312,6 +377,7 @@ int main(int argc, char** argv) {
   auto world = dscpp::comm::init_distributed();
   if (mode == "refusals") return refusals(world);
   if (mode == "die") return die(world);
+  if (mode == "overflow") return overflow(world);
   for (const auto& c : json::parse(cases_text)) {
     json r = pipe_case(world, model, c, steps);
     if (r["data_id"] == 0)
