@@ -40,9 +40,11 @@ def case_name(model, p, d, m, v, z):
     return f"{model}_p{p}_d{d}_m{m}_v{v}_z{z}"
 
 
-def make_case(model, p, d, m, v, z):
+def make_case(model, p, d, m, v, z, extra=None):
     mb = GLOBAL_BATCH // (m * d)
-    return {"name": case_name(model, p, d, m, v, z), "stages": p, "chunks": v,
+    extra = extra or {}
+    suffix = "".join(f"_{k}{str(v_).replace(':', '')}" for k, v_ in sorted(extra.items()))
+    return {"name": case_name(model, p, d, m, v, z) + suffix, "stages": p, "chunks": v, **extra,
             "config": {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": m,
                        "zero_optimization": {"stage": z, "reduce_bucket_size": 300}}}
 
@@ -107,6 +109,15 @@ def check(model, case, p, d, z, ref, out):
     return errors
 
 
+VARIANTS = {
+    "mlp": [((2, 1, 4, 1, 0), {"partition": "uniform"}),
+            ((2, 2, 4, 1, 2), {"checkpoint_interval": 2})],
+    "gpt": [((2, 1, 4, 1, 1), {"partition": "type:GPTBlock", "checkpoint_interval": 1}),
+            ((4, 1, 8, 2, 0), {"checkpoint_interval": 1})],
+    "tuple": [((2, 1, 4, 1, 0), {"partition": "uniform"})],
+}
+
+
 def covering(model):
     """Every value of every dimension, and the pairs that interact: stages x data, micro-
     batches x stages (the schedule's warm-up and drain), chunks x micro-batches, ZeRO x data
@@ -125,6 +136,8 @@ def covering(model):
         cases.add((2, 2, m, 1, z) if m * 2 <= GLOBAL_BATCH else (2, 1, m, 1, z))
     if model == "gpt":  # the tied weight across 4 stages, interleaved, with ZeRO 2 partitions
         cases.add((4, 2, 4, 2, 2))
+    if model == "tuple":  # (hidden, mask) and an aux loss across stages: a few shapes suffice
+        cases = {(2, 1, 4, 1, 0), (2, 2, 2, 1, 2), (4, 1, 4, 2, 1), (4, 2, 2, 1, 0)}
     return sorted(c for c in cases if valid(c[0], c[2], c[3]) and GLOBAL_BATCH % (c[1] * c[2]) == 0)
 
 
@@ -139,7 +152,7 @@ def main():
     ap.add_argument("--train", required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--full", action="store_true")
-    ap.add_argument("--models", default="mlp,gpt")
+    ap.add_argument("--models", default="mlp,gpt,tuple")
     ap.add_argument("--port", type=int, default=29931)
     ap.add_argument("--chunks", default="1,2", help="the chunk counts to run (v)")
     args = ap.parse_args()
@@ -157,9 +170,13 @@ def main():
         # One launch per world size, its cases one after another.
         by_world = {}
         for (p, d, m, v, z) in grid:
-            by_world.setdefault(p * d, []).append((p, d, m, v, z))
-        for world, combos in sorted(by_world.items()):
-            cases = [make_case(model, *c) for c in combos]
+            by_world.setdefault(p * d, []).append(((p, d, m, v, z), None))
+        # The module's options beside the default partition and no checkpointing.
+        for combo, extra in VARIANTS.get(model, []):
+            by_world.setdefault(combo[0] * combo[1], []).append((combo, extra))
+        for world, entries in sorted(by_world.items()):
+            combos = [c for c, _ in entries]
+            cases = [make_case(model, *c, extra=e) for c, e in entries]
             launch_error = None
             try:
                 run([args.launcher, "--num_gpus", str(world), "--master_port", str(port),

@@ -16,6 +16,7 @@
 
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/nn/aux_loss.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -48,6 +49,36 @@ std::vector<LayerSpec> mlp_specs() {
   return specs;
 }
 
+// The MLP's shape with a tuple activation: (hidden, mask), the mask a float tensor without
+// gradient that every layer reads, and an auxiliary loss added by layer 3 (the side channel).
+std::vector<LayerSpec> tuple_specs() {
+  std::vector<LayerSpec> specs;
+  const std::vector<int64_t> widths = {16, 32, 32, 32, 32, 32, 32, 32, 4};
+  using dscpp::nn::Activation;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const int64_t in = widths[i], out = widths[i + 1];
+    LayerSpec spec{"layers." + std::to_string(i),
+                   [in, out] { return torch::nn::Linear(in, out).ptr(); },
+                   nullptr,
+                   "",
+                   {}};
+    spec.forward_tuple = [i, last = i + 2 == widths.size()](torch::nn::Module& m,
+                                                            const Activation& a) {
+      auto& linear = static_cast<torch::nn::LinearImpl&>(m);
+      if (i == 0) {
+        at::Tensor h = torch::gelu(linear.forward(a.at(0)));
+        return Activation{h, (h.detach() > 0.1).to(torch::kFloat)};
+      }
+      if (last) return Activation{linear.forward(a.at(0))};
+      at::Tensor h = torch::tanh(linear.forward(a.at(0))) * (0.5 + 0.5 * a.at(1));
+      if (i == 3) dscpp::nn::add_aux_loss(0.05 * h.pow(2).mean());
+      return Activation{h, a.at(1)};
+    };
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
 dscpp::model_zoo::GPTConfig gpt_config() {
   dscpp::model_zoo::GPTConfig c;
   c.vocab_size = 32;
@@ -61,17 +92,18 @@ dscpp::model_zoo::GPTConfig gpt_config() {
 
 std::vector<LayerSpec> specs_of(const std::string& model) {
   if (model == "mlp") return mlp_specs();
+  if (model == "tuple") return tuple_specs();
   return dscpp::model_zoo::gpt_layer_specs(gpt_config());
 }
 
 at::Tensor loss_of(const std::string& model, const at::Tensor& out, const at::Tensor& labels) {
-  if (model == "mlp") return torch::mse_loss(out, labels);
+  if (model != "gpt") return torch::mse_loss(out, labels);
   return dscpp::model_zoo::gpt_loss(out, labels, /*fused=*/false);
 }
 
 // Samples [first, first + count) of the model's data set: deterministic.
 std::pair<at::Tensor, at::Tensor> samples(const std::string& model, int64_t first, int64_t count) {
-  if (model == "mlp") {
+  if (model != "gpt") {
     auto i = torch::arange(first, first + count, torch::kFloat).unsqueeze(1);
     auto x = torch::sin(i * 0.37 + torch::arange(16, torch::kFloat) * 0.11);
     auto y = torch::cos(i * 0.21 + torch::arange(4, torch::kFloat) * 0.5);
@@ -90,7 +122,7 @@ json optimizer_config(const std::string& model) {
           {"params",
            {{"lr", 1e-2},
             {"betas", {0.9, 0.999}},
-            {"eps", model == "mlp" ? 1e-8 : 1e-4},
+            {"eps", model == "gpt" ? 1e-4 : 1e-8},
             {"weight_decay", 0.01}}}};
 }
 
@@ -136,8 +168,9 @@ void reference(const std::string& model, int steps, const std::string& out) {
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = samples(model, s * kGlobalBatch, kGlobalBatch);
     opt.zero_grad();
-    at::Tensor loss = loss_of(model, dscpp::nn::run_layers(layers, x), y);
-    loss.backward();
+    dscpp::nn::AuxLossScope aux;
+    at::Tensor loss = loss_of(model, dscpp::nn::run_layers(layers, dscpp::nn::Activation{x})[0], y);
+    (aux.sum().defined() ? loss + aux.sum() : loss).backward();
     const double norm = torch::nn::utils::clip_grad_norm_(root->parameters(), 1.0);
     opt.step();
     result["losses"].push_back(loss.item<double>());
@@ -145,8 +178,11 @@ void reference(const std::string& model, int steps, const std::string& out) {
   }
   {  // eval_batch's oracle: the next global batch's loss under the final weights
     torch::NoGradGuard no_grad;
+    dscpp::nn::AuxLossScope aux;
     auto [x, y] = samples(model, steps * kGlobalBatch, kGlobalBatch);
-    result["eval_loss"] = loss_of(model, dscpp::nn::run_layers(layers, x), y).item<double>();
+    result["eval_loss"] =
+        loss_of(model, dscpp::nn::run_layers(layers, dscpp::nn::Activation{x})[0], y)
+            .item<double>();
   }
   // Parameters under their whole-model names (spec name + key inside the layer).
   result["params"] = json::object();
@@ -167,6 +203,7 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
       .seed_layers(true)
       .base_seed(kBaseSeed)
       .partition_method(c.value("partition", "parameters"))
+      .activation_checkpoint_interval(c.value("checkpoint_interval", 0))
       .loss_fn(dscpp::pipe::loss_of(
           [model](const at::Tensor& o, const at::Tensor& l) { return loss_of(model, o, l); }));
   dscpp::pipe::PipelineModule module(specs_of(model), options);
@@ -347,8 +384,7 @@ int overflow(const std::shared_ptr<dscpp::comm::ProcessGroup>& world) {
     ok &= all[3 * r + 1].item<double>() == all[1].item<double>();
   }
   if (world->rank() == 0)
-    std::cout << (ok ? "overflow: every stage skipped both steps alike\n"
-                     : "overflow: FAILED\n")
+    std::cout << (ok ? "overflow: every stage skipped both steps alike\n" : "overflow: FAILED\n")
               << all << "\n"
               << std::flush;
   return ok ? 0 : 1;
