@@ -139,8 +139,6 @@ EvalResult PipelineEngine::eval_batch(const DataIter& data_iter, bool compute_lo
   if (reduce_output != "avg" && reduce_output != "none")
     throw Error(
         fmt::format("eval_batch: reduce_output '{}': expected \"avg\" or \"none\"", reduce_output));
-  if (module_.num_chunks() > 1)
-    throw Error("eval_batch: the inference schedule runs plain stages (num_chunks 1)");
   module_.stage_module()->eval();
   compute_loss_ = compute_loss;
   return_logits_ = return_logits;

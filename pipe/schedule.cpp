@@ -60,7 +60,7 @@ void validate(const PipeShape& s) {
 
 std::vector<Step> train_schedule(const PipeShape& shape) {
   validate(shape);
-  if (shape.chunks > 1) return interleaved_train_schedule(shape);
+  if (shape.chunks > 1) return interleaved_schedule(shape, false);
   const int p = shape.stages, s = shape.stage, m = shape.micro_batches;
   const int slots = one_f_one_b_slots(shape);
   auto valid = [m](int b) { return b >= 0 && b < m; };
@@ -91,10 +91,7 @@ std::vector<Step> train_schedule(const PipeShape& shape) {
 
 std::vector<Step> inference_schedule(const PipeShape& shape) {
   validate(shape);
-  if (shape.chunks != 1)
-    throw Error(fmt::format(
-        "pipeline inference schedule: chunks must be 1, found {} (eval_batch runs plain stages)",
-        shape.chunks));
+  if (shape.chunks > 1) return interleaved_schedule(shape, true);
   const int p = shape.stages, s = shape.stage, m = shape.micro_batches;
   auto valid = [m](int b) { return b >= 0 && b < m; };
   const int total = m + p - 1;

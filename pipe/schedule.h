@@ -60,7 +60,8 @@ struct PipeShape {
 // and micro_batches % stages == 0, Megatron's rule: refused with dscpp::Error showing the
 // arithmetic). Bubble fraction (p-1)/m, resp. (p-1)/(v*m), of the ideal step.
 std::vector<Step> train_schedule(const PipeShape& shape);
-// Forward only, for eval_batch (DeepSpeed's InferenceSchedule).
+// Forward only, for eval_batch: DeepSpeed's InferenceSchedule (chunks == 1), or with chunks > 1
+// the interleaved layout's forwards in Megatron's order (the same refusals as training).
 std::vector<Step> inference_schedule(const PipeShape& shape);
 // The activation buffer slots a schedule's instructions index (DeepSpeed's num_pipe_buffers).
 int num_buffers(const std::vector<Step>& steps);

@@ -31,14 +31,18 @@ struct Work {
 
 // Megatron's order on stage s: the k-th forward runs chunk (k / p) % v of micro-batch
 // (k / (p v)) p + k % p; the k-th backward the chunk v - 1 - (k / p) % v of the same.
-std::vector<std::vector<Work>> megatron_groups(int p, int s, int m, int v) {
+std::vector<std::vector<Work>> megatron_groups(int p, int s, int m, int v, bool forward_only) {
   const int total = m * v;
   auto nth = [&](int k, bool fwd) {
     const int c = (k / p) % v;
     return Work{fwd, fwd ? c : v - 1 - c, (k / (p * v)) * p + k % p};
   };
-  const int warmup = std::min((p - s - 1) * 2 + (v - 1) * p, total);
   std::vector<std::vector<Work>> groups;
+  if (forward_only) {  // Megatron's forward-only path: every forward in order, one per step
+    for (int k = 0; k < total; ++k) groups.push_back({nth(k, true)});
+    return groups;
+  }
+  const int warmup = std::min((p - s - 1) * 2 + (v - 1) * p, total);
   for (int k = 0; k < warmup; ++k) groups.push_back({nth(k, true)});
   for (int i = 0; i < total - warmup; ++i) groups.push_back({nth(warmup + i, true), nth(i, false)});
   for (int i = total - warmup; i < total; ++i) groups.push_back({nth(i, false)});
@@ -50,7 +54,7 @@ using Key = std::tuple<bool, int, int>;
 
 }  // namespace
 
-std::vector<Step> interleaved_train_schedule(const PipeShape& shape) {
+std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only) {
   const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
   if (p < 2)
     throw Error(fmt::format(
@@ -67,7 +71,7 @@ std::vector<Step> interleaved_train_schedule(const PipeShape& shape) {
 
   // Lay out every rank's groups together, as early as dependencies allow.
   std::vector<std::vector<std::vector<Work>>> groups(p);
-  for (int s = 0; s < p; ++s) groups[s] = megatron_groups(p, s, m, v);
+  for (int s = 0; s < p; ++s) groups[s] = megatron_groups(p, s, m, v, forward_only);
   std::vector<size_t> next(p, 0);
   std::map<Key, int> done;
   std::vector<std::vector<std::vector<Work>>> compute(p);  // compute[s][t]
@@ -190,7 +194,7 @@ std::vector<Step> interleaved_train_schedule(const PipeShape& shape) {
   }
   for (Step& step : steps)
     for (Instruction& i : step) i.buffer = slot.at({i.micro_batch, i.chunk});
-  append_step_level(steps.back());
+  if (!forward_only) append_step_level(steps.back());
   return steps;
 }
 

@@ -7,8 +7,9 @@ namespace dscpp::pipe {
 
 // Refuses a shape out of range (stages, stage, micro_batches, chunks) with dscpp::Error.
 void validate(const PipeShape& shape);
-// Megatron's interleaved 1F1B (shape.chunks > 1), validated by train_schedule.
-std::vector<Step> interleaved_train_schedule(const PipeShape& shape);
+// Megatron's interleaved 1F1B (shape.chunks > 1), or its forward-only order (forward_only:
+// for eval_batch); the shape validated by the caller.
+std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only);
 // ReduceTiedGrads, ReduceGrads, OptimizerStep: the last step's tail.
 void append_step_level(Step& last);
 bool is_transfer(Op op);

@@ -227,7 +227,7 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
     result["losses"].push_back(loss.item<double>());
     result["grad_norms"].push_back(engine.get_global_grad_norm());
   }
-  if (engine.module().num_chunks() == 1) {  // the inference schedule runs plain stages
+  {
     int64_t j = 0;
     dscpp::pipe::DataIter it = [&]() {
       auto [x, y] = samples(model, steps * kGlobalBatch + (j++ * n + d) * mb, mb);
