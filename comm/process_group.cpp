@@ -220,6 +220,42 @@ Work ProcessGroup::recv(at::Tensor& tensor, int src, int tag) {
   });
 }
 
+std::vector<Work> ProcessGroup::batch_isend_irecv(std::vector<P2POp>& ops) {
+  for (const auto& op : ops)
+    if (op.peer < 0 || op.peer >= size() || op.peer == rank_)
+      throw CommError(
+          fmt::format("batch_isend_irecv on group '{}' (rank {} of {}): peer {} is "
+                      "not another rank of the group",
+                      name_, rank_, size(), op.peer));
+  std::vector<Work> works;
+  if (ops.empty()) return works;
+  if (!backend_->backend->supportsCoalescing()) {  // Gloo: in order, none of them blocks
+    for (auto& op : ops)
+      works.push_back(op.kind == P2POp::kSend ? send(op.tensor, op.peer, op.tag)
+                                              : recv(op.tensor, op.peer, op.tag));
+    return works;
+  }
+  works.push_back(issue("batch_isend_irecv", [&](Work& w) {
+    // One NCCL group: every op goes into it, and the group's one Work completes them all.
+    backend_->backend->startCoalescing();
+    try {
+      for (auto& op : ops) {
+        std::vector<at::Tensor> one{op.tensor};
+        if (op.kind == P2POp::kSend)
+          (void)backend_->backend->send(one, op.peer, op.tag);
+        else
+          (void)backend_->backend->recv(one, op.peer, op.tag);
+        w.state_->keep_alive.push_back(op.tensor);
+      }
+    } catch (...) {
+      (void)backend_->backend->endCoalescing();  // leave the backend out of coalescing mode
+      throw;
+    }
+    w.state_->work = backend_->backend->endCoalescing();
+  }));
+  return works;
+}
+
 Work ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input) {
   if (input.numel() != output.numel() || input.size(0) % size() != 0)
     throw CommError(

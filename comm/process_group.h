@@ -30,6 +30,14 @@ enum class ReduceOp { kSum, kAvg, kMax, kMin };
 
 class ProcessGroup;
 
+// One send or receive of a batch (batch_isend_irecv): PyTorch's dist.P2POp.
+struct P2POp {
+  enum Kind { kSend, kRecv } kind;
+  at::Tensor tensor;  // read (send) or written (recv) until the batch's Works complete
+  int peer;           // group rank of the other side
+  int tag = 0;
+};
+
 // An issued collective. Default-constructed: already complete.
 class Work {
  public:
@@ -75,6 +83,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Work broadcast(at::Tensor& tensor, int src);
   Work send(at::Tensor& tensor, int dst, int tag = 0);
   Work recv(at::Tensor& tensor, int src, int tag = 0);
+  // Several sends and receives issued together (PyTorch's batch_isend_irecv): on NCCL as one
+  // group (startCoalescing / endCoalescing: one Work for all), so that no order of the
+  // paired sends and receives between two ranks can deadlock; on Gloo, whose sends and
+  // receives never block the caller, issued in order (one Work each). Each side must list
+  // the transfers between a pair of ranks in the same order.
+  std::vector<Work> batch_isend_irecv(std::vector<P2POp>& ops);
   // input and output hold size() equal chunks; chunk j of rank i goes to chunk i of rank j.
   Work all_to_all(at::Tensor& output, const at::Tensor& input);
   Work barrier();

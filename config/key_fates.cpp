@@ -31,7 +31,9 @@ constexpr KeyFate E(const char* path, const char* why, const char* example) {
 }
 
 const char* kOracle = "engine.SingleRankOracleStages0To3";
-const char* kNoPipe = "dscpp has no pipeline engine";
+const char* kNoPipe = "dscpp's pipeline engine writes no checkpoints yet";
+// DeepSpeed's PipelineModule takes these as arguments and neither engine reads the config's.
+const char* kPipeArg = "PipelineOptions decides (DeepSpeed's PipelineModule argument); not read";
 const char* kTuning = "a DeepSpeed ZeRO-3 tuning knob; dscpp's stage 3 has no such mechanism";
 const char* kFlops = "the flops profiler is not implemented";
 const char* kWandb = "Weights & Biases needs its Python service: not implemented";
@@ -172,14 +174,19 @@ const std::vector<KeyFate> kTable = {
       "nn/activation_checkpointing.cpp waits for the device"),
     U("activation_checkpointing.profile", "nn/activation_checkpointing.cpp prints the times"),
     // Pipeline parallelism.
-    N("pipeline", kNoPipe, R"({"stages": 2})"),
-    N("pipeline.stages", kNoPipe, "2"),
-    N("pipeline.partition", kNoPipe, R"("uniform")"),
-    N("pipeline.seed_layers", kNoPipe, "true"),
-    N("pipeline.activation_checkpoint_interval", kNoPipe, "1"),
-    N("pipeline.pipe_partitioned", kNoPipe, "false"),
-    N("pipeline.grad_partitioned", kNoPipe, "false"),
-    N("pipeline.use_reentrant", kNoPipe, "false"),
+    A("pipeline", "pipe.EngineMatchesOneRank"),
+    A("pipeline.stages", "pipe.EngineRefusesStage3AndForwardBackwardStep"),
+    N("pipeline.partition", kPipeArg, R"("uniform")", R"("best")"),
+    N("pipeline.seed_layers", kPipeArg, "true", "false"),
+    N("pipeline.activation_checkpoint_interval", kPipeArg, "1", "0"),
+    N("pipeline.pipe_partitioned",
+      "partitions activations over a tensor-parallel group; dscpp's pipeline has none", "false",
+      "true"),
+    N("pipeline.grad_partitioned",
+      "partitions gradients over a tensor-parallel group; dscpp's pipeline has none", "false",
+      "true"),
+    N("pipeline.use_reentrant", "dscpp's activation checkpoint is always the reentrant kind",
+      "false", "true"),
     // Monitors.
     A("tensorboard", "monitor.TensorBoardAndDeepSpeedReadWhatWeWrite"),
     A("tensorboard.enabled", "MonitorMaster.EachMonitorWritesOnlyWhenItsSectionIsOn"),

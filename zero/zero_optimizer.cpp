@@ -134,6 +134,7 @@ StepResult ZeroOptimizer::step(double loss_scale) {
   // check (an inf or NaN anywhere makes it non-finite on every rank; DeepSpeed
   // tests a sum the same way).
   at::Tensor stats = master_->local_sumsq();
+  if (options_.reduce_sumsq_across) options_.reduce_sumsq_across(stats);
   if (options_.stage >= 1 && group_->size() > 1)
     group_->all_reduce(stats, comm::ReduceOp::kSum).wait();
   StepScaleInputs in;

@@ -20,6 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -64,6 +65,10 @@ struct ZeroOptions {
   // before its forward, or all of them), so the all-gathers overlap the next
   // forward instead of ending the step.
   bool defer_allgather = false;
+  // A pipeline's stages: called with this rank's local sum of squares before the
+  // data-parallel all-reduce, to add the other stages' (tied parameters counted once), so
+  // that the norm, the clip and the overflow verdict are the whole model's. Empty: none.
+  std::function<void(at::Tensor& local_sumsq)> reduce_sumsq_across;
 };
 
 struct StepResult {

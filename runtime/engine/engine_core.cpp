@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <iostream>
 #include <map>
@@ -217,6 +218,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   zo.check_overflow =
       config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
   zo.grad_dtype = gradient_partition_type();
+  zo.reduce_sumsq_across = reduce_sumsq_across_;
   // Parameter groups: each trainable parameter's group, by name.
   if (!client_.param_groups.empty()) {
     std::map<std::string, int> group_of_name;
@@ -350,6 +352,21 @@ void EngineCore::backward(const at::Tensor& loss) {
   zero_->end_backward();
   // Stage 3: the gradients are reduced, the parameters go back to rest.
   layer_gather_ ? layer_gather_->end_step() : zero_->release();
+  if (timed) {
+    const double t2 = now_ms();
+    timers_.backward += t2 - t0;
+    timers_.backward_reduce += t2 - t1;
+  }
+}
+
+void EngineCore::backward_from(const std::vector<at::Tensor>& outputs,
+                               const std::vector<at::Tensor>& grads, bool reduce) {
+  const bool timed = config_.wall_clock_breakdown;
+  const double t0 = timed ? now_ms() : 0;
+  zero_->begin_backward(zero_optimization_stage() >= 2 || reduce);
+  torch::autograd::backward(outputs, grads);
+  const double t1 = timed ? now_ms() : 0;
+  zero_->end_backward();
   if (timed) {
     const double t2 = now_ms();
     timers_.backward += t2 - t0;

@@ -116,6 +116,16 @@ class EngineCore {
                         const std::string& save_filename = "pytorch_model.bin");
 
   void backward(const at::Tensor& loss);
+  // A pipeline stage's backward (pipe/pipeline_engine.h): from `outputs` with their received
+  // gradients (undefined: ones, for a loss), already scaled by the caller; `reduce`: whether
+  // stages 0-1 reduce this micro-batch's gradients (the stage's last backward of the batch).
+  // Stages 2 reduce every one. Counts no micro-step (step() does).
+  void backward_from(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads,
+                     bool reduce);
+  // Before attach(): ZeroOptions::reduce_sumsq_across (a pipeline's norm over its stages).
+  void set_reduce_sumsq_across(std::function<void(at::Tensor&)> f) {
+    reduce_sumsq_across_ = std::move(f);
+  }
   void step();
   // Around the module's forward, for wall_clock_breakdown.
   void forward_begin();
@@ -229,6 +239,7 @@ class EngineCore {
   double forward_start_ = 0;
   std::vector<char> rest_before_forward_;  // stage 3: per bucket, at rest when forward began
   bool deferred_ = false;                  // see defer_error
+  std::function<void(at::Tensor&)> reduce_sumsq_across_;  // set_reduce_sumsq_across
   std::string deferred_error_;
 };
 

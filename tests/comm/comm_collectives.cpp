@@ -112,6 +112,32 @@ TEST_P(Collectives, SendRecvAroundARing) {
   expect_equal(in, pattern(13) * ((r + n - 1) % n + 1));
 }
 
+TEST_P(Collectives, BatchedSendRecvBothWaysInAnyOrder) {
+  // Every rank lists its sends before its receives, to both neighbours at once (1F1B's
+  // steady step): issued as one batch this cannot deadlock, on Gloo or NCCL.
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  at::Tensor to_next = pattern(7) * (r + 1), to_prev = pattern(9) * (r + 10);
+  at::Tensor from_prev = at::zeros({7}, opts), from_next = at::zeros({9}, opts);
+  std::vector<dscpp::comm::P2POp> ops = {{dscpp::comm::P2POp::kSend, to_next, next, 3},
+                                         {dscpp::comm::P2POp::kSend, to_prev, prev, 4},
+                                         {dscpp::comm::P2POp::kRecv, from_prev, prev, 3},
+                                         {dscpp::comm::P2POp::kRecv, from_next, next, 4}};
+  if (n == 2) {  // one neighbour on both sides: pair each side's order with the other's
+    ops = {{dscpp::comm::P2POp::kSend, r == 0 ? to_next : to_prev, next, 3},
+           {dscpp::comm::P2POp::kRecv, r == 0 ? from_next : from_prev, next, 3}};
+  }
+  for (auto& w : world->batch_isend_irecv(ops)) w.wait();
+  if (n == 2) {
+    expect_equal(r == 0 ? from_next : from_prev,
+                 r == 0 ? pattern(9) * (1 + 10) : pattern(7) * (0 + 1));
+  } else {
+    expect_equal(from_prev, pattern(7) * (prev + 1));
+    expect_equal(from_next, pattern(9) * (next + 10));
+  }
+  std::vector<dscpp::comm::P2POp> self = {{dscpp::comm::P2POp::kSend, to_next, r, 0}};
+  EXPECT_THROW(world->batch_isend_irecv(self), dscpp::comm::CommError);
+}
+
 TEST_P(Collectives, AllToAllTransposesChunks) {
   const int64_t c = 3;
   // Chunk j of rank i holds i*n + j: after the exchange chunk i of rank j holds it.

@@ -1,0 +1,312 @@
+// PipelineEngine: see pipeline_engine.h. The instructions' execution; the transfers are in
+// pipeline_transfers.cpp.
+#include "dscpp/pipe/pipeline_engine.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/json_text.h"
+#include "dscpp/error.h"
+#include "dscpp/nn/aux_loss.h"
+#include "dscpp/pipe/tied_grads.h"
+
+namespace dscpp::pipe {
+
+namespace {
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Activation to_device(const Activation& a, at::Device device) {
+  Activation out;
+  for (const auto& t : a) out.push_back(t.to(device));
+  return out;
+}
+
+}  // namespace
+
+PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& config, InitArgs args)
+    : module_(std::move(module)) {
+  nlohmann::json cfg = config.is_string() ? config::read_config(config.get<std::string>()) : config;
+  if (args.group)
+    throw Error(
+        "initialize(PipelineModule): InitArgs::group is not taken: the engine reduces over "
+        "each stage's data-parallel group, which the module's topology makes");
+  args.group = module_.data_group();
+  core_ = std::make_shared<EngineCore>(cfg, std::move(args));
+  const DSConfig& c = core_->config();
+  if (c.zero_optimization.stage == 3)
+    throw ConfigError("zero_optimization.stage",
+                      "3 with a pipeline is refused (as DeepSpeed refuses it): each stage holds "
+                      "only its own layers already; use stage 0, 1 or 2 (stage 2 reduce-scatters "
+                      "every micro-batch's gradients into the partition)");
+  if (c.pipeline.stages != "auto" && std::stoi(c.pipeline.stages) != module_.num_stages())
+    throw ConfigError("pipeline.stages", fmt::format("{} but the PipelineModule has {} stages",
+                                                     c.pipeline.stages, module_.num_stages()));
+  if (module_.num_chunks() > 1 && module_.num_stages() < 2)
+    throw Error("PipelineModule: interleaved chunks need at least 2 stages");
+  if (module_.is_last_stage() && !module_.options().loss_fn())
+    throw Error("PipelineModule: the last stage needs a loss_fn (PipelineOptions::loss_fn)");
+  shape_.stages = module_.num_stages();
+  shape_.stage = module_.stage_id();
+  shape_.micro_batches = static_cast<int>(c.gradient_accumulation_steps);
+  shape_.chunks = module_.num_chunks();
+  (void)train_schedule(shape_);  // refuses a shape the schedule cannot run (the arithmetic)
+  auto stage = module_.stage_module();
+  // The norm over every stage: this rank's sum of squares, its tied copies taken out, summed
+  // along the pipe before ZeRO sums it over the data ranks.
+  core_->set_reduce_sumsq_across([this](at::Tensor& sumsq) {
+    if (tied_ && !tied_->empty()) sumsq = sumsq - tied_->duplicate_sumsq().to(sumsq.options());
+    if (module_.num_stages() > 1) module_.pipe_group()->all_reduce(sumsq).wait();
+  });
+  core_->attach([stage](at::ScalarType dtype, at::Device device) { stage->to(device, dtype); },
+                [stage]() {
+                  EngineCore::NamedParams out;
+                  for (const auto& item : stage->named_parameters(/*recurse=*/true))
+                    out.emplace_back(item.key(), item.value());
+                  return out;
+                },
+                [stage]() {
+                  EngineCore::NamedParams out;
+                  for (const auto& item : stage->named_buffers(/*recurse=*/true))
+                    out.emplace_back(item.key(), item.value());
+                  return out;
+                });
+  tied_ = std::make_unique<TiedGrads>(module_, core_->zero_optimizer());
+}
+
+PipelineEngine::~PipelineEngine() = default;
+
+void PipelineEngine::forward() {
+  throw Error(
+      "PipelineEngine: forward() is not available: a pipeline runs forward, backward and step "
+      "inside train_batch(data_iter) (eval_batch for evaluation), as DeepSpeed's does");
+}
+void PipelineEngine::backward() {
+  throw Error(
+      "PipelineEngine: backward() is not available: a pipeline runs backward inside "
+      "train_batch(data_iter), as DeepSpeed's does");
+}
+void PipelineEngine::step() {
+  throw Error(
+      "PipelineEngine: step() is not available: train_batch(data_iter) steps at the end of "
+      "the batch, as DeepSpeed's does");
+}
+
+bool PipelineEngine::first_virtual(int chunk) const {
+  return chunk == 0 && module_.is_first_stage();
+}
+bool PipelineEngine::last_virtual(int chunk) const {
+  return chunk == module_.num_chunks() - 1 && module_.is_last_stage();
+}
+
+at::Tensor PipelineEngine::train_batch(const DataIter& data_iter) {
+  core_->check_deferred_error();
+  module_.stage_module()->train();
+  const auto steps = train_schedule(shape_);
+  // Stages 0-1 reduce in the stage's last backward of the batch.
+  for (const auto& step : steps)
+    for (const auto& in : step)
+      if (in.op == Op::kBackward) last_backward_ = {in.chunk, in.micro_batch};
+  const double t0 = now_ms();
+  compute_ms_ = 0;
+  run(steps, data_iter, /*training=*/true);
+  const double wall = now_ms() - t0;
+  bubble_ = wall > 0 ? std::max(0.0, 1.0 - compute_ms_ / wall) : 0.0;
+  at::Tensor mean;
+  if (module_.is_last_stage()) {
+    at::Tensor sum = at::zeros({}, at::kDouble);
+    for (const auto& l : losses_) sum += l.to(at::kCPU, at::kDouble);
+    mean = sum / static_cast<double>(losses_.size());
+  } else {
+    mean = at::zeros({}, at::kDouble);
+  }
+  losses_.clear();
+  return share_from_last(mean);
+}
+
+EvalResult PipelineEngine::eval_batch(const DataIter& data_iter, bool compute_loss,
+                                      const std::string& reduce_output, bool return_logits) {
+  core_->check_deferred_error();
+  if (reduce_output != "avg" && reduce_output != "none")
+    throw Error(
+        fmt::format("eval_batch: reduce_output '{}': expected \"avg\" or \"none\"", reduce_output));
+  module_.stage_module()->eval();
+  compute_loss_ = compute_loss;
+  return_logits_ = return_logits;
+  {
+    at::NoGradGuard no_grad;
+    run(inference_schedule(shape_), data_iter, /*training=*/false);
+  }
+  compute_loss_ = true;
+  module_.stage_module()->train();
+  EvalResult result;
+  result.outputs = std::move(eval_outputs_);
+  eval_outputs_.clear();
+  if (compute_loss) {
+    const int m = shape_.micro_batches;
+    at::Tensor per = at::zeros({m}, at::kDouble);
+    if (module_.is_last_stage())
+      for (int i = 0; i < m; ++i) per[i] = losses_.at(i).to(at::kCPU, at::kDouble);
+    per = share_from_last(per);
+    result.loss = reduce_output == "avg" ? per.mean() : per;
+  }
+  losses_.clear();
+  return result;
+}
+
+at::Tensor PipelineEngine::share_from_last(at::Tensor values) {
+  at::Tensor t = values.to(core_->device());
+  if (module_.is_last_stage() && module_.data_parallel_size() > 1)
+    module_.data_group()->all_reduce(t, comm::ReduceOp::kAvg).wait();
+  if (module_.num_stages() > 1) module_.pipe_group()->broadcast(t, module_.num_stages() - 1).wait();
+  return t.to(at::kCPU);
+}
+
+void PipelineEngine::run(const std::vector<Step>& steps, const DataIter& data_iter, bool training) {
+  loaded_.clear();
+  live_.clear();
+  losses_.clear();
+  meta_sent_.clear();
+  meta_in_.clear();
+  try {
+    for (const auto& step : steps) {
+      transfers(step, training);
+      for (const auto& in : step) {
+        switch (in.op) {
+          case Op::kLoadMicroBatch:
+            load(in, data_iter);
+            break;
+          case Op::kForward:
+            forward_instruction(in, training);
+            break;
+          case Op::kBackward:
+            backward_instruction(in);
+            break;
+          case Op::kReduceTiedGrads:
+            tied_->all_reduce();
+            break;
+          case Op::kReduceGrads:
+            break;  // done by ZeRO in the backwards (stages 0-1: the last one)
+          case Op::kOptimizerStep:
+            // EngineCore counts micro-steps: the m-th is the boundary that steps.
+            for (int i = 0; i < shape_.micro_batches; ++i) core_->step();
+            break;
+          default:
+            break;  // transfers: done above
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    // A failed stage leaves its peers' ranks to their timeouts; this engine cannot go on.
+    core_->defer_error(fmt::format("pipeline stage {} failed: {}", module_.stage_id(), e.what()));
+    live_.clear();
+    throw Error(fmt::format("pipeline stage {} (data rank {}): {}", module_.stage_id(),
+                            module_.data_parallel_id(), e.what()));
+  }
+  loaded_.clear();
+  live_.clear();
+}
+
+void PipelineEngine::load(const Instruction& in, const DataIter& data_iter) {
+  if (loaded_.count(in.micro_batch)) return;  // one stage both first and last
+  if (!data_iter)
+    throw Error(fmt::format("train_batch: stage {} loads micro-batches and has no data_iter",
+                            module_.stage_id()));
+  MicroBatch mb = data_iter();
+  if (module_.is_first_stage() && mb.inputs.empty())
+    throw Error(fmt::format("train_batch: micro-batch {} has no inputs", in.micro_batch));
+  if (module_.is_last_stage() && compute_loss_ && !mb.labels.defined())
+    throw Error(fmt::format("train_batch: micro-batch {} has no labels", in.micro_batch));
+  mb.inputs = to_device(mb.inputs, core_->device());
+  if (mb.labels.defined()) mb.labels = mb.labels.to(core_->device());
+  loaded_[in.micro_batch] = std::move(mb);
+}
+
+void PipelineEngine::forward_instruction(const Instruction& in, bool training) {
+  const Key key{in.chunk, in.micro_batch};
+  InFlight& f = live_[key];
+  if (first_virtual(in.chunk)) {
+    f.inputs = loaded_.at(in.micro_batch).inputs;
+  } else {
+    // The received buffer, as leaves of this stage's graph (sharing its storage: the slot is
+    // not received into again before this micro-batch's gradient has gone back).
+    const auto& meta = meta_in_.at(in.chunk);
+    Activation& buf = act_slots_.at(in.chunk).buffers.at(in.buffer);
+    f.inputs.clear();
+    for (size_t i = 0; i < buf.size(); ++i) {
+      at::Tensor x = buf[i].detach();
+      if (training && meta[i].requires_grad) x.requires_grad_(true);
+      f.inputs.push_back(x);
+    }
+  }
+  const double t0 = now_ms();
+  nn::AuxLossScope aux;
+  Activation out = module_.forward_chunk(in.chunk, f.inputs);
+  if (training) f.aux = aux.sum();
+  if (last_virtual(in.chunk)) {
+    if (compute_loss_) {
+      at::Tensor loss = module_.options().loss_fn()(out, loaded_.at(in.micro_batch).labels);
+      losses_.push_back(loss.detach());
+      if (training) f.loss = loss;
+    }
+    if (return_logits_ && !training) {
+      Activation kept;
+      for (const auto& t : out) kept.push_back(t.detach());
+      eval_outputs_.push_back(std::move(kept));
+    }
+    loaded_.erase(in.micro_batch);
+    if (!training) live_.erase(key);
+  } else {
+    f.outputs = std::move(out);
+  }
+  compute_ms_ += now_ms() - t0;
+}
+
+void PipelineEngine::backward_instruction(const Instruction& in) {
+  const Key key{in.chunk, in.micro_batch};
+  InFlight& f = live_.at(key);
+  const double t0 = now_ms();
+  // The loss a stage back-propagates is the batch's mean over micro-batches, scaled: the
+  // last stage divides and scales; the gradients it sends back carry both.
+  const double scale = core_->loss_scale() / static_cast<double>(shape_.micro_batches);
+  std::vector<at::Tensor> outputs, grads;
+  if (last_virtual(in.chunk)) {
+    outputs.push_back(f.loss * scale);
+    grads.push_back(at::ones_like(outputs.back()));
+  } else {
+    size_t g = 0;
+    for (const auto& t : f.outputs) {
+      if (!t.requires_grad()) continue;
+      outputs.push_back(t);
+      grads.push_back(f.out_grads.at(g++));
+    }
+  }
+  if (f.aux.defined()) {
+    outputs.push_back(f.aux * scale);
+    grads.push_back(at::ones_like(outputs.back()));
+  }
+  if (!outputs.empty()) core_->backward_from(outputs, grads, key == last_backward_);
+  if (!first_virtual(in.chunk)) {
+    for (const auto& x : f.inputs) {
+      if (!x.requires_grad()) continue;
+      f.in_grads.push_back(x.grad().defined() ? x.grad() : at::zeros_like(x));
+    }
+  }
+  f.outputs.clear();
+  f.out_grads.clear();
+  f.loss = at::Tensor();
+  f.aux = at::Tensor();
+  if (first_virtual(in.chunk)) live_.erase(key);
+  compute_ms_ += now_ms() - t0;
+}
+
+}  // namespace dscpp::pipe

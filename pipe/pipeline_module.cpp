@@ -1,0 +1,278 @@
+// PipelineModule: see pipeline_module.h.
+#include "dscpp/pipe/pipeline_module.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "dscpp/comm/rendezvous.h"
+#include "dscpp/error.h"
+#include "dscpp/nn/activation_checkpointing.h"
+#include "dscpp/pipe/partition.h"
+
+namespace dscpp::pipe {
+
+namespace {
+
+// The module under `path` (dot-separated), made as an empty container where missing.
+torch::nn::Module& container(torch::nn::Module& root, const std::string& path) {
+  torch::nn::Module* at = &root;
+  size_t begin = 0;
+  while (begin < path.size()) {
+    size_t dot = path.find('.', begin);
+    if (dot == std::string::npos) dot = path.size();
+    const std::string part = path.substr(begin, dot - begin);
+    auto children = at->named_children();
+    if (auto* found = children.find(part)) {
+      at = found->get();
+    } else {
+      at = at->register_module(part, std::make_shared<torch::nn::Module>()).get();
+    }
+    begin = dot + 1;
+  }
+  return *at;
+}
+
+void register_at(torch::nn::Module& root, const std::string& name,
+                 const std::shared_ptr<torch::nn::Module>& module) {
+  const size_t dot = name.rfind('.');
+  torch::nn::Module& parent =
+      dot == std::string::npos ? root : container(root, name.substr(0, dot));
+  parent.register_module(dot == std::string::npos ? name : name.substr(dot + 1), module);
+}
+
+}  // namespace
+
+PipelineModule::PipelineModule(std::vector<nn::LayerSpec> specs, PipelineOptions options)
+    : specs_(std::move(specs)), options_(std::move(options)) {
+  if (specs_.empty()) throw Error("PipelineModule: no layers");
+  for (const auto& s : specs_)
+    if (s.name.empty()) throw Error("PipelineModule: a layer spec without a name");
+  if (options_.num_chunks() < 1)
+    throw Error(
+        fmt::format("PipelineModule: num_chunks must be >= 1, found {}", options_.num_chunks()));
+  if (options_.activation_checkpoint_interval() < 0)
+    throw Error(fmt::format("PipelineModule: activation_checkpoint_interval must be >= 0, found {}",
+                            options_.activation_checkpoint_interval()));
+  world_ = options_.group() ? options_.group() : comm::init_distributed();
+  const int world = world_->size();
+  if (options_.topology()) {
+    const auto& topo = *options_.topology();
+    if (topo.world_size() != world)
+      throw Error(fmt::format("PipelineModule: the topology lays out {} ranks, the world has {}",
+                              topo.world_size(), world));
+    stages_ = topo.get_dim("pipe");
+    data_size_ = topo.get_dim("data");
+    if (stages_ * data_size_ != world)
+      throw Error(fmt::format(
+          "PipelineModule: the topology must have axes pipe and data only (pipe {} x data {} "
+          "= {} ranks, the world has {})",
+          stages_, data_size_, stages_ * data_size_, world));
+    if (options_.num_stages() && options_.num_stages() != stages_)
+      throw Error(fmt::format("PipelineModule: num_stages {} but the topology's pipe axis is {}",
+                              options_.num_stages(), stages_));
+  } else {
+    if (options_.num_stages() < 1)
+      throw Error("PipelineModule: give num_stages (PipelineOptions(n)) or a topology");
+    stages_ = options_.num_stages();
+    if (world % stages_ != 0)
+      throw Error(
+          fmt::format("PipelineModule: {} ranks do not split into {} stages (world size must be a "
+                      "multiple of num_stages)",
+                      world, stages_));
+    data_size_ = world / stages_;
+  }
+  // DeepSpeed's PipeDataParallelTopology: pipe outermost, so rank = stage * data + data_id.
+  stage_ = world_->rank() / data_size_;
+  data_id_ = world_->rank() % data_size_;
+  const int parts = stages_ * options_.num_chunks();
+  if (static_cast<int>(specs_.size()) < parts)
+    throw Error(fmt::format(
+        "PipelineModule: {} layers cannot fill {} stages x {} chunks = {} parts (each needs "
+        "at least one layer)",
+        specs_.size(), stages_, options_.num_chunks(), parts));
+  partition();
+  make_groups();
+  build_chunks();
+}
+
+void PipelineModule::partition() {
+  // What DeepSpeed's _partition_layers looks at: each layer's type name and trainable count.
+  // Only "parameters" and "type:" need them, and DeepSpeed builds every layer once for them.
+  std::string method = options_.partition_method();
+  std::transform(method.begin(), method.end(), method.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  std::vector<LayerInfo> infos(specs_.size());
+  if (method != "uniform") {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      auto module = specs_[i].build();
+      // name() is the demangled class ("dscpp::model_zoo::GPTBlockImpl"); DeepSpeed's
+      // typename.__name__ is the bare class: "GPTBlock".
+      std::string type = module->name();
+      if (auto colon = type.rfind("::"); colon != std::string::npos) type = type.substr(colon + 2);
+      if (type.size() > 4 && type.compare(type.size() - 4, 4, "Impl") == 0)
+        type.resize(type.size() - 4);
+      infos[i].type_name = type;
+      for (const auto& p : module->parameters(/*recurse=*/true))
+        if (p.requires_grad()) infos[i].trainable_params += p.numel();
+    }
+  }
+  parts_ = partition_layers(options_.partition_method(), infos, stages_ * options_.num_chunks());
+  for (size_t k = 0; k + 1 < parts_.size(); ++k)
+    if (parts_[k] >= parts_[k + 1])
+      throw Error(fmt::format("PipelineModule: partition '{}' leaves part {} without layers",
+                              options_.partition_method(), k));
+}
+
+std::shared_ptr<comm::ProcessGroup> PipelineModule::link(int peer) const {
+  auto it = links_.find(peer);
+  return it == links_.end() ? nullptr : it->second;
+}
+
+void PipelineModule::make_groups() {
+  const int p = stages_, d = data_size_;
+  auto rank_of = [d](int stage, int data) { return stage * d + data; };
+  // Every rank makes every group in the same order (new_subgroup is collective over the
+  // world's ranks in order), keeping the ones it belongs to.
+  for (int s = 0; s < p; ++s) {
+    std::vector<int> ranks;
+    for (int i = 0; i < d; ++i) ranks.push_back(rank_of(s, i));
+    auto g = world_->new_subgroup(ranks, fmt::format("data(stage {})", s));
+    if (g) data_group_ = g;
+  }
+  for (int i = 0; i < d; ++i) {
+    std::vector<int> ranks;
+    for (int s = 0; s < p; ++s) ranks.push_back(rank_of(s, i));
+    auto g = world_->new_subgroup(ranks, fmt::format("pipe(data {})", i));
+    if (g) pipe_group_ = g;
+  }
+  // Neighbour links, and with chunks the last stage's link back to the first.
+  std::set<std::pair<int, int>> pairs;
+  for (int s = 0; s + 1 < p; ++s) pairs.insert({s, s + 1});
+  if (options_.num_chunks() > 1 && p > 2) pairs.insert({0, p - 1});
+  for (int i = 0; i < d; ++i)
+    for (const auto& [a, b] : pairs) {
+      auto g = world_->new_subgroup({rank_of(a, i), rank_of(b, i)},
+                                    fmt::format("pipe link {}-{} (data {})", a, b, i));
+      if (g) links_[stage_ == a ? b : a] = g;
+    }
+  // Tied keys on several stages, in the order of their first spec.
+  std::vector<std::string> keys;
+  std::map<std::string, std::set<int>> holders;
+  std::map<std::string, int> first_spec;
+  for (int k = 0; k + 1 < static_cast<int>(parts_.size()); ++k)
+    for (int i = parts_[k]; i < parts_[k + 1]; ++i) {
+      const auto& key = specs_[i].tied_key;
+      if (key.empty()) continue;
+      if (!first_spec.count(key)) {
+        first_spec[key] = i;
+        keys.push_back(key);
+      }
+      holders[key].insert(k % p);
+    }
+  for (const auto& key : keys) {
+    std::vector<int> stages(holders[key].begin(), holders[key].end());
+    if (stages.size() < 2) continue;
+    Tied t;
+    t.key = key;
+    t.stages = stages;
+    t.module_name = specs_[first_spec[key]].name;
+    for (const auto& s : specs_)
+      if (s.tied_key == key)
+        for (const auto& w : s.tied_weights)
+          if (std::find(t.params.begin(), t.params.end(), w) == t.params.end())
+            t.params.push_back(w);
+    const bool mine = holders[key].count(stage_) > 0;
+    for (int i = 0; i < d; ++i) {
+      std::vector<int> ranks;
+      for (int s : stages) ranks.push_back(rank_of(s, i));
+      auto g = world_->new_subgroup(ranks, fmt::format("tied '{}' (data {})", key, i));
+      if (g) t.same_data = g;
+    }
+    std::vector<int> ranks;
+    for (int s : stages)
+      for (int i = 0; i < d; ++i) ranks.push_back(rank_of(s, i));
+    std::sort(ranks.begin(), ranks.end());
+    t.all_data = world_->new_subgroup(ranks, fmt::format("tied '{}'", key));
+    if (mine) tied_.push_back(std::move(t));
+  }
+}
+
+void PipelineModule::build_chunks() {
+  module_ = std::make_shared<torch::nn::Module>();
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> tied_modules;
+  std::map<std::string, std::string> tied_name;  // key -> the whole model's first spec name
+  for (const auto& s : specs_)
+    if (!s.tied_key.empty() && !tied_name.count(s.tied_key)) tied_name[s.tied_key] = s.name;
+  std::set<const torch::nn::Module*> registered;
+  const int p = stages_;
+  for (int c = 0; c < options_.num_chunks(); ++c) {
+    StageChunk chunk;
+    const int k = c * p + stage_;
+    chunk.begin = parts_[k];
+    chunk.end = parts_[k + 1];
+    for (int i = chunk.begin; i < chunk.end; ++i) {
+      const auto& spec = specs_[i];
+      std::shared_ptr<torch::nn::Module> module;
+      if (!spec.tied_key.empty() && tied_modules.count(spec.tied_key)) {
+        module = tied_modules[spec.tied_key];
+      } else {
+        if (options_.seed_layers()) at::manual_seed(options_.base_seed() + i);
+        module = spec.build();
+        if (!module) throw Error(fmt::format("PipelineModule: layer '{}' built null", spec.name));
+        if (!spec.tied_key.empty()) tied_modules[spec.tied_key] = module;
+      }
+      if (registered.insert(module.get()).second)
+        register_at(*module_, spec.tied_key.empty() ? spec.name : tied_name[spec.tied_key], module);
+      nn::Layer layer{spec.name, module, {}, {}};
+      nn::bind_forward(spec, module, layer);
+      chunk.layers.push_back(std::move(layer));
+    }
+    chunks_.push_back(std::move(chunk));
+  }
+  // The copies of a tied module start equal: the first holder's (its data rank 0) values.
+  // On the stages after the first, the parameters outside tied_weights are unused copies
+  // (the GPT head's position embedding): frozen, so no optimizer state is kept for them.
+  at::NoGradGuard no_grad;
+  for (auto& t : tied_) {
+    auto module = tied_modules.at(t.key);
+    std::vector<at::Tensor> shared;
+    for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+      const bool is_tied = t.params.empty() || std::find(t.params.begin(), t.params.end(),
+                                                         item.key()) != t.params.end();
+      if (is_tied) {
+        shared.push_back(item.value());
+      } else if (stage_ != t.stages.front()) {
+        item.value().set_requires_grad(false);
+      }
+    }
+    for (auto& w : shared) t.all_data->broadcast(w, 0).wait();
+  }
+}
+
+Activation PipelineModule::forward_chunk(int c, const Activation& x) const {
+  const auto& layers = chunks_.at(c).layers;
+  const int interval = options_.activation_checkpoint_interval();
+  if (interval == 0 || !at::GradMode::is_enabled()) return nn::run_layers(layers, x);
+  Activation out = x;
+  for (size_t begin = 0; begin < layers.size(); begin += interval) {
+    const size_t end = std::min(layers.size(), begin + static_cast<size_t>(interval));
+    auto run = [&layers, begin, end](const std::vector<at::Tensor>& in) {
+      Activation a = in;
+      for (size_t i = begin; i < end; ++i) a = layers[i].forward_tuple(a);
+      return a;
+    };
+    // A segment whose inputs need no gradient (the first stage's token ids) is run plainly:
+    // its parameters' gradients need its recorded graph, which a checkpoint would not keep.
+    const bool needs = std::any_of(out.begin(), out.end(), [](const at::Tensor& t) {
+      return t.defined() && t.requires_grad();
+    });
+    out = needs ? activation_checkpointing::checkpoint(run, out) : run(out);
+  }
+  return out;
+}
+
+}  // namespace dscpp::pipe

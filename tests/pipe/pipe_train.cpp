@@ -1,0 +1,426 @@
+// Trains tiny LayerSpec models for the pipeline's single-rank oracle (pipe_oracle.py).
+// --mode reference: plain LibTorch in one process (build_layers, the whole global batch per
+// step, torch::optim::AdamW, clip_grad_norm_). --mode pipe: dscpp's PipelineModule and
+// PipelineEngine on the launcher's ranks, for each case of --cases (a JSON list of
+// {"name", "stages", "chunks", "config"}), one after another in the same world. Each rank
+// of data index 0 writes {"stage", "losses", "params": {name: values}, ...} to
+// <out>/<case>.stage<s>.json; the reference writes <out>/reference.json.
+// --mode refusals: stage 3 and forward/backward/step are refused with their messages.
+// --mode die: the last stage exits mid-step (the failure test).
+#include <torch/torch.h>
+
+#include <boost/program_options.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+
+#include "dscpp/comm/rendezvous.h"
+#include "dscpp/model_zoo/gpt.h"
+#include "dscpp/nn/aux_loss.h"
+#include "dscpp/pipe/pipeline_engine.h"
+#include "dscpp/zero/zero_optimizer.h"
+
+namespace po = boost::program_options;
+using dscpp::nn::LayerSpec;
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kGlobalBatch = 16;
+constexpr int64_t kBaseSeed = 1234;
+
+// An MLP of 8 layers, 16 -> 32 x 6 -> 4, GELU/tanh between.
+std::vector<LayerSpec> mlp_specs() {
+  std::vector<LayerSpec> specs;
+  const std::vector<int64_t> widths = {16, 32, 32, 32, 32, 32, 32, 32, 4};
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const int64_t in = widths[i], out = widths[i + 1];
+    const bool last = i + 2 == widths.size();
+    specs.push_back({"layers." + std::to_string(i),
+                     [in, out] { return torch::nn::Linear(in, out).ptr(); },
+                     [last, i](torch::nn::Module& m, const at::Tensor& x) {
+                       at::Tensor y = static_cast<torch::nn::LinearImpl&>(m).forward(x);
+                       if (last) return y;
+                       return i % 2 == 0 ? torch::gelu(y) : torch::tanh(y);
+                     },
+                     "",
+                     {}});
+  }
+  return specs;
+}
+
+// The MLP's shape with a tuple activation: (hidden, mask), the mask a float tensor without
+// gradient that every layer reads, and an auxiliary loss added by layer 3 (the side channel).
+std::vector<LayerSpec> tuple_specs() {
+  std::vector<LayerSpec> specs;
+  const std::vector<int64_t> widths = {16, 32, 32, 32, 32, 32, 32, 32, 4};
+  using dscpp::nn::Activation;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const int64_t in = widths[i], out = widths[i + 1];
+    LayerSpec spec{"layers." + std::to_string(i),
+                   [in, out] { return torch::nn::Linear(in, out).ptr(); },
+                   nullptr,
+                   "",
+                   {}};
+    spec.forward_tuple = [i, last = i + 2 == widths.size()](torch::nn::Module& m,
+                                                            const Activation& a) {
+      auto& linear = static_cast<torch::nn::LinearImpl&>(m);
+      if (i == 0) {
+        at::Tensor h = torch::gelu(linear.forward(a.at(0)));
+        return Activation{h, (h.detach() > 0.1).to(torch::kFloat)};
+      }
+      if (last) return Activation{linear.forward(a.at(0))};
+      at::Tensor h = torch::tanh(linear.forward(a.at(0))) * (0.5 + 0.5 * a.at(1));
+      if (i == 3) dscpp::nn::add_aux_loss(0.05 * h.pow(2).mean());
+      return Activation{h, a.at(1)};
+    };
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+dscpp::model_zoo::GPTConfig gpt_config() {
+  dscpp::model_zoo::GPTConfig c;
+  c.vocab_size = 32;
+  c.hidden_size = 16;
+  c.num_layers = 6;  // 9 specs: embedding, 6 blocks, final norm, tied head
+  c.num_attention_heads = 2;
+  c.seq_length = 8;
+  c.hidden_dropout = c.attention_dropout = 0.0;
+  return c;
+}
+
+std::vector<LayerSpec> specs_of(const std::string& model) {
+  if (model == "mlp") return mlp_specs();
+  if (model == "tuple") return tuple_specs();
+  return dscpp::model_zoo::gpt_layer_specs(gpt_config());
+}
+
+at::Tensor loss_of(const std::string& model, const at::Tensor& out, const at::Tensor& labels) {
+  if (model != "gpt") return torch::mse_loss(out, labels);
+  return dscpp::model_zoo::gpt_loss(out, labels, /*fused=*/false);
+}
+
+// Samples [first, first + count) of the model's data set: deterministic.
+std::pair<at::Tensor, at::Tensor> samples(const std::string& model, int64_t first, int64_t count) {
+  if (model != "gpt") {
+    auto i = torch::arange(first, first + count, torch::kFloat).unsqueeze(1);
+    auto x = torch::sin(i * 0.37 + torch::arange(16, torch::kFloat) * 0.11);
+    auto y = torch::cos(i * 0.21 + torch::arange(4, torch::kFloat) * 0.5);
+    return {x, y};
+  }
+  auto i = torch::arange(first, first + count, torch::kLong).unsqueeze(1);
+  auto j = torch::arange(8, torch::kLong);
+  auto tokens = (i * 7 + j * 3 + (i * j) % 5) % 32;
+  return {tokens, (tokens * 5 + 1) % 32};
+}
+
+json optimizer_config(const std::string& model) {
+  // As the engine's oracle: the GPT's gradients near Adam's eps amplify 1-ulp differences,
+  // so its runs use eps 1e-4.
+  return {{"type", "AdamW"},
+          {"params",
+           {{"lr", 1e-2},
+            {"betas", {0.9, 0.999}},
+            {"eps", model == "gpt" ? 1e-4 : 1e-8},
+            {"weight_decay", 0.01}}}};
+}
+
+std::vector<double> flat(const at::Tensor& t) {
+  auto d = t.detach().to(torch::kCPU, torch::kDouble).flatten().contiguous();
+  return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
+}
+
+void write(const std::string& path, const json& j) {
+  std::ofstream(path) << j.dump();
+}
+
+void reference(const std::string& model, int steps, const std::string& out) {
+  auto specs = specs_of(model);
+  // seed_layers: layer i is built right after manual_seed(base_seed + i); tied specs share
+  // the first one's module.
+  std::vector<dscpp::nn::Layer> layers;
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> tied;
+  auto root = std::make_shared<torch::nn::Module>();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& s = specs[i];
+    std::shared_ptr<torch::nn::Module> m;
+    if (!s.tied_key.empty() && tied.count(s.tied_key)) {
+      m = tied[s.tied_key];
+    } else {
+      torch::manual_seed(kBaseSeed + static_cast<int64_t>(i));
+      m = s.build();
+      if (!s.tied_key.empty()) tied[s.tied_key] = m;
+      root->register_module("l" + std::to_string(i), m);
+    }
+    dscpp::nn::Layer layer{s.name, m, {}, {}};
+    dscpp::nn::bind_forward(s, m, layer);
+    layers.push_back(std::move(layer));
+  }
+  json cfg = optimizer_config(model)["params"];
+  torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(cfg["lr"].get<double>())
+                                                  .betas({0.9, 0.999})
+                                                  .eps(cfg["eps"].get<double>())
+                                                  .weight_decay(0.01));
+  json result;
+  result["losses"] = json::array();
+  result["grad_norms"] = json::array();
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = samples(model, s * kGlobalBatch, kGlobalBatch);
+    opt.zero_grad();
+    dscpp::nn::AuxLossScope aux;
+    at::Tensor loss = loss_of(model, dscpp::nn::run_layers(layers, dscpp::nn::Activation{x})[0], y);
+    (aux.sum().defined() ? loss + aux.sum() : loss).backward();
+    const double norm = torch::nn::utils::clip_grad_norm_(root->parameters(), 1.0);
+    opt.step();
+    result["losses"].push_back(loss.item<double>());
+    result["grad_norms"].push_back(norm);
+  }
+  {  // eval_batch's oracle: the next global batch's loss under the final weights
+    torch::NoGradGuard no_grad;
+    dscpp::nn::AuxLossScope aux;
+    auto [x, y] = samples(model, steps * kGlobalBatch, kGlobalBatch);
+    result["eval_loss"] =
+        loss_of(model, dscpp::nn::run_layers(layers, dscpp::nn::Activation{x})[0], y)
+            .item<double>();
+  }
+  // Parameters under their whole-model names (spec name + key inside the layer).
+  result["params"] = json::object();
+  std::set<const torch::nn::Module*> seen;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!seen.insert(layers[i].module.get()).second) continue;
+    for (const auto& item : layers[i].module->named_parameters(true))
+      result["params"][specs[i].name + "." + item.key()] = flat(item.value());
+  }
+  write(out + "/reference.json", result);
+}
+
+json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const std::string& model,
+               const json& c, int steps) {
+  dscpp::pipe::PipelineOptions options(c["stages"].get<int>());
+  options.group(world)
+      .num_chunks(c.value("chunks", 1))
+      .seed_layers(true)
+      .base_seed(kBaseSeed)
+      .partition_method(c.value("partition", "parameters"))
+      .activation_checkpoint_interval(c.value("checkpoint_interval", 0))
+      .loss_fn(dscpp::pipe::loss_of(
+          [model](const at::Tensor& o, const at::Tensor& l) { return loss_of(model, o, l); }));
+  dscpp::pipe::PipelineModule module(specs_of(model), options);
+  json cfg = c["config"];
+  cfg["train_batch_size"] = kGlobalBatch;
+  cfg["gradient_clipping"] = 1.0;
+  cfg["optimizer"] = optimizer_config(model);
+  auto engine = dscpp::initialize(module, cfg);
+  const int64_t mb = engine.train_micro_batch_size_per_gpu();
+  const int d = engine.module().data_parallel_id(), n = engine.module().data_parallel_size();
+  json result;
+  result["stage"] = engine.stage_id();
+  result["losses"] = json::array();
+  for (int s = 0; s < steps; ++s) {
+    int64_t j = 0;
+    dscpp::pipe::DataIter it = [&]() {
+      auto [x, y] = samples(model, s * kGlobalBatch + (j++ * n + d) * mb, mb);
+      return dscpp::pipe::MicroBatch{{x}, y};
+    };
+    at::Tensor loss = engine.train_batch(it);
+    result["losses"].push_back(loss.item<double>());
+    result["grad_norms"].push_back(engine.get_global_grad_norm());
+  }
+  {
+    int64_t j = 0;
+    dscpp::pipe::DataIter it = [&]() {
+      auto [x, y] = samples(model, steps * kGlobalBatch + (j++ * n + d) * mb, mb);
+      return dscpp::pipe::MicroBatch{{x}, y};
+    };
+    result["eval_loss"] = engine.eval_batch(it).loss.item<double>();
+  }
+  result["params"] = json::object();
+  int64_t trainable = 0;
+  for (const auto& item : engine.module().stage_module()->named_parameters(true)) {
+    if (!item.value().requires_grad()) continue;
+    result["params"][item.key()] = flat(item.value());
+    trainable += item.value().numel();
+  }
+  auto& zo = engine.core().zero_optimizer();
+  result["trainable_numel"] = trainable;
+  result["partition"] = zo.layout().partition;
+  result["total"] = zo.layout().total;
+  result["state_numel"] = zo.optimizer().state_numel();
+  result["bubble"] = engine.last_bubble_fraction();
+  result["data_id"] = d;
+  return result;
+}
+
+bool expect_refusal(const std::function<void()>& f, const std::string& words) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find(words) != std::string::npos) return true;
+    std::cerr << "refused with the wrong message: " << e.what() << "\n";
+    return false;
+  }
+  std::cerr << "not refused: " << words << "\n";
+  return false;
+}
+
+int refusals(const std::shared_ptr<dscpp::comm::ProcessGroup>& world) {
+  dscpp::pipe::PipelineOptions options(world->size());
+  options.group(world).loss_fn(dscpp::pipe::loss_of(
+      [](const at::Tensor& o, const at::Tensor& l) { return torch::mse_loss(o, l); }));
+  dscpp::pipe::PipelineModule module(mlp_specs(), options);
+  json cfg = {{"train_batch_size", 4}, {"optimizer", optimizer_config("mlp")}};
+  bool ok = true;
+  json stage3 = cfg;
+  stage3["zero_optimization"] = {{"stage", 3}};
+  ok &= expect_refusal([&] { (void)dscpp::initialize(module, stage3); },
+                       "zero_optimization.stage: 3 with a pipeline is refused");
+  json stages = cfg;
+  stages["pipeline"] = {{"stages", world->size() + 1}};
+  ok &= expect_refusal([&] { (void)dscpp::initialize(module, stages); },
+                       "pipeline.stages: " + std::to_string(world->size() + 1) +
+                           " but the PipelineModule has " + std::to_string(world->size()));
+  auto engine = dscpp::initialize(module, cfg);
+  ok &= expect_refusal([&] { engine.forward(); }, "inside train_batch(data_iter)");
+  ok &= expect_refusal([&] { engine.backward(); }, "inside train_batch(data_iter)");
+  ok &= expect_refusal([&] { engine.step(); }, "train_batch(data_iter) steps");
+  std::cout << (ok ? "refusals: all as expected\n" : "refusals: FAILED\n") << std::flush;
+  return ok ? 0 : 1;
+}
+
+int die(const std::shared_ptr<dscpp::comm::ProcessGroup>& world) {
+  // The last stage's layer exits the process in the forward of step 3's second micro-batch:
+  // its neighbours are blocked in a receive from it.
+  auto specs = mlp_specs();
+  int forwards = 0;
+  const bool last = world->rank() == world->size() - 1;
+  auto f = specs.back().forward;
+  specs.back().forward = [f, &forwards, last](torch::nn::Module& m, const at::Tensor& x) {
+    if (last && ++forwards == 2 * 2 + 2) {
+      std::cerr << "pipe_train: the last stage exits mid-step\n" << std::flush;
+      std::_Exit(3);
+    }
+    return f(m, x);
+  };
+  dscpp::pipe::PipelineOptions options(world->size());
+  options.group(world).loss_fn(dscpp::pipe::loss_of(
+      [](const at::Tensor& o, const at::Tensor& l) { return torch::mse_loss(o, l); }));
+  dscpp::pipe::PipelineModule module(specs, options);
+  json cfg = {{"train_batch_size", 8},
+              {"gradient_accumulation_steps", 4},
+              {"optimizer", optimizer_config("mlp")}};
+  auto engine = dscpp::initialize(module, cfg);
+  for (int s = 0; s < 10; ++s) {
+    int64_t j = 0;
+    dscpp::pipe::DataIter it = [&]() {
+      auto [x, y] = samples("mlp", s * 8 + j++ * 2, 2);
+      return dscpp::pipe::MicroBatch{{x}, y};
+    };
+    try {
+      (void)engine.train_batch(it);
+    } catch (const std::exception& e) {
+      std::cerr << "pipe_train: caught at step " << s << ": " << e.what() << "\n" << std::flush;
+      return 2;
+    }
+  }
+  return 0;
+}
+
+// fp16: a layer on the last stage whose weight's gradient overflows while every other gradient
+// (stage 0's included) stays finite. The verdict must be the whole model's: both stages skip
+// both steps, stage 0's weights do not move, and the loss scales agree.
+int overflow(const std::shared_ptr<dscpp::comm::ProcessGroup>& world) {
+  auto specs = mlp_specs();
+  specs.push_back({"spike",
+                   [] {
+                     auto m = std::make_shared<torch::nn::Module>();
+                     m->register_parameter("w", torch::zeros({1}));
+                     return m;
+                   },
+                   [](torch::nn::Module& m, const at::Tensor& x) {
+                     // Adds nothing; its gradient is 60000 x the sum of the output's.
+                     at::Tensor w = m.named_parameters()["w"];
+                     return x + (w - w.detach()) * 60000.0;
+                   },
+                   "",
+                   {}});
+  dscpp::pipe::PipelineOptions options(world->size());
+  options.group(world).partition_method("uniform").loss_fn(
+      dscpp::pipe::loss_of([](const at::Tensor& o, const at::Tensor& l) {
+        return torch::mse_loss(o.to(at::kFloat), l);
+      }));
+  dscpp::pipe::PipelineModule module(specs, options);
+  json cfg = {{"train_batch_size", 8},
+              {"gradient_accumulation_steps", 2},
+              {"fp16", {{"enabled", true}, {"initial_scale_power", 4}}},
+              {"optimizer", optimizer_config("mlp")}};
+  auto engine = dscpp::initialize(module, cfg);
+  auto params = [&] {
+    std::vector<double> all;
+    for (const auto& p : engine.module().stage_module()->parameters()) {
+      auto v = flat(p);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto before = params();
+  for (int s = 0; s < 2; ++s) {
+    int64_t j = 0;
+    dscpp::pipe::DataIter it = [&]() {
+      auto [x, y] = samples("mlp", s * 8 + j++ * 4, 4);
+      return dscpp::pipe::MicroBatch{{x.to(at::kHalf)}, y};
+    };
+    (void)engine.train_batch(it);
+  }
+  const bool unchanged = params() == before;
+  at::Tensor mine = torch::tensor({static_cast<double>(engine.core().skipped_steps()),
+                                   engine.loss_scale(), unchanged ? 1.0 : 0.0},
+                                  torch::kDouble);
+  at::Tensor all = torch::zeros({3 * world->size()}, torch::kDouble);
+  world->all_gather(all, mine).wait();
+  bool ok = true;
+  for (int r = 0; r < world->size(); ++r) {
+    ok &= all[3 * r].item<double>() == 2 && all[3 * r + 2].item<double>() == 1;
+    ok &= all[3 * r + 1].item<double>() == all[1].item<double>();
+  }
+  if (world->rank() == 0)
+    std::cout << (ok ? "overflow: every stage skipped both steps alike\n" : "overflow: FAILED\n")
+              << all << "\n"
+              << std::flush;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode, model, cases_text, out;
+  int steps;
+  po::options_description desc("pipe_train");
+  desc.add_options()("mode", po::value(&mode)->required(), "reference, pipe, refusals or die")(
+      "model", po::value(&model)->default_value("mlp"), "mlp or gpt")(
+      "cases", po::value(&cases_text)->default_value("[]"), "pipe mode: JSON list of cases")(
+      "steps", po::value(&steps)->default_value(20), "optimizer steps")(
+      "out", po::value(&out)->default_value("."), "folder for the JSON results")(
+      "local_rank", po::value<int>(), "set by the launcher");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, desc), vm);
+  po::notify(vm);
+  torch::manual_seed(1);
+  if (mode == "reference") {
+    reference(model, steps, out);
+    return 0;
+  }
+  auto world = dscpp::comm::init_distributed();
+  if (mode == "refusals") return refusals(world);
+  if (mode == "die") return die(world);
+  if (mode == "overflow") return overflow(world);
+  for (const auto& c : json::parse(cases_text)) {
+    json r = pipe_case(world, model, c, steps);
+    if (r["data_id"] == 0)
+      write(out + "/" + c["name"].get<std::string>() + ".stage" +
+                std::to_string(r["stage"].get<int>()) + ".json",
+            r);
+    if (world->rank() == 0) std::cout << "case " << c["name"] << " done\n" << std::flush;
+  }
+  return 0;
+}
