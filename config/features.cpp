@@ -184,8 +184,7 @@ void check_scheduler(Section& s, const SchedulerConfig& c, Diagnostics&) {
 
 void note_ignored_features(Section& root, const DSConfig& c, Diagnostics& diag) {
   // Observers and tuners: harmless to leave out, but never silently.
-  for (const char* key :
-       {"flops_profiler", "wandb", "comet", "comms_logger", "autotuning", "datastates"}) {
+  for (const char* key : {"wandb", "comet", "comms_logger", "autotuning", "datastates"}) {
     if (switched_on(root.raw(key))) ignore(diag, fmt::format("'{}'", key));
   }
   if (c.memory_breakdown) ignore(diag, "'memory_breakdown'");

@@ -35,7 +35,8 @@ const char* kNoPipe = "dscpp's pipeline engine writes no checkpoints yet";
 // DeepSpeed's PipelineModule takes these as arguments and neither engine reads the config's.
 const char* kPipeArg = "PipelineOptions decides (DeepSpeed's PipelineModule argument); not read";
 const char* kTuning = "a DeepSpeed ZeRO-3 tuning knob; dscpp's stage 3 has no such mechanism";
-const char* kFlops = "the flops profiler is not implemented";
+const char* kFlops = "FlopsProfiler.EngineWritesDeepSpeedsReportAtProfileStep";
+const char* kFlopsOptions = "FlopsProfiler.EngineHonoursDepthTopModulesDetailedAndRecomputeFactor";
 const char* kWandb = "Weights & Biases needs its Python service: not implemented";
 const char* kOffload = "offload is not implemented by the engine yet";
 const char* kRemoved = "removed from DeepSpeed in 0.19; ignoring it would train another model";
@@ -203,14 +204,14 @@ const std::vector<KeyFate> kTable = {
     N("wandb.project", kWandb, R"("p")"),
     N("comet", "Comet needs its Python service: not implemented", kOn),
     N("comms_logger", "the communication logger is not implemented", kOn),
-    N("flops_profiler", kFlops, kOn),
-    N("flops_profiler.enabled", kFlops, "true", "false"),
-    N("flops_profiler.recompute_fwd_factor", kFlops, "1.0"),
-    N("flops_profiler.profile_step", kFlops, "2"),
-    N("flops_profiler.module_depth", kFlops, "2"),
-    N("flops_profiler.top_modules", kFlops, "2"),
-    N("flops_profiler.detailed", kFlops, "false"),
-    N("flops_profiler.output_file", kFlops, R"("f.txt")"),
+    A("flops_profiler", kFlops),
+    A("flops_profiler.enabled", kFlops),
+    A("flops_profiler.recompute_fwd_factor", kFlopsOptions),
+    A("flops_profiler.profile_step", kFlops),
+    A("flops_profiler.module_depth", kFlopsOptions),
+    A("flops_profiler.top_modules", kFlopsOptions),
+    A("flops_profiler.detailed", kFlopsOptions),
+    A("flops_profiler.output_file", kFlops),
     // Checkpoints.
     A("checkpoint", "engine.MultiRankGatheredParametersAndTagValidation"),
     A("checkpoint.tag_validation", "engine.MultiRankGatheredParametersAndTagValidation"),

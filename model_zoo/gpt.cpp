@@ -18,6 +18,7 @@
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/module_scope.h"
 #include "dscpp/nn/normal_init.h"
 #include "dscpp/ops/fused_ops.h"
 
@@ -81,6 +82,7 @@ GPTEmbeddingImpl::GPTEmbeddingImpl(const GPTConfig& c) : dropout(c.hidden_dropou
 }
 
 at::Tensor GPTEmbeddingImpl::forward(const at::Tensor& input_ids) {
+  nn::ModuleScope scope(*this);  // names this module to the flops profiler (module_scope.h)
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
               "GPT: expected input_ids of shape [batch, seq] and dtype int64, got ",
               input_ids.sizes(), " ", input_ids.scalar_type());
@@ -98,6 +100,7 @@ GPTAttentionImpl::GPTAttentionImpl(const GPTConfig& c)
 }
 
 at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
+  nn::ModuleScope scope(*this);
   const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
   // q, k and v as [B,heads,S,head_dim] views of the projection; their gradients land in one
   // contiguous buffer (ops::qkv_heads says why not view/permute/unbind).
@@ -115,6 +118,7 @@ GPTMLPImpl::GPTMLPImpl(const GPTConfig& c)
 }
 
 at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
+  nn::ModuleScope scope(*this);
   if (!fused) return linear_of(proj, at::gelu(linear_of(fc, x), approximate));
   return linear_of(proj,
                    ops::bias_gelu(nn::linear(x, fc->weight), fc->bias, approximate == "tanh"));
@@ -128,6 +132,7 @@ GPTBlockImpl::GPTBlockImpl(const GPTConfig& c) : dropout(c.hidden_dropout) {
 }
 
 at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
+  nn::ModuleScope scope(*this);
   at::Tensor h = x + at::dropout(attn(ln_1(x)), dropout, is_training());
   return h + at::dropout(mlp(ln_2(h)), dropout, is_training());
 }
@@ -149,6 +154,7 @@ GPTImpl::GPTImpl(GPTConfig config) : config_(std::move(config)) {
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& input_ids) {
+  nn::ModuleScope scope(*this);
   at::Tensor x = embedding(input_ids);
   if (segments_ > 0) {
     const auto layers = static_cast<int64_t>(block_list_.size());

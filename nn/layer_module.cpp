@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "dscpp/error.h"
+#include "dscpp/nn/module_scope.h"
 
 namespace dscpp::nn {
 
@@ -66,7 +67,10 @@ at::Tensor LayerModuleImpl::forward(at::Tensor x) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const int layer = static_cast<int>(i);
     if (hooks_) hooks_->before_forward(layer);
-    x = layers_[i].forward(x);
+    {
+      nn::ModuleScope scope(*layers_[i].module);  // the layer's operators are its module's
+      x = layers_[i].forward(x);
+    }
     if (hooks_) x = hooks_->after_forward(layer, x);
   }
   return x;

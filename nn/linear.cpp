@@ -4,6 +4,9 @@
 #include "dscpp/nn/linear.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include <vector>
 
 namespace dscpp::nn {
 
@@ -58,6 +61,9 @@ struct LinearNoBias : torch::autograd::Function<LinearNoBias> {
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  // One record function with the parameters themselves as inputs (inside, addmm sees a
+  // transposed view), so the flops profiler counts it once and knows whose weight it is.
+  RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({x, weight, bias}));
   return bias.defined() ? LinearWithBias::apply(x, weight, bias) : LinearNoBias::apply(x, weight);
 }
 

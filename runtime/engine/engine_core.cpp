@@ -18,6 +18,7 @@
 #include "dscpp/runtime/monitor/monitor.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
+#include "dscpp/runtime/profiler/engine_profiler.h"
 #include "dscpp/zero/layer_gather.h"
 #include "dscpp/zero/publish_waits.h"
 #include "dscpp/zero/zero_optimizer.h"
@@ -96,6 +97,12 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   if (group_->backend_name() == "nccl") device_ = at::Device(at::kCUDA, local_rank_);
   scaler_ = std::make_unique<LossScaler>(config_.fp16);
   monitor_ = std::make_unique<monitor::MonitorMaster>(config_, group_->rank());
+  flops_profiler_ = std::make_unique<profiler::EngineFlopsProfiler>(config_.flops_profiler,
+                                                                    group_->rank(), device_);
+}
+
+void EngineCore::set_profiled_module(const torch::nn::Module* module) {
+  flops_profiler_->set_module(module);
 }
 
 EngineCore::~EngineCore() {
@@ -298,6 +305,7 @@ void EngineCore::forward_begin() {
   // stages 1-2 with deferred all-gathers, its hooks wait for them layer by layer; any other
   // module waits for them all here).
   if (!layer_gather_ && !publish_waits_) zero_->gather();
+  flops_profiler_->forward_begin(global_steps_);  // last: it times the module's forward
 }
 
 void EngineCore::forward_end() {
@@ -306,12 +314,14 @@ void EngineCore::forward_end() {
   // A forward without autograd (evaluation) has no backward to wait for.
   if (!at::GradMode::is_enabled()) layer_gather_ ? layer_gather_->end_step() : zero_->release();
   if (config_.wall_clock_breakdown) timers_.forward += now_ms() - forward_start_;
+  flops_profiler_->forward_end();
 }
 
 void EngineCore::forward_failed() {
   // Nothing else changed: counters move in backward and step, and the partial autograd
   // graph (its layer boundaries included) went with the exception. Only stage 3's gathers
   // outlive it: the whole module's (forward_begin), or the layers' (LayerGather's hooks).
+  flops_profiler_->forward_failed();
   for (size_t b = 0; b < rest_before_forward_.size(); ++b)
     if (rest_before_forward_[b]) zero_->release_bucket(static_cast<int>(b));
 }
@@ -335,6 +345,7 @@ void EngineCore::check_deferred_error() const {
 void EngineCore::backward(const at::Tensor& loss) {
   const bool timed = config_.wall_clock_breakdown;
   const double t0 = timed ? now_ms() : 0;
+  flops_profiler_->backward_begin();
   const bool boundary = is_gradient_accumulation_boundary();
   // Stages 2-3 reduce every micro-step into the fp32 partition; stages 0 and 1 let the
   // gradients accumulate in the flat buffer and reduce once, at the boundary.
@@ -357,6 +368,7 @@ void EngineCore::backward(const at::Tensor& loss) {
     timers_.backward += t2 - t0;
     timers_.backward_reduce += t2 - t1;
   }
+  flops_profiler_->backward_end();
 }
 
 void EngineCore::backward_from(const std::vector<at::Tensor>& outputs,
@@ -380,6 +392,7 @@ void EngineCore::step() {
   samples_since_log_ += config_.train_micro_batch_size_per_gpu * group_->size();
   if (!boundary) return;
   const double t0 = config_.wall_clock_breakdown ? now_ms() : 0;
+  flops_profiler_->step_begin();
   zero::StepResult r = zero_->step(scaler_->loss_scale());
   if (config_.wall_clock_breakdown) timers_.step += now_ms() - t0;
   step_applied_ = r.applied;
@@ -392,6 +405,9 @@ void EngineCore::step() {
   }
   ++global_steps_;
   global_samples_ += config_.train_batch_size;
+  // DeepSpeed's report of the profiled step (the world is the data-parallel group here).
+  flops_profiler_->step_end(
+      global_steps_, {group_->size(), group_->size(), 1, config_.train_micro_batch_size_per_gpu});
   if (monitor_->enabled() && group_->rank() == 0) {
     // The mean of rank 0's micro-batch losses of this step (one host sync, monitors only).
     double loss =

@@ -18,6 +18,10 @@
 #include "dscpp/runtime/checkpoint/torch_file.h"
 #include "dscpp/runtime/monitor/event.h"
 
+namespace torch::nn {
+class Module;
+}
+
 namespace dscpp {
 
 namespace optim {
@@ -35,6 +39,9 @@ class Layered;
 class LossScaler;
 namespace monitor {
 class MonitorMaster;
+}
+namespace profiler {
+class EngineFlopsProfiler;
 }
 
 // load_checkpoint's switches, DeepSpeed's names, order and defaults.
@@ -99,6 +106,9 @@ class EngineCore {
   // any other module, gathered as a whole at stage 3.
   void attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
               std::function<NamedParams()> named_buffers, nn::Layered* layered = nullptr);
+  // The module the flops profiler walks (its tree, its parameters' owners); the engine's
+  // module, which outlives this core inside Engine<M>.
+  void set_profiled_module(const torch::nn::Module* module);
 
   // DeepSpeed's save_checkpoint / load_checkpoint (runtime/engine/engine_checkpoint.cpp):
   // collective, on every rank. tag "" means "global_step<N>" on save and <dir>/latest on
@@ -231,7 +241,8 @@ class EngineCore {
   int64_t samples_since_log_ = 0;
   Timers timers_;
   InitArgs client_;  // the client optimizer and schedule factories, used by attach()
-  std::unique_ptr<monitor::MonitorMaster> monitor_;  // tensorboard / csv_monitor
+  std::unique_ptr<monitor::MonitorMaster> monitor_;                // tensorboard / csv_monitor
+  std::unique_ptr<profiler::EngineFlopsProfiler> flops_profiler_;  // flops_profiler
   at::Tensor loss_sum_;  // this accumulation's micro-batch losses, while a monitor is on
   std::function<NamedParams()> named_params_, named_buffers_;
   std::vector<std::string> param_names_;  // the trainable parameters, as the ZeRO buffer holds them
