@@ -38,7 +38,10 @@ const char* kTuning = "a DeepSpeed ZeRO-3 tuning knob; dscpp's stage 3 has no su
 const char* kFlops = "FlopsProfiler.EngineWritesDeepSpeedsReportAtProfileStep";
 const char* kFlopsOptions = "FlopsProfiler.EngineHonoursDepthTopModulesDetailedAndRecomputeFactor";
 const char* kWandb = "Weights & Biases needs its Python service: not implemented";
-const char* kOffload = "offload is not implemented by the engine yet";
+const char* kOffload = "parameter offload is not implemented by the engine yet";
+const char* kOffloadTest = "engine.OffloadMatchesNoOffload";
+// DeepSpeed reads these for device "nvme" only, which dscpp refuses.
+const char* kNvmeOnly = "an NVMe offload setting (DeepSpeed reads it for device nvme only)";
 const char* kRemoved = "removed from DeepSpeed in 0.19; ignoring it would train another model";
 const char* kOn = R"({"enabled": true})";
 
@@ -55,7 +58,8 @@ const std::vector<KeyFate> kTable = {
     U("gradient_predivide_factor", "zero/grad_buckets.cpp divides before the reduction"),
     U("communication_data_type", "zero/grad_buckets.cpp reduces in that type"),
     N("zero_allow_untested_optimizer", "dscpp takes any client optimizer", "true"),
-    N("zero_force_ds_cpu_optimizer", "dscpp has no DeepSpeed CPU optimizer to force", "false"),
+    U("zero_force_ds_cpu_optimizer",
+      "runtime/engine/engine_core.cpp: offload refuses an optimizer without CPU kernels"),
     N("dataloader_drop_last", "the engine builds no data loader from the config", "true"),
     N("allgather_size",
       "the old boolean zero_optimization's bucket size; see allgather_bucket_size", "100"),
@@ -95,7 +99,8 @@ const std::vector<KeyFate> kTable = {
     N("zero_optimization.load_from_fp32_weights", "checkpoint loading does not read it", "false"),
     N("zero_optimization.elastic_checkpoint", "elastic checkpoints are not written", "true",
       "false"),
-    N("zero_optimization.sub_group_size", "the optimizer steps each shard whole", "1e8"),
+    U("zero_optimization.sub_group_size",
+      "zero/offload.cpp: the CPU optimizer steps that many elements at a time (offload only)"),
     A("zero_optimization.stage3_prefetch_bucket_size", kOracle),
     A("zero_optimization.stage3_param_persistence_threshold", kOracle),
     U("zero_optimization.stage3_model_persistence_threshold",
@@ -113,17 +118,21 @@ const std::vector<KeyFate> kTable = {
     N("zero_optimization.zero_quantized_nontrainable_weights", "ZeRO++ quantised weights", "true",
       "false"),
     N("zero_optimization.zero_quantized_gradients", "ZeRO++ quantised gradients", "true", "false"),
-    E("zero_optimization.offload_optimizer", kOffload, R"({"device": "cpu"})"),
-    E("zero_optimization.offload_optimizer.device", kOffload, R"("cpu")"),
-    E("zero_optimization.offload_optimizer.nvme_path", kOffload, R"("/x")"),
-    E("zero_optimization.offload_optimizer.buffer_count", kOffload, "8"),
-    E("zero_optimization.offload_optimizer.pin_memory", kOffload, "false"),
-    E("zero_optimization.offload_optimizer.pipeline_read", kOffload, "true"),
-    E("zero_optimization.offload_optimizer.pipeline_write", kOffload, "true"),
-    E("zero_optimization.offload_optimizer.fast_init", kOffload, "true"),
-    E("zero_optimization.offload_optimizer.ratio", kOffload, "1.0"),
-    E("zero_optimization.offload_optimizer.super_offload", kOffload, "true"),
-    E("zero_optimization.offload_optimizer.cpuadam_cores_perc", kOffload, "0.5"),
+    A("zero_optimization.offload_optimizer", kOffloadTest),
+    A("zero_optimization.offload_optimizer.device", kOffloadTest),
+    N("zero_optimization.offload_optimizer.nvme_path", kNvmeOnly, R"("/x")"),
+    N("zero_optimization.offload_optimizer.buffer_count", kNvmeOnly, "8", "4"),
+    U("zero_optimization.offload_optimizer.pin_memory",
+      "zero/offload.cpp: the staging slots are page-locked where a GPU is"),
+    N("zero_optimization.offload_optimizer.pipeline_read", kNvmeOnly, "true", "false"),
+    N("zero_optimization.offload_optimizer.pipeline_write", kNvmeOnly, "true", "false"),
+    N("zero_optimization.offload_optimizer.fast_init", kNvmeOnly, "true", "false"),
+    E("zero_optimization.offload_optimizer.ratio",
+      "partial offload is not implemented: the whole partition is offloaded", "0.5"),
+    N("zero_optimization.offload_optimizer.super_offload", "SuperOffload is not implemented",
+      "true", "false"),
+    N("zero_optimization.offload_optimizer.cpuadam_cores_perc",
+      "the CPU optimizer takes the rank's intra-op threads (OMP_NUM_THREADS)", "0.5"),
     E("zero_optimization.offload_param", kOffload, R"({"device": "cpu"})"),
     E("zero_optimization.offload_param.device", kOffload, R"("cpu")"),
     E("zero_optimization.offload_param.nvme_path", kOffload, R"("/x")"),
@@ -131,9 +140,10 @@ const std::vector<KeyFate> kTable = {
     E("zero_optimization.offload_param.buffer_size", kOffload, "1000"),
     E("zero_optimization.offload_param.max_in_cpu", kOffload, "1000"),
     E("zero_optimization.offload_param.pin_memory", kOffload, "false"),
-    E("zero_optimization.cpu_offload", kOffload, "true"),
+    A("zero_optimization.cpu_offload", kOffloadTest),
     E("zero_optimization.cpu_offload_param", kOffload, "true"),
-    E("zero_optimization.cpu_offload_use_pin_memory", kOffload, "true"),
+    N("zero_optimization.cpu_offload_use_pin_memory",
+      "deprecated: offload_optimizer.pin_memory says it", "false"),
     N("zero_optimization.zenflow", "ZenFlow is not implemented", R"({"topk_ratio": 0.1})"),
     R("zero_optimization.mics_shard_size", "MiCS (removed from DeepSpeed in 0.19)", "2"),
     R("zero_optimization.mics_hierarchical_params_gather", "MiCS (removed from DeepSpeed in 0.19)",

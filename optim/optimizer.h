@@ -70,6 +70,15 @@ class Optimizer {
     return false;
   }
 
+  // ZeRO-Offload's CPU optimizers (ops/cpu_adam.h, DeepSpeed's DeepSpeedCPUAdam / CPUAdagrad /
+  // CPULion): Adam, AdamW, Adagrad and Lion update shards on the CPU with the vectorised,
+  // threaded kernels, which also read 16-bit gradients, fuse grad_scale and write a
+  // param_copy in the same pass. Off: the ATen ops that match torch.optim to the bit. Other
+  // optimizers ignore it (has_cpu_kernels() false).
+  virtual bool has_cpu_kernels() const { return false; }
+  void set_cpu_kernels(bool on) { cpu_kernels_ = on && has_cpu_kernels(); }
+  bool cpu_kernels() const { return cpu_kernels_; }
+
   // The learning rate and first momentum coefficient of every group, as LR schedules set
   // them (DeepSpeed's schedulers write param_group["lr"]; OneCycle writes "betas" only, so it
   // leaves SGD's momentum alone). With no shard yet they are the defaults later shards take.
@@ -116,8 +125,17 @@ class Optimizer {
   // Schedules write every group's lr and betas, as DeepSpeed's write param_groups.
   friend class LRScheduler;
 
+  // Whether this step runs on the CPU kernels (set_cpu_kernels, and the shards on the CPU).
+  bool on_cpu_kernels() const {
+    return cpu_kernels_ && !shards_.empty() && shards_[0].param.device().is_cpu();
+  }
+  // What a CPU kernel takes from a step: the grad scale as a float (1 without one) and
+  // param_copy_ when there is one.
+  float grad_scale_value() const;
+
   Hyper defaults_;
   std::vector<Shard> shards_;
+  bool cpu_kernels_ = false;
 };
 
 // Builds the optimizer the config names (case-insensitive: Adam, AdamW, Lamb, SGD, Lion,

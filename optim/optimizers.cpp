@@ -17,6 +17,7 @@
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/section.h"
+#include "dscpp/ops/cpu_adam.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/optim/param_reader.h"
 #ifdef DSCPP_CUDA
@@ -117,6 +118,10 @@ void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Te
   if (param_copy.defined() && !writes) param_copy.copy_(part.param);
 }
 
+float Optimizer::grad_scale_value() const {
+  return grad_scale_ ? grad_scale_->item<float>() : 1.0f;
+}
+
 // With no shard yet, the defaults are what a schedule reads and writes.
 double Optimizer::get_lr(int shard) const {
   const Hyper& h = shards_.empty() ? defaults_ : shards_.at(shard).hyper;
@@ -180,6 +185,19 @@ class Algorithm : public Optimizer {
     if (strict && !ignore_unknown_) r.finish();
   }
   void configure(const Hyper& params) { defaults_ = resolve(params, "optimizer.params", true); }
+  // A CPU kernel's tensors for this update.
+  ops::cpu::StepTensors cpu_tensors(const at::Tensor& p, const at::Tensor& grad) const {
+    ops::cpu::StepTensors t;
+    t.param = p;
+    t.grad = grad.contiguous();
+    t.grad_scale = grad_scale_value();
+    if (param_copy_) t.param_copy = *param_copy_;
+    return t;
+  }
+  // Adagrad's and Lion's: what the CPU kernels change (Adam has its CUDA path too).
+  bool fuses_grad_scale() const override { return on_cpu_kernels(); }
+  bool reads_16bit_grads() const override { return on_cpu_kernels(); }
+  bool writes_param_copy(const at::Tensor&) const override { return on_cpu_kernels(); }
 
  private:
   std::string name_;
@@ -216,23 +234,27 @@ class Adam final : public Algorithm {
   }
 
   bool elementwise() const override { return true; }
+  bool has_cpu_kernels() const override { return true; }
 
-  bool fuses_grad_scale() const override {
+  bool on_cuda() const {
 #ifdef DSCPP_CUDA
     return !shards_.empty() && shards_[0].param.is_cuda();
 #else
     return false;
 #endif
   }
+  bool fuses_grad_scale() const override {
+    return on_cuda() || on_cpu_kernels();
+  }
   bool reads_16bit_grads() const override {
     return fuses_grad_scale();
   }
   bool skips_on_nonfinite_scale() const override {
-    return fuses_grad_scale();
+    return on_cuda();
   }
   bool writes_param_copy(const at::Tensor& copy) const override {
     const auto type = copy.scalar_type();
-    return fuses_grad_scale() && (type == at::kBFloat16 || type == at::kHalf);
+    return on_cpu_kernels() || (on_cuda() && (type == at::kBFloat16 || type == at::kHalf));
   }
 
   void init_state(Shard& s) override {
@@ -265,6 +287,19 @@ class Adam final : public Algorithm {
       return;
     }
 #endif
+    if (on_cpu_kernels()) {
+      ops::cpu::AdamArgs a;
+      a.lr = lr;
+      a.beta1 = b1;
+      a.beta2 = b2;
+      a.eps = eps;
+      a.weight_decay = wd;
+      a.step = s.steps;
+      a.bias_correction = flag(h, "bias_correction");
+      a.adam_w_mode = decoupled_;
+      ops::cpu::adam_step(cpu_tensors(p, grad), m, v, a);
+      return;
+    }
     at::Tensor g = grad;
     if (wd != 0) {
       if (decoupled_)
@@ -361,6 +396,9 @@ class Adagrad final : public Algorithm {
     return h;
   }
 
+  bool elementwise() const override { return true; }
+  bool has_cpu_kernels() const override { return true; }
+
   void init_state(Shard& s) override {
     s.state["sum"] = at::full_like(s.param, num(s.hyper, "initial_accumulator_value"));
   }
@@ -370,6 +408,16 @@ class Adagrad final : public Algorithm {
     const double wd = num(h, "weight_decay");
     at::Tensor& p = s.param;
     at::Tensor& sum = s.state.at("sum");
+    if (on_cpu_kernels()) {
+      ops::cpu::AdagradArgs a;
+      a.lr = num(h, "lr");
+      a.eps = num(h, "eps");
+      a.weight_decay = wd;
+      a.lr_decay = num(h, "lr_decay");
+      a.step = s.steps;
+      ops::cpu::adagrad_step(cpu_tensors(p, grad), sum, a);
+      return;
+    }
     at::Tensor g = wd != 0 ? grad.add(p, wd) : grad;
     const double clr = num(h, "lr") / (1 + (static_cast<double>(s.steps) - 1) * num(h, "lr_decay"));
     sum.addcmul_(g, g, 1);
@@ -397,6 +445,9 @@ class Lion final : public Algorithm {
     return h;
   }
 
+  bool elementwise() const override { return true; }
+  bool has_cpu_kernels() const override { return true; }
+
   void init_state(Shard& s) override { s.state["exp_avg"] = at::zeros_like(s.param); }
 
   void update(Shard& s, const at::Tensor& grad) override {
@@ -405,6 +456,15 @@ class Lion final : public Algorithm {
     const double wd = num(h, "weight_decay");
     at::Tensor& p = s.param;
     at::Tensor& m = s.state.at("exp_avg");
+    if (on_cpu_kernels()) {
+      ops::cpu::LionArgs a;
+      a.lr = lr;
+      a.beta1 = b1;
+      a.beta2 = b2;
+      a.weight_decay = wd;
+      ops::cpu::lion_step(cpu_tensors(p, grad), m, a);
+      return;
+    }
     at::Tensor c = m.mul(b1).add_(grad, 1 - b1);
     if (wd != 0) p.mul_(1 - lr * wd);
     p.add_(c.sign_(), -lr);

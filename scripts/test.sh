@@ -14,4 +14,5 @@ else
   echo "dscpp test: no CUDA toolkit on this machine: CUDA variant not built"
 fi
 cd build
-ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-2}"
+# Matrices that repeat a default test at every size run on request: ctest -L offload_matrix.
+ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-2}" -LE "${DSCPP_TEST_EXCLUDE_LABELS:-offload_matrix}"

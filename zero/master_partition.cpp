@@ -7,9 +7,10 @@ namespace dscpp::zero {
 
 MasterPartition::MasterPartition(const FlatLayout& layout, at::TensorOptions options,
                                  std::unique_ptr<optim::Optimizer> optimizer,
-                                 at::ScalarType grad_dtype)
+                                 at::ScalarType grad_dtype, bool on_host)
     : layout_(layout),
-      master_(at::empty({layout.partition}, options.dtype(at::kFloat))),
+      master_(at::empty({layout.partition}, on_host ? at::TensorOptions().dtype(at::kFloat)
+                                                    : options.dtype(at::kFloat))),
       grads_(at::zeros({layout.partition}, options.dtype(grad_dtype))),
       optimizer_(std::move(optimizer)) {}
 
@@ -68,7 +69,10 @@ at::Tensor MasterPartition::update_grad(int64_t begin, int64_t end, const at::Te
   // fp32: already unscaled unless the optimizer fuses the scale. 16 bits: as it is for an
   // optimizer that reads 16 bits and fuses the scale; otherwise widened (and unscaled) here,
   // a range at a time, so no whole fp32 copy of the partition is ever made at stages 1-2.
-  at::Tensor grad = grads_.slice(0, begin, end);
+  return as_taken(grads_.slice(0, begin, end), scale);
+}
+
+at::Tensor MasterPartition::as_taken(at::Tensor grad, const at::Tensor& scale) {
   if (grad.scalar_type() == at::kFloat) return grad;
   const bool fused = optimizer_->fuses_grad_scale();
   if (fused && optimizer_->reads_16bit_grads()) return grad;
@@ -80,7 +84,8 @@ at::Tensor MasterPartition::update_grad(int64_t begin, int64_t end, const at::Te
 void MasterPartition::update(const at::Tensor& scale) {
   std::vector<at::Tensor> grads;
   for (const auto& gr : layout_.groups)
-    grads.push_back(update_grad(gr.part_begin, gr.part_end, scale));
+    // (to the master's device: a host copy when the master is offloaded)
+    grads.push_back(update_grad(gr.part_begin, gr.part_end, scale).to(master_.device()));
   optimizer_->step(grads, optimizer_->fuses_grad_scale() ? scale : at::Tensor());
 }
 
@@ -91,6 +96,16 @@ void MasterPartition::update_bucket(int b, const at::Tensor& scale, const at::Te
       bucket.group, in_shard, in_shard + bucket.chunk,
       update_grad(bucket.part_offset, bucket.part_offset + bucket.chunk, scale),
       optimizer_->fuses_grad_scale() ? scale : at::Tensor(), copy16);
+}
+
+void MasterPartition::update_piece(int b, int64_t offset, const at::Tensor& grad,
+                                   const at::Tensor& scale, const at::Tensor& copy16) {
+  const auto& bucket = layout_.buckets[b];
+  const int64_t in_shard = bucket.part_offset + offset - layout_.groups[bucket.group].part_begin;
+  // An fp32 piece is unscaled here unless the optimizer fuses the scale (apply_scale did the
+  // device partition's in place, which the piece was copied from).
+  optimizer_->update_range(bucket.group, in_shard, in_shard + grad.numel(), as_taken(grad, scale),
+                           optimizer_->fuses_grad_scale() ? scale : at::Tensor(), copy16);
 }
 
 void MasterPartition::undo_step_count() {

@@ -1,9 +1,10 @@
 // ZeRO's master partition (DESIGN.md, "Master partition"): this rank's fp32 copy of its
 // chunks of every bucket, the gradient partition that GradBuckets reduce into, and the
 // optimizer state over them (one optimizer shard per parameter group, each group's chunks
-// contiguous in the partition). Offload will plug in here: the partition and its state in
-// pinned host memory, updated bucket by bucket. The step's arithmetic on the partition lives
-// here; where the results go is the parameter store's business.
+// contiguous in the partition). With offload (zero/offload.h) the master and the optimizer
+// state live in host memory while the gradient partition stays on the device, and the update
+// goes piece by piece from gradients brought down. The step's arithmetic on the partition
+// lives here; where the results go is the parameter store's business.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,9 +22,12 @@ namespace dscpp::zero {
 class MasterPartition {
  public:
   // options: the training device (its dtype is ignored: the master is fp32). grad_dtype: the
-  // gradient partition's type (fp32, or the 16-bit training type). The layout must outlive it.
+  // gradient partition's type (fp32, or the 16-bit training type). on_host: the master (and so
+  // the optimizer state) in host memory, the gradient partition on options' device (offload).
+  // The layout must outlive it.
   MasterPartition(const FlatLayout& layout, at::TensorOptions options,
-                  std::unique_ptr<optim::Optimizer> optimizer, at::ScalarType grad_dtype);
+                  std::unique_ptr<optim::Optimizer> optimizer, at::ScalarType grad_dtype,
+                  bool on_host = false);
   // One optimizer shard per parameter group (group_options[g] over the optimizer's
   // defaults). Separate from construction so that stage 3 can release its 16-bit model before
   // the optimizer state exists.
@@ -50,6 +54,10 @@ class MasterPartition {
   // then update_bucket(b) writes bucket b's updated chunk, cast, into copy16 too.
   void begin_bucket_updates() { optimizer_->begin_step(); }
   void update_bucket(int b, const at::Tensor& scale, const at::Tensor& copy16);
+  // Offload: elements [offset, offset + grad.numel()) of bucket b's chunk from grad (a host
+  // copy of that range of the gradient partition), the updated parameters into copy16.
+  void update_piece(int b, int64_t offset, const at::Tensor& grad, const at::Tensor& scale,
+                    const at::Tensor& copy16);
   // An update the device skipped (a non-finite scale): only the step count moved; take it back.
   void undo_step_count();
   // After a step (or an overflow's skip). zero: whether the gradient partition must be zeroed
@@ -67,6 +75,7 @@ class MasterPartition {
  private:
   // The gradient of partition elements [begin, end) as the optimizer takes it.
   at::Tensor update_grad(int64_t begin, int64_t end, const at::Tensor& scale);
+  at::Tensor as_taken(at::Tensor grad, const at::Tensor& scale);
 
   const FlatLayout& layout_;
   at::Tensor master_;  // fp32, layout.partition elements

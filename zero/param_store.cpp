@@ -28,7 +28,8 @@ ParamStore::ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
 }
 
 void ParamStore::keep_only_partition(const at::Tensor& master) {
-  part16_ = master.to(flat_params_.scalar_type());
+  // On the parameters' device (an offloaded master is on the host).
+  part16_ = master.to(flat_params_.device(), flat_params_.scalar_type());
   buckets16_.resize(layout_.buckets.size());
   for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
   flat_params_ = at::Tensor();

@@ -38,8 +38,13 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // release they would be carved out of the released buffer's segment, and the
   // rest of that segment (16 GiB at 17 B parameters) could then hold neither
   // Adam moment nor return to the device.
-  master_ =
-      std::make_unique<MasterPartition>(layout_, opts, std::move(optimizer), options_.grad_dtype);
+  if (options_.offload.enabled && options_.stage < 1)
+    throw Error("ZeroOptimizer: offloading the optimizer needs ZeRO stage 1, 2 or 3");
+  master_ = std::make_unique<MasterPartition>(layout_, opts, std::move(optimizer),
+                                              options_.grad_dtype, options_.offload.enabled);
+  if (options_.offload.enabled)
+    offload_ = std::make_unique<OffloadStepper>(layout_, opts.device(), options_.grad_dtype,
+                                                opts.dtype().toScalarType(), options_.offload);
   store_->copy_partition_into(master_->master());
 
   ReduceOptions ro;
@@ -112,8 +117,13 @@ void ZeroOptimizer::relay_from_first_backward() {
   layout_ = std::move(fresh);
   store_->relayout(old);
   const int rank = store_->chunk_rank();
-  master_->relayout(
-      [&](const at::Tensor& t) { return relay_partition(old, layout_, t, rank, *group_); });
+  // An offloaded master's buffers are on the host: they travel through the training device,
+  // where the collectives run, one at a time.
+  const c10::Device device = param_options_.device();
+  master_->relayout([&](const at::Tensor& t) {
+    if (t.device() == device) return relay_partition(old, layout_, t, rank, *group_);
+    return relay_partition(old, layout_, t.to(device), rank, *group_).to(t.device());
+  });
   // The gradient buckets start over on the new layout, with the gradients of this backward
   // (accumulated in the flat buffer, or reduced into the partition) carried over.
   at::Tensor flat_grads = buckets_->flat_grads();
@@ -178,7 +188,9 @@ StepResult ZeroOptimizer::step(double loss_scale) {
     scale = s.scale.to(at::kFloat);
   }
   master_->apply_scale(scale);
-  if ((options_.stage == 1 || options_.stage == 2) && master_->optimizer().elementwise()) {
+  if (offload_ && master_->optimizer().elementwise()) {
+    step_offloaded(scale);
+  } else if ((options_.stage == 1 || options_.stage == 2) && master_->optimizer().elementwise()) {
     step_by_bucket(scale);
   } else {
     master_->update(scale);
@@ -226,6 +238,33 @@ void ZeroOptimizer::step_by_bucket(const at::Tensor& scale) {
     else
       works.push_back(std::move(w));
   }
+  for (auto& w : works) w.wait();
+}
+
+void ZeroOptimizer::step_offloaded(const at::Tensor& scale) {
+  // As step_by_bucket, with each bucket's update on the host: its gradient chunk down, the CPU
+  // optimizer over it in sub_group_size pieces, its 16-bit chunk up to where the store
+  // publishes it from, then its publish (all-gather at stages 1-2; stage 3 keeps the chunk).
+  master_->begin_bucket_updates();
+  const bool defer = options_.defer_allgather;
+  const int n = static_cast<int>(layout_.buckets.size());
+  std::vector<int> order(n);
+  for (int k = 0; k < n; ++k) order[k] = defer ? n - 1 - k : k;
+  std::vector<at::Tensor> mine(n);
+  std::vector<comm::Work> works;
+  offload_->step(
+      *master_, order, scale,
+      [&](int b) -> at::Tensor {
+        if (!mine[b].defined()) mine[b] = store_->chunk_destination(b);
+        return mine[b];
+      },
+      [&](int b) {
+        comm::Work w = store_->publish_bucket(b, mine[b]);
+        if (defer)
+          store_->defer(b, std::move(w));
+        else
+          works.push_back(std::move(w));
+      });
   for (auto& w : works) w.wait();
 }
 

@@ -31,6 +31,7 @@
 #include "dscpp/zero/flat_layout.h"
 #include "dscpp/zero/grad_buckets.h"
 #include "dscpp/zero/master_partition.h"
+#include "dscpp/zero/offload.h"
 #include "dscpp/zero/param_store.h"
 
 namespace dscpp::zero {
@@ -69,6 +70,10 @@ struct ZeroOptions {
   // data-parallel all-reduce, to add the other stages' (tied parameters counted once), so
   // that the norm, the clip and the overflow verdict are the whole model's. Empty: none.
   std::function<void(at::Tensor& local_sumsq)> reduce_sumsq_across;
+  // ZeRO-Offload of the optimizer (stages 1-3): the master and the optimizer state on the
+  // host, stepped there by the CPU optimizer (zero/offload.h). The optimizer should have its
+  // CPU kernels on (Optimizer::set_cpu_kernels).
+  OffloadOptions offload;
 };
 
 struct StepResult {
@@ -179,11 +184,15 @@ class ZeroOptimizer {
   // Parameter i's shape (a stage-3 parameter at rest holds an empty tensor).
   const std::vector<int64_t>& param_shape(size_t i) const { return store_->param_shape(i); }
   int stage() const { return options_.stage; }
+  bool offloaded() const { return offload_ != nullptr; }
 
  private:
   // Stages 1-2 with an elementwise optimizer: the update and the publish,
   // bucket by bucket.
   void step_by_bucket(const at::Tensor& scale);
+  // With offload and an elementwise optimizer, stages 1-3: the same bucket by bucket, the
+  // update on the host (OffloadStepper).
+  void step_offloaded(const at::Tensor& scale);
   // After a step (or an overflow's skip): the partition counts as empty again.
   // After a step (or an overflow's skip): the partition counts as empty again.
   void clear_gradients();
@@ -196,6 +205,7 @@ class ZeroOptimizer {
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<MasterPartition> master_;
   std::unique_ptr<GradBuckets> buckets_;
+  std::unique_ptr<OffloadStepper> offload_;  // with options.offload.enabled
   std::shared_ptr<void> hooks_;
   ReduceOptions reduce_options_;
   at::TensorOptions param_options_;

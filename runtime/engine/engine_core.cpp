@@ -32,9 +32,16 @@ namespace {
 std::vector<std::string> engine_gaps(const DSConfig& c) {
   std::vector<std::string> gaps;
   const auto& z = c.zero_optimization;
-  if (z.offload_optimizer && z.offload_optimizer->device != "none")
+  // The optimizer's offload to the CPU is acted on at stages 1-3 (zero/offload.h).
+  if (z.offload_optimizer && z.offload_optimizer->device != "none" &&
+      (z.offload_optimizer->device != "cpu" || z.stage == 0))
     gaps.push_back("'zero_optimization.offload_optimizer' (device " + z.offload_optimizer->device +
-                   ")");
+                   (z.stage == 0 ? ", at stage 0: offload needs ZeRO stage 1-3" : "") + ")");
+  if (z.offload_optimizer && z.offload_optimizer->device == "cpu" && z.stage == 3 &&
+      z.offload_optimizer->ratio < 1.0)
+    gaps.push_back(
+        "'zero_optimization.offload_optimizer.ratio' (partial offload: the whole "
+        "partition is offloaded)");
   if (z.offload_param && z.offload_param->device != "none")
     gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
@@ -253,6 +260,24 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   auto optimizer =
       config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
   if (!optimizer) throw dscpp::Error("initialize: the client optimizer factory gave null");
+  const auto& oo = z.offload_optimizer;
+  if (oo && oo->device == "cpu" && z.stage >= 1) {
+    // ZeRO-Offload: the master and the optimizer state on the host, the CPU optimizer steps
+    // them (DeepSpeed's DeepSpeedCPUAdam / CPUAdagrad / CPULion for Adam(W), Adagrad, Lion).
+    zo.offload.enabled = true;
+    zo.offload.pin_memory = oo->pin_memory;
+    zo.offload.sub_group_size = z.sub_group_size;
+    optimizer->set_cpu_kernels(true);
+    // DeepSpeed's zero_force_ds_cpu_optimizer: an optimizer without a CPU implementation would
+    // step the host partition with generic tensor ops, much slower; refused unless asked for.
+    if (!optimizer->cpu_kernels() && config_.zero_force_ds_cpu_optimizer)
+      throw ConfigError("zero_optimization.offload_optimizer",
+                        "optimizer '" + optimizer->name() +
+                            "' has no CPU implementation for ZeRO-Offload (Adam, AdamW, "
+                            "Adagrad and Lion have): choose one of those, or set "
+                            "\"zero_force_ds_cpu_optimizer\": false to step it with generic "
+                            "tensor operations on the CPU");
+  }
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
   if (layered_) z.stage == 3 ? start_layer_gather() : start_publish_waits();

@@ -38,6 +38,20 @@ json hf_auto_values(int64_t world) {
           {"zero_optimization.stage3_param_persistence_threshold", 10240}};
 }
 
+// What the engine does with the offload a loaded config asks for (engine_core.cpp): the
+// optimizer's offload to the CPU is acted on at stages 1-3; parameter offload, and the
+// optimizer's at stage 0, are announced. Empty: the config asks for none.
+json offload_fate(const dscpp::DSConfig& c) {
+  json fate = json::object();
+  const auto& z = c.zero_optimization;
+  if (z.offload_optimizer && z.offload_optimizer->device != "none")
+    fate["optimizer"] = z.offload_optimizer->device == "cpu" && z.stage >= 1 && z.stage <= 3
+                            ? "acted on"
+                            : "announced";
+  if (z.offload_param && z.offload_param->device != "none") fate["param"] = "announced";
+  return fate;
+}
+
 }  // namespace
 
 TEST(WildConfigs, EachLoadsOrIsRefusedAsExpected) {
@@ -58,13 +72,15 @@ TEST(WildConfigs, EachLoadsOrIsRefusedAsExpected) {
     o.auto_values = hf_auto_values(o.world_size);
     if (e.contains("auto")) o.auto_values.update(e["auto"]);
     std::string error;
+    dscpp::DSConfig loaded;
     try {
-      dscpp::load_ds_config(entry.path().string(), o);
+      loaded = dscpp::load_ds_config(entry.path().string(), o);
     } catch (const dscpp::ConfigError& err) {
       error = err.what();
     }
     if (e["outcome"] == "accept") {
       EXPECT_EQ(error, "") << "expected to load";
+      EXPECT_EQ(offload_fate(loaded), e.value("offload", json::object())) << "offload";
     } else {
       ASSERT_NE(error, "") << "expected a refusal mentioning: " << e["error"];
       EXPECT_NE(error.find(e["error"].get<std::string>()), std::string::npos) << error;

@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
@@ -406,4 +407,41 @@ TEST(OptimizerRanges, AdamInRangesEqualsOneStepBitForBit) {
   lamb->add_shard(vec(p0));
   EXPECT_FALSE(lamb->elementwise());
   EXPECT_THROW(lamb->begin_step(), dscpp::Error);
+}
+
+// ZeRO-Offload's CPU kernels (set_cpu_kernels) step Adam, AdamW, Adagrad and Lion as the ATen
+// path does (within fp32 reordering), whole or in ranges, with a fused grad scale, a bf16
+// gradient and a bf16 param copy; other optimizers do not take them.
+TEST(CpuKernels, StepLikeTheATenPathWholeAndInRanges) {
+  for (const std::string type : {"adam", "adamw", "adagrad", "lion"}) {
+    json params = {{"lr", 0.01}, {"weight_decay", 0.1}};
+    auto aten = make(type, params), fast = make(type, params);
+    fast->set_cpu_kernels(true);
+    ASSERT_TRUE(fast->cpu_kernels()) << type;
+    at::manual_seed(3);
+    at::Tensor p0 = at::randn({3001});
+    at::Tensor a = p0.clone(), b = p0.clone();
+    aten->add_shard(a);
+    fast->add_shard(b);
+    ASSERT_TRUE(fast->fuses_grad_scale() && fast->reads_16bit_grads());
+    for (int step = 0; step < 3; ++step) {
+      at::Tensor g = at::randn({3001}).to(at::kBFloat16);
+      at::Tensor scale = at::full({}, 0.5f);
+      aten->step({g.to(at::kFloat).mul(0.5)});
+      if (step == 1) {
+        fast->step({g}, scale);
+        continue;
+      }
+      fast->begin_step();
+      at::Tensor copy = at::zeros({3001}, at::kBFloat16);
+      fast->update_range(0, 0, 1000, g.narrow(0, 0, 1000), scale, copy.narrow(0, 0, 1000));
+      fast->update_range(0, 1000, 3001, g.narrow(0, 1000, 2001), scale, copy.narrow(0, 1000, 2001));
+      EXPECT_TRUE(at::equal(copy, b.to(at::kBFloat16))) << type;
+    }
+    const double err = a.sub(b).norm().item<double>() / a.norm().item<double>();
+    EXPECT_LT(err, 1e-6) << type;
+  }
+  auto sgd = make("sgd");
+  sgd->set_cpu_kernels(true);
+  EXPECT_FALSE(sgd->cpu_kernels());
 }

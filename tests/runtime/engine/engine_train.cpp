@@ -165,6 +165,10 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
     result["params"] = flat_params(*model);
   }
   result["state_numel"] = zo.optimizer().state_numel();
+  // ZeRO-Offload: where the master and the optimizer state live.
+  result["offloaded"] = zo.offloaded();
+  result["master_device"] = zo.master_partition().device().str();
+  result["state_device"] = zo.optimizer().state(0).begin()->second.device().str();
   result["partition"] = zo.layout().partition;
   result["total"] = zo.layout().total;
   return r == 0 ? result : json();

@@ -220,16 +220,22 @@ TEST(EngineCases, ModuleZeroGradDoesNotLoseGradients) {
 
 TEST(EngineCases, FeaturesTheEngineLacksAreAnnouncedNotSilent) {
   json cfg = base_config();
-  cfg["zero_optimization"] = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
+  // Parameter offload is announced; the optimizer's offload to the CPU is acted on (since
+  // ZeRO-Offload), so it is not.
+  cfg["zero_optimization"] = {{"stage", 3},
+                              {"offload_optimizer", {{"device", "cpu"}}},
+                              {"offload_param", {{"device", "cpu"}}}};
   torch::manual_seed(0);
   TwoLayer model;
   testing::internal::CaptureStderr();
   auto engine = dscpp::initialize(model, cfg);
   std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("'zero_optimization.offload_optimizer' (device cpu): not implemented by the "
+  EXPECT_NE(err.find("'zero_optimization.offload_param' (device cpu): not implemented by the "
                      "engine yet, ignored"),
             std::string::npos)
       << err;
+  EXPECT_EQ(err.find("'zero_optimization.offload_optimizer'"), std::string::npos) << err;
+  EXPECT_TRUE(engine.core().zero_optimizer().offloaded());
 }
 
 // The gradient partition is 16-bit when nothing accumulates in it, fp32 when micro-steps do,

@@ -1,0 +1,144 @@
+// The bodies of the CPU optimizers' kernels (cpu_adam_kernels.h), compiled once per
+// instruction set: the including unit is built with CPU_CAPABILITY (DEFAULT, AVX2, AVX512)
+// and its CPU_CAPABILITY_<X> macro defined and its compiler flags, as ATen builds its own
+// kernels, so at::vec::Vectorized<float> is 8 or 16 lanes there and the code lands in a
+// namespace of that name (no two units define the same symbol).
+#pragma once
+
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "dscpp/ops/cpu_adam_kernels.h"
+
+namespace dscpp::ops::cpu::kernels {
+namespace CPU_CAPABILITY {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+// Elements per tile: a 16-bit gradient is widened into an fp32 tile on the stack, and the
+// tile's updated parameters are narrowed into the copy right after, while both are in L1.
+constexpr int64_t kTile = 1024;
+
+inline Vec load(const float* p, int64_t n) {
+  return n == Vec::size() ? Vec::loadu(p) : Vec::loadu(p, n);
+}
+inline void store(float* p, const Vec& v, int64_t n) {
+  if (n == Vec::size())
+    v.store(p);
+  else
+    v.store(p, n);
+}
+
+// The per-element updates: ranges of at most Vec::size() elements, all of them through the
+// same vector instructions (a partial vector at the end), so every element of a partition
+// gets the same rounding whatever its position.
+struct AdamOp {
+  static void run(float* p, const float* g_in, float* m_out, float* v_out, int64_t n,
+                  const Scalars& s) {
+    Vec g = load(g_in, n) * Vec(s.grad_scale);
+    Vec p4 = load(p, n), m = load(m_out, n), v = load(v_out, n);
+    if (s.decay && !s.decoupled) g = at::vec::fmadd(p4, Vec(s.weight_decay), g);
+    m = m * Vec(s.beta1);
+    m = at::vec::fmadd(g, Vec(s.one_minus_beta1), m);
+    v = v * Vec(s.beta2);
+    v = at::vec::fmadd(g * g, Vec(s.one_minus_beta2), v);
+    Vec denom = at::vec::fmadd(v.sqrt(), Vec(s.bias_correction2), Vec(s.eps));
+    Vec update = m / denom;
+    // AdamW: p += (-lr * wd) * p, before the step, from the same p.
+    if (s.decay && s.decoupled) p4 = at::vec::fmadd(p4, Vec(s.weight_decay), p4);
+    p4 = at::vec::fmadd(update, Vec(s.step_size), p4);
+    store(p, p4, n);
+    store(m_out, m, n);
+    store(v_out, v, n);
+  }
+};
+
+struct AdagradOp {
+  static void run(float* p, const float* g_in, float* sum_out, float*, int64_t n,
+                  const Scalars& s) {
+    Vec g = load(g_in, n) * Vec(s.grad_scale);
+    Vec p4 = load(p, n), sum = load(sum_out, n);
+    if (s.decay) g = at::vec::fmadd(p4, Vec(s.weight_decay), g);
+    sum = at::vec::fmadd(g, g, sum);
+    Vec update = g / (sum.sqrt() + Vec(s.eps));
+    p4 = at::vec::fmadd(update, Vec(s.step_size), p4);
+    store(p, p4, n);
+    store(sum_out, sum, n);
+  }
+};
+
+struct LionOp {
+  static void run(float* p, const float* g_in, float* m_out, float*, int64_t n, const Scalars& s) {
+    Vec g = load(g_in, n) * Vec(s.grad_scale);
+    Vec p4 = load(p, n), m = load(m_out, n);
+    Vec c = at::vec::fmadd(g, Vec(s.one_minus_beta1), m * Vec(s.beta1));
+    // -lr carrying c's sign flipped in (sign bit of c xor -lr), and 0 where c is 0.
+    const Vec sign_bit(-0.0f);
+    Vec step = ((c & sign_bit) ^ Vec(s.step_size)) & (c != Vec(0.0f));
+    p4 = s.decay ? at::vec::fmadd(p4, Vec(s.weight_decay), step) : p4 + step;
+    m = at::vec::fmadd(g, Vec(s.one_minus_beta2), m * Vec(s.beta2));
+    store(p, p4, n);
+    store(m_out, m, n);
+  }
+};
+
+template <typename Op, typename G, typename C>
+void run_range(const Arrays& a, const Scalars& s, int64_t begin, int64_t end) {
+  alignas(64) float wide[kTile];
+  const G* grad = static_cast<const G*>(a.grad);
+  for (int64_t t = begin; t < end; t += kTile) {
+    const int64_t n = std::min(kTile, end - t);
+    const float* g;
+    if constexpr (std::is_same_v<G, float>) {
+      g = grad + t;
+    } else {
+      at::vec::convert(grad + t, wide, n);
+      g = wide;
+    }
+    for (int64_t i = 0; i < n; i += Vec::size()) {
+      const int64_t k = std::min<int64_t>(Vec::size(), n - i);
+      Op::run(a.param + t + i, g + i, a.state0 + t + i, a.state1 ? a.state1 + t + i : nullptr, k,
+              s);
+    }
+    if constexpr (!std::is_void_v<C>) at::vec::convert(a.param + t, static_cast<C*>(a.copy) + t, n);
+  }
+}
+
+template <typename Op, typename G>
+void by_copy(const Arrays& a, const Scalars& s, int64_t begin, int64_t end) {
+  switch (a.copy_type) {
+    case Type::kNone:
+      return run_range<Op, G, void>(a, s, begin, end);
+    case Type::kFloat:
+      return run_range<Op, G, float>(a, s, begin, end);
+    case Type::kBFloat16:
+      return run_range<Op, G, c10::BFloat16>(a, s, begin, end);
+    case Type::kHalf:
+      return run_range<Op, G, c10::Half>(a, s, begin, end);
+  }
+}
+
+template <typename Op>
+void kernel(const Arrays& a, const Scalars& s, int64_t begin, int64_t end) {
+  switch (a.grad_type) {
+    case Type::kBFloat16:
+      return by_copy<Op, c10::BFloat16>(a, s, begin, end);
+    case Type::kHalf:
+      return by_copy<Op, c10::Half>(a, s, begin, end);
+    default:
+      return by_copy<Op, float>(a, s, begin, end);
+  }
+}
+
+}  // namespace
+
+Table table() {
+  return {&kernel<AdamOp>, &kernel<AdagradOp>, &kernel<LionOp>};
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace dscpp::ops::cpu::kernels

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""ZeRO-Offload of the optimizer against the same training without it.
+
+    offload_oracle.py --launcher build/launcher/dscpp --train build/tests/runtime/engine/engine_train [--full]
+
+Trains the tiny models with dscpp through the launcher (real processes over Gloo) with
+`offload_optimizer: {device: cpu}` (the CPU optimizer, sub_group_size pieces, the staging
+copies) and without it, at stages 1, 2 and 3 (3 by layer for the GPT), on 1, 2 and 4 ranks,
+accumulation 1 and 4: losses and weights within 1e-6 relative, the master and the optimizer
+state on the host, 1/N of it per rank. Checkpoints: an offloaded run saved mid-way resumes
+bit-exactly, and its checkpoint loads into a run without offload (and a checkpoint of a run
+without offload into an offloaded one), which then train as the uninterrupted runs (1e-6).
+Without --full a covering subset runs (the default ctest); --full is ctest label offload_matrix.
+Prints one line per case and `N passed, M failed` last."""
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+GLOBAL_BATCH = 16
+
+
+def config(stage, ga, offload, extra=None, optimizer="AdamW"):
+    params = {"lr": 1e-2, "weight_decay": 0.01}
+    if optimizer == "AdamW":
+        params.update(betas=[0.9, 0.999], eps=1e-4)
+    cfg = {
+        "train_batch_size": GLOBAL_BATCH,
+        "gradient_accumulation_steps": ga,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": optimizer, "params": params},
+        "zero_optimization": {"stage": stage, "overlap_comm": True, "reduce_bucket_size": 300,
+                              "stage3_param_persistence_threshold": 0},
+    }
+    if offload:
+        cfg["zero_optimization"].update(offload)
+    if extra:
+        cfg["zero_optimization"].update(extra)
+    return cfg
+
+
+def run(cmd, out):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])}... exited {p.returncode}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    with open(out) as f:
+        return json.load(f), p.stderr
+
+
+def rel_err(a, b):
+    if len(a) != len(b):
+        return float("inf")
+    return max(abs(x - y) for x, y in zip(a, b)) / max(max(abs(y) for y in b), 1e-30)
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.tmp = tempfile.mkdtemp()
+        self.port = 29400
+        self.count = 0
+
+    def train(self, model, n, cfg, steps, save=None, save_at=None, load=None):
+        self.port += 1
+        self.count += 1
+        out = os.path.join(self.tmp, f"run{self.count}.json")
+        cmd = [self.args.launcher, "--num_gpus", str(n), "--master_port", str(self.port), self.args.train,
+               "--mode", "dscpp", "--model", model, "--config", json.dumps(cfg), "--steps", str(steps),
+               "--out", out]
+        if save:
+            cmd += ["--save", save, "--save-at", str(save_at)]
+        if load:
+            cmd += ["--load", load]
+        return run(cmd, out)
+
+
+OFFLOADS = {
+    "cpu": {"offload_optimizer": {"device": "cpu"}},
+    # DeepSpeed's first spelling, unpinned staging, and the optimizer stepped in pieces of 50.
+    "old": {"cpu_offload": True, "sub_group_size": 50},
+    "unpinned": {"offload_optimizer": {"device": "cpu", "pin_memory": False}, "sub_group_size": 64},
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launcher", required=True)
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    r = Runner(args)
+    if args.full:
+        cases = [(m, s, ga, n, "cpu", "AdamW") for m, s in (("mlp", 1), ("mlp", 2), ("gpt", 3))
+                 for ga, n in itertools.product([1, 4], [1, 2, 4])]
+        cases += [("mlp", s, 1, 2, k, "AdamW") for s in (1, 2) for k in ("old", "unpinned")]
+        cases += [("gpt", 3, 4, 2, "old", "AdamW"), ("gpt", 2, 1, 2, "cpu", "AdamW")]
+        cases += [("mlp", 2, 1, 2, "cpu", o) for o in ("Adam", "Adagrad", "Lion")]
+        cases += [("transformer", s, 4, 2, "cpu", "AdamW") for s in (1, 2, 3)]
+    else:
+        cases = [("mlp", 1, 4, 2, "old", "AdamW"), ("mlp", 2, 1, 4, "cpu", "AdamW"),
+                 ("mlp", 2, 4, 1, "unpinned", "AdamW"), ("gpt", 3, 1, 2, "cpu", "AdamW"),
+                 ("mlp", 2, 1, 2, "cpu", "Lion")]
+    passed = failed = 0
+
+    def report(ok, name, msg):
+        nonlocal passed, failed
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
+        passed += ok
+        failed += not ok
+
+    for model, stage, ga, n, kind, opt in cases:
+        name = f"{model} stage={stage} accumulation={ga} ranks={n} offload={kind} optimizer={opt}"
+        if args.only not in name:
+            continue
+        try:
+            base, _ = r.train(model, n, config(stage, ga, None, optimizer=opt), args.steps)
+            got, log = r.train(model, n, config(stage, ga, OFFLOADS[kind], optimizer=opt), args.steps)
+            le, pe = rel_err(got["losses"], base["losses"]), rel_err(got["params"], base["params"])
+            problems = []
+            if le > 1e-6:
+                problems.append(f"losses differ ({le:.2e})")
+            if pe > 1e-6:
+                problems.append(f"weights differ ({pe:.2e})")
+            if not got.get("offloaded") or got["master_device"] != "cpu" or got["state_device"] != "cpu":
+                problems.append(f"not offloaded ({got.get('offloaded')}, master on {got.get('master_device')})")
+            if "not implemented by the engine yet" in log and "offload_optimizer" in log:
+                problems.append("the engine announced offload as ignored")
+            if got["state_numel"] != base["state_numel"] or got["partition"] != got["total"] // n:
+                problems.append(f"state {got['state_numel']} vs {base['state_numel']}, partition {got['partition']}")
+            report(not problems, name, f"losses {le:.1e}, weights {pe:.1e}" if not problems else "; ".join(problems))
+        except Exception as e:  # noqa: BLE001
+            report(False, name, str(e))
+
+    # Checkpoints: save after step 3 of an offloaded run (and of one without), resume.
+    ck_cases = [("mlp", 2, 1, 2)] + ([("mlp", 1, 4, 2), ("gpt", 3, 1, 2)] if args.full else [])
+    for model, stage, ga, n in ck_cases:
+        name = f"checkpoint {model} stage={stage} accumulation={ga} ranks={n}"
+        if args.only not in name:
+            continue
+        try:
+            off_cfg = config(stage, ga, OFFLOADS["cpu"])
+            plain_cfg = config(stage, ga, None)
+            off_dir = os.path.join(r.tmp, f"ck_off_{model}_{stage}")
+            plain_dir = os.path.join(r.tmp, f"ck_plain_{model}_{stage}")
+            off_full, _ = r.train(model, n, off_cfg, args.steps, save=off_dir, save_at=3)
+            plain_full, _ = r.train(model, n, plain_cfg, args.steps, save=plain_dir, save_at=3)
+            problems = []
+            resumed, _ = r.train(model, n, off_cfg, args.steps, load=off_dir)
+            if resumed["params"] != off_full["params"] or resumed["losses"] != off_full["losses"][3:]:
+                problems.append("offloaded resume is not bit-exact")
+            into_plain, _ = r.train(model, n, plain_cfg, args.steps, load=off_dir)
+            e1 = rel_err(into_plain["params"], off_full["params"])
+            into_off, _ = r.train(model, n, off_cfg, args.steps, load=plain_dir)
+            e2 = rel_err(into_off["params"], plain_full["params"])
+            if e1 > 1e-6:
+                problems.append(f"offloaded checkpoint into a run without offload: weights {e1:.2e}")
+            if e2 > 1e-6:
+                problems.append(f"checkpoint without offload into an offloaded run: weights {e2:.2e}")
+            report(not problems, name, f"resume bit-exact, across {e1:.1e} / {e2:.1e}" if not problems
+                   else "; ".join(problems))
+        except Exception as e:  # noqa: BLE001
+            report(False, name, str(e))
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

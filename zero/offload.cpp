@@ -1,0 +1,173 @@
+// OffloadStepper: see offload.h.
+#include "dscpp/zero/offload.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "dscpp/error.h"
+
+namespace dscpp::zero {
+
+namespace {
+
+// One piece of the step: elements [offset, offset + length) of bucket b's chunk.
+struct Piece {
+  int bucket;
+  int64_t offset, length;
+};
+
+}  // namespace
+
+// Two staging slots, each a piece of gradient coming down and a piece of 16-bit parameters
+// going up. Where the device has streams (a GPU), the copies run on a copy stream and are
+// ordered by events; on the CPU there is no stream and every copy is done when it returns.
+struct OffloadStepper::Transfers {
+  struct Slot {
+    at::Tensor grad, copy;               // host staging
+    std::optional<c10::Event> down, up;  // the slot's last copy down / up (GPU only)
+  };
+  c10::Device device;
+  bool streams;
+  std::optional<c10::Stream> copy_stream;
+  Slot slots[2];
+
+  Transfers(c10::Device d, int64_t piece, at::ScalarType grad_dtype, at::ScalarType param_dtype,
+            bool pin)
+      : device(d), streams(!d.is_cpu()) {
+    const auto host = at::TensorOptions().device(at::kCPU).pinned_memory(streams && pin);
+    for (Slot& s : slots) {
+      s.grad = at::empty({piece}, host.dtype(grad_dtype));
+      s.copy = at::empty({piece}, host.dtype(param_dtype));
+    }
+    if (streams) {
+      c10::impl::VirtualGuardImpl impl(device.type());
+      copy_stream = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+    }
+  }
+
+  c10::Stream current() const {
+    return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  }
+  // Runs fn with the copy stream current (a GPU), or as it is (the CPU).
+  template <typename F>
+  void on_copy_stream(F&& fn) {
+    if (!streams) {
+      fn();
+      return;
+    }
+    c10::impl::VirtualGuardImpl impl(device.type());
+    const c10::Stream previous = impl.exchangeStream(*copy_stream);
+    try {
+      fn();
+    } catch (...) {
+      impl.exchangeStream(previous);
+      throw;
+    }
+    impl.exchangeStream(previous);
+  }
+  static void record(std::optional<c10::Event>& e, const c10::Stream& stream) {
+    if (!e) e.emplace(stream.device_type());
+    e->record(stream);
+  }
+
+  // The copy stream starts after everything queued on the compute stream so far (the
+  // reductions into the gradient partition, the norm).
+  void begin() {
+    if (!streams) return;
+    c10::Event reduced(device.type());
+    reduced.record(current());
+    reduced.block(*copy_stream);
+  }
+  void down(Slot& s, const at::Tensor& grad) {
+    at::Tensor dst = s.grad.narrow(0, 0, grad.numel());
+    on_copy_stream([&] { dst.copy_(grad, /*non_blocking=*/streams); });
+    if (streams) record(s.down, *copy_stream);
+  }
+  void wait_down(Slot& s) {
+    if (s.down) s.down->synchronize();
+  }
+  // Before the host writes a slot's copy again: its last copy up has left.
+  void wait_up(Slot& s) {
+    if (s.up) s.up->synchronize();
+  }
+  void up(Slot& s, const at::Tensor& destination, int64_t length) {
+    at::Tensor src = s.copy.narrow(0, 0, length);
+    on_copy_stream([&] { destination.copy_(src, /*non_blocking=*/streams); });
+    if (streams) record(s.up, *copy_stream);
+  }
+  // The compute stream (and the collectives queued behind it) waits for the copies up so far.
+  void publish_after_up(Slot& s) {
+    if (s.up) s.up->block(current());
+  }
+};
+
+OffloadStepper::OffloadStepper(const FlatLayout& layout, c10::Device device,
+                               at::ScalarType grad_dtype, at::ScalarType param_dtype,
+                               OffloadOptions options)
+    : layout_(layout),
+      device_(device),
+      grad_dtype_(grad_dtype),
+      param_dtype_(param_dtype),
+      options_(options) {
+  if (options_.sub_group_size <= 0) throw Error("offload: sub_group_size must be positive");
+}
+
+OffloadStepper::~OffloadStepper() = default;
+
+void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order,
+                          const at::Tensor& scale,
+                          const std::function<at::Tensor(int)>& destination,
+                          const std::function<void(int)>& done) {
+  int64_t largest = 0;
+  for (const auto& b : layout_.buckets) largest = std::max(largest, b.chunk);
+  const int64_t piece = std::max<int64_t>(1, std::min(largest, options_.sub_group_size));
+  // The slots are sized by the layout's largest piece (the re-lay after the first backward
+  // may change it, once).
+  if (!transfers_ || piece != piece_) {
+    transfers_.reset();
+    transfers_ =
+        std::make_unique<Transfers>(device_, piece, grad_dtype_, param_dtype_, options_.pin_memory);
+    piece_ = piece;
+  }
+  std::vector<Piece> pieces;
+  for (int b : order) {
+    const int64_t chunk = layout_.buckets[b].chunk;
+    for (int64_t o = 0; o < chunk; o += piece_)
+      pieces.push_back({b, o, std::min(piece_, chunk - o)});
+    if (chunk == 0) pieces.push_back({b, 0, 0});
+  }
+  const at::Tensor host_scale = scale.to(at::kCPU);  // one read for the whole step
+  Transfers& t = *transfers_;
+  auto grad_of = [&](const Piece& p) {
+    const int64_t at_ = layout_.buckets[p.bucket].part_offset + p.offset;
+    return master.grads().narrow(0, at_, p.length);
+  };
+  t.begin();
+  if (!pieces.empty()) t.down(t.slots[0], grad_of(pieces[0]));
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    auto& slot = t.slots[i % 2];
+    // The next piece comes down while this one is updated.
+    if (i + 1 < pieces.size()) t.down(t.slots[(i + 1) % 2], grad_of(pieces[i + 1]));
+    t.wait_down(slot);
+    t.wait_up(slot);
+    at::Tensor copy = slot.copy.narrow(0, 0, p.length);
+    master.update_piece(p.bucket, p.offset, slot.grad.narrow(0, 0, p.length), host_scale, copy);
+    at::Tensor dst = destination(p.bucket).narrow(0, p.offset, p.length);
+    t.up(slot, dst, p.length);
+    const bool last_of_bucket = i + 1 == pieces.size() || pieces[i + 1].bucket != p.bucket;
+    if (last_of_bucket) {
+      t.publish_after_up(slot);
+      done(p.bucket);
+    }
+  }
+  // The slots' last copies up have left before the host may reuse them next step.
+  for (auto& s : t.slots) t.wait_up(s);
+}
+
+}  // namespace dscpp::zero

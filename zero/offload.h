@@ -1,0 +1,58 @@
+// ZeRO-Offload of the optimizer (offload_optimizer.device = "cpu", DESIGN.md "Master
+// partition"): the fp32 master and the optimizer state live in host memory; at the step each
+// bucket's reduced gradient chunk comes down from the training device, the CPU optimizer
+// (ops/cpu_adam.h) updates it sub_group_size elements at a time, and the updated 16-bit chunk
+// goes back up to where the parameter store publishes it from. On a GPU the copies run on a
+// copy stream through two pinned staging slots, so the next piece's gradients come down while
+// the CPU updates this one and the last piece goes up; on the CPU the same calls are plain
+// copies. The gradient partition itself stays on the device, where the reductions land.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "dscpp/zero/flat_layout.h"
+#include "dscpp/zero/master_partition.h"
+
+namespace dscpp::zero {
+
+struct OffloadOptions {
+  bool enabled = false;    // offload_optimizer.device == "cpu" (and the old cpu_offload: true)
+  bool pin_memory = true;  // the staging slots in page-locked memory (only where a GPU is)
+  int64_t sub_group_size = 1000000000;  // elements the CPU optimizer steps at a time
+};
+
+class OffloadStepper {
+ public:
+  // device: where the gradient partition and the 16-bit parameters are. grad_dtype /
+  // param_dtype: their types (the staging slots').
+  OffloadStepper(const FlatLayout& layout, c10::Device device, at::ScalarType grad_dtype,
+                 at::ScalarType param_dtype, OffloadOptions options);
+  ~OffloadStepper();
+
+  // One step of every bucket in `order`: master.begin_bucket_updates() must have run. scale:
+  // what the gradients are multiplied by (any device). destination(b): the device chunk bucket
+  // b's 16-bit copy goes to; done(b) is called once b's copy is there in stream order (the
+  // publish follows).
+  void step(MasterPartition& master, const std::vector<int>& order, const at::Tensor& scale,
+            const std::function<at::Tensor(int)>& destination,
+            const std::function<void(int)>& done);
+
+  // Elements each staging slot holds (the largest piece of the last step).
+  int64_t piece_numel() const { return piece_; }
+
+ private:
+  struct Transfers;  // the staging slots, and the copy stream and events where the device has them
+  const FlatLayout& layout_;  // the owner's, which a re-lay changes in place
+  c10::Device device_;
+  at::ScalarType grad_dtype_, param_dtype_;
+  OffloadOptions options_;
+  int64_t piece_ = 0;
+  std::unique_ptr<Transfers> transfers_;
+};
+
+}  // namespace dscpp::zero
