@@ -18,6 +18,10 @@
 #                   under Kineto: gzipped traces profile-rank*.json.gz and bench/trace_summary.py's
 #                   profile_summary.md
 #                   (GPU_PROFILE_DEFERRED=1: the d2x2d run, deferred all-gathers and LayerSpecs)
+#   GPU_FLOPS=1     DeepSpeed's flops profiler at step 5 of train_gpt (GPT 1.3B, ZeRO-2, one GPU,
+#                   bench/configs/gpt_bf16_zero2_flops.json) -> flops_profile.log
+#   GPU_CPU_ADAM=1  dscpp's CPU Adam beside DeepSpeed's DeepSpeedCPUAdam on this machine's cores
+#                   (bench/cpu_adam_bench.py; DeepSpeed's op JIT-builds with g++) -> cpu_adam.log
 #   GPU_67B=1       the 6.66 B GPT with activation checkpointing (bench/configs/gpt_6.7B_*):
 #                   GPU_67B_ROWS (default "d2x1 ds2x1te d3x1 ds3x1t") -> gpt_table_67b.md
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
@@ -63,7 +67,7 @@ configure() {
 step configure configure
 # -k 0: one target that fails to build must not keep the others from being tested.
 targets=()
-[ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report)
+[ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report cpu_adam_bench)
 [ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda test_engine_cases)
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
@@ -162,6 +166,15 @@ fi
 if [ "${GPU_PROFILE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
   step gpt_profile gpt_profile
 fi
+if [ "${GPU_FLOPS:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+  step flops_profile ./build-cuda/launcher/dscpp --num_gpus 1 --master_port 29745 ./build-cuda/examples/train_gpt \
+    --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
+    --deepspeed_config bench/configs/gpt_bf16_zero2_flops.json --train-iters 8 --log-interval 4
+fi
+if [ "${GPU_CPU_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/cpu_adam_bench ]; then
+  step cpu_adam env TORCH_CUDA_ARCH_LIST=9.0 TORCH_EXTENSIONS_DIR="$PWD/build-cuda/torch_extensions" \
+    python3 bench/cpu_adam_bench.py --bench ./build-cuda/bench/cpu_adam_bench --threads "$(nproc)"
+fi
 table67() {
   local budget=0
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && budget=$((GPU_DEADLINE_S - SECONDS - 15))
@@ -243,6 +256,8 @@ grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
 grep -E "^gpt_table: " "$out/gpt_table.log" 2>/dev/null  # each row's wall time
 cat "$out/gpt_table.md" 2>/dev/null
 cat "$out/gpt_table_67b.md" 2>/dev/null
+tail -12 "$out/cpu_adam.log" 2>/dev/null
+grep -E "params per GPU|fwd MACs per GPU|fwd flops per GPU|fwd latency|bwd latency|step latency|iter latency|FLOPS per GPU|samples/second" "$out/flops_profile.log" 2>/dev/null | head -16
 cat "$out/baseline_compare.md" 2>/dev/null
 for f in "$out"/profile_summary*.md; do
   [ -f "$f" ] && { echo "## $(basename "$f")"; grep -E "^# GPU|GPU span|s GPU work|exposed|compute stream" "$f"; }

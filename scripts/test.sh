@@ -14,5 +14,6 @@ else
   echo "dscpp test: no CUDA toolkit on this machine: CUDA variant not built"
 fi
 cd build
-# Matrices that repeat a default test at every size run on request: ctest -L offload_matrix.
-ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-2}" -LE "${DSCPP_TEST_EXCLUDE_LABELS:-offload_matrix}"
+# Matrices that repeat a default test at every size run on request (ctest -L pipe_matrix,
+# -L offload_matrix); their covering sets run here.
+ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-2}" -LE "${DSCPP_TEST_EXCLUDE_LABELS:-_matrix}"
