@@ -85,7 +85,10 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
   const PyValue& optimizer = need(ck.model, "optimizer", path);
   if (!optimizer.is_none()) {
     // Stage 0: torch.optim's per-parameter state; fp32 weights beside it under 16-bit.
-    const PyValue& state = need(optimizer, "state", path + ": optimizer");
+    // The message's text named first: g++ 13 takes a reference returned by a call with a
+    // temporary argument for a dangling one (-Wdangling-reference).
+    const std::string where = path + ": optimizer";
+    const PyValue& state = need(optimizer, "state", where);
     const PyValue* fp32 = optimizer.find(PyValue("dscpp_fp32_params"));
     for (size_t i = 0; i < names.size(); ++i) {
       UniversalParam& p = ck.params[i];
