@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cstdlib>
 #include <mutex>
 #include <numeric>
 
@@ -183,6 +184,17 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
   std::vector<int> ranks(e.world_size);
   std::iota(ranks.begin(), ranks.end(), 0);
   world.group = std::make_shared<ProcessGroup>(handle, "world", ranks, timeout);
+  // The joined world is a static made before the backend started CUDA, so its destructor
+  // would run after CUDA's own teardown, and NCCL's shutdown then aborts the process
+  // ("driver shutting down"). Released at exit by a handler registered now, after CUDA
+  // started: handlers run in reverse order, so this one runs while CUDA is still there.
+  static std::once_flag release_at_exit;
+  std::call_once(release_at_exit, [] {
+    std::atexit([] {
+      std::lock_guard<std::mutex> lock(world_mutex());
+      joined() = JoinedWorld{};
+    });
+  });
   world.env = e;
   world.backend = kind;
   world.timeout = timeout;

@@ -238,7 +238,11 @@ baseline_compare() {
 # The suite last: the figures above come back even if the call's time runs out here.
 ctest_limit=100000
 [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && ctest_limit=$((GPU_DEADLINE_S - SECONDS - 10))
-[ "$tests" = 1 ] && [ "$ctest_limit" -gt 30 ] && step ctest timeout -k 5 "$ctest_limit" bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"DeepSpeed|AgreesWith|SingleRankOracle|Oracle_|TokenIdsEqual\""
+# Left out: the DeepSpeed comparisons and CPU oracles (CI runs them), and, with fewer GPUs than
+# their ranks, the multi-rank oracles that would put two NCCL ranks on one GPU.
+gpu_excluded="DeepSpeed|AgreesWith|SingleRankOracle|Oracle_|TokenIdsEqual"
+[ "$gpus" -lt 2 ] && gpu_excluded+="|Universal_|RecoveryScript|engine.Offload|pipe.Engine|pipe.DeadStage|pipe.Fp16|SecondInitialize|TrainGptFlags|TrainGptMonitors"
+[ "$tests" = 1 ] && [ "$ctest_limit" -gt 30 ] && step ctest timeout -k 5 "$ctest_limit" bash -c "cd build-cuda && ctest --output-on-failure -j 8 --timeout 300 -E \"$gpu_excluded\""
 echo "=== dscpp GPU run, $(date -u +%Y-%m-%dT%H:%MZ) ==="
 cat "$out/report.log" 2>/dev/null
 grep -E "tests passed|tests failed" "$out/ctest.log" 2>/dev/null

@@ -248,7 +248,11 @@ void train(TwoLayer& model, const json& cfg, int steps, const std::filesystem::p
   auto engine = dscpp::initialize(model, cfg);
   for (int s = 0; s < steps; ++s) {
     for (int m = 0; m < engine.gradient_accumulation_steps(); ++m) {
-      at::Tensor loss = engine.forward(at::randn({2, 4})).square().mean();
+      at::Tensor loss =
+          engine
+              .forward(at::randn({2, 4}, at::TensorOptions(engine.device()).dtype(engine.dtype())))
+              .square()
+              .mean();
       engine.backward(loss);
       engine.step();
     }
