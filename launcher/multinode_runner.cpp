@@ -128,8 +128,9 @@ void validate_runner(const RunnerInputs& in) {
 Argv node_launcher_flags(const RunnerInputs& in, const std::string& node_rank) {
   Argv flags = {"--world_info=" + in.world_info, "--node_rank=" + node_rank,
                 "--master_addr=" + in.master_addr, fmt::format("--master_port={}", in.master_port)};
-  if (in.no_local_rank) flags.push_back("--no_local_rank");
+  // DeepSpeed's PDSHRunner order (tests/launcher/compare_runners_with_deepspeed.py).
   if (in.no_python) flags.push_back("--no_python");
+  if (in.no_local_rank) flags.push_back("--no_local_rank");
   if (in.save_pid) flags.push_back(fmt::format("--save_pid={}", in.save_pid_owner));
   if (!in.each_rank_log.empty()) flags.push_back("--enable_each_rank_log=" + in.each_rank_log);
   if (in.bind_cores_to_rank) flags.push_back("--bind_cores_to_rank");
