@@ -10,10 +10,7 @@
 
 namespace dscpp::nn {
 
-namespace {
-
-// The module under `path` (dot-separated), made as an empty container where missing.
-torch::nn::Module& container(torch::nn::Module& root, const std::string& path) {
+torch::nn::Module& module_at(torch::nn::Module& root, const std::string& path) {
   torch::nn::Module* at = &root;
   size_t begin = 0;
   while (begin < path.size()) {
@@ -31,8 +28,6 @@ torch::nn::Module& container(torch::nn::Module& root, const std::string& path) {
   return *at;
 }
 
-}  // namespace
-
 LayerModuleImpl::LayerModuleImpl(const std::vector<LayerSpec>& specs) {
   layers_ = build_layers(specs);
   std::map<const torch::nn::Module*, std::string> registered;  // module -> its name
@@ -44,7 +39,7 @@ LayerModuleImpl::LayerModuleImpl(const std::vector<LayerSpec>& specs) {
     if (fresh) {
       const size_t dot = spec.name.rfind('.');
       torch::nn::Module& parent =
-          dot == std::string::npos ? *this : container(*this, spec.name.substr(0, dot));
+          dot == std::string::npos ? *this : module_at(*this, spec.name.substr(0, dot));
       parent.register_module(dot == std::string::npos ? spec.name : spec.name.substr(dot + 1),
                              module);
     }

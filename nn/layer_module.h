@@ -19,6 +19,10 @@
 
 namespace dscpp::nn {
 
+// The module under `path` (dot-separated) in root, made as an empty container where missing:
+// how a layer's whole-model name ("blocks.3") becomes nested children.
+torch::nn::Module& module_at(torch::nn::Module& root, const std::string& path);
+
 class LayerModuleImpl : public torch::nn::Module, public nn::Layered {
  public:
   explicit LayerModuleImpl(const std::vector<LayerSpec>& specs);

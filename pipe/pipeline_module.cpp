@@ -11,36 +11,18 @@
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/error.h"
 #include "dscpp/nn/activation_checkpointing.h"
+#include "dscpp/nn/layer_module.h"
 #include "dscpp/pipe/partition.h"
 
 namespace dscpp::pipe {
 
 namespace {
 
-// The module under `path` (dot-separated), made as an empty container where missing.
-torch::nn::Module& container(torch::nn::Module& root, const std::string& path) {
-  torch::nn::Module* at = &root;
-  size_t begin = 0;
-  while (begin < path.size()) {
-    size_t dot = path.find('.', begin);
-    if (dot == std::string::npos) dot = path.size();
-    const std::string part = path.substr(begin, dot - begin);
-    auto children = at->named_children();
-    if (auto* found = children.find(part)) {
-      at = found->get();
-    } else {
-      at = at->register_module(part, std::make_shared<torch::nn::Module>()).get();
-    }
-    begin = dot + 1;
-  }
-  return *at;
-}
-
 void register_at(torch::nn::Module& root, const std::string& name,
                  const std::shared_ptr<torch::nn::Module>& module) {
   const size_t dot = name.rfind('.');
   torch::nn::Module& parent =
-      dot == std::string::npos ? root : container(root, name.substr(0, dot));
+      dot == std::string::npos ? root : nn::module_at(root, name.substr(0, dot));
   parent.register_module(dot == std::string::npos ? name : name.substr(dot + 1), module);
 }
 
