@@ -262,6 +262,21 @@ class Adam final : public Algorithm {
     s.state["exp_avg_sq"] = at::zeros_like(s.param);
   }
 
+  // The fused kernels' arguments: the CUDA and the CPU kernel take the same fields.
+  template <typename Args>
+  Args kernel_args(const Shard& s, double lr, double b1, double b2, double eps, double wd) const {
+    Args a;
+    a.lr = lr;
+    a.beta1 = b1;
+    a.beta2 = b2;
+    a.eps = eps;
+    a.weight_decay = wd;
+    a.step = s.steps;
+    a.bias_correction = flag(s.hyper, "bias_correction");
+    a.adam_w_mode = decoupled_;
+    return a;
+  }
+
   void update(Shard& s, const at::Tensor& grad) override {
     const Hyper& h = s.hyper;
     const double lr = num(h, "lr"), b1 = beta(h, 0), b2 = beta(h, 1), eps = num(h, "eps");
@@ -272,15 +287,7 @@ class Adam final : public Algorithm {
 #ifdef DSCPP_CUDA
     // A shard on a GPU: the same arithmetic in one fused kernel (ops/fused_adam.cu).
     if (p.is_cuda()) {
-      ops::cuda::AdamArgs a;
-      a.lr = lr;
-      a.beta1 = b1;
-      a.beta2 = b2;
-      a.eps = eps;
-      a.weight_decay = wd;
-      a.step = s.steps;
-      a.bias_correction = flag(h, "bias_correction");
-      a.adam_w_mode = decoupled_;
+      auto a = kernel_args<ops::cuda::AdamArgs>(s, lr, b1, b2, eps, wd);
       if (grad_scale_) a.grad_scale = grad_scale_;
       if (param_copy_) a.param_copy = param_copy_;
       ops::cuda::fused_adam_step(p, grad.contiguous(), m, v, a);
@@ -288,16 +295,8 @@ class Adam final : public Algorithm {
     }
 #endif
     if (on_cpu_kernels()) {
-      ops::cpu::AdamArgs a;
-      a.lr = lr;
-      a.beta1 = b1;
-      a.beta2 = b2;
-      a.eps = eps;
-      a.weight_decay = wd;
-      a.step = s.steps;
-      a.bias_correction = flag(h, "bias_correction");
-      a.adam_w_mode = decoupled_;
-      ops::cpu::adam_step(cpu_tensors(p, grad), m, v, a);
+      ops::cpu::adam_step(cpu_tensors(p, grad), m, v,
+                          kernel_args<ops::cpu::AdamArgs>(s, lr, b1, b2, eps, wd));
       return;
     }
     at::Tensor g = grad;

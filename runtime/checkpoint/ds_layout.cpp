@@ -112,6 +112,20 @@ void make_tag_dir(const std::string& dir, const std::string& tag) {
   }
 }
 
+std::string resolve_model_states(const std::string& dir, std::string& tag) {
+  if (tag.empty()) {
+    auto latest = read_latest(dir);
+    if (!latest) throw CheckpointError("'" + dir + "' has no 'latest' file: pass a tag");
+    tag = *latest;
+  }
+  check_tag(tag);
+  const std::string path = model_states_path(dir, tag);
+  if (!std::filesystem::exists(path) &&
+      std::filesystem::exists(zero_model_states_path(dir, tag, 0)))
+    return zero_model_states_path(dir, tag, 0);
+  return path;
+}
+
 void check_tag(const std::string& tag) {
   if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
       tag.find('\0') != std::string::npos) {

@@ -37,6 +37,11 @@ void make_tag_dir(const std::string& dir, const std::string& tag);
 // A tag must name one folder: not empty, no '/', not "." or "..".
 void check_tag(const std::string& tag);
 
+// The model-states file a reader of a whole checkpoint opens: the tag ("" means the one
+// <dir>/latest names, which must exist; returned through `tag`) and its mp_rank_00 file, or
+// at stage 3, which writes one per rank instead, rank 0's. The file may still be missing.
+std::string resolve_model_states(const std::string& dir, std::string& tag);
+
 // Keys of the model-states file that are DeepSpeed's or ours, never the client's.
 const std::vector<std::string>& engine_state_keys();
 

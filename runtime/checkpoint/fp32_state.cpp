@@ -31,17 +31,7 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
                                                  const std::string& tag_in) {
   std::string tag = tag_in;
-  if (tag.empty()) {
-    auto latest = read_latest(dir);
-    if (!latest) throw CheckpointError("'" + dir + "' has no 'latest' file: pass a tag");
-    tag = *latest;
-  }
-  check_tag(tag);
-  std::string path = model_states_path(dir, tag);
-  // Stage 3 writes one model-states file per rank instead: rank 0's has what we need.
-  if (!std::filesystem::exists(path) &&
-      std::filesystem::exists(zero_model_states_path(dir, tag, 0)))
-    path = zero_model_states_path(dir, tag, 0);
+  const std::string path = resolve_model_states(dir, tag);
   PyValue model = load_torch_file(path);
   const PyValue& module = need(model, "module", path);
 

@@ -43,16 +43,7 @@ PyValue without(const PyValue& dict, const std::set<std::string>& drop) {
 UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
                                                    const std::string& tag_in) {
   std::string tag = tag_in;
-  if (tag.empty()) {
-    auto latest = read_latest(dir);
-    if (!latest) throw CheckpointError("'" + dir + "' has no 'latest' file: pass a tag");
-    tag = *latest;
-  }
-  check_tag(tag);
-  std::string path = model_states_path(dir, tag);
-  if (!std::filesystem::exists(path) &&
-      std::filesystem::exists(zero_model_states_path(dir, tag, 0)))
-    path = zero_model_states_path(dir, tag, 0);
+  const std::string path = resolve_model_states(dir, tag);
   if (!std::filesystem::exists(path))
     throw CheckpointError("'" + tag_dir(dir, tag) + "' has no model states file (expected " +
                           model_states_path(dir, tag) + ")");
