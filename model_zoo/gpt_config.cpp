@@ -72,6 +72,8 @@ GPTConfig GPTConfig::from_json(const json& j, bool strict) {
   c.bias_gelu_fusion = s.get_bool("bias_gelu_fusion", c.bias_gelu_fusion);
   c.cross_entropy_loss_fusion =
       s.get_bool("cross_entropy_loss_fusion", c.cross_entropy_loss_fusion);
+  if (const json* par = s.raw("parallelism"))
+    c.parallelism = ParallelismConfig::from_json(*par, s.path_of("parallelism"));
   s.finish();
   c.warnings = diag.warnings;
   c.validate();
@@ -106,7 +108,8 @@ json GPTConfig::to_json() const {
           {"gelu_approximation", gelu_approximation},
           {"checkpoint_activations", checkpoint_activations},
           {"bias_gelu_fusion", bias_gelu_fusion},
-          {"cross_entropy_loss_fusion", cross_entropy_loss_fusion}};
+          {"cross_entropy_loss_fusion", cross_entropy_loss_fusion},
+          {"parallelism", parallelism.to_json()}};
 }
 
 void GPTConfig::validate() const {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/model_zoo/parallelism_config.h"
+
 namespace dscpp::model_zoo {
 
 struct GPTConfig {
@@ -33,6 +35,8 @@ struct GPTConfig {
   // where no kernel applies). false: eager LibTorch ops, the reference.
   bool bias_gelu_fusion = true;
   bool cross_entropy_loss_fusion = true;
+  // The job's tensor, pipeline and data degrees (the `parallelism` object); all 1 when absent.
+  ParallelismConfig parallelism;
   std::vector<std::string> warnings;  // unknown keys, when read with strict = false
 
   // `strict` = false turns unknown keys into entries of `warnings` (for configs written for

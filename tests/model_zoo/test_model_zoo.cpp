@@ -227,6 +227,36 @@ TEST(GPTConfig, ErrorsNameTheKeyAndWhatWasExpected) {
   EXPECT_TRUE(has(e, "num_layers") && has(e, path)) << e;
 }
 
+TEST(GPTConfig, ParallelismDegreesAndTheWorldSizeArithmetic) {
+  auto has = [](const std::string& message, const std::string& part) {
+    return message.find(part) != std::string::npos;
+  };
+  json j = small_json();
+  EXPECT_FALSE(mz::GPTConfig::from_json(j).parallelism.any_model_parallelism());
+  j["parallelism"] = {{"tensor_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2}};
+  mz::GPTConfig c = mz::GPTConfig::from_json(j);
+  EXPECT_EQ(c.parallelism.resolve(8).data_parallel_size, 2);  // what remains of the world
+  EXPECT_EQ(mz::GPTConfig::from_json(c.to_json()).parallelism.to_json(), c.parallelism.to_json());
+  std::string e = config_error([&] { c.parallelism.resolve(6); });
+  EXPECT_TRUE(has(e, "2 x pipeline_model_parallel_size 2 = 4 does not divide the world size 6"))
+      << e;
+  j["parallelism"]["data_parallel_size"] = 4;
+  c = mz::GPTConfig::from_json(j);
+  e = config_error([&] { c.parallelism.resolve(8); });
+  EXPECT_TRUE(has(e, "data_parallel_size 4 = 16, but the job has 8 ranks")) << e;
+  EXPECT_EQ(c.parallelism.resolve(16).data_parallel_size, 4);
+  j["parallelism"] = {{"tensor_model_paralel_size", 2}};
+  e = config_error([&] { mz::GPTConfig::from_json(j); });
+  EXPECT_TRUE(has(e, "parallelism.tensor_model_paralel_size")) << e;
+  j["parallelism"] = {{"sequence_parallel", true}};
+  e = config_error([&] { mz::GPTConfig::from_json(j); });
+  EXPECT_TRUE(has(e, "parallelism.sequence_parallel") && has(e, "tensor_model_parallel_size > 1"))
+      << e;
+  j["parallelism"] = 2;
+  e = config_error([&] { mz::GPTConfig::from_json(j); });
+  EXPECT_TRUE(has(e, "parallelism") && has(e, "expected an object")) << e;
+}
+
 TEST(GPTConfig, ShippedConfigsHaveThePublishedShapes) {
   mz::GPTConfig tiny = mz::GPTConfig::from_file(shipped("gpt_tiny.json"));
   EXPECT_EQ(tiny.vocab_size, 50304);

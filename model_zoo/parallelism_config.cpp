@@ -1,0 +1,63 @@
+// ParallelismConfig: reading and the world-size arithmetic.
+#include "dscpp/model_zoo/parallelism_config.h"
+
+#include <fmt/format.h>
+
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/section.h"
+
+namespace dscpp::model_zoo {
+
+ParallelismConfig ParallelismConfig::from_json(const nlohmann::json& j, const std::string& path) {
+  if (!j.is_object())
+    throw ConfigError(path,
+                      "expected an object with tensor_model_parallel_size, "
+                      "pipeline_model_parallel_size, data_parallel_size, found " +
+                          config::show_value(j));
+  config::Diagnostics diag;
+  diag.strict = true;
+  config::Section s(&j, path, &diag);
+  ParallelismConfig c;
+  c.tensor_model_parallel_size = s.get_int("tensor_model_parallel_size", 1, 1);
+  c.pipeline_model_parallel_size = s.get_int("pipeline_model_parallel_size", 1, 1);
+  c.data_parallel_size = s.get_int("data_parallel_size", 0, 0);
+  c.sequence_parallel = s.get_bool("sequence_parallel", false);
+  s.finish();
+  if (c.sequence_parallel && c.tensor_model_parallel_size == 1)
+    throw ConfigError(path + ".sequence_parallel",
+                      "sequence parallelism splits the sequence across the tensor-parallel "
+                      "ranks: it needs tensor_model_parallel_size > 1, found 1");
+  return c;
+}
+
+nlohmann::json ParallelismConfig::to_json() const {
+  nlohmann::json j = {{"tensor_model_parallel_size", tensor_model_parallel_size},
+                      {"pipeline_model_parallel_size", pipeline_model_parallel_size},
+                      {"sequence_parallel", sequence_parallel}};
+  if (data_parallel_size > 0) j["data_parallel_size"] = data_parallel_size;
+  return j;
+}
+
+ParallelismConfig ParallelismConfig::resolve(int64_t world_size) const {
+  const int64_t model = tensor_model_parallel_size * pipeline_model_parallel_size;
+  ParallelismConfig r = *this;
+  if (data_parallel_size == 0) {
+    if (world_size % model != 0)
+      throw ConfigError(
+          "parallelism",
+          fmt::format("tensor_model_parallel_size {} x pipeline_model_parallel_size {} = {} "
+                      "does not divide the world size {}",
+                      tensor_model_parallel_size, pipeline_model_parallel_size, model, world_size));
+    r.data_parallel_size = world_size / model;
+  } else if (model * data_parallel_size != world_size) {
+    throw ConfigError(
+        "parallelism",
+        fmt::format("tensor_model_parallel_size {} x pipeline_model_parallel_size {} x "
+                    "data_parallel_size {} = {}, but the job has {} ranks",
+                    tensor_model_parallel_size, pipeline_model_parallel_size, data_parallel_size,
+                    model * data_parallel_size, world_size));
+  }
+  return r;
+}
+
+}  // namespace dscpp::model_zoo

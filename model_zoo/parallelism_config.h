@@ -1,0 +1,30 @@
+// ParallelismConfig: the model config's `parallelism` object (the seed's and Megatron's names)
+// giving the tensor, pipeline and data degrees of a job. The data degree may be left out (or
+// 0): it is what remains of the world. resolve() checks the three against the world size and
+// names the arithmetic when they disagree.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace dscpp::model_zoo {
+
+struct ParallelismConfig {
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t data_parallel_size = 0;  // 0: world / (tensor * pipeline)
+  bool sequence_parallel = false;  // Korthikanti et al.; needs tensor_model_parallel_size > 1
+
+  // `j` is the `parallelism` object; `path` names it in errors ("parallelism").
+  static ParallelismConfig from_json(const nlohmann::json& j, const std::string& path);
+  nlohmann::json to_json() const;
+  // The degrees with the data degree filled in for `world_size` ranks; a ConfigError that
+  // shows the arithmetic when tensor * pipeline * data is not the world size.
+  ParallelismConfig resolve(int64_t world_size) const;
+  bool any_model_parallelism() const {
+    return tensor_model_parallel_size > 1 || pipeline_model_parallel_size > 1;
+  }
+};
+
+}  // namespace dscpp::model_zoo
