@@ -15,5 +15,5 @@ else
 fi
 cd build
 # Matrices that repeat a default test at every size run on request (ctest -L pipe_matrix,
-# -L offload_matrix); their covering sets run here.
+# -L offload_matrix, -L cpu_optim_matrix); their covering sets run here.
 ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-2}" -LE "${DSCPP_TEST_EXCLUDE_LABELS:-_matrix}"

@@ -117,8 +117,11 @@ TEST_P(BucketOrder, FirstBackwardReLaysBucketsAndTrainingMatchesSgd) {
   }
   EXPECT_EQ(run.issued.back(), 1);
   auto want = reference(accumulation, steps, inputs);
+  // A few float32 roundings apart (the bucket sums a step's micro-batches in its own order;
+  // CPUs of another vector width round the products differently): 1e-5 sits far below what a
+  // gradient lost or counted twice over the re-lay would move (0.1 at this learning rate).
   for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_TRUE(at::allclose(run.final_params[i], want[i], 1e-6, 1e-6))
+    EXPECT_TRUE(at::allclose(run.final_params[i], want[i], 1e-5, 1e-5))
         << "stage " << stage << " parameter " << i << ": max difference "
         << (run.final_params[i] - want[i]).abs().max().item<float>() << "\n"
         << run.final_params[i] << "\n"
