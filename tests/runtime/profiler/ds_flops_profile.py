@@ -117,6 +117,7 @@ def main():
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
         engine.backward(loss)
         engine.step()
+    torch.distributed.destroy_process_group()  # before exit, see tests/runtime/engine/ds_train.py
 
 
 if __name__ == "__main__":
