@@ -237,6 +237,9 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
     result["losses"].push_back(loss.item<double>());
     result["grad_norms"].push_back(engine.get_global_grad_norm());
   }
+  // save_at == steps: the final weights, those eval_batch sees below.
+  if (c.contains("save_dir") && c["save_at"].get<int>() == steps)
+    engine.save_checkpoint(c["save_dir"].get<std::string>());
   {
     int64_t j = 0;
     dscpp::pipe::DataIter it = [&]() {
