@@ -14,7 +14,8 @@ processes through the launcher), global batch 16, STEPS steps:
   pipelines continue as the one-rank engine does (relative 1e-6), and all of them as the
   uninterrupted run (1e-5);
 - zero_to_fp32 consolidates the pipeline checkpoint into the one-rank model's state dict: equal
-  to the weights the one-rank engine holds right after loading it, bit for bit;
+  to the weights the one-rank engine holds right after loading it, bit for bit; the folder's
+  zero_to_fp32.py (Python, torch only) writes the same keys and values;
 - refusals: a missing layer file and a layer file of another run (the same name, from another
   checkpoint) are refused, the message naming the file.
 By default a covering set (under ~40 s on two cores); --full (ctest label pipe_matrix) every
@@ -132,13 +133,27 @@ def check_model(args, L, work, model):
     for world, combos in sorted(by_world.items()):
         L.pipe(world, [case("save_" + name(*c), *c, save_dir=os.path.join(work, "ck_" + name(*c)),
                             save_at=SAVE_AT) for c in combos])
+    stages = [1] if not args.full else [0, 1, 2]
+
+    def targets_of(z):
+        """The layouts a 2 x 2 checkpoint of ZeRO stage z is loaded on, with their world sizes."""
+        t = [((4, 1, 4, 1, z), 4), ((1, 2, 2, 1, 2 if z == 1 else z), 2)]
+        return t + ([((4, 1, 4, 2, z), 4), ((2, 1, 4, 1, z), 2)] if args.full else [])
+
+    # Layout loads of a checkpoint step 1 wrote ride in step 2's launches (fewer launches).
+    early = {}
+    for z in stages:
+        if (2, 2, 2, 1, z) in resume:
+            for t, world in targets_of(z):
+                early.setdefault(world, []).append(
+                    case(f"layout_{name(*t)}_from_z{z}", *t, load_dir=os.path.join(work, "ck_" + name(2, 2, 2, 1, z))))
     # 2. Fresh jobs load and train on: the same losses and weights, bit for bit.
     for world, combos in sorted(by_world.items()):
         # The first of them saves again, 2 steps later: the refusals' layer file of another run.
         L.pipe(world, [case("load_" + name(*c), *c, load_dir=os.path.join(work, "ck_" + name(*c)),
                             **({"save_dir": os.path.join(work, "ck_later"), "save_at": SAVE_AT + 2}
                                if c == resume[0] else {}))
-                       for c in combos])
+                       for c in combos] + early.pop(world, []))
         for c in combos:
             first_losses, first_params = merged(out, "save_" + name(*c), c[0])
             losses, params = merged(out, "load_" + name(*c), c[0])
@@ -151,7 +166,9 @@ def check_model(args, L, work, model):
             verdict(f"resume {name(*c)} (bit-exact)", errors)
 
     # 3. Another layout: saved on 2 x 2, loaded on 4 x 1, 1 x 2 and one rank without a pipeline.
-    stages = [1] if not args.full else [0, 1, 2]
+    launched = {c["name"] for cases in early.values() for c in cases}
+    for world, cases in early.items():  # worlds step 2 did not launch
+        L.pipe(world, cases)
     for z in stages:
         src = (2, 2, 2, 1, z)
         ck = os.path.join(work, "ck_" + name(*src))
@@ -160,11 +177,10 @@ def check_model(args, L, work, model):
         L.single(case(f"single_z{z}", 1, 1, 1, 1, 0, load_dir=ck))
         with open(os.path.join(out, f"single_z{z}.json")) as f:
             one = json.load(f)
-        targets = [((4, 1, 4, 1, z), 4), ((1, 2, 2, 1, 2 if z == 1 else z), 2)]
-        if args.full:
-            targets += [((4, 1, 4, 2, z), 4), ((2, 1, 4, 1, z), 2)]
+        targets = targets_of(z)
         for t, world in targets:
-            L.pipe(world, [case(f"layout_{name(*t)}_from_z{z}", *t, load_dir=ck)])
+            if f"layout_{name(*t)}_from_z{z}" not in launched:
+                L.pipe(world, [case(f"layout_{name(*t)}_from_z{z}", *t, load_dir=ck)])
         full_losses, full_params = merged(out, "save_" + name(*src), 2)
         errors = []
         if one["start"] != SAVE_AT:
@@ -197,6 +213,13 @@ def check_model(args, L, work, model):
             if k in sd and sd[k].dtype == torch.float32 and sd[k].flatten().double().tolist() != v:
                 errors.append(f"{k} differs")
         verdict(f"zero_to_fp32 of 2x2 z{z} = the one-rank model's weights", errors)
+        # The script the save put beside `latest` (Python and torch only) writes the same.
+        script_out = os.path.join(work, f"script_z{z}.pt")
+        run([sys.executable, os.path.join(ck, "zero_to_fp32.py"), ck, script_out])
+        theirs = torch.load(script_out, weights_only=True)
+        errors = [] if list(theirs) == list(sd) and all(torch.equal(theirs[k], sd[k]) for k in sd) else [
+            f"keys or values differ from tools/zero_to_fp32's ({len(theirs)} and {len(sd)} tensors)"]
+        verdict(f"the folder's zero_to_fp32.py on 2x2 z{z} = tools/zero_to_fp32", errors)
 
     # 5. Refusals, naming the file: a missing layer file, a layer file of another run.
     good = os.path.join(work, "ck_" + name(2, 2, 2, 1, 1))
