@@ -81,6 +81,7 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
                   return out;
                 });
   tied_ = std::make_unique<TiedGrads>(module_, core_->zero_optimizer());
+  core_->set_checkpoint_layout(checkpoint_layout());
 }
 
 PipelineEngine::~PipelineEngine() = default;

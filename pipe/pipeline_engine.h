@@ -55,6 +55,20 @@ class PipelineEngine {
   EvalResult eval_batch(const DataIter& data_iter, bool compute_loss = true,
                         const std::string& reduce_output = "avg", bool return_logits = false);
 
+  // DeepSpeed's PipelineEngine checkpoints (pipe/pipeline_checkpoint.cpp), collective over
+  // every stage: layer_XX-model_states.pt per layer (data rank 0 of its stage), each stage's
+  // mp_rank_<stage>_model_states.pt, the ZeRO partitions zero_pp_rank_D_mp_rank_<stage>, then
+  // `latest`, each file renamed into place when complete. A load reads the whole checkpoint
+  // and takes this rank's part, so it may have been saved on other numbers of stages and data
+  // ranks and ZeRO stages 0-2 (the non-pipeline engine on the whole model loads one too);
+  // load_checkpoint's switches are the plain engine's (LoadCheckpointOptions), strict.
+  void save_checkpoint(const std::string& save_dir, const std::string& tag = "",
+                       const checkpoint::PyValue& client_state = checkpoint::PyValue::dict());
+  LoadCheckpointResult load_checkpoint(const std::string& load_dir, const std::string& tag = "",
+                                       bool load_optimizer_states = true,
+                                       bool load_lr_scheduler_states = true,
+                                       bool load_module_only = false);
+
   // Refused, as DeepSpeed's PipelineEngine does: a pipeline runs them inside train_batch.
   [[noreturn]] void forward();
   [[noreturn]] void backward();
@@ -104,6 +118,8 @@ class PipelineEngine {
   bool first_virtual(int chunk) const;
   Activation& slot(std::map<int, Slots>& slots, int chunk, int buffer, const ActivationMeta& meta,
                    bool grads_only);
+  // The file layout save_checkpoint and load_checkpoint use (pipeline_checkpoint.cpp).
+  CheckpointLayout checkpoint_layout();
   // The mean of `values` over data ranks, then from the last stage to all.
   at::Tensor share_from_last(at::Tensor values);
 

@@ -163,7 +163,8 @@ const std::vector<std::string>& engine_state_keys() {
                                                 "dscpp_rank",
                                                 "dscpp_world_size",
                                                 "dscpp_global_steps",
-                                                "universal_checkpoint_info"};
+                                                "universal_checkpoint_info",
+                                                "dscpp_pipe"};
   return keys;
 }
 

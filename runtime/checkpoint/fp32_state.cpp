@@ -8,6 +8,7 @@
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 
 namespace dscpp::checkpoint {
@@ -33,6 +34,21 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
   std::string tag = tag_in;
   const std::string path = resolve_model_states(dir, tag);
   PyValue model = load_torch_file(path);
+  if (is_pipe_checkpoint(model)) {
+    // The layer files give the whole module; the trainable parameters' fp32 values come from
+    // their stages' partitions (or, at stage 0, are the layer files' own).
+    const PipeCheckpoint ck = read_pipe_checkpoint(dir, tag);
+    std::map<std::string, at::Tensor> trained;
+    for (const auto& p : ck.params) trained[p.name] = p.fp32;
+    PyValue out = PyValue::ordered_dict();
+    for (size_t i = 0; i < ck.module.size(); ++i) {
+      const std::string& name = ck.module.keys()[i].as_string();
+      auto it = trained.find(name);
+      const at::Tensor& t = it != trained.end() ? it->second : ck.module.values()[i].as_tensor();
+      out.set(PyValue(name), PyValue(t.is_floating_point() ? t.to(at::kFloat) : t));
+    }
+    return out;
+  }
   const PyValue& module = need(model, "module", path);
 
   // The trainable parameters' fp32 values, by name.

@@ -1,7 +1,9 @@
 // DeepSpeed's zero_to_fp32 (get_fp32_state_dict_from_zero_checkpoint) for checkpoints of
 // stages 0-2, written by dscpp or by DeepSpeed: the full fp32 weights, consolidated from every
 // rank's partition, under the module's state_dict names (shared parameters under each of
-// their names, buffers as float). Reads only files; no process group, no model needed.
+// their names, buffers as float). A pipeline checkpoint (pipe_checkpoint.h) gives the whole
+// model's, from every stage's layer files and partitions. Reads only files; no process group,
+// no model needed.
 #pragma once
 
 #include <string>

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <functional>
 #include <set>
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
@@ -40,19 +41,14 @@ PyValue without(const PyValue& dict, const std::set<std::string>& drop) {
 
 }  // namespace
 
-UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
-                                                   const std::string& tag_in) {
-  std::string tag = tag_in;
-  const std::string path = resolve_model_states(dir, tag);
-  if (!std::filesystem::exists(path))
-    throw CheckpointError("'" + tag_dir(dir, tag) + "' has no model states file (expected " +
-                          model_states_path(dir, tag) + ")");
-  UniversalCheckpoint ck;
-  ck.model = load_torch_file(path);
-  const PyValue& module = need(ck.model, "module", path);
-
+std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::string& path,
+                                               const PyValue& module,
+                                               const std::function<std::string(int)>& zero_file,
+                                               PyValue* optimizer_state) {
+  std::vector<UniversalParam> params;
+  PyValue settings;
   // The trainable parameters in ZeRO's (registration) order: param_shapes, one group.
-  const PyValue& shapes_v = need(ck.model, "param_shapes", path);
+  const PyValue& shapes_v = need(model, "param_shapes", path);
   if (!shapes_v.is_list() || shapes_v.size() != 1)
     throw CheckpointError("'" + path +
                           "': param_shapes is not one group's (a checkpoint of "
@@ -66,14 +62,14 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
     dims.push_back(shapes.values()[i].as_ints());
     numels.push_back(numel_of(dims.back()));
   }
-  ck.params.resize(names.size());
+  params.resize(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
-    ck.params[i].name = names[i];
+    params[i].name = names[i];
     // Whole on every rank: tensor parallelism, when it comes, fills partition_dim and sizes.
-    ck.params[i].partition = ParamPartition::whole(dims[i]);
+    params[i].partition = ParamPartition::whole(dims[i]);
   }
 
-  const PyValue& optimizer = need(ck.model, "optimizer", path);
+  const PyValue& optimizer = need(model, "optimizer", path);
   if (!optimizer.is_none()) {
     // Stage 0: torch.optim's per-parameter state; fp32 weights beside it under 16-bit.
     // The message's text named first: g++ 13 takes a reference returned by a call with a
@@ -82,7 +78,7 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
     const PyValue& state = need(optimizer, "state", where);
     const PyValue* fp32 = optimizer.find(PyValue("dscpp_fp32_params"));
     for (size_t i = 0; i < names.size(); ++i) {
-      UniversalParam& p = ck.params[i];
+      UniversalParam& p = params[i];
       if (fp32) {
         p.fp32 = fp32->items().at(i).as_tensor().to(at::kFloat).reshape(dims[i]);
       } else {
@@ -99,24 +95,24 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
           p.states[key] = v.as_tensor().to(at::kFloat).reshape(dims[i]);
       }
     }
-    ck.optimizer_state = PyValue::dict();
-    ck.optimizer_state.set("param_groups", need(optimizer, "param_groups", path + ": optimizer"));
-    ck.optimizer_state.set("zero_stage", PyValue(0));
-    const PyValue* cfg = ck.model.find(PyValue("ds_config"));
+    settings = PyValue::dict();
+    settings.set("param_groups", need(optimizer, "param_groups", path + ": optimizer"));
+    settings.set("zero_stage", PyValue(0));
+    const PyValue* cfg = model.find(PyValue("ds_config"));
     const PyValue* clip = cfg && cfg->is_dict() ? cfg->find(PyValue("gradient_clipping")) : nullptr;
-    ck.optimizer_state.set("clip_grad", clip ? PyValue(clip->as_double()) : PyValue(0.0));
-    ck.optimizer_state.set("dynamic_loss_scale", PyValue(false));
-    ck.optimizer_state.set("overflow", PyValue(false));
-    ck.optimizer_state.set("ds_version", need(ck.model, "ds_version", path));
+    settings.set("clip_grad", clip ? PyValue(clip->as_double()) : PyValue(0.0));
+    settings.set("dynamic_loss_scale", PyValue(false));
+    settings.set("overflow", PyValue(false));
+    settings.set("ds_version", need(model, "ds_version", path));
   } else {
-    const int world = static_cast<int>(need(ck.model, "dp_world_size", path).as_int());
+    const int world = static_cast<int>(need(model, "dp_world_size", path).as_int());
     if (world < 1) throw CheckpointError("'" + path + "': dp_world_size < 1");
-    const SaveBinding binding = read_binding(ck.model, path);
+    const SaveBinding binding = read_binding(model, path);
     std::vector<at::Tensor> fp32(names.size());
     std::map<std::string, std::vector<at::Tensor>> states;
     for (size_t i = 0; i < names.size(); ++i) fp32[i] = at::zeros({numels[i]}, at::kFloat);
     for (int r = 0; r < world; ++r) {
-      const std::string zpath = find_zero_states(dir, tag, r);
+      const std::string zpath = zero_file(r);
       PyValue z = load_torch_file(zpath);
       check_partition_binding(binding, path, read_binding(z, zpath), zpath, r);
       const PyValue& osd = need(z, "optimizer_state_dict", zpath);
@@ -153,15 +149,15 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
         std::set<std::string> drop = {"base_optimizer_state", "single_partition_of_fp32_groups",
                                       "fp32_flat_groups", "optimizer_state_dict",
                                       "param_slice_mappings"};
-        ck.optimizer_state = without(osd, drop);
-        ck.optimizer_state.set("param_groups", need(base, "param_groups", zpath));
+        settings = without(osd, drop);
+        settings.set("param_groups", need(base, "param_groups", zpath));
       }
       if (!entry) continue;  // never stepped: no state
       for (size_t k = 0; k < entry->size(); ++k) {
         const std::string key = entry->keys()[k].as_string();
         const PyValue& v = entry->values()[k];
         if (key == "step") {
-          for (auto& p : ck.params) p.step = v;
+          for (auto& p : params) p.step = v;
           continue;
         }
         if (!v.is_tensor()) continue;
@@ -172,10 +168,28 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
       }
     }
     for (size_t i = 0; i < names.size(); ++i) {
-      ck.params[i].fp32 = fp32[i].view(dims[i]);
-      for (auto& [key, per_param] : states) ck.params[i].states[key] = per_param[i].view(dims[i]);
+      params[i].fp32 = fp32[i].view(dims[i]);
+      for (auto& [key, per_param] : states) params[i].states[key] = per_param[i].view(dims[i]);
     }
   }
+
+  if (optimizer_state) *optimizer_state = std::move(settings);
+  return params;
+}
+
+UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
+                                                   const std::string& tag_in) {
+  std::string tag = tag_in;
+  const std::string path = resolve_model_states(dir, tag);
+  if (!std::filesystem::exists(path))
+    throw CheckpointError("'" + tag_dir(dir, tag) + "' has no model states file (expected " +
+                          model_states_path(dir, tag) + ")");
+  UniversalCheckpoint ck;
+  ck.model = load_torch_file(path);
+  const PyValue& module = need(ck.model, "module", path);
+  ck.params = consolidate_params(
+      ck.model, path, module, [&](int r) { return find_zero_states(dir, tag, r); },
+      &ck.optimizer_state);
 
   // The model states: a whole module (stage 3's holds no partitioned parameter), and
   // DeepSpeed's universal_checkpoint_info.

@@ -4,7 +4,9 @@
 // torch.load(weights_only=True) refuses and that we do not write). Reads files only.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "dscpp/runtime/checkpoint/universal.h"
 
@@ -14,6 +16,16 @@ namespace dscpp::checkpoint {
 // states are consolidated from every rank's partition; the model states are the checkpoint's
 // (rank 0's at stage 3, its module then filled with the consolidated weights), with
 // universal_checkpoint_info added. Throws CheckpointError naming the file.
+// The trainable parameters of one model-states file `model` (read from `path`), in its
+// param_shapes' order, each whole: the fp32 weights and optimizer states gathered from its ZeRO
+// partition files (zero_file(r): data rank r's, r < dp_world_size), or at stage 0 from its
+// optimizer state (weights: dscpp_fp32_params, else module[name]). optimizer_state, when given,
+// receives the optimizer's settings (what zero/optimizer_state.pt holds).
+std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::string& path,
+                                               const PyValue& module,
+                                               const std::function<std::string(int)>& zero_file,
+                                               PyValue* optimizer_state = nullptr);
+
 UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
                                                    const std::string& tag = "");
 

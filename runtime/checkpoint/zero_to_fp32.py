@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Consolidates a dscpp checkpoint into one fp32 state_dict, as DeepSpeed's zero_to_fp32.py
 does for DeepSpeed's. dscpp writes this script into every checkpoint folder it saves to; it
-needs only torch (no dscpp, no DeepSpeed) and reads ZeRO stages 0-3 of any number of ranks.
+needs only torch (no dscpp, no DeepSpeed) and reads ZeRO stages 0-3 of any number of ranks, and
+pipeline checkpoints (layer files and one model-states file per stage) of any layout.
 
     python zero_to_fp32.py CHECKPOINT_DIR OUTPUT [-t TAG]
 
@@ -42,16 +43,9 @@ def _check_binding(model, model_path, part, part_path, rank):
                              f"partition) needs {want!r}: its files are not of one save")
 
 
-def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
-    if tag is None:
-        with open(os.path.join(checkpoint_dir, "latest")) as f:
-            tag = f.read().strip()
-    folder = os.path.join(checkpoint_dir, tag)
-    model_path = os.path.join(folder, "mp_rank_00_model_states.pt")
-    if not os.path.isfile(model_path):  # stage 3: rank 0's model states
-        model_path = os.path.join(folder, "zero_pp_rank_0_mp_rank_00_model_states.pt")
-    model = _load(model_path)
-    module = model["module"]
+def _trainable_fp32(model, model_path, folder, zero_file):
+    """The fp32 values of one model-states file's trainable parameters (param_shapes), from its
+    partitions (zero_file(r): rank r's) or, at stage 0, its dscpp_fp32_params (none: {})."""
     groups = model["param_shapes"]
     fp32 = {}
     if model["optimizer"] is not None:
@@ -65,7 +59,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
         world = model["dp_world_size"]
         parts = []
         for r in range(world):
-            path = _zero_file(folder, r)
+            path = zero_file(r)
             f = _load(path)
             _check_binding(model, model_path, f, path, r)
             parts.append(f["optimizer_state_dict"])
@@ -94,7 +88,55 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
                                          "fewer than param_shapes needs")
                     fp32[name] = flat[at:at + n].view(shape).clone()
                     at += n + pad
+    return fp32
 
+
+def _pipe_state_dict(folder, model0_path, model0):
+    """A pipeline checkpoint (dscpp's pipe/pipeline_checkpoint.cpp): the module from every
+    stage's layer files (by layer index, a tied module's first file), the trainable parameters
+    from each stage's partitions (zero_pp_rank_D_mp_rank_<stage>)."""
+    stages = model0["dscpp_pipe"]["stages"]
+    models, layers = [], []
+    for s in range(stages):
+        path = os.path.join(folder, f"mp_rank_{s:02d}_model_states.pt")
+        m = model0 if s == 0 else _load(path)
+        if m.get("dscpp_save_id") != model0.get("dscpp_save_id"):
+            raise ValueError(f"'{path}' and '{model0_path}' are not of one save")
+        models.append((path, m))
+        layers += m["dscpp_pipe"]["layers"]
+    module = collections.OrderedDict()
+    for layer in sorted(layers, key=lambda e: e["index"]):
+        for key, t in _load(os.path.join(folder, layer["file"])).items():
+            module.setdefault(layer["prefix"] + "." + key, t)
+    fp32 = {}
+    for s, (path, m) in enumerate(models):
+        def zero_file(r, s=s):
+            for prefix in ("", "bf16_"):
+                p = os.path.join(folder, f"{prefix}zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt")
+                if os.path.isfile(p):
+                    return p
+            raise FileNotFoundError(f"'{folder}' has no ZeRO partition file of stage {s}, rank {r}")
+        for name, t in _trainable_fp32(m, path, folder, zero_file).items():
+            fp32.setdefault(name, t)
+    return collections.OrderedDict(
+        (name, fp32[name] if name in fp32 else (t.float() if t.is_floating_point() else t))
+        for name, t in module.items())
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
+    if tag is None:
+        with open(os.path.join(checkpoint_dir, "latest")) as f:
+            tag = f.read().strip()
+    folder = os.path.join(checkpoint_dir, tag)
+    model_path = os.path.join(folder, "mp_rank_00_model_states.pt")
+    if not os.path.isfile(model_path):  # stage 3: rank 0's model states
+        model_path = os.path.join(folder, "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    model = _load(model_path)
+    if "dscpp_pipe" in model:
+        return _pipe_state_dict(folder, model_path, model)
+    module = model["module"]
+    groups = model["param_shapes"]
+    fp32 = _trainable_fp32(model, model_path, folder, lambda r: _zero_file(folder, r))
     out = collections.OrderedDict()
     if fp32 and next(iter(fp32)) not in module:  # stage 3: no partitioned parameter in module
         for shapes in groups:

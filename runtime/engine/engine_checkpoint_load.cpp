@@ -16,6 +16,7 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
@@ -291,6 +292,21 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
   if (step >= 0) zero_->set_step_count(step);
 }
 
+void EngineCore::load_engine_counters(const PyValue& model, const std::string& path,
+                                      const LoadCheckpointOptions& options) {
+  const PyValue& sched = need(model, "lr_scheduler", path);
+  if (options.load_lr_scheduler_states && scheduler_ && !sched.is_none())
+    scheduler_->load_state_dict(sched.to_json());
+  global_steps_ = need(model, "global_steps", path).as_int();
+  const PyValue* samples = model.find(PyValue("global_samples"));
+  global_samples_ = samples ? samples->as_int() : global_steps_ * config_.train_batch_size;
+  skipped_steps_ = need(model, "skipped_steps", path).as_int();
+  const PyValue* micro = model.find(PyValue("dscpp_micro_steps"));
+  micro_steps_ = micro ? micro->as_int() : global_steps_ * config_.gradient_accumulation_steps;
+  if (const PyValue* ls = model.find(PyValue("dscpp_loss_scaler")))
+    scaler_->load_state_dict(ls->to_json());
+}
+
 bool EngineCore::latest_tag(const std::string& load_dir, std::string* tag) {
   std::string error;
   bool found = false;
@@ -307,7 +323,7 @@ bool EngineCore::latest_tag(const std::string& load_dir, std::string* tag) {
           "checkpoint.load_universal is set, but '" +
           (std::filesystem::path(load_dir) / checkpoint::kLatestUniversal).string() +
           "' does not exist (tools/to_universal or DeepSpeed's ds_to_universal writes it)");
-    } else if (group_->rank() == 0) {
+    } else if (ckpt_group().rank() == 0) {
       // DeepSpeed's engine warns so, and returns (None, None): nothing is loaded.
       std::cerr << "dscpp: warning: Unable to find latest file at "
                 << (std::filesystem::path(load_dir) / "latest").string()
@@ -318,16 +334,17 @@ bool EngineCore::latest_tag(const std::string& load_dir, std::string* tag) {
     error = fmt::format("load_checkpoint (rank {}): {}", group_->rank(), e.what());
   }
   agree(error, "load_checkpoint");
-  if (group_->size() > 1) {
+  comm::ProcessGroup& g = ckpt_group();
+  if (g.size() > 1) {
     // Every rank loads, or none does: a `latest` that some ranks see and others not is wrong.
     at::Tensor n =
         at::full({1}, found ? 1.0f : 0.0f, at::TensorOptions().dtype(at::kFloat).device(device_));
-    group_->all_reduce(n).wait();
+    g.all_reduce(n).wait();
     const float seen = n.item<float>();
-    if (seen > 0 && seen < static_cast<float>(group_->size()))
+    if (seen > 0 && seen < static_cast<float>(g.size()))
       throw CheckpointError(fmt::format(
           "load_checkpoint: '{}' has a 'latest' file that {} of {} ranks see (rank {} {})",
-          load_dir, seen, group_->size(), group_->rank(), found ? "does" : "does not"));
+          load_dir, seen, g.size(), g.rank(), found ? "does" : "does not"));
   }
   return found;
 }
@@ -357,74 +374,71 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     result.path = checkpoint::tag_dir(load_dir, tag);
     // A universal checkpoint holds whole tensors (zero/<name>/): any stage, any ranks.
     const bool universal = config_.checkpoint.load_universal;
-
-    // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0.
-    int saved_stage = 0;
-    if (const PyValue* s = model.find(PyValue("dscpp_zero_stage"))) {
-      saved_stage = static_cast<int>(s->as_int());
-    } else if (need(model, "optimizer", path).is_none()) {
-      saved_stage = -1;  // 1 or 2: the ZeRO files tell
-    }
-    if (!universal && !options.load_module_only && saved_stage >= 0 &&
-        saved_stage != zero_->stage() && (saved_stage == 0 || zero_->stage() == 0))
-      throw CheckpointError(
-          fmt::format("'{}' is a ZeRO stage {} checkpoint; this engine runs stage {}", path,
-                      saved_stage, zero_->stage()));
-    if (!universal && !options.load_module_only && saved_stage == -1 && zero_->stage() == 0)
-      throw CheckpointError("'" + path +
-                            "' is a ZeRO stage 1-2 checkpoint; this engine runs stage 0");
-
-    if (universal) {
-      // As DeepSpeed: the weights come from zero/ (the module is not read), the buffers,
-      // which zero/ does not hold, from the model states where they are.
-      engine_checkpoint::load_universal_partition(
-          *zero_, param_names_, result.path,
-          options.load_optimizer_states && !options.load_module_only);
-      const PyValue* module = model.find(PyValue("module"));
-      for (const auto& [name, b] : named_buffers_()) {
-        const PyValue* v = module && module->is_dict() ? module->find(PyValue(name)) : nullptr;
-        if (v && v->is_tensor() && v->as_tensor().sizes() == b.sizes()) b.copy_(v->as_tensor());
-      }
-    }
-    const bool other_params = !universal && load_module(model, path, options, result);
-    if (options.load_module_only) {
-      if (!universal) zero_->refresh_master_from_params();
+    // A pipeline checkpoint (layer files, one model-states file per stage) is read whole and
+    // this engine's part taken from it, onto any layout.
+    if (!universal && checkpoint::is_pipe_checkpoint(model)) {
+      load_pipe_checkpoint(load_dir, tag, model, path, options, result, rng);
     } else {
-      if (universal) {
-        // loaded above
-      } else if (other_params) {  // its partitions hold other parameters: the module's stand
-        zero_->refresh_master_from_params();
-      } else if (zero_->stage() == 0) {
-        load_stage0_optimizer(model, path, options.load_optimizer_states);
-      } else {
-        load_zero_partitions(load_dir, tag, model, path, options.load_optimizer_states);
+      // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0.
+      int saved_stage = 0;
+      if (const PyValue* s = model.find(PyValue("dscpp_zero_stage"))) {
+        saved_stage = static_cast<int>(s->as_int());
+      } else if (need(model, "optimizer", path).is_none()) {
+        saved_stage = -1;  // 1 or 2: the ZeRO files tell
       }
-      const PyValue& sched = need(model, "lr_scheduler", path);
-      if (options.load_lr_scheduler_states && scheduler_ && !sched.is_none())
-        scheduler_->load_state_dict(sched.to_json());
-      global_steps_ = need(model, "global_steps", path).as_int();
-      const PyValue* samples = model.find(PyValue("global_samples"));
-      global_samples_ = samples ? samples->as_int() : global_steps_ * config_.train_batch_size;
-      skipped_steps_ = need(model, "skipped_steps", path).as_int();
-      const PyValue* micro = model.find(PyValue("dscpp_micro_steps"));
-      micro_steps_ = micro ? micro->as_int() : global_steps_ * config_.gradient_accumulation_steps;
-      if (const PyValue* ls = model.find(PyValue("dscpp_loss_scaler"))) {
-        scaler_->load_state_dict(ls->to_json());
-      } else if (zero_->stage() >= 1 || universal) {
-        // DeepSpeed pickles its LossScaler object; we read it as a dict of its fields.
-        const std::string zpath =
-            universal ? (fs::path(result.path) / "zero" / "optimizer_state.pt").string()
-                      : checkpoint::find_zero_states(load_dir, tag, 0);
-        PyValue z = checkpoint::load_torch_file(zpath);
-        const PyValue* ls0 =
-            (universal ? z : need(z, "optimizer_state_dict", zpath)).find(PyValue("loss_scaler"));
-        if (ls0 && ls0->is_dict()) {
-          nlohmann::json j = ls0->to_json();
-          j.erase("__class__");
-          scaler_->load_state_dict(j);
+      if (!universal && !options.load_module_only && saved_stage >= 0 &&
+          saved_stage != zero_->stage() && (saved_stage == 0 || zero_->stage() == 0))
+        throw CheckpointError(
+            fmt::format("'{}' is a ZeRO stage {} checkpoint; this engine runs stage {}", path,
+                        saved_stage, zero_->stage()));
+      if (!universal && !options.load_module_only && saved_stage == -1 && zero_->stage() == 0)
+        throw CheckpointError("'" + path +
+                              "' is a ZeRO stage 1-2 checkpoint; this engine runs stage 0");
+
+      if (universal) {
+        // As DeepSpeed: the weights come from zero/ (the module is not read), the buffers,
+        // which zero/ does not hold, from the model states where they are.
+        engine_checkpoint::load_universal_partition(
+            *zero_, param_names_, result.path,
+            options.load_optimizer_states && !options.load_module_only);
+        const PyValue* module = model.find(PyValue("module"));
+        for (const auto& [name, b] : named_buffers_()) {
+          const PyValue* v = module && module->is_dict() ? module->find(PyValue(name)) : nullptr;
+          if (v && v->is_tensor() && v->as_tensor().sizes() == b.sizes()) b.copy_(v->as_tensor());
         }
       }
-      if (const PyValue* r = model.find(PyValue("dscpp_rng_states"))) rng = *r;
+      const bool other_params = !universal && load_module(model, path, options, result);
+      if (options.load_module_only) {
+        if (!universal) zero_->refresh_master_from_params();
+      } else {
+        if (universal) {
+          // loaded above
+        } else if (other_params) {  // its partitions hold other parameters: the module's stand
+          zero_->refresh_master_from_params();
+        } else if (zero_->stage() == 0) {
+          load_stage0_optimizer(model, path, options.load_optimizer_states);
+        } else {
+          load_zero_partitions(load_dir, tag, model, path, options.load_optimizer_states);
+        }
+        load_engine_counters(model, path, options);
+        if (model.find(PyValue("dscpp_loss_scaler"))) {
+          // loaded with the counters
+        } else if (zero_->stage() >= 1 || universal) {
+          // DeepSpeed pickles its LossScaler object; we read it as a dict of its fields.
+          const std::string zpath =
+              universal ? (fs::path(result.path) / "zero" / "optimizer_state.pt").string()
+                        : checkpoint::find_zero_states(load_dir, tag, 0);
+          PyValue z = checkpoint::load_torch_file(zpath);
+          const PyValue* ls0 =
+              (universal ? z : need(z, "optimizer_state_dict", zpath)).find(PyValue("loss_scaler"));
+          if (ls0 && ls0->is_dict()) {
+            nlohmann::json j = ls0->to_json();
+            j.erase("__class__");
+            scaler_->load_state_dict(j);
+          }
+        }
+        if (const PyValue* r = model.find(PyValue("dscpp_rng_states"))) rng = *r;
+      }
     }
     for (size_t i = 0; i < model.size(); ++i) {
       const PyValue& k = model.keys()[i];

@@ -41,37 +41,40 @@ using namespace engine_checkpoint;
 void EngineCore::agree(const std::string& local_error, const char* what) {
   at::Tensor flag = at::full({1}, local_error.empty() ? 0.0f : 1.0f,
                              at::TensorOptions().dtype(at::kFloat).device(device_));
-  if (group_->size() > 1) group_->all_reduce(flag, comm::ReduceOp::kMax).wait();
+  comm::ProcessGroup& g = ckpt_group();
+  if (g.size() > 1) g.all_reduce(flag, comm::ReduceOp::kMax).wait();
   if (flag.item<float>() == 0.0f) return;
   if (!local_error.empty()) throw CheckpointError(local_error);
   throw CheckpointError(
-      fmt::format("{}: failed on another rank (this is rank {})", what, group_->rank()));
+      fmt::format("{}: failed on another rank (this is rank {})", what, g.rank()));
 }
 
 void EngineCore::check_tag_agrees(const std::string& tag) {
   const std::string& mode = config_.checkpoint.tag_validation;
-  if (mode == "IGNORE" || group_->size() == 1) return;
+  comm::ProcessGroup& g = ckpt_group();
+  if (mode == "IGNORE" || g.size() == 1) return;
   // Every rank's tag hash, as [h, -h]: one MAX all-reduce gives both the maximum and minimum.
   const double h = static_cast<double>(std::hash<std::string>()(tag) % (1ull << 52));
   at::Tensor t = at::tensor({h, -h}, at::TensorOptions().dtype(at::kDouble)).to(device_);
-  group_->all_reduce(t, comm::ReduceOp::kMax).wait();
+  g.all_reduce(t, comm::ReduceOp::kMax).wait();
   at::Tensor host = t.cpu();
   if (host[0].item<double>() == -host[1].item<double>()) return;
   const std::string msg = fmt::format(
       "checkpoint tag '{}' (rank {}) is not the same on every rank "
       "(checkpoint.tag_validation is {})",
-      tag, group_->rank(), mode);
+      tag, g.rank(), mode);
   if (mode == "FAIL") throw CheckpointError(msg);
   std::cerr << "dscpp: warning: " << msg << "\n";
 }
 
 std::string EngineCore::shared_save_id() {
   // 16 hex digits as one int64 (bit-exact through the broadcast): rank 0's draw.
+  // A pipeline's stages share it too, so that a stage's files of another save are found out.
+  comm::ProcessGroup& g = ckpt_group();
   int64_t id = 0;
-  if (group_->rank() == 0)
-    id = static_cast<int64_t>(std::stoull(checkpoint::new_save_id(), nullptr, 16));
+  if (g.rank() == 0) id = static_cast<int64_t>(std::stoull(checkpoint::new_save_id(), nullptr, 16));
   at::Tensor t = at::full({1}, id, at::TensorOptions().dtype(at::kLong).device(device_));
-  if (group_->size() > 1) group_->broadcast(t, 0).wait();
+  if (g.size() > 1) g.broadcast(t, 0).wait();
   return fmt::format("{:016x}", static_cast<uint64_t>(t.cpu().item<int64_t>()));
 }
 
@@ -269,18 +272,25 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   std::string error;
   try {
     checkpoint::make_tag_dir(save_dir, tag);
+    const bool bf16 = dtype_ == at::kBFloat16;
     if (zero_->stage() >= 1)
       checkpoint::save_torch_file(
-          zero_file,
-          checkpoint::zero_states_path(save_dir, tag, group_->rank(), dtype_ == at::kBFloat16));
+          zero_file, ckpt_layout_.zero_states_path
+                         ? ckpt_layout_.zero_states_path(save_dir, tag, group_->rank(), bf16)
+                         : checkpoint::zero_states_path(save_dir, tag, group_->rank(), bf16));
     // Stage 3: every rank writes its own model-states file, as DeepSpeed does.
-    if (zero_->stage() >= 3)
+    if (zero_->stage() >= 3) {
       checkpoint::save_torch_file(
           bound(model_states(client_state, std::move(rng))),
           checkpoint::zero_model_states_path(save_dir, tag, group_->rank()));
-    else if (group_->rank() == 0)
-      checkpoint::save_torch_file(bound(model_states(client_state, std::move(rng))),
-                                  checkpoint::model_states_path(save_dir, tag));
+    } else if (group_->rank() == 0) {
+      PyValue model = model_states(client_state, std::move(rng));
+      if (ckpt_layout_.before_model_states) ckpt_layout_.before_model_states(save_dir, tag, model);
+      checkpoint::save_torch_file(bound(std::move(model)),
+                                  ckpt_layout_.model_states_path
+                                      ? ckpt_layout_.model_states_path(save_dir, tag)
+                                      : checkpoint::model_states_path(save_dir, tag));
+    }
   } catch (const std::exception& e) {
     error = fmt::format("save_checkpoint '{}' (rank {}): {}", checkpoint::tag_dir(save_dir, tag),
                         group_->rank(), e.what());
@@ -289,7 +299,7 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   // Only now is the tag complete on every rank: a crash before this line leaves `latest`
   // naming the previous checkpoint.
   error.clear();
-  if (group_->rank() == 0) {
+  if (ckpt_group().rank() == 0) {
     try {
       checkpoint::write_latest(save_dir, tag);
     } catch (const std::exception& e) {

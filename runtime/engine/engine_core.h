@@ -92,6 +92,29 @@ struct InitArgs {
   std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)> lr_scheduler;
 };
 
+// Where a checkpoint's files go and which ranks agree on a save or a load. The default is the
+// plain engine's layout (runtime/checkpoint/ds_layout.h) agreed on group(); the pipeline engine
+// (pipe/pipeline_checkpoint.cpp) names its files per stage and agrees over every stage.
+struct CheckpointLayout {
+  // Agreement, the tag check, the save id, `latest`'s writer (its rank 0); null: group().
+  std::shared_ptr<comm::ProcessGroup> world;
+  // This rank's model-states file (written by its group()'s rank 0) and ZeRO partition file;
+  // null: ds_layout.h's.
+  std::function<std::string(const std::string& dir, const std::string& tag)> model_states_path;
+  std::function<std::string(const std::string& dir, const std::string& tag, int dp_rank, bool bf16)>
+      zero_states_path;
+  // On the rank that writes the model states, just before: more files (a pipeline's layer
+  // files) and the keys describing them. Null: none.
+  std::function<void(const std::string& dir, const std::string& tag,
+                     checkpoint::PyValue& model_states)>
+      before_model_states;
+  // The engine holds a part of the model (a pipeline stage): a whole-model checkpoint's other
+  // keys are not unexpected. stage / stages: this rank's place along the pipe, for the RNG
+  // states of a pipeline checkpoint (restored when saved on the same layout).
+  bool partial_module = false;
+  int stage = 0, stages = 1;
+};
+
 class EngineCore {
  public:
   // Moves the module to the training dtype and device.
@@ -117,6 +140,8 @@ class EngineCore {
                        const checkpoint::PyValue& client_state = checkpoint::PyValue::dict());
   LoadCheckpointResult load_checkpoint(const std::string& load_dir, const std::string& tag = "",
                                        const LoadCheckpointOptions& options = {});
+  // Before any save or load: where the files go (see CheckpointLayout).
+  void set_checkpoint_layout(CheckpointLayout layout) { ckpt_layout_ = std::move(layout); }
 
   // DeepSpeed's save_16bit_model: the whole module's state_dict in the training dtype to
   // save_dir/save_filename, written by rank 0 (runtime/engine/engine_save_16bit.cpp). At stage
@@ -209,6 +234,17 @@ class EngineCore {
   void load_zero_partitions(const std::string& dir, const std::string& tag,
                             const checkpoint::PyValue& model, const std::string& model_path,
                             bool load_optimizer_states);
+  // A pipeline checkpoint (checkpoint/pipe_checkpoint.h) read whole, this engine's part
+  // loaded from it (any number of stages and data ranks, any ZeRO stage 0-2).
+  void load_pipe_checkpoint(const std::string& dir, const std::string& tag,
+                            const checkpoint::PyValue& model, const std::string& path,
+                            const LoadCheckpointOptions& options, LoadCheckpointResult& result,
+                            checkpoint::PyValue& rng);
+  // The engine's counters, schedule and loss scaler from a model-states file.
+  void load_engine_counters(const checkpoint::PyValue& model, const std::string& path,
+                            const LoadCheckpointOptions& options);
+  comm::ProcessGroup& ckpt_group() { return ckpt_layout_.world ? *ckpt_layout_.world : *group_; }
+  CheckpointLayout ckpt_layout_;
   // Throws on every rank when any rank's local_error is non-empty (after the same
   // collective on all), so one rank's failure never leaves the others waiting.
   void agree(const std::string& local_error, const char* what);

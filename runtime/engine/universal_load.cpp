@@ -14,10 +14,23 @@ namespace dscpp::engine_checkpoint {
 
 void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
                               const std::string& tag_dir, bool load_optimizer_states) {
-  const auto numels = numels_of(zero);
-  if (names.size() != numels.size())
+  if (names.size() != zero.layout().params.size())
     throw CheckpointError(fmt::format("load_universal: {} parameter names for {} parameters",
-                                      names.size(), numels.size()));
+                                      names.size(), zero.layout().params.size()));
+  load_whole_params(
+      zero,
+      [&](size_t i) {
+        return checkpoint::read_universal_param(tag_dir, names[i], zero.param_shape(i));
+      },
+      [&](size_t i) { return checkpoint::universal_param_dir(tag_dir, names[i]); },
+      load_optimizer_states);
+}
+
+void load_whole_params(zero::ZeroOptimizer& zero,
+                       const std::function<checkpoint::UniversalParam(size_t)>& param,
+                       const std::function<std::string(size_t)>& where,
+                       bool load_optimizer_states) {
+  const auto numels = numels_of(zero);
   // The whole model laid out flat in registration order is DeepSpeed's partition of one rank:
   // from_ds_partition then cuts out whatever this rank owns under our layout.
   const checkpoint::DsLayout whole = checkpoint::DsLayout::build(numels, 1);
@@ -27,10 +40,9 @@ void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::
     for (const auto& s : zero.state_names()) states[s] = at::empty({whole.total}, at::kFloat);
   int64_t step = -1;
   std::string step_from;
-  for (size_t i = 0; i < names.size(); ++i) {
-    checkpoint::UniversalParam p =
-        checkpoint::read_universal_param(tag_dir, names[i], zero.param_shape(i));
-    const std::string pdir = checkpoint::universal_param_dir(tag_dir, names[i]);
+  for (size_t i = 0; i < numels.size(); ++i) {
+    checkpoint::UniversalParam p = param(i);
+    const std::string pdir = where(i);
     const int64_t off = whole.offsets[i], n = numels[i];
     if (!p.fp32.defined()) throw CheckpointError("'" + pdir + "' has no fp32.pt");
     fp32.slice(0, off, off + n).copy_(p.fp32.reshape({-1}));

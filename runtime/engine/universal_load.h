@@ -4,9 +4,11 @@
 // ranks. Internal to runtime/engine (engine_checkpoint_load.cpp).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp::engine_checkpoint {
@@ -16,6 +18,12 @@ namespace dscpp::engine_checkpoint {
 // keeps and its step. The checkpoint's partition metadata must describe the whole tensor that
 // the model holds (tensor-parallel slicing is not implemented yet). Throws CheckpointError
 // naming the file. No communication.
+// The same from whole tensors however found: param(i) gives parameter i's (ZeRO's order), where(i)
+// names its source in errors.
+void load_whole_params(zero::ZeroOptimizer& zero,
+                       const std::function<checkpoint::UniversalParam(size_t)>& param,
+                       const std::function<std::string(size_t)>& where, bool load_optimizer_states);
+
 void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
                               const std::string& tag_dir, bool load_optimizer_states);
 

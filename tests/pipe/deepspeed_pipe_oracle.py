@@ -4,6 +4,12 @@ train_batch over Gloo on CPU, 2 processes (2 stages), a small MLP stack with wei
 fixed by formulas (no RNG), printing the loss of every step as JSON lines.
 
     deepspeed_pipe_oracle.py [--steps 5] [--micro-batches 4] [--stages 2] [--data 1] [--out losses.json]
+    deepspeed_pipe_oracle.py --ours --launcher build/launcher/dscpp --train build/tests/pipe/pipe_train
+
+--ours: the other direction for checkpoints (load_ours()): our PipelineEngine trains
+pipe_train's MLP on 2 stages and saves; DeepSpeed's PipelineEngine (2 stages) loads the files
+with load_checkpoint(load_module_only=True), i.e. its load_state_dir on our layer files, and its
+eval_batch must give our eval loss (relative 1e-6; it is equal).
 
 The model (LayerSpecs, global indices): 0 Linear(8, 16), 1 ReLU, 2 Linear(16, 16), 3 ReLU,
 4 Linear(16, 16), 5 ReLU, 6 Linear(16, 4); loss MSELoss (mean). Element i of a weight or bias of layer L is
@@ -99,6 +105,117 @@ def worker(args):
                       f)
 
 
+def our_mlp_specs():
+    """pipe_train's "mlp" model as DeepSpeed LayerSpecs: Linear layers 16 -> 32 x 6 -> 4, GELU
+    after the even ones and tanh after the odd ones (inside the layer, as ours), none after the
+    last; the state_dict keys (weight, bias) are a Linear's."""
+    import torch
+    from torch import nn
+    from deepspeed.runtime.pipe.module import LayerSpec
+
+    class LinearAct(nn.Linear):
+        def __init__(self, i, o, act):
+            super().__init__(i, o)
+            self.act = act
+
+        def forward(self, x):
+            y = super().forward(x)
+            return torch.nn.functional.gelu(y) if self.act == "gelu" else torch.tanh(y) if self.act == "tanh" else y
+
+    widths = [16, 32, 32, 32, 32, 32, 32, 32, 4]
+    return [LayerSpec(LinearAct, widths[i], widths[i + 1],
+                      "none" if i + 2 == len(widths) else ("gelu" if i % 2 == 0 else "tanh"))
+            for i in range(len(widths) - 1)]
+
+
+def our_samples(first, count):
+    """pipe_train's samples() of the MLP, the same float32 operations."""
+    import torch
+    i = torch.arange(first, first + count, dtype=torch.float32).unsqueeze(1)
+    x = torch.sin(i * 0.37 + torch.arange(16, dtype=torch.float32) * 0.11)
+    y = torch.cos(i * 0.21 + torch.arange(4, dtype=torch.float32) * 0.5)
+    return x, y
+
+
+def load_ours_worker(args):
+    """DeepSpeed's PipelineEngine (2 stages) loads our pipeline checkpoint with
+    load_checkpoint(load_module_only=True), so its PipelineModule reads our layer files
+    (load_state_dir), and evaluates the batch our engine evaluated after saving."""
+    import torch
+    from torch import nn
+    import deepspeed
+    from deepspeed.runtime.pipe.module import PipelineModule
+    no_shm_op()
+    deepspeed.init_distributed(dist_backend="gloo")
+    module = PipelineModule(layers=our_mlp_specs(), num_stages=2, loss_fn=nn.MSELoss(), partition_method="parameters")
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4, "steps_per_print": 1000000}
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config)
+    path, _ = engine.load_checkpoint(args.load_ours, load_module_only=True)
+    if path is None:
+        raise SystemExit(f"DeepSpeed found no checkpoint in {args.load_ours}")
+    first = args.eval_first
+    batches = [our_samples(first + j * 4, 4) for j in range(4)]
+    loss = engine.eval_batch(data_iter=iter(batches))
+    if torch.distributed.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"eval_loss": float(loss), "parts": [int(p) for p in module.parts]}, f)
+
+
+def load_ours(args):
+    """Our engine trains pipe_train's MLP on 2 stages (4 micro-batches, ZeRO 0) and saves; then
+    DeepSpeed's engine loads the files and must give our eval_batch loss (relative 1e-6)."""
+    import tempfile
+    work = tempfile.mkdtemp()
+    ck = os.path.join(work, "ck")
+    steps = 4
+    cases = [{"name": "ds", "stages": 2, "chunks": 1, "save_dir": ck, "save_at": steps,
+              "config": {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4,
+                         "zero_optimization": {"stage": 0}}}]
+    port = free_port()
+    subprocess.run([args.launcher, "--num_gpus", "2", "--master_port", str(port), args.train, "--mode", "pipe",
+                    "--model", "mlp", "--steps", str(steps), "--cases", json.dumps(cases), "--out", work],
+                   check=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=args.timeout)
+    with open(os.path.join(work, "ds.stage0.json")) as f:
+        ours = json.load(f)
+    out = os.path.join(work, "deepspeed.json")
+    codes = spawn(2, ["--load-ours", ck, "--eval-first", str(steps * 16), "--out", out], args.timeout)
+    if any(c != 0 for c in codes):
+        print(f"DeepSpeed's pipeline engine did not load our checkpoint: exit codes {codes}")
+        return 1
+    with open(out) as f:
+        theirs = json.load(f)
+    err = abs(theirs["eval_loss"] - ours["eval_loss"]) / abs(ours["eval_loss"])
+    print(f"DeepSpeed's PipelineEngine on our layer files (its partition {theirs['parts']}): eval loss "
+          f"{theirs['eval_loss']:.9g}, ours {ours['eval_loss']:.9g}, relative difference {err:.2e}")
+    return 0 if err <= 1e-6 else 1
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(world, extra, timeout):
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker"] + extra, env=env))
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            codes.append("timeout")
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return codes
+
+
 def reference(args):
     """The same training in plain PyTorch, one process: the check that the oracle is one."""
     import torch
@@ -138,9 +255,17 @@ def main():
     ap.add_argument("--data", type=int, default=1, help="data-parallel ranks beside the pipeline")
     ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "deepspeed_pipe_losses.json"))
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--load-ours", help="worker: load this checkpoint of ours (see load_ours)")
+    ap.add_argument("--eval-first", type=int, default=0)
+    ap.add_argument("--ours", action="store_true",
+                    help="DeepSpeed's engine loads a pipeline checkpoint our engine saved")
+    ap.add_argument("--launcher")
+    ap.add_argument("--train")
     args = ap.parse_args()
     if args.worker:
-        return worker(args)
+        return load_ours_worker(args) if args.load_ours else worker(args)
+    if args.ours:
+        sys.exit(load_ours(args))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -7,6 +7,9 @@
 // <out>/<case>.stage<s>.json; the reference writes <out>/reference.json.
 // --mode refusals: stage 3 and forward/backward/step are refused with their messages.
 // --mode die: the last stage exits mid-step (the failure test).
+// Checkpoints (pipe_checkpoint_oracle.py): a case with "save_dir" and "save_at" saves after
+// that many steps; one with "load_dir" loads first and trains on from the loaded step.
+// --mode single: the non-pipeline engine on one rank loads a pipeline checkpoint (single()).
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
@@ -18,6 +21,7 @@
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/pipe/pipeline_engine.h"
+#include "dscpp/runtime/engine/engine.h"
 #include "dscpp/zero/zero_optimizer.h"
 
 namespace po = boost::program_options;
@@ -217,7 +221,13 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
   json result;
   result["stage"] = engine.stage_id();
   result["losses"] = json::array();
-  for (int s = 0; s < steps; ++s) {
+  // Checkpoint cases: load first (training goes on from the loaded step), save after step
+  // save_at.
+  if (c.contains("load_dir")) (void)engine.load_checkpoint(c["load_dir"].get<std::string>());
+  result["start"] = engine.global_steps();
+  for (int s = static_cast<int>(engine.global_steps()); s < steps; ++s) {
+    if (c.contains("save_dir") && s == c["save_at"].get<int>())
+      engine.save_checkpoint(c["save_dir"].get<std::string>());
     int64_t j = 0;
     dscpp::pipe::DataIter it = [&]() {
       auto [x, y] = samples(model, s * kGlobalBatch + (j++ * n + d) * mb, mb);
@@ -227,6 +237,9 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
     result["losses"].push_back(loss.item<double>());
     result["grad_norms"].push_back(engine.get_global_grad_norm());
   }
+  // save_at == steps: the final weights, those eval_batch sees below.
+  if (c.contains("save_dir") && c["save_at"].get<int>() == steps)
+    engine.save_checkpoint(c["save_dir"].get<std::string>());
   {
     int64_t j = 0;
     dscpp::pipe::DataIter it = [&]() {
@@ -392,6 +405,52 @@ int overflow(const std::shared_ptr<dscpp::comm::ProcessGroup>& world) {
 
 }  // namespace
 
+// The non-pipeline engine on one rank over the whole model (the stage module of a one-stage
+// PipelineModule: the same parameter names), loading a pipeline checkpoint and training on
+// from its step with the whole global batch per step: the one-rank oracle of a pipeline
+// checkpoint loaded onto another layout. Writes <out>/<name>.json with the weights right after
+// the load (loaded_params) and at the end.
+int single(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const std::string& model,
+           const json& c, int steps, const std::string& out) {
+  dscpp::pipe::PipelineOptions options(1);
+  options.group(world).seed_layers(true).base_seed(kBaseSeed);
+  dscpp::pipe::PipelineModule module(specs_of(model), options);
+  json cfg = c["config"];
+  cfg["train_batch_size"] = kGlobalBatch;
+  cfg["train_micro_batch_size_per_gpu"] = kGlobalBatch;
+  cfg["gradient_accumulation_steps"] = 1;
+  cfg["gradient_clipping"] = 1.0;
+  cfg["optimizer"] = optimizer_config(model);
+  auto stage = module.stage_module();
+  auto engine = dscpp::initialize(stage, cfg);
+  auto params = [&] {
+    json p = json::object();
+    for (const auto& item : stage->named_parameters(true))
+      if (item.value().requires_grad()) p[item.key()] = flat(item.value());
+    return p;
+  };
+  try {
+    (void)engine.load_checkpoint(c["load_dir"].get<std::string>());
+  } catch (const std::exception& e) {
+    std::cerr << "pipe_train single: load refused: " << e.what() << "\n";
+    return 4;
+  }
+  json result;
+  result["start"] = engine.global_steps();
+  result["loaded_params"] = params();
+  result["losses"] = json::array();
+  for (int s = static_cast<int>(engine.global_steps()); s < steps; ++s) {
+    auto [x, y] = samples(model, s * kGlobalBatch, kGlobalBatch);
+    at::Tensor loss = loss_of(model, module.forward_chunk(0, {x})[0], y);
+    engine.backward(loss);
+    engine.step();
+    result["losses"].push_back(loss.item<double>());
+  }
+  result["params"] = params();
+  write(out + "/" + c["name"].get<std::string>() + ".json", result);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::string mode, model, cases_text, out;
   int steps;
@@ -414,6 +473,7 @@ int main(int argc, char** argv) {
   if (mode == "refusals") return refusals(world);
   if (mode == "die") return die(world);
   if (mode == "overflow") return overflow(world);
+  if (mode == "single") return single(world, model, json::parse(cases_text).at(0), steps, out);
   for (const auto& c : json::parse(cases_text)) {
     json r = pipe_case(world, model, c, steps);
     if (r["data_id"] == 0)

@@ -1,0 +1,91 @@
+// EngineCore::load_pipe_checkpoint: a pipeline checkpoint (runtime/checkpoint/pipe_checkpoint.h)
+// into this engine, whatever layout saved it: the module from the layer files (a pipeline stage
+// takes its own layers' part), and each trainable parameter's fp32 weights and optimizer state
+// whole, cut into this rank's ZeRO partition as a universal checkpoint's are. So a pipeline
+// engine loads onto other numbers of stages and data ranks, and the plain engine on the whole
+// model loads a pipeline checkpoint.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
+#include "dscpp/runtime/engine/checkpoint_parts.h"
+#include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/universal_load.h"
+#include "dscpp/zero/zero_optimizer.h"
+
+namespace dscpp {
+
+using checkpoint::CheckpointError;
+using checkpoint::PyValue;
+
+void EngineCore::load_pipe_checkpoint(const std::string& dir, const std::string& tag,
+                                      const PyValue& model, const std::string& path,
+                                      const LoadCheckpointOptions& options,
+                                      LoadCheckpointResult& result, PyValue& rng) {
+  if (zero_->stage() >= 3)
+    throw CheckpointError("'" + path +
+                          "' is a pipeline checkpoint: it loads at ZeRO stages 0-2, this engine "
+                          "runs stage 3");
+  const checkpoint::PipeCheckpoint ck = checkpoint::read_pipe_checkpoint(dir, tag);
+  // The module: the whole model's state dict, or (a pipeline stage) the part this engine holds.
+  PyValue module = ck.module;
+  if (ckpt_layout_.partial_module) {
+    std::set<std::string> ours;
+    for (const auto& [name, t] : named_params_()) ours.insert(name);
+    for (const auto& [name, t] : named_buffers_()) ours.insert(name);
+    module = PyValue::ordered_dict();
+    for (size_t i = 0; i < ck.module.size(); ++i)
+      if (ours.count(ck.module.keys()[i].as_string()))
+        module.set(ck.module.keys()[i], ck.module.values()[i]);
+  }
+  PyValue view = model;
+  view.set(PyValue("module"), std::move(module));
+  const bool other_params = load_module(view, path, options, result);
+  if (options.load_module_only || other_params) {
+    zero_->refresh_master_from_params();
+  } else {
+    std::map<std::string, const checkpoint::UniversalParam*> by_name;
+    for (const auto& p : ck.params) by_name[p.name] = &p;
+    const std::string where = checkpoint::tag_dir(dir, tag);
+    engine_checkpoint::load_whole_params(
+        *zero_,
+        [&](size_t i) {
+          auto it = by_name.find(param_names_.at(i));
+          if (it == by_name.end())
+            throw CheckpointError(fmt::format(
+                "pipeline checkpoint '{}': no stage's model states list the parameter '{}' "
+                "(param_shapes of {})",
+                where, param_names_[i], engine_checkpoint::list_names(ck.model_paths)));
+          if (it->second->partition.logical_shape != zero_->param_shape(i))
+            throw CheckpointError(fmt::format(
+                "pipeline checkpoint '{}': parameter '{}' is {} there, {} in this model", where,
+                param_names_[i], fmt::join(it->second->partition.logical_shape, "x"),
+                fmt::join(zero_->param_shape(i), "x")));
+          return *it->second;
+        },
+        [&](size_t i) {
+          return fmt::format("pipeline checkpoint '{}': parameter '{}'", where, param_names_[i]);
+        },
+        options.load_optimizer_states);
+  }
+  if (options.load_module_only) return;
+  load_engine_counters(model, path, options);
+  // Each stage's model states hold the RNG states of its data ranks: this run's only when it
+  // has the saved layout.
+  if (ck.stages == ckpt_layout_.stages && ck.data_parallel_size == group_->size()) {
+    if (const PyValue* r = ck.models.at(ckpt_layout_.stage).find(PyValue("dscpp_rng_states")))
+      rng = *r;
+  } else if (ckpt_group().rank() == 0) {
+    std::cerr << fmt::format(
+        "dscpp: the pipeline checkpoint was saved on {} stages x {} data ranks, this run has {} "
+        "x {}: its random-number states are not restored\n",
+        ck.stages, ck.data_parallel_size, ckpt_layout_.stages, group_->size());
+  }
+}
+
+}  // namespace dscpp
