@@ -103,6 +103,9 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
     ("bench-no-comm", po::bool_switch(&a.bench_no_comm),
      "a benchmark's bound: the engine gets a no-op process group, so ZeRO's collectives move "
      "no data (the model does not train correctly; only the step time means something)")
+    ("seed-layers", po::bool_switch(&a.seed_layers),
+     "build the GPT as its LayerSpecs, each layer seeded with --seed + its index (DeepSpeed's "
+     "seed_layers): the initial weights of a pipeline run, on any number of stages")
     ("local_rank", po::value<int>(), "set by the launcher");
   // clang-format on
   po::options_description hidden;

@@ -58,6 +58,7 @@ struct GptOptions {
   int64_t memory_snapshot_step = 2;
   bool layer_specs = false;    // the GPT as LayerSpecs at any stage (always at stage 3)
   bool bench_no_comm = false;  // a no-op process group: the communication-off bound
+  bool seed_layers = false;    // each layer seeded with seed + its index (always on a pipeline)
   bool help = false;           // --help: `help_text` holds the flags' descriptions
   std::string help_text;
 };

@@ -53,6 +53,7 @@
 #include "dscpp/runtime/monitor/monitor.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
 #include "gpt_flags.h"
+#include "train_gpt_pipeline.h"
 #ifdef DSCPP_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
@@ -336,7 +337,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
       const double tflops = tokens_per_s * flops_per_token / world / 1e12;
       if (rank == 0)
         std::cout << fmt::format(
-                         "[train_gpt] step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | "
+                         "[train_gpt] step {}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.3f} | "
                          "loss scale {:g} | {:.0f} tokens/s ({:.0f} per rank) | {:.3f} TFLOP/s per "
                          "rank | MFU {} | {}\n",
                          done, args.train_iters, l.item<double>(), engine.get_lr()[0],
@@ -412,6 +413,7 @@ int main(int argc, char** argv) {
   Args args;
   std::optional<dscpp::model_zoo::GPTConfig> cfg;
   nlohmann::json ds_config;
+  dscpp::examples::JobLayout layout;
   try {
     args = dscpp::examples::parse_gpt_flags(argc, argv);
     if (args.help) {
@@ -419,21 +421,18 @@ int main(int argc, char** argv) {
       return 0;
     }
     // The parallel degrees are read here so that a Megatron-LM command line is understood;
-    // train_gpt runs data parallelism only until issue 19's tensor parallelism and issue
-    // 18's pipeline are in it.
+    // train_gpt runs data parallelism and pipelines (issue 18) until issue 19's tensor
+    // parallelism is in it.
     if (args.tensor_model_parallel_size > 1)
       throw dscpp::examples::FlagError(fmt::format(
           "--tensor-model-parallel-size {}: tensor parallelism is not in train_gpt yet (issue "
           "19); only 1 runs today",
           args.tensor_model_parallel_size));
-    if (args.pipeline_model_parallel_size > 1)
-      throw dscpp::examples::FlagError(fmt::format(
-          "--pipeline-model-parallel-size {}: pipeline parallelism is not in train_gpt yet "
-          "(issue 18); only 1 runs today",
-          args.pipeline_model_parallel_size));
     cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
-    ds_config =
-        dscpp::examples::apply_gpt_flags(dscpp::config::read_config(args.ds_config), args, world);
+    // A pipeline (train_gpt_pipeline.h) leaves world / stages ranks to data parallelism.
+    const auto raw = dscpp::config::read_config(args.ds_config);
+    layout = dscpp::examples::job_layout(*cfg, raw, args, world);
+    ds_config = dscpp::examples::apply_gpt_flags(raw, args, layout.data);
   } catch (const dscpp::examples::FlagError& e) {
     return report_once(quiet, e.what(), 2);
   } catch (const std::exception& e) {
@@ -441,16 +440,22 @@ int main(int argc, char** argv) {
   }
   try {
     at::manual_seed(static_cast<uint64_t>(args.seed));
+    if (layout.pipeline > 1)
+      return dscpp::examples::train_gpt_pipeline(args, *cfg, ds_config, layout);
     // ZeRO stage 3 gathers a model given as layers one layer at a time, and any other module
     // whole: the GPT goes in as its LayerSpecs there (the same modules, names and numerics).
     // (A malformed stage is left for the engine's config reader to report.)
     const auto zero = ds_config.find("zero_optimization");
     const bool stage3 = zero != ds_config.end() && zero->is_object() && zero->contains("stage") &&
                         (*zero)["stage"].is_number_integer() && (*zero)["stage"] == 3;
-    const bool layered = stage3 || args.layer_specs;
-    if (layered)
-      return train(args, *cfg, dscpp::nn::LayerModule(dscpp::model_zoo::gpt_layer_specs(*cfg)),
-                   ds_config);
+    const bool layered = stage3 || args.layer_specs || args.seed_layers;
+    if (layered) {
+      auto specs = dscpp::model_zoo::gpt_layer_specs(*cfg);
+      // --seed-layers: the weights a pipeline of any number of stages starts from.
+      if (args.seed_layers)
+        specs = dscpp::examples::seeded_layer_specs(std::move(specs), args.seed);
+      return train(args, *cfg, dscpp::nn::LayerModule(specs), ds_config);
+    }
     return train(args, *cfg, dscpp::model_zoo::GPT(*cfg), ds_config);
   } catch (const std::exception& e) {
     std::cerr << "train_gpt: " << e.what() << "\n";

@@ -7,7 +7,7 @@
   --bf16 switches bf16 on.
 - A flag that contradicts a number of the ds_config is an error naming both; an "auto" no flag
   fills names the flag; an unknown flag, a prefix of a known one (--train-it), a stray value
-  (--deepspeed x), a parallel degree above 1 and --bf16 against fp16 on are refused: each
+  (--deepspeed x), a tensor-parallel degree above 1, pipeline degrees that disagree and --bf16 against fp16 on are refused: each
   message printed once (by
   rank 0), every rank exiting non-zero.
 - A finished run resumed says it is finished and how to go on; raising --train-iters goes on.
@@ -151,8 +151,9 @@ def main():
         refused("--deepspeed followed by a value", ["--deepspeed", "x"], "unexpected argument 'x'")
         refused("tensor parallelism", ["--tensor-model-parallel-size", "2"],
                 "--tensor-model-parallel-size 2: tensor parallelism is not in train_gpt yet (issue 19)")
-        refused("pipeline parallelism", ["--pipeline-model-parallel-size", "2"],
-                "--pipeline-model-parallel-size 2: pipeline parallelism is not in train_gpt yet (issue 18)")
+        refused("pipeline degrees that disagree", ["--pipeline-model-parallel-size", "2"],
+                "pipeline degree: the ds_config's pipeline.stages is 1 but --pipeline-model-parallel-size is 2",
+                ds=write_json(os.path.join(tmp, "stages1.json"), dict(written, pipeline={"stages": 1})))
         refused("--bf16 against fp16 on in the ds_config", ["--bf16"],
                 "--bf16 contradicts the ds_config's fp16.enabled=true",
                 ds=write_json(os.path.join(tmp, "fp16.json"), dict(written, fp16={"enabled": True})))

@@ -1,0 +1,213 @@
+// train_gpt on a pipeline: see train_gpt_pipeline.h. The log lines are train_gpt.cpp's, with
+// the bubble added; what a pipeline run cannot do yet is refused by name.
+#include "train_gpt_pipeline.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <iostream>
+#include <utility>
+
+#include "dscpp/config/config_error.h"
+#include "dscpp/data/data_loader.h"
+#include "dscpp/model_zoo/gpt.h"
+#include "dscpp/pipe/pipeline_engine.h"
+#include "dscpp/runtime/monitor/peak_memory.h"
+
+namespace dscpp::examples {
+
+namespace {
+
+std::string peak_memory(at::Device device) {
+  return fmt::format("{:.2f} GiB {} (peak)",
+                     static_cast<double>(monitor::peak_memory_bytes(device)) / (1 << 30),
+                     device.is_cuda() ? "allocated" : "resident");
+}
+
+// What a pipeline run of train_gpt does not do yet: each refused with its flag named.
+void refuse_unsupported(const GptOptions& args) {
+  auto refuse = [](const std::string& flag, const std::string& why) {
+    throw FlagError(fmt::format("{} with a pipeline: {}", flag, why));
+  };
+  if (!args.save.empty() || !args.load.empty())
+    refuse(args.save.empty() ? "--load" : "--save",
+           "pipeline checkpoints are not in train_gpt yet (the engine's save_checkpoint / "
+           "load_checkpoint in DeepSpeed's layer_XX layout come with them)");
+  if (args.profile_step > 0) refuse("--profile-step", "not supported on a pipeline yet");
+  if (!args.memory_snapshot.empty()) refuse("--memory-snapshot", "not supported on a pipeline yet");
+  if (args.bench_no_comm)
+    refuse("--bench-no-comm", "the stages' activations must travel (no no-op group for them)");
+}
+
+}  // namespace
+
+JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_config,
+                     const GptOptions& args, int64_t world) {
+  const auto& par = cfg.parallelism;
+  if (par.tensor_model_parallel_size > 1)
+    throw FlagError(fmt::format(
+        "model config parallelism.tensor_model_parallel_size {}: tensor parallelism is not in "
+        "train_gpt yet (issue 19); only 1 runs today",
+        par.tensor_model_parallel_size));
+  // Each source that names a degree, with how to say where it came from.
+  std::vector<std::pair<int64_t, std::string>> given;
+  if (par.pipeline_model_parallel_size > 1)
+    given.emplace_back(par.pipeline_model_parallel_size,
+                       "the model config's parallelism.pipeline_model_parallel_size");
+  // A number in the ds_config counts as given whatever it is (stages: 1 against a flag of 2
+  // is a contradiction); "auto" does not.
+  const auto pipe = ds_config.find("pipeline");
+  if (pipe != ds_config.end() && pipe->is_object()) {
+    const auto stages = pipe->find("stages");
+    if (stages != pipe->end() && stages->is_number_integer()) {
+      if (stages->get<int64_t>() < 1)
+        throw ConfigError(
+            "pipeline.stages",
+            fmt::format("expected a number of stages >= 1 or \"auto\", found {}", stages->dump()));
+      given.emplace_back(stages->get<int64_t>(), "the ds_config's pipeline.stages");
+    }
+  }
+  if (args.pipeline_model_parallel_size > 1)
+    given.emplace_back(args.pipeline_model_parallel_size, "--pipeline-model-parallel-size");
+  JobLayout layout;
+  if (!given.empty()) {
+    layout.pipeline = given.front().first;
+    layout.source = given.front().second;
+  }
+  for (const auto& [degree, where] : given)
+    if (degree != layout.pipeline)
+      throw FlagError(fmt::format("pipeline degree: {} is {} but {} is {}; give one, or the same",
+                                  given.front().second, layout.pipeline, where, degree));
+  model_zoo::ParallelismConfig p = par;
+  p.pipeline_model_parallel_size = layout.pipeline;
+  layout.data = p.resolve(world).data_parallel_size;
+  return layout;
+}
+
+std::vector<nn::LayerSpec> seeded_layer_specs(std::vector<nn::LayerSpec> specs, int64_t base_seed) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto build = std::move(specs[i].build);
+    const auto seed = static_cast<uint64_t>(base_seed + static_cast<int64_t>(i));
+    specs[i].build = [build, seed] {
+      at::manual_seed(seed);
+      return build();
+    };
+  }
+  return specs;
+}
+
+int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
+                       const nlohmann::json& ds_config, const JobLayout& layout) {
+  refuse_unsupported(args);
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  const bool fused = cfg.cross_entropy_loss_fusion;
+  pipe::PipelineOptions options(static_cast<int>(layout.pipeline));
+  options
+      .loss_fn(pipe::loss_of([fused](const at::Tensor& logits, const at::Tensor& labels) {
+        return model_zoo::gpt_loss(logits, labels, fused);
+      }))
+      .seed_layers(true)
+      .base_seed(args.seed);
+  // The ds_config's partition, when it names one of PipelineModule's methods (DeepSpeed's
+  // engine leaves it to the module's argument; "best", its config default, is not one).
+  const auto pipe_section = ds_config.find("pipeline");
+  if (pipe_section != ds_config.end() && pipe_section->is_object() &&
+      pipe_section->contains("partition") && (*pipe_section)["partition"].is_string() &&
+      (*pipe_section)["partition"] != "best")
+    options.partition_method((*pipe_section)["partition"].get<std::string>());
+  pipe::PipelineModule module(model_zoo::gpt_layer_specs(cfg), options);
+  const double built_s = seconds(start);
+  const auto init_start = std::chrono::steady_clock::now();
+  auto engine = dscpp::initialize(module, ds_config);
+  const double init_s = seconds(init_start);
+  auto& world = *engine.module().world();
+  const int rank = world.rank();
+  const auto device = engine.device();
+
+  // The first and the last stage read the same micro-batches: the data index's share of the
+  // global batch, as a data-parallel rank of train_gpt reads it.
+  const bool reads = engine.is_first_stage() || engine.is_last_stage();
+  auto indexed = std::make_shared<data::IndexedDataset>(args.data_path);
+  auto dataset = std::make_shared<data::GPTDataset>(
+      indexed, data::GPTDatasetOptions{cfg.seq_length, static_cast<uint64_t>(args.seed), true,
+                                       cfg.vocab_size});
+  const int64_t mb = engine.train_micro_batch_size_per_gpu(),
+                ga = engine.gradient_accumulation_steps();
+  data::DataLoaderOptions lo;
+  lo.micro_batch_size = mb;
+  lo.rank = engine.module().data_parallel_id();
+  lo.world_size = engine.module().data_parallel_size();
+  lo.num_epochs = 0;
+  lo.prefetch = reads ? 2 : 0;
+  data::DataLoader loader(dataset, lo);
+  if (loader.batches_per_epoch() == 0)
+    throw std::runtime_error(fmt::format("{}: {} tokens make no batch of {} x {} tokens per rank",
+                                         args.data_path, indexed->num_tokens(), mb,
+                                         cfg.seq_length + 1));
+  pipe::DataIter data_iter;
+  if (reads)
+    data_iter = [&loader, device] {
+      auto batch = loader.next();
+      return pipe::MicroBatch{{batch->input.to(device)}, batch->target.to(device)};
+    };
+
+  const double flops_per_token = cfg.flops_per_token(cfg.seq_length);
+  const double peak = args.peak_tflops > 0 ? args.peak_tflops : device.is_cuda() ? 989.0 : 0.0;
+  const int64_t tokens_per_step = engine.train_batch_size() * cfg.seq_length;
+  const int ranks = world.size();
+  if (rank == 0)
+    std::cout << fmt::format(
+                     "[train_gpt] GPT {:.2f}M parameters (L={} h={} heads={} seq={} vocab={}); {} "
+                     "ranks on {}, pipeline {} stages ({}) x data {}, ZeRO stage {}, {}; global "
+                     "batch {} = {} x {} x {}; data {} tokens, {} batches per rank per epoch\n",
+                     cfg.num_parameters() / 1e6, cfg.num_layers, cfg.hidden_size,
+                     cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size, ranks, device.str(),
+                     layout.pipeline, layout.source, layout.data,
+                     engine.core().zero_optimization_stage(), at::toString(engine.core().dtype()),
+                     engine.train_batch_size(), mb, ga, layout.data, indexed->num_tokens(),
+                     loader.batches_per_epoch())
+              << fmt::format(
+                     "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
+                     "{:.1f} s; {}\n",
+                     built_s, init_s, peak_memory(device))
+              << std::flush;
+
+  double interval_loss = 0;
+  int64_t interval_steps = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t step = 0; step < args.train_iters; ++step) {
+    const int64_t done = step + 1;
+    // Every stage returns the batch's loss (the mean over micro-batches and data ranks).
+    interval_loss += engine.train_batch(data_iter).item<double>();
+    ++interval_steps;
+    if (done % args.log_interval != 0 && done != args.train_iters) continue;
+    // The bubble of this step: the mean over every rank's stage.
+    at::Tensor bubble = at::full({}, engine.last_bubble_fraction(), at::kDouble).to(device);
+    world.all_reduce(bubble, comm::ReduceOp::kAvg).wait();
+    const double secs = seconds(t0);
+    const double tokens_per_s = static_cast<double>(interval_steps * tokens_per_step) / secs;
+    const double tflops = tokens_per_s * flops_per_token / ranks / 1e12;
+    if (rank == 0)
+      std::cout << fmt::format(
+                       "[train_gpt] step {}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.3f} | "
+                       "loss scale {:g} | {:.0f} tokens/s ({:.0f} per rank) | {:.3f} TFLOP/s per "
+                       "rank | MFU {} | {} | bubble {:.3f}\n",
+                       done, args.train_iters, interval_loss / interval_steps, engine.get_lr()[0],
+                       engine.get_global_grad_norm(), engine.loss_scale(), tokens_per_s,
+                       tokens_per_s / ranks, tflops,
+                       peak > 0 ? fmt::format("{:.1f}%", 100 * tflops / peak) : std::string("n/a"),
+                       peak_memory(device), bubble.item<double>())
+                << std::flush;
+    interval_loss = 0;
+    interval_steps = 0;
+    t0 = std::chrono::steady_clock::now();
+  }
+  if (rank == 0) std::cout << "[train_gpt] done. Logs: the lines above\n" << std::flush;
+  return 0;
+}
+
+}  // namespace dscpp::examples
