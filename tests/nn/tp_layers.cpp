@@ -35,7 +35,7 @@ at::Tensor f32_leaf(const at::Tensor& t) {
 }
 
 TEST(TensorParallelLinear, ColumnParallelMatchesOneRankFloat64) {
-  const int64_t in = 16, out = 24;
+  const int64_t in = 16, out = 48;  // out splits over 2, 4 and 8 ranks
   for (const auto& g : model_groups())
     for (bool gather : {false, true})
       for (bool skip : {false, true}) {
@@ -74,7 +74,7 @@ TEST(TensorParallelLinear, ColumnParallelMatchesOneRankFloat64) {
 }
 
 TEST(TensorParallelLinear, RowParallelMatchesOneRankFloat64) {
-  const int64_t in = 24, out = 12;
+  const int64_t in = 48, out = 12;
   for (const auto& g : model_groups())
     for (bool input_is_parallel : {false, true}) {
       SCOPED_TRACE(g.name + (input_is_parallel ? " input_is_parallel" : ""));
@@ -106,7 +106,7 @@ TEST(TensorParallelLinear, RowParallelMatchesOneRankFloat64) {
 
 TEST(TensorParallelLinear, SequenceParallelLinearsMatchOneRankFloat64) {
   // Sequence-first activations [s, b, h]: s = 8 splits over 2 and 4 ranks.
-  const int64_t s = 8, batch = 2, h = 16, ffn = 24;
+  const int64_t s = 8, batch = 2, h = 16, ffn = 48;
   for (const auto& g : model_groups()) {
     SCOPED_TRACE(g.name);
     // Column: this rank's sequence shard in, all of the sequence's columns out.
@@ -220,6 +220,25 @@ TEST(VocabParallelEmbedding, MatchesOneRankFloat64WithAndWithoutSequenceParallel
       EXPECT_TRUE(rel_close(y, sp ? chunk(Y.transpose(0, 1), 0, g) : Y));
       EXPECT_TRUE(rel_close(emb->weight.grad(), chunk(W.grad(), 0, g)));
     }
+}
+
+// Megatron's partition stride: the full rows cut into t·stride pieces, rank r holding
+// pieces r, r + t, ... (a fused QKV keeps each rank's q, k and v rows together).
+TEST(TensorParallelLayers, StridedPartitionHoldsInterleavedPieces) {
+  const int64_t stride = 2, in = 8, out = 48;
+  for (const auto& g : model_groups()) {
+    SCOPED_TRACE(g.name);
+    const auto opts = ParallelLinearOptions(in, out).stride(stride);
+    at::manual_seed(71);
+    ColumnParallelLinear col(opts, g.group);
+    at::manual_seed(71);
+    ColumnParallelLinear one(opts, nullptr);
+    const int64_t piece = out / (g.t() * stride);
+    const at::Tensor want = at::cat({one->weight.narrow(0, g.r() * piece, piece),
+                                     one->weight.narrow(0, (g.r() + g.t()) * piece, piece)});
+    EXPECT_TRUE(at::equal(col->weight, want));
+    EXPECT_EQ(col->tensor_parallel_attributes().at("weight").partition_stride, stride);
+  }
 }
 
 TEST(TensorParallelLayers, AttributesDescribeEachParameterOnce) {

@@ -1,6 +1,6 @@
 // The tensor-parallel tests' main: joins the Gloo job the dscpp launcher started and forms
-// the model groups (the world; with 4 ranks also two groups of 2, as Topology {data, model}
-// lays them), then runs every test on each group.
+// the model groups (the world, and the groups of every smaller degree that divides it, as
+// Topology {data, model} lays them), then runs every test on each group.
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -34,11 +34,17 @@ int main(int argc, char** argv) {
   tp_test::world_group = world;
   const int n = world->size();
   tp_test::groups.push_back({"t" + std::to_string(n) + " (world)", world});
-  if (n == 4) {
-    dscpp::comm::Topology topo({"data", "model"}, {2, 2});
+  // Every smaller tensor-parallel degree t > 1 that divides the world, as Topology
+  // {data, model} lays it (the model axis fastest: groups of consecutive ranks).
+  for (int t = n / 2; t > 1; --t) {
+    if (n % t != 0) continue;
+    dscpp::comm::Topology topo({"data", "model"}, {n / t, t});
     for (const auto& ranks : topo.get_axis_comm_lists("model")) {
-      auto g = world->new_subgroup(ranks, "model" + std::to_string(ranks[0]));
-      if (g) tp_test::groups.push_back({"t2 of ranks " + std::to_string(ranks[0]) + ",+1", g});
+      auto g = world->new_subgroup(ranks,
+                                   "model_t" + std::to_string(t) + "_" + std::to_string(ranks[0]));
+      if (g)
+        tp_test::groups.push_back(
+            {"t" + std::to_string(t) + " from rank " + std::to_string(ranks[0]), g});
     }
   }
   std::cout << "tp tests: rank " << world->rank() << " of " << n << ", " << tp_test::groups.size()
