@@ -93,7 +93,13 @@ const std::string& ProcessGroup::backend_name() const {
   return backend_->kind;
 }
 
+ProcessGroup::IssuedCount ProcessGroup::issued(const std::string& op) const {
+  auto it = issued_.find(op);
+  return it == issued_.end() ? IssuedCount{} : it->second;
+}
+
 Work ProcessGroup::issue(const char* op, std::function<void(Work&)> start) {
+  ++issued_[op].calls;
   Work w;
   w.state_ = std::make_shared<Work::State>();
   w.state_->what =
@@ -120,6 +126,7 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
 }
 
 Work ProcessGroup::all_reduce_coalesced(std::vector<at::Tensor>& tensors, ReduceOp op) {
+  for (const auto& t : tensors) issued_["all_reduce"].elements += t.numel();
   return issue("all_reduce", [&](Work& w) {
     bool local_avg = op == ReduceOp::kAvg && !backend_->native_avg;
     c10d::AllreduceOptions opts;
@@ -150,6 +157,7 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
         fmt::format("reduce_scatter on group '{}': input has {} elements, expected "
                     "{} (output {} x {} ranks)",
                     name_, input.numel(), output.numel() * size(), output.numel(), size()));
+  issued_["reduce_scatter"].elements += input.numel();
   return issue("reduce_scatter", [&](Work& w) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op, backend_->native_avg);
@@ -172,6 +180,7 @@ Work ProcessGroup::all_gather(at::Tensor& output, const at::Tensor& input) {
   if (output.numel() != input.numel() * size())
     throw CommError(fmt::format("all_gather on group '{}': output has {} elements, expected {}",
                                 name_, output.numel(), input.numel() * size()));
+  issued_["all_gather"].elements += input.numel();
   return issue("all_gather", [&](Work& w) {
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;
@@ -185,6 +194,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
   if (static_cast<int>(outputs.size()) != size())
     throw CommError(fmt::format("all_gather on group '{}': {} outputs for {} ranks", name_,
                                 outputs.size(), size()));
+  issued_["all_gather"].elements += input.numel();
   return issue("all_gather", [&](Work& w) {
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;

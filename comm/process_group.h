@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -93,6 +94,17 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Work all_to_all(at::Tensor& output, const at::Tensor& input);
   Work barrier();
 
+  // What this process has issued on this group so far, per op name ("all_reduce",
+  // "all_gather", ...): calls, and the elements this rank contributed (the input's numel for
+  // all_reduce, reduce_scatter and all_gather; 0 for the others). For tests and profiles
+  // that assert which collectives a computation runs (a vocabulary-parallel loss that never
+  // gathers its logits); ops never issued read as zero.
+  struct IssuedCount {
+    int64_t calls = 0;
+    int64_t elements = 0;
+  };
+  IssuedCount issued(const std::string& op) const;
+
   // A sub-group of the given ranks of this group (ascending, distinct). Every rank of this
   // group must call it, in the same order; ranks outside the list get nullptr.
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks,
@@ -108,6 +120,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::chrono::milliseconds timeout_;
   int subgroups_made_ = 0;                   // names sub-group stores identically on every rank
   std::shared_ptr<ArrivalMonitor> monitor_;  // null for a backend without a store
+  std::map<std::string, IssuedCount> issued_;
 };
 
 }  // namespace dscpp::comm

@@ -1,0 +1,187 @@
+// The tensor-parallel GPT: GPT's modules with nn's parallel layers in place of the linears
+// and the token embedding, drawn in GPT's order.
+#include "dscpp/model_zoo/gpt_tensor_parallel.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <utility>
+
+#include "dscpp/config/config_error.h"
+#include "dscpp/nn/linear.h"
+#include "dscpp/nn/normal_init.h"
+#include "dscpp/nn/rng_tracker.h"
+#include "dscpp/nn/vocab_parallel_cross_entropy.h"
+#include "dscpp/ops/fused_ops.h"
+
+namespace dscpp::model_zoo {
+
+namespace {
+
+torch::nn::LayerNorm make_layer_norm(const GPTConfig& c) {
+  return torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layernorm_epsilon));
+}
+
+// GPT's output_layer_init_method (gpt.cpp): the residual branches' projections scaled down.
+double residual_std(const GPTConfig& c) {
+  return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+}
+
+nn::ParallelLinearOptions linear_options(int64_t in, int64_t out, double std) {
+  return nn::ParallelLinearOptions(in, out).init_method(nn::init_method_normal(std));
+}
+
+void check_divides(int64_t value, const char* key, int t) {
+  if (value % t != 0)
+    throw ConfigError(key, fmt::format("expected a multiple of the tensor-parallel degree {}, "
+                                       "found {}",
+                                       t, value));
+}
+
+}  // namespace
+
+TensorParallelGPTEmbeddingImpl::TensorParallelGPTEmbeddingImpl(const GPTConfig& c,
+                                                               nn::GroupPtr group)
+    : dropout(c.hidden_dropout) {
+  word = register_module("word",
+                         nn::VocabParallelEmbedding(c.vocab_size, c.hidden_size, group,
+                                                    nn::init_method_normal(c.init_method_std)));
+  at::Tensor table = at::empty({c.positions(), c.hidden_size});
+  nn::normal_init(table, c.init_method_std);
+  position = register_module(
+      "position", torch::nn::Embedding(
+                      torch::nn::EmbeddingOptions(c.positions(), c.hidden_size)._weight(table)));
+}
+
+at::Tensor TensorParallelGPTEmbeddingImpl::forward(const at::Tensor& input_ids) {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
+              "TensorParallelGPT: expected input_ids of shape [batch, seq] and dtype int64, got ",
+              input_ids.sizes(), " ", input_ids.scalar_type());
+  const int64_t seq = input_ids.size(1);
+  TORCH_CHECK(seq <= position->weight.size(0), "TensorParallelGPT: a sequence of ", seq,
+              " tokens is longer than max_position_embeddings (", position->weight.size(0), ")");
+  at::Tensor positions = at::arange(seq, input_ids.options());
+  return at::dropout(word(input_ids) + position(positions), dropout, is_training());
+}
+
+TensorParallelGPTAttentionImpl::TensorParallelGPTAttentionImpl(const GPTConfig& c,
+                                                               nn::GroupPtr group)
+    : local_heads(c.num_attention_heads / nn::tensor_model_parallel_size(group)),
+      dropout(c.attention_dropout) {
+  // Stride 3: GPT's qkv rows are all of q, then k, then v; each rank takes its heads of each.
+  qkv = register_module(
+      "qkv",
+      nn::ColumnParallelLinear(
+          linear_options(c.hidden_size, 3 * c.hidden_size, c.init_method_std).stride(3), group));
+  proj = register_module(
+      "proj",
+      nn::RowParallelLinear(
+          linear_options(c.hidden_size, c.hidden_size, residual_std(c)).input_is_parallel(true),
+          group));
+}
+
+at::Tensor TensorParallelGPTAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  auto heads = ops::qkv_heads(qkv(x).first, local_heads);
+  const double p = is_training() ? dropout : 0.0;
+  at::Tensor y;
+  if (p > 0) {
+    // The heads are split: each rank's dropout mask must be its own.
+    auto fork = nn::get_cuda_rng_tracker().fork();
+    y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], {}, p, true);
+  } else {
+    y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], {}, 0.0, true);
+  }
+  return proj(y.transpose(1, 2).reshape({batch, seq, -1})).first;
+}
+
+TensorParallelGPTMLPImpl::TensorParallelGPTMLPImpl(const GPTConfig& c, nn::GroupPtr group)
+    : approximate(c.gelu_approximation), fused(c.bias_gelu_fusion) {
+  fc = register_module(
+      "fc", nn::ColumnParallelLinear(
+                linear_options(c.hidden_size, c.ffn_size(), c.init_method_std).skip_bias_add(fused),
+                group));
+  proj = register_module(
+      "proj",
+      nn::RowParallelLinear(
+          linear_options(c.ffn_size(), c.hidden_size, residual_std(c)).input_is_parallel(true),
+          group));
+}
+
+at::Tensor TensorParallelGPTMLPImpl::forward(const at::Tensor& x) {
+  auto [h, bias] = fc(x);
+  h = fused ? ops::bias_gelu(h, bias, approximate == "tanh") : at::gelu(h, approximate);
+  return proj(h).first;
+}
+
+TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::GroupPtr group)
+    : dropout(c.hidden_dropout) {
+  ln_1 = register_module("ln_1", make_layer_norm(c));
+  attn = register_module("attn", TensorParallelGPTAttention(c, group));
+  ln_2 = register_module("ln_2", make_layer_norm(c));
+  mlp = register_module("mlp", TensorParallelGPTMLP(c, group));
+}
+
+at::Tensor TensorParallelGPTBlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x + at::dropout(attn(ln_1(x)), dropout, is_training());
+  return h + at::dropout(mlp(ln_2(h)), dropout, is_training());
+}
+
+TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group)
+    : config_(std::move(config)), group_(std::move(group)) {
+  config_.validate();
+  const int t = nn::tensor_model_parallel_size(group_);
+  if (config_.parallelism.tensor_model_parallel_size != t)
+    throw ConfigError("parallelism.tensor_model_parallel_size",
+                      fmt::format("expected {} (the size of the model-parallel group given), "
+                                  "found {}",
+                                  t, config_.parallelism.tensor_model_parallel_size));
+  if (config_.checkpoint_activations)
+    throw ConfigError("checkpoint_activations",
+                      "expected false (TensorParallelGPT does not checkpoint its blocks yet), "
+                      "found true");
+  check_divides(config_.num_attention_heads, "num_attention_heads", t);
+  check_divides(config_.ffn_size(), "ffn_hidden_size", t);
+  check_divides(config_.vocab_size, "vocab_size", t);
+  embedding = register_module("embedding", TensorParallelGPTEmbedding(config_, group_));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    block_list_.emplace_back(config_, group_);
+    blocks->push_back(block_list_.back());
+  }
+  final_norm = register_module("final_norm", make_layer_norm(config_));
+  if (!config_.tie_word_embeddings)
+    head = register_module(
+        "head", nn::ColumnParallelLinear(
+                    linear_options(config_.hidden_size, config_.vocab_size, config_.init_method_std)
+                        .bias(false),
+                    group_));
+}
+
+at::Tensor TensorParallelGPTImpl::forward(const at::Tensor& input_ids) {
+  at::Tensor x = embedding(input_ids);
+  for (auto& block : block_list_) x = block(x);
+  x = final_norm(x);
+  if (head) return head(x).first;
+  // The tied head: this rank's vocabulary rows; x enters the region whole, so its gradient
+  // (a partial sum over the vocabulary shards) is all-reduced.
+  return nn::linear(nn::copy_to_tensor_model_parallel_region(x, group_), embedding->word->weight);
+}
+
+at::Tensor TensorParallelGPTImpl::loss(const at::Tensor& logits_parallel,
+                                       const at::Tensor& targets) const {
+  TORCH_CHECK(logits_parallel.dim() == 3 && targets.dim() == 2 &&
+                  logits_parallel.size(0) == targets.size(0) &&
+                  logits_parallel.size(1) == targets.size(1),
+              "TensorParallelGPT::loss: expected logits [B,S,V/t] and targets [B,S], got ",
+              logits_parallel.sizes(), " and ", targets.sizes());
+  // PyTorch's ignore_index: tokens of -100 neither count nor divide.
+  const at::Tensor counted = targets != -100;
+  const at::Tensor per_token =
+      nn::vocab_parallel_cross_entropy(logits_parallel, at::where(counted, targets, 0), group_);
+  return (per_token * counted).sum() / counted.sum();
+}
+
+}  // namespace dscpp::model_zoo

@@ -1,0 +1,101 @@
+// TensorParallelGPT: model_zoo's GPT (gpt.h) with its layers cut over a model-parallel group
+// of t ranks, as Megatron-LM cuts them: the heads split across ranks (QKV column-parallel
+// with stride 3, so each rank holds the q, k and v rows of its heads; the attention projection
+// row-parallel), the MLP's first linear column-parallel and its second row-parallel, the token
+// embedding vocabulary-parallel and the tied head multiplying by this rank's vocabulary rows;
+// LayerNorms, the position embedding and the row-parallel biases replicated.
+//
+// The same parameter names as GPT ("embedding.word.weight", "blocks.0.attn.qkv.weight", ...),
+// each described by nn::tensor_parallel_attributes. The master weights are drawn whole in
+// GPT's order with GPT's initialisation, and each rank keeps its partition: seeded alike, t
+// ranks hold exactly the slices of GPT(config)'s weights.
+//
+// forward(input_ids [B,S]) gives this rank's logits [B,S,V/t]; loss() is the mean token cross
+// entropy through nn::vocab_parallel_cross_entropy (targets of -100 left out), the logits
+// never gathered. Attention dropout (split heads) draws under the model-parallel RNG tracker's
+// fork (nn::model_parallel_cuda_manual_seed must have been called when it is on), hidden
+// dropout (replicated) from the default generator. Not here: sequence parallelism, activation
+// checkpointing (a ConfigError when asked for), the LayerSpec form.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <vector>
+
+#include "dscpp/model_zoo/gpt_config.h"
+#include "dscpp/nn/parallel_linear.h"
+#include "dscpp/nn/vocab_parallel_embedding.h"
+
+namespace dscpp::model_zoo {
+
+struct TensorParallelGPTEmbeddingImpl : torch::nn::Module {
+  TensorParallelGPTEmbeddingImpl(const GPTConfig& config, nn::GroupPtr group);
+  at::Tensor forward(const at::Tensor& input_ids);  // [B,S] -> [B,S,h], whole on every rank
+
+  nn::VocabParallelEmbedding word{nullptr};  // [V/t, h]
+  torch::nn::Embedding position{nullptr};    // [positions, h], replicated
+  double dropout = 0;
+};
+TORCH_MODULE(TensorParallelGPTEmbedding);
+
+struct TensorParallelGPTAttentionImpl : torch::nn::Module {
+  TensorParallelGPTAttentionImpl(const GPTConfig& config, nn::GroupPtr group);
+  at::Tensor forward(const at::Tensor& x);
+
+  nn::ColumnParallelLinear qkv{nullptr};  // [3h/t, h]: q, k, v rows of this rank's heads
+  nn::RowParallelLinear proj{nullptr};    // [h, h/t]
+  int64_t local_heads = 0;                // num_attention_heads / t
+  double dropout = 0;
+};
+TORCH_MODULE(TensorParallelGPTAttention);
+
+struct TensorParallelGPTMLPImpl : torch::nn::Module {
+  TensorParallelGPTMLPImpl(const GPTConfig& config, nn::GroupPtr group);
+  at::Tensor forward(const at::Tensor& x);
+
+  nn::ColumnParallelLinear fc{nullptr};  // [ffn/t, h]
+  nn::RowParallelLinear proj{nullptr};   // [h, ffn/t]
+  std::string approximate;
+  bool fused = true;
+};
+TORCH_MODULE(TensorParallelGPTMLP);
+
+struct TensorParallelGPTBlockImpl : torch::nn::Module {
+  TensorParallelGPTBlockImpl(const GPTConfig& config, nn::GroupPtr group);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  TensorParallelGPTAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  TensorParallelGPTMLP mlp{nullptr};
+  double dropout = 0;
+};
+TORCH_MODULE(TensorParallelGPTBlock);
+
+struct TensorParallelGPTImpl : torch::nn::Module {
+  // group: the model-parallel group, of config.parallelism.tensor_model_parallel_size ranks
+  // (null for 1); num_attention_heads, the FFN width and vocab_size must divide by it.
+  TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group);
+
+  at::Tensor forward(const at::Tensor& input_ids);  // -> this rank's logits [B,S,V/t]
+  at::Tensor loss(const at::Tensor& logits_parallel, const at::Tensor& targets) const;
+  const GPTConfig& config() const { return config_; }
+
+  TensorParallelGPTEmbedding embedding{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm final_norm{nullptr};
+  nn::ColumnParallelLinear head{nullptr};  // only when the embeddings are not tied: [V/t, h]
+
+ private:
+  GPTConfig config_;
+  nn::GroupPtr group_;
+  std::vector<TensorParallelGPTBlock> block_list_;
+};
+TORCH_MODULE(TensorParallelGPT);
+
+}  // namespace dscpp::model_zoo
