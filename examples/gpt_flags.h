@@ -58,6 +58,7 @@ struct GptOptions {
   int64_t memory_snapshot_step = 2;
   bool layer_specs = false;    // the GPT as LayerSpecs at any stage (always at stage 3)
   bool bench_no_comm = false;  // a no-op process group: the communication-off bound
+  bool dry_run = false;        // --dry-run: the figures of examples/dry_run.h, no training
   bool help = false;           // --help: `help_text` holds the flags' descriptions
   std::string help_text;
 };
