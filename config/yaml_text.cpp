@@ -4,14 +4,19 @@
 #include "dscpp/config/yaml_text.h"
 
 #include <fmt/format.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
+#include <sstream>
+#include <vector>
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/json_bounds.h"
@@ -26,6 +31,23 @@ using nlohmann::json;
 constexpr size_t kMaxYamlValues = 1u << 16;
 
 const std::string kTagPrefix = "tag:yaml.org,2002:";
+
+// Where each document of the text starts (yaml-cpp's event interface, nothing else kept).
+struct DocumentStarts : YAML::EventHandler {
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
 
 class Converter {
  public:
@@ -80,55 +102,90 @@ class Converter {
     const std::string& text = node.Scalar();
     const std::string& tag = node.Tag();
     if (tag == "!") return text;  // quoted: a string whatever it spells
-    if (tag == "?" || tag.empty()) return plain(text);
-    if (tag.rfind(kTagPrefix, 0) != 0)
-      fail(node.Mark(), fmt::format("tag '{}' is not one a config can use", tag));
-    const std::string kind = tag.substr(kTagPrefix.size());
-    if (kind == "str") return text;
-    json typed = plain(text);
-    const bool ok = (kind == "int" && typed.is_number_integer()) ||
-                    (kind == "float" && typed.is_number()) ||
-                    (kind == "bool" && typed.is_boolean()) || (kind == "null" && typed.is_null());
-    if (!ok) fail(node.Mark(), fmt::format("'{}' is not a valid !!{}", text, kind));
-    if (kind == "float") return typed.get<double>();
+    json typed;
+    if (tag == "?" || tag.empty()) {
+      typed = plain(text);
+    } else {
+      if (tag.rfind(kTagPrefix, 0) != 0)
+        fail(node.Mark(), fmt::format("tag '{}' is not one a config can use", tag));
+      const std::string kind = tag.substr(kTagPrefix.size());
+      if (kind == "str") return text;
+      typed = plain(text);
+      const bool ok = (kind == "int" && typed.is_number_integer()) ||
+                      (kind == "float" && typed.is_number()) ||
+                      (kind == "bool" && typed.is_boolean()) || (kind == "null" && typed.is_null());
+      if (!ok) fail(node.Mark(), fmt::format("'{}' is not a valid !!{}", text, kind));
+      if (kind == "float") typed = typed.get<double>();
+    }
+    // JSON has no infinity or NaN, and no config value means one.
+    if (typed.is_number_float() && !std::isfinite(typed.get<double>()))
+      fail(node.Mark(), fmt::format("'{}' is not a finite number", text));
     return typed;
   }
 
-  // YAML 1.2's core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution).
+  // YAML 1.2's core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution), matched by
+  // hand: std::regex recurses per character and would overflow the stack on a long number.
   static json plain(const std::string& s) {
     static const std::set<std::string> nulls = {"", "~", "null", "Null", "NULL"};
     static const std::set<std::string> trues = {"true", "True", "TRUE"};
     static const std::set<std::string> falses = {"false", "False", "FALSE"};
+    static const std::set<std::string> infs = {".inf",  ".Inf",  ".INF",  "+.inf", "+.Inf",
+                                               "+.INF", "-.inf", "-.Inf", "-.INF"};
+    static const std::set<std::string> nans = {".nan", ".NaN", ".NAN"};
     if (nulls.count(s)) return nullptr;
     if (trues.count(s)) return true;
     if (falses.count(s)) return false;
-    // Only text that starts as a number can be one: the regular expressions (slow in a debug
-    // build) see no names.
-    const char c0 = s[0];
-    if (!(std::isdigit(static_cast<unsigned char>(c0)) || c0 == '-' || c0 == '+' || c0 == '.'))
-      return s;
-    static const std::regex dec("[-+]?[0-9]+");
-    static const std::regex oct("0o[0-7]+");
-    static const std::regex hex("0x[0-9a-fA-F]+");
-    static const std::regex flt("[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?");
-    static const std::regex inf("[-+]?\\.(inf|Inf|INF)");
-    static const std::regex nan("\\.(nan|NaN|NAN)");
-    // Beyond int64: a decimal becomes a double (as nlohmann reads it); a hexadecimal or octal
-    // number stays text, which the typed readers refuse by type.
-    try {
-      if (std::regex_match(s, dec)) return std::stoll(s);
-      if (std::regex_match(s, oct)) return std::stoll(s.substr(2), nullptr, 8);
-      if (std::regex_match(s, hex)) return std::stoll(s.substr(2), nullptr, 16);
-    } catch (const std::out_of_range&) {
-      return std::regex_match(s, dec) ? json(std::stod(s)) : json(s);
-    }
-    if (std::regex_match(s, flt)) return std::stod(s);
-    // JSON has no infinity or NaN: kept as doubles, the typed readers refuse them by range.
-    if (std::regex_match(s, inf))
+    if (infs.count(s))
       return s[0] == '-' ? -std::numeric_limits<double>::infinity()
                          : std::numeric_limits<double>::infinity();
-    if (std::regex_match(s, nan)) return std::numeric_limits<double>::quiet_NaN();
-    return s;
+    if (nans.count(s)) return std::numeric_limits<double>::quiet_NaN();
+    auto digits = [&](size_t i, int base) {  // the end of a run of digits from i
+      auto value = [](char c) {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return 99;
+      };
+      while (i < s.size() && value(s[i]) < base) ++i;
+      return i;
+    };
+    if (s.size() > 2 && s[0] == '0' && (s[1] == 'o' || s[1] == 'x')) {
+      const int base = s[1] == 'o' ? 8 : 16;
+      if (digits(2, base) != s.size()) return s;
+      // Beyond int64 it stays text, which the typed readers refuse by type.
+      errno = 0;
+      const unsigned long long v = std::strtoull(s.c_str() + 2, nullptr, base);
+      if (errno == ERANGE || v > static_cast<unsigned long long>(INT64_MAX)) return s;
+      return static_cast<int64_t>(v);
+    }
+    size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
+    const size_t int_start = i;
+    i = digits(i, 10);
+    const bool has_int = i > int_start;
+    if (has_int && i == s.size()) {
+      errno = 0;
+      const long long v = std::strtoll(s.c_str(), nullptr, 10);
+      // Beyond int64 a decimal becomes a double, as nlohmann reads it.
+      if (errno == ERANGE) return std::strtod(s.c_str(), nullptr);
+      return static_cast<int64_t>(v);
+    }
+    bool has_frac = false;
+    if (i < s.size() && s[i] == '.') {
+      const size_t frac_start = ++i;
+      i = digits(i, 10);
+      has_frac = i > frac_start;
+    }
+    if (!has_int && !has_frac) return s;
+    if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+      ++i;
+      if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+      const size_t exp_start = i;
+      i = digits(i, 10);
+      if (i == exp_start) return s;
+    }
+    if (i != s.size()) return s;
+    // strtod, not stod: beyond a double is infinity (refused by the caller), not an exception.
+    return std::strtod(s.c_str(), nullptr);
   }
 
   std::string source_;
@@ -154,19 +211,41 @@ json parse_yaml_text(const std::string& text, const std::string& source, KeyPosi
     throw ConfigError("", fmt::format("{}: cannot parse: byte 0x{:02x} at offset {} is not valid "
                                       "UTF-8 (a config must be UTF-8 text)",
                                       source, static_cast<unsigned char>(text[bad]), bad));
+  // yaml-cpp guesses UTF-16 or UTF-32 from NUL bytes at the start and transcodes; a config
+  // is UTF-8, in which a NUL byte is no character YAML allows.
+  if (size_t nul = text.find('\0'); nul != std::string::npos)
+    throw ConfigError("", fmt::format("{}: cannot parse: a NUL byte at offset {} (a config must "
+                                      "be UTF-8 text)",
+                                      source, nul));
   Converter converter(source, positions);
-  std::vector<YAML::Node> docs;
+  // Not YAML::LoadAll: on some malformed text (a stray ',' where a node starts) yaml-cpp 0.7's
+  // parser reports a new empty document forever without consuming the token, and LoadAll
+  // loops, filling memory (jbeder/yaml-cpp#1040, fixed in 0.8.1 by #1319). Counting at most
+  // two documents with the event parser is bounded; YAML::Load then reads the first.
+  DocumentStarts starts;
+  YAML::Node doc;
   try {
-    docs = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    for (int i = 0; i < 2 && parser.HandleNextDocument(starts); ++i) {
+    }
+    doc = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     converter.fail(e.mark, e.msg);
   }
-  if (docs.empty() || docs[0].IsNull())
+  if (starts.marks.size() > 1)
+    converter.fail(starts.marks[1],
+                   "text after the configuration: a second YAML document ('---'), or a stray "
+                   "',' or other token where none may stand; a config is one document");
+  if (doc.IsNull())
     throw ConfigError("", source + ": no configuration in it (the text is empty or only comments)");
-  if (docs.size() > 1)
-    converter.fail(docs[1].Mark(), "a second YAML document ('---'): a config is one document");
+  const std::vector<YAML::Node> docs = {doc};
   try {
-    return converter.convert(docs[0], "", 0);
+    json result = converter.convert(docs[0], "", 0);
+    // What yaml-cpp made of the text is checked as any JSON we are given (UTF-8 of every key
+    // and string: its escapes can spell a lone surrogate).
+    check_json_bounds(result, source);
+    return result;
   } catch (const YAML::Exception& e) {
     converter.fail(e.mark, e.msg);
   }

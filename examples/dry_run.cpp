@@ -67,6 +67,11 @@ model_zoo::ParallelismConfig resolve_layout(const model_zoo::GPTConfig& model, i
     world_size = p.tensor_model_parallel_size * p.pipeline_model_parallel_size *
                  std::max<int64_t>(p.data_parallel_size, 1);
   model_zoo::ParallelismConfig r = p.resolve(world_size);
+  // comm::Topology counts ranks in an int; real jobs are a few thousand ranks.
+  constexpr int64_t kMaxRanks = int64_t{1} << 24;
+  if (world_size > kMaxRanks)
+    throw ConfigError("parallelism", fmt::format("{} ranks: more than the {} a dry run lays out",
+                                                 world_size, kMaxRanks));
   if (r.tensor_model_parallel_size > 1 &&
       model.num_attention_heads % r.tensor_model_parallel_size != 0)
     throw ConfigError("parallelism.tensor_model_parallel_size",

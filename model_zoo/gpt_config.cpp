@@ -15,8 +15,17 @@ using nlohmann::json;
 
 namespace {
 
-int64_t required_int(Section& s, const std::string& key) {
-  auto v = s.get_opt_int(key, 1);
+// Bounds on every dimension, far above any real model (the 535B layout: h 20480, 120 layers),
+// so that the parameter count and FLOPs (about 12 L h^2 + 2 L h f + V h) stay inside int64:
+// at the bounds 2^16 * (4 * 2^36 + 2 * 2^18 * 2^22) + 2^28 * 2^18 is under 2^59.
+constexpr int64_t kMaxWidth = int64_t{1} << 18;    // hidden_size
+constexpr int64_t kMaxFfn = int64_t{1} << 22;      // ffn_hidden_size
+constexpr int64_t kMaxLayers = int64_t{1} << 16;   // num_layers
+constexpr int64_t kMaxRows = int64_t{1} << 28;     // vocab_size, positions
+constexpr int64_t kMaxDivisor = int64_t{1} << 20;  // make_vocab_size_divisible_by
+
+int64_t required_int(Section& s, const std::string& key, int64_t max) {
+  auto v = s.get_opt_int(key, 1, max);
   if (!v) throw ConfigError(s.path_of(key), "required key missing: expected an integer >= 1");
   return *v;
 }
@@ -43,23 +52,24 @@ namespace {
 
 // The model's own keys, in `s` (the root of a flat config, or its `model` section).
 void read_model_keys(Section& s, GPTConfig& c) {
-  c.hidden_size = required_int(s, "hidden_size");
-  c.num_layers = required_int(s, "num_layers");
-  c.num_attention_heads = required_int(s, "num_attention_heads");
+  c.hidden_size = required_int(s, "hidden_size", kMaxWidth);
+  c.num_layers = required_int(s, "num_layers", kMaxLayers);
+  c.num_attention_heads = required_int(s, "num_attention_heads", kMaxWidth);
   c.make_vocab_size_divisible_by =
-      s.get_int("make_vocab_size_divisible_by", c.make_vocab_size_divisible_by, 1);
+      s.get_int("make_vocab_size_divisible_by", c.make_vocab_size_divisible_by, 1, kMaxDivisor);
   c.vocab_size = s.get_int(
       "vocab_size",
-      GPTConfig::padded_vocab_size(GPTConfig::kGPT2VocabSize, c.make_vocab_size_divisible_by), 1);
-  auto seq = s.get_opt_int("seq_length", 1);
-  auto positions = s.get_opt_int("max_position_embeddings", 1);
+      GPTConfig::padded_vocab_size(GPTConfig::kGPT2VocabSize, c.make_vocab_size_divisible_by), 1,
+      kMaxRows);
+  auto seq = s.get_opt_int("seq_length", 1, kMaxRows);
+  auto positions = s.get_opt_int("max_position_embeddings", 1, kMaxRows);
   if (!seq && !positions)
     throw ConfigError(
         s.path_of("seq_length"),
         "required key missing: expected an integer >= 1 (or max_position_embeddings)");
   c.seq_length = seq ? *seq : *positions;
   c.max_position_embeddings = positions ? *positions : *seq;
-  c.ffn_hidden_size = s.get_int("ffn_hidden_size", 4 * c.hidden_size, 1);
+  c.ffn_hidden_size = s.get_int("ffn_hidden_size", 4 * c.hidden_size, 1, kMaxFfn);
   c.hidden_dropout = s.get_double("hidden_dropout", c.hidden_dropout, 0.0, 1.0);
   c.attention_dropout = s.get_double("attention_dropout", c.attention_dropout, 0.0, 1.0);
   c.layernorm_epsilon =

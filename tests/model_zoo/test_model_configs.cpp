@@ -130,6 +130,20 @@ TEST(ModelConfigs, ErrorsInsideSectionsNameThePathAndTheLine) {
     mz::GPTConfig::from_file(write("p.yaml", std::string(kSectioned) + "  tensor_paralel: 2\n"));
   });
   EXPECT_TRUE(has(e, "parallelism.tensor_paralel") && has(e, "p.yaml:10:3")) << e;
+  // Dimensions and degrees beyond any real model are refused before any count overflows
+  // (found by fuzz_model_config).
+  e = error_of([] {
+    mz::GPTConfig::from_json(
+        json::parse(R"({"model": {"hidden_size": 4611686018427387904, "num_layers": 2,
+                        "num_attention_heads": 4, "seq_length": 8}})"));
+  });
+  EXPECT_TRUE(has(e, "model.hidden_size")) << e;
+  e = error_of([] {
+    mz::GPTConfig::from_json(json::parse(
+        R"({"hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "seq_length": 8,
+            "parallelism": {"tensor_model_parallel_size": 4611686018427387904}})"));
+  });
+  EXPECT_TRUE(has(e, "parallelism.tensor_model_parallel_size")) << e;
   // The world-size arithmetic of the parallelism section.
   mz::GPTConfig c = mz::GPTConfig::from_file(write("w.yaml", kSectioned));
   e = error_of([&] { c.parallelism.resolve(4); });
