@@ -14,6 +14,14 @@ else()
   find_package(Boost 1.74 CONFIG REQUIRED COMPONENTS program_options)
 endif()
 find_package(Threads REQUIRED)
+# yaml-cpp: model configs written as YAML (config/yaml_text.cpp). Debian's libyaml-cpp-dev (0.7;
+# Ubuntu 24.04 has 0.8, which keeps the target name `yaml-cpp`). A GPU machine without it
+# takes the two Debian packages carried in .gpu/ (scripts/gpu_run.sh unpacks them).
+find_package(yaml-cpp CONFIG)
+if(NOT yaml-cpp_FOUND)
+  message(FATAL_ERROR "dscpp: yaml-cpp not found; apt-get install libyaml-cpp-dev (or carry "
+    "libyaml-cpp-dev and libyaml-cpp0.7 .debs in .gpu/ on a GPU machine)")
+endif()
 # zlib: CRC-32 checks of checkpoint records (LibTorch's zip reader skips them).
 find_package(ZLIB REQUIRED)
 

@@ -15,6 +15,7 @@
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/json_bounds.h"
+#include "dscpp/config/yaml_text.h"
 
 namespace dscpp::config {
 namespace {
@@ -318,7 +319,7 @@ json read_config(const std::string& path_or_text) {
                  : read_config_file(path_or_text);
 }
 
-json read_config_file(const std::string& path) {
+json read_config_file(const std::string& path, KeyPositions* positions) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec))
@@ -330,7 +331,23 @@ json read_config_file(const std::string& path) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   if (in.bad()) throw ConfigError("", fmt::format("cannot read config file '{}'", path));
+  if (is_yaml_path(path)) return parse_yaml_text(text, path, positions);
   return parse_config_text(text, path);
+}
+
+std::string where_in_file(const std::string& file, const KeyPositions& positions,
+                          const std::string& path) {
+  // Walk up the path ("model.ffn[1]" -> "model.ffn" -> "model") to the nearest key we placed.
+  std::string p = path;
+  while (!p.empty()) {
+    auto it = positions.find(p);
+    if (it != positions.end())
+      return fmt::format("{}:{}:{}", file, it->second.line, it->second.column);
+    size_t cut = p.find_last_of(".[");
+    if (cut == std::string::npos) break;
+    p.resize(cut);
+  }
+  return file;
 }
 
 }  // namespace dscpp::config

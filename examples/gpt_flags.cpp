@@ -106,6 +106,10 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
     ("seed-layers", po::bool_switch(&a.seed_layers),
      "build the GPT as its LayerSpecs, each layer seeded with --seed + its index (DeepSpeed's "
      "seed_layers): the initial weights of a pipeline run, on any number of stages")
+    ("dry-run", po::bool_switch(&a.dry_run),
+     "print the parameter count, model states per GPU at ZeRO 0-3, activation memory per "
+     "micro-batch and the rank layout of --model-config, then exit: nothing is allocated, no "
+     "process group made (--train-data-path and --deepspeed_config optional)")
     ("local_rank", po::value<int>(), "set by the launcher");
   // clang-format on
   po::options_description hidden;
@@ -145,8 +149,8 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
     a.help_text = text.str();
     return a;
   }
-  a.data_path = one_of(vm, "data-path", "train-data-path", true);
-  a.ds_config = one_of(vm, "deepspeed_config", "deepspeed-config", true);
+  a.data_path = one_of(vm, "data-path", "train-data-path", !a.dry_run);
+  a.ds_config = one_of(vm, "deepspeed_config", "deepspeed-config", !a.dry_run);
   if (a.model_config.empty()) throw FlagError("--model-config is required");
   a.train_iters_given = vm.count("train-iters") > 0;
   if (vm.count("micro-batch-size")) a.micro_batch_size = micro;

@@ -35,6 +35,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -42,6 +43,7 @@
 #include <set>
 #include <thread>
 
+#include "dry_run.h"
 #include "dscpp/comm/no_op_group.h"
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/config/json_text.h"
@@ -384,6 +386,20 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   return 0;
 }
 
+// The model config's `parallelism` against the job: the world-size arithmetic (an error shows
+// it), and no tensor parallelism until issue 19's layers are in train_gpt (pipelines are:
+// job_layout).
+void check_model_config_layout(const dscpp::model_zoo::GPTConfig& cfg, int64_t world) {
+  const auto layout = dscpp::examples::resolve_layout(cfg, world);
+  if (layout.tensor_model_parallel_size > 1)
+    throw dscpp::examples::FlagError(fmt::format(
+        "the model config's parallelism is tensor {} x pipeline {} x data {}: tensor "
+        "parallelism is not in train_gpt yet (issue 19; data and pipeline parallelism are); "
+        "`train_gpt --dry-run` shows this layout's figures",
+        layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
+        layout.data_parallel_size));
+}
+
 // Rank 0 prints; another rank waits a moment before it fails, so that the launcher, which
 // stops the job at the first rank to exit, does not stop rank 0 before it has printed.
 int report_once(bool quiet, const std::string& what, int status) {
@@ -401,12 +417,14 @@ int report_once(bool quiet, const std::string& what, int status) {
 // rank: rank 0 prints it, the others exit with the same status without a word.
 int main(int argc, char** argv) {
   program_start = std::chrono::steady_clock::now();
-  bool quiet = false;
+  bool quiet = false, launched = false;
   int64_t world = 1;
   try {
     const auto env = dscpp::comm::read_dist_env();
     quiet = env.rank != 0;
     world = env.world_size;
+    // --dry-run on one machine without the launcher takes the config's own degrees.
+    launched = std::getenv("RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
   } catch (const std::exception&) {
     // A broken launch environment is the rendezvous's to report, with its variable named.
   }
@@ -420,6 +438,7 @@ int main(int argc, char** argv) {
       if (!quiet) std::cout << args.help_text << "\n";
       return 0;
     }
+    if (args.dry_run) return dscpp::examples::run_dry_run(args, launched ? world : 0, quiet);
     // The parallel degrees are read here so that a Megatron-LM command line is understood;
     // train_gpt runs data parallelism and pipelines (issue 18) until issue 19's tensor
     // parallelism is in it.
@@ -429,6 +448,7 @@ int main(int argc, char** argv) {
           "19); only 1 runs today",
           args.tensor_model_parallel_size));
     cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
+    check_model_config_layout(*cfg, world);
     // A pipeline (train_gpt_pipeline.h) leaves world / stages ranks to data parallelism.
     const auto raw = dscpp::config::read_config(args.ds_config);
     layout = dscpp::examples::job_layout(*cfg, raw, args, world);

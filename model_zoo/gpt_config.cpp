@@ -15,8 +15,17 @@ using nlohmann::json;
 
 namespace {
 
-int64_t required_int(Section& s, const std::string& key) {
-  auto v = s.get_opt_int(key, 1);
+// Bounds on every dimension, far above any real model (the 535B layout: h 20480, 120 layers),
+// so that the parameter count and FLOPs (about 12 L h^2 + 2 L h f + V h) stay inside int64:
+// at the bounds 2^16 * (4 * 2^36 + 2 * 2^18 * 2^22) + 2^28 * 2^18 is under 2^59.
+constexpr int64_t kMaxWidth = int64_t{1} << 18;    // hidden_size
+constexpr int64_t kMaxFfn = int64_t{1} << 22;      // ffn_hidden_size
+constexpr int64_t kMaxLayers = int64_t{1} << 16;   // num_layers
+constexpr int64_t kMaxRows = int64_t{1} << 28;     // vocab_size, positions
+constexpr int64_t kMaxDivisor = int64_t{1} << 20;  // make_vocab_size_divisible_by
+
+int64_t required_int(Section& s, const std::string& key, int64_t max) {
+  auto v = s.get_opt_int(key, 1, max);
   if (!v) throw ConfigError(s.path_of(key), "required key missing: expected an integer >= 1");
   return *v;
 }
@@ -39,27 +48,28 @@ std::string spelling(Section& s, std::initializer_list<const char*> names) {
 
 }  // namespace
 
-GPTConfig GPTConfig::from_json(const json& j, bool strict) {
-  // A program's JSON is bounded as config text is (depth, UTF-8) before anything walks it.
-  config::check_json_bounds(j, "");
-  if (!j.is_object()) throw ConfigError("", "a GPT config must be a JSON object");
-  config::Diagnostics diag;
-  diag.strict = strict;
-  Section s(&j, "", &diag);
-  GPTConfig c;
-  c.hidden_size = required_int(s, "hidden_size");
-  c.num_layers = required_int(s, "num_layers");
-  c.num_attention_heads = required_int(s, "num_attention_heads");
-  c.vocab_size = required_int(s, "vocab_size");
-  auto seq = s.get_opt_int("seq_length", 1);
-  auto positions = s.get_opt_int("max_position_embeddings", 1);
+namespace {
+
+// The model's own keys, in `s` (the root of a flat config, or its `model` section).
+void read_model_keys(Section& s, GPTConfig& c) {
+  c.hidden_size = required_int(s, "hidden_size", kMaxWidth);
+  c.num_layers = required_int(s, "num_layers", kMaxLayers);
+  c.num_attention_heads = required_int(s, "num_attention_heads", kMaxWidth);
+  c.make_vocab_size_divisible_by =
+      s.get_int("make_vocab_size_divisible_by", c.make_vocab_size_divisible_by, 1, kMaxDivisor);
+  c.vocab_size = s.get_int(
+      "vocab_size",
+      GPTConfig::padded_vocab_size(GPTConfig::kGPT2VocabSize, c.make_vocab_size_divisible_by), 1,
+      kMaxRows);
+  auto seq = s.get_opt_int("seq_length", 1, kMaxRows);
+  auto positions = s.get_opt_int("max_position_embeddings", 1, kMaxRows);
   if (!seq && !positions)
     throw ConfigError(
-        "seq_length",
+        s.path_of("seq_length"),
         "required key missing: expected an integer >= 1 (or max_position_embeddings)");
   c.seq_length = seq ? *seq : *positions;
   c.max_position_embeddings = positions ? *positions : *seq;
-  c.ffn_hidden_size = s.get_int("ffn_hidden_size", 4 * c.hidden_size, 1);
+  c.ffn_hidden_size = s.get_int("ffn_hidden_size", 4 * c.hidden_size, 1, kMaxFfn);
   c.hidden_dropout = s.get_double("hidden_dropout", c.hidden_dropout, 0.0, 1.0);
   c.attention_dropout = s.get_double("attention_dropout", c.attention_dropout, 0.0, 1.0);
   c.layernorm_epsilon =
@@ -72,23 +82,83 @@ GPTConfig GPTConfig::from_json(const json& j, bool strict) {
   c.bias_gelu_fusion = s.get_bool("bias_gelu_fusion", c.bias_gelu_fusion);
   c.cross_entropy_loss_fusion =
       s.get_bool("cross_entropy_loss_fusion", c.cross_entropy_loss_fusion);
-  if (const json* par = s.raw("parallelism"))
-    c.parallelism = ParallelismConfig::from_json(*par, s.path_of("parallelism"));
-  s.finish();
+}
+
+std::string known_sections() {
+  std::string list;
+  for (const char* name : GPTConfig::kSections)
+    list += std::string(list.empty() ? "" : ", ") + name;
+  return list;
+}
+
+// A config is sectioned when it has a `model` section, or when it has no model key at its root
+// but holds objects other than `parallelism` (sections, maybe misspelt): such a file is then
+// told about its sections, not that hidden_size is missing.
+bool is_sectioned(const json& j) {
+  if (j.contains("model")) return true;
+  if (j.contains("hidden_size")) return false;
+  for (const auto& item : j.items())
+    if (item.value().is_object() && item.key() != "parallelism") return true;
+  return false;
+}
+
+}  // namespace
+
+GPTConfig GPTConfig::from_json(const json& j, bool strict) {
+  // A program's JSON is bounded as config text is (depth, UTF-8) before anything walks it.
+  config::check_json_bounds(j, "");
+  if (!j.is_object()) throw ConfigError("", "a GPT config must be a JSON object");
+  config::Diagnostics diag;
+  diag.strict = strict;
+  GPTConfig c;
+  if (is_sectioned(j)) {
+    // Unknown sections are errors even when not strict: a misspelt section would silently
+    // leave every key in it at its default.
+    for (const auto& item : j.items()) {
+      bool known = false;
+      for (const char* name : kSections) known = known || item.key() == name;
+      if (known) continue;
+      throw ConfigError(item.key(),
+                        item.value().is_object()
+                            ? fmt::format("unknown section of a model config (known sections: {})",
+                                          known_sections())
+                            : fmt::format("a sectioned model config holds its keys in sections: "
+                                          "put it under one of them (known sections: {})",
+                                          known_sections()));
+    }
+    const json& model = j["model"];
+    if (!model.is_object())
+      throw ConfigError("model",
+                        "expected an object (hidden_size, num_layers, "
+                        "num_attention_heads, seq_length, ...), found " +
+                            config::show_value(model));
+    Section s(&model, "model", &diag);
+    read_model_keys(s, c);
+    s.finish();
+  } else {
+    Section s(&j, "", &diag);
+    read_model_keys(s, c);
+    s.raw("parallelism");
+    s.finish();
+  }
+  if (j.contains("parallelism"))
+    c.parallelism = ParallelismConfig::from_json(j["parallelism"], "parallelism");
   c.warnings = diag.warnings;
   c.validate();
   return c;
 }
 
 GPTConfig GPTConfig::from_file(const std::string& path, bool strict) {
-  json j = config::read_config_file(path);
+  config::KeyPositions positions;
+  json j = config::read_config_file(path, &positions);
   try {
     return from_json(j, strict);
   } catch (const ConfigError& e) {
-    // Name the file too: a job reads several configs.
+    // Name the file too (a job reads several configs), at the key's line where it is known.
     std::string what = e.what();
     std::string prefix = e.path().empty() ? "" : e.path() + ": ";
-    throw ConfigError(e.path(), what.substr(prefix.size()) + " (in " + path + ")");
+    throw ConfigError(e.path(), what.substr(prefix.size()) + " (in " +
+                                    config::where_in_file(path, positions, e.path()) + ")");
   }
 }
 
@@ -99,6 +169,7 @@ json GPTConfig::to_json() const {
           {"seq_length", seq_length},
           {"max_position_embeddings", positions()},
           {"vocab_size", vocab_size},
+          {"make_vocab_size_divisible_by", make_vocab_size_divisible_by},
           {"ffn_hidden_size", ffn_size()},
           {"hidden_dropout", hidden_dropout},
           {"attention_dropout", attention_dropout},
@@ -145,6 +216,10 @@ void GPTConfig::validate() const {
     throw ConfigError(
         "gelu_approximation",
         fmt::format("expected one of \"tanh\", \"none\", found \"{}\"", gelu_approximation));
+}
+
+int64_t GPTConfig::padded_vocab_size(int64_t vocab, int64_t multiple) {
+  return (vocab + multiple - 1) / multiple * multiple;
 }
 
 int64_t GPTConfig::num_parameters() const {

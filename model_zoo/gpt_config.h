@@ -1,8 +1,18 @@
 // GPTConfig: the shape of a decoder-only transformer (GPT-2 / Megatron style), read from a JSON
-// file with the key names practitioners use. Reading is strict by default: a missing required
-// key, a wrong type or range, or an unknown key is a ConfigError naming the key and what was
-// expected. The parameter count and training FLOPs per token are computed from the shape alone,
-// so they are available for models too large to build.
+// or YAML file with the key names practitioners use. Reading is strict by default: a missing
+// required key, a wrong type or range, or an unknown key is a ConfigError naming the key and what
+// was expected (and, from a YAML file, its line:column).
+//
+// Two shapes of file: flat (the model's keys at the root, `parallelism` beside them), or
+// sectioned as the seed writes its YAML: a `model:` section with the model's keys and a
+// `parallelism:` section (ParallelismConfig); any other section is an error that lists the
+// known ones. `hidden_size`, `num_layers`, `num_attention_heads` and `seq_length` suffice; the
+// rest default as Megatron-LM's arguments do: FFN 4h, positions = seq_length, and without
+// `vocab_size` GPT-2's 50257 tokens padded to a multiple of `make_vocab_size_divisible_by`
+// (128): 50304. Megatron pads to 128 x the tensor-parallel degree; we pad to 128 alone, so that
+// the embedding has one shape at every tensor-parallel degree and a checkpoint reshapes exactly.
+// The parameter count and training FLOPs per token are computed from the shape alone, so they are
+// available for models too large to build.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +31,11 @@ struct GPTConfig {
   int64_t seq_length = 0;               // training sequence length (seq_length or
                                         // max_position_embeddings is required)
   int64_t max_position_embeddings = 0;  // rows of the position table; seq_length when absent
-  int64_t vocab_size = 0;               // rows of the token embedding (required)
-  int64_t ffn_hidden_size = 0;          // MLP width; 4 * hidden_size when absent
-  double hidden_dropout = 0.1;          // after the embeddings and each residual branch; 0: off
-  double attention_dropout = 0.1;       // on the attention probabilities; 0: off
+  int64_t vocab_size = 0;  // rows of the token embedding; GPT-2's padded (50304) when absent
+  int64_t make_vocab_size_divisible_by = 128;  // the padding of the default vocab_size
+  int64_t ffn_hidden_size = 0;                 // MLP width; 4 * hidden_size when absent
+  double hidden_dropout = 0.1;     // after the embeddings and each residual branch; 0: off
+  double attention_dropout = 0.1;  // on the attention probabilities; 0: off
   double layernorm_epsilon = 1e-5;
   double init_method_std = 0.02;            // std of the normal initialisation
   bool tie_word_embeddings = true;          // the output head multiplies by the token embedding
@@ -39,10 +50,17 @@ struct GPTConfig {
   ParallelismConfig parallelism;
   std::vector<std::string> warnings;  // unknown keys, when read with strict = false
 
+  // GPT-2's tokenizer's vocabulary, the default before padding.
+  static constexpr int64_t kGPT2VocabSize = 50257;
+  // The sections of a sectioned config.
+  static constexpr const char* kSections[] = {"model", "parallelism"};
+  // `vocab` rounded up to a multiple of `multiple` (Megatron's _vocab_size_with_padding at t = 1).
+  static int64_t padded_vocab_size(int64_t vocab, int64_t multiple);
+
   // `strict` = false turns unknown keys into entries of `warnings` (for configs written for
   // other tools, e.g. Hugging Face's config.json with its extra keys).
   static GPTConfig from_json(const nlohmann::json& json, bool strict = true);
-  // A JSON file (comments and trailing commas allowed, as for ds_config).
+  // A JSON file (comments and trailing commas allowed, as for ds_config), or YAML (*.yaml, *.yml).
   static GPTConfig from_file(const std::string& path, bool strict = true);
   // Every value under the keys from_json reads: from_json(to_json()) is the same config.
   nlohmann::json to_json() const;

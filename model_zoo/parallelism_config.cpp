@@ -18,9 +18,11 @@ ParallelismConfig ParallelismConfig::from_json(const nlohmann::json& j, const st
   diag.strict = true;
   config::Section s(&j, path, &diag);
   ParallelismConfig c;
-  c.tensor_model_parallel_size = s.get_int("tensor_model_parallel_size", 1, 1);
-  c.pipeline_model_parallel_size = s.get_int("pipeline_model_parallel_size", 1, 1);
-  c.data_parallel_size = s.get_int("data_parallel_size", 0, 0);
+  // Each degree at most 2^20, so that their product (the world) cannot overflow.
+  constexpr int64_t kMaxDegree = int64_t{1} << 20;
+  c.tensor_model_parallel_size = s.get_int("tensor_model_parallel_size", 1, 1, kMaxDegree);
+  c.pipeline_model_parallel_size = s.get_int("pipeline_model_parallel_size", 1, 1, kMaxDegree);
+  c.data_parallel_size = s.get_int("data_parallel_size", 0, 0, kMaxDegree);
   c.sequence_parallel = s.get_bool("sequence_parallel", false);
   s.finish();
   if (c.sequence_parallel && c.tensor_model_parallel_size == 1)

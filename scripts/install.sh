@@ -9,6 +9,7 @@ SUDO=""
 packages=(build-essential clang cmake ninja-build ccache git python3-venv python3-dev
   nlohmann-json3-dev libfmt-dev libboost-program-options-dev googletest libgtest-dev
   libgloo-dev fortunes zlib1g-dev
+  libyaml-cpp-dev  # config/: model configs as YAML
   libclang-rt-14-dev  # tests/fuzz: libFuzzer, ASan and UBSan for clang
   libprotobuf-dev protobuf-compiler  # runtime/monitor: TensorBoard event records
   iso-codes  # tests/data: text in ~150 languages (gettext catalogs) for the tokenizer test

@@ -38,6 +38,7 @@ struct Options {
   std::string input;
   std::vector<std::string> json_keys;
   std::string tokenizer_type;
+  std::string dataset_impl;  // --dataset-impl: mmap, the only one
   std::string vocab_file;
   std::string merge_file;
   std::string output_prefix;
@@ -355,8 +356,10 @@ int main(int argc, char** argv) {
       "json-keys", po::value(&o.json_keys)->multitoken()->default_value({"text"}, "text"),
       "keys to tokenise; one output per key")(
       "tokenizer-type", po::value(&o.tokenizer_type)->default_value("GPT2BPETokenizer"),
-      "GPT2BPETokenizer (the only one)")("vocab-file", po::value(&o.vocab_file)->required(),
-                                         "vocabulary: encoder.json / vocab.json")(
+      "GPT2BPETokenizer (Megatron's name) or GPT2Tokenizer (the same BPE, as Hugging Face "
+      "names it)")("dataset-impl", po::value(&o.dataset_impl)->default_value("mmap"),
+                   "mmap: Megatron's MMapIndexedDataset .bin/.idx, the only one written")(
+      "vocab-file", po::value(&o.vocab_file)->required(), "vocabulary: encoder.json / vocab.json")(
       "merge-file", po::value(&o.merge_file)->required(), "merges: vocab.bpe / merges.txt")(
       "output-prefix", po::value(&o.output_prefix)->required(),
       "writes <prefix>_<key>_document.bin/.idx")("append-eod", po::bool_switch(&o.append_eod),
@@ -374,9 +377,17 @@ int main(int argc, char** argv) {
     std::cerr << "preprocess_data: " << e.what() << "\n" << opts;
     return 2;
   }
-  if (o.tokenizer_type != "GPT2BPETokenizer") {
+  // GPT2Tokenizer is the seed's spelling (Hugging Face's class of the same GPT-2 BPE).
+  if (o.tokenizer_type != "GPT2BPETokenizer" && o.tokenizer_type != "GPT2Tokenizer") {
     std::cerr << "preprocess_data: --tokenizer-type " << o.tokenizer_type
-              << " is not supported (GPT2BPETokenizer is)\n";
+              << " is not supported (GPT2BPETokenizer, or its other name GPT2Tokenizer, is)\n";
+    return 2;
+  }
+  // Megatron's older choices: lazy and cached wrote the pre-mmap format, infer read a header.
+  if (o.dataset_impl != "mmap") {
+    std::cerr << "preprocess_data: --dataset-impl " << o.dataset_impl
+              << " is not supported: only mmap (Megatron's MMapIndexedDataset .bin/.idx, what "
+                 "train_gpt reads) is written\n";
     return 2;
   }
   if (o.workers < 1 || o.json_keys.empty()) {

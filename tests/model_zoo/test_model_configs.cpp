@@ -1,0 +1,177 @@
+// Model configs as the seed writes them: YAML with `model:` and `parallelism:` sections,
+// Megatron-LM's defaults for what is left out, the shipped 1.3B_demo and 535B layouts, unknown
+// sections refused, and JSON (flat or sectioned) read the same way.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "dscpp/config/config_error.h"
+#include "dscpp/model_zoo/gpt_config.h"
+
+namespace mz = dscpp::model_zoo;
+using nlohmann::json;
+
+namespace {
+
+std::string shipped(const std::string& name) {
+  return std::string(DSCPP_MODEL_ZOO_CONFIGS) + "/" + name;
+}
+
+std::string write(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const dscpp::ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool has(const std::string& message, const std::string& part) {
+  return message.find(part) != std::string::npos;
+}
+
+const char* kSectioned =
+    "model:\n"
+    "  hidden_size: 64\n"
+    "  num_layers: 2\n"
+    "  num_attention_heads: 4\n"
+    "  seq_length: 32\n"
+    "parallelism:\n"
+    "  tensor_model_parallel_size: 1\n"
+    "  pipeline_model_parallel_size: 1\n"
+    "  data_parallel_size: 2\n";
+
+}  // namespace
+
+TEST(ModelConfigs, SectionedYamlWithTheFourKeysTakesMegatronsDefaults) {
+  mz::GPTConfig c = mz::GPTConfig::from_file(write("four.yaml", kSectioned));
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.seq_length, 32);
+  EXPECT_EQ(c.ffn_size(), 256);    // 4h
+  EXPECT_EQ(c.positions(), 32);    // = seq_length
+  EXPECT_EQ(c.vocab_size, 50304);  // 50257 rounded up to a multiple of 128: 393 * 128
+  EXPECT_EQ(c.parallelism.data_parallel_size, 2);
+  EXPECT_EQ(c.parallelism.resolve(2).data_parallel_size, 2);
+  // The padding's multiple is a key of its own; an explicit vocab_size is taken as written.
+  EXPECT_EQ(mz::GPTConfig::padded_vocab_size(50257, 256), 50432);
+  json j = c.to_json();
+  j.erase("vocab_size");
+  j["make_vocab_size_divisible_by"] = 64;
+  EXPECT_EQ(mz::GPTConfig::from_json(j).vocab_size, 50304);  // 786 * 64 = 50304 as well
+  j["make_vocab_size_divisible_by"] = 1;
+  EXPECT_EQ(mz::GPTConfig::from_json(j).vocab_size, 50257);
+  j["vocab_size"] = 1000;
+  EXPECT_EQ(mz::GPTConfig::from_json(j).vocab_size, 1000);
+}
+
+TEST(ModelConfigs, JsonAndYamlFlatOrSectionedReadAlike) {
+  const mz::GPTConfig yaml = mz::GPTConfig::from_file(write("s.yaml", kSectioned));
+  json sectioned = {
+      {"model",
+       {{"hidden_size", 64}, {"num_layers", 2}, {"num_attention_heads", 4}, {"seq_length", 32}}},
+      {"parallelism",
+       {{"tensor_model_parallel_size", 1},
+        {"pipeline_model_parallel_size", 1},
+        {"data_parallel_size", 2}}}};
+  EXPECT_EQ(mz::GPTConfig::from_file(write("s.json", sectioned.dump())).to_json(), yaml.to_json());
+  json flat = sectioned["model"];
+  flat["parallelism"] = sectioned["parallelism"];
+  EXPECT_EQ(mz::GPTConfig::from_file(write("f.json", flat.dump())).to_json(), yaml.to_json());
+  EXPECT_EQ(mz::GPTConfig::from_file(write("f.yml",
+                                           "hidden_size: 64\nnum_layers: 2\n"
+                                           "num_attention_heads: 4\nseq_length: 32\n"
+                                           "parallelism: {data_parallel_size: 2}\n"))
+                .to_json(),
+            yaml.to_json());
+  // The shipped JSON configs are unchanged.
+  EXPECT_EQ(mz::GPTConfig::from_file(shipped("gpt_1.3B.json")).seq_length, 1024);
+}
+
+TEST(ModelConfigs, UnknownSectionsAreNamedWithTheKnownOnes) {
+  std::string e = error_of([] {
+    mz::GPTConfig::from_file(write("u.yaml", std::string(kSectioned) + "training:\n  lr: 0.1\n"));
+  });
+  EXPECT_TRUE(has(e,
+                  "training: unknown section of a model config (known sections: model, "
+                  "parallelism)"))
+      << e;
+  EXPECT_TRUE(has(e, "u.yaml:10:1")) << e;
+  // A file of sections without `model` is told about sections, not about hidden_size.
+  e = error_of([] { mz::GPTConfig::from_file(write("m.yaml", "modle:\n  hidden_size: 64\n")); });
+  EXPECT_TRUE(has(e, "modle: unknown section")) << e;
+  EXPECT_FALSE(has(e, "hidden_size")) << e;
+  e = error_of([] {
+    mz::GPTConfig::from_file(write("k.yaml", std::string(kSectioned) + "hidden_size: 64\n"));
+  });
+  EXPECT_TRUE(has(e, "hidden_size: a sectioned model config holds its keys in sections")) << e;
+  e = error_of([] { mz::GPTConfig::from_file(write("n.yaml", "model: 3\n")); });
+  EXPECT_TRUE(has(e, "model: expected an object")) << e;
+}
+
+TEST(ModelConfigs, ErrorsInsideSectionsNameThePathAndTheLine) {
+  std::string text = kSectioned;
+  text.replace(text.find("num_layers: 2"), 13, "num_layers: two");
+  std::string e = error_of([&] { mz::GPTConfig::from_file(write("e.yaml", text)); });
+  EXPECT_TRUE(has(e, "model.num_layers") && has(e, "expected an integer")) << e;
+  EXPECT_TRUE(has(e, "e.yaml:3:3")) << e;
+  e = error_of([] { mz::GPTConfig::from_file(write("h.yaml", "model:\n  num_layers: 2\n")); });
+  EXPECT_TRUE(has(e, "model.hidden_size: required key missing")) << e;
+  e = error_of([] {
+    mz::GPTConfig::from_file(write("p.yaml", std::string(kSectioned) + "  tensor_paralel: 2\n"));
+  });
+  EXPECT_TRUE(has(e, "parallelism.tensor_paralel") && has(e, "p.yaml:10:3")) << e;
+  // Dimensions and degrees beyond any real model are refused before any count overflows
+  // (found by fuzz_model_config).
+  e = error_of([] {
+    mz::GPTConfig::from_json(
+        json::parse(R"({"model": {"hidden_size": 4611686018427387904, "num_layers": 2,
+                        "num_attention_heads": 4, "seq_length": 8}})"));
+  });
+  EXPECT_TRUE(has(e, "model.hidden_size")) << e;
+  e = error_of([] {
+    mz::GPTConfig::from_json(json::parse(
+        R"({"hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "seq_length": 8,
+            "parallelism": {"tensor_model_parallel_size": 4611686018427387904}})"));
+  });
+  EXPECT_TRUE(has(e, "parallelism.tensor_model_parallel_size")) << e;
+  // The world-size arithmetic of the parallelism section.
+  mz::GPTConfig c = mz::GPTConfig::from_file(write("w.yaml", kSectioned));
+  e = error_of([&] { c.parallelism.resolve(4); });
+  EXPECT_TRUE(has(e, "data_parallel_size 2 = 2, but the job has 4 ranks")) << e;
+}
+
+TEST(ModelConfigs, TheSeedsShippedYamlConfigsHaveTheirShapes) {
+  mz::GPTConfig demo = mz::GPTConfig::from_file(shipped("1.3B_demo.yaml"));
+  EXPECT_EQ(demo.hidden_size, 2048);
+  EXPECT_EQ(demo.num_layers, 24);
+  EXPECT_EQ(demo.num_attention_heads, 16);
+  EXPECT_EQ(demo.seq_length, 2048);
+  EXPECT_EQ(demo.ffn_size(), 8192);
+  EXPECT_EQ(demo.vocab_size, 50304);
+  EXPECT_EQ(demo.parallelism.resolve(8).tensor_model_parallel_size, 2);
+  EXPECT_EQ(demo.parallelism.resolve(8).pipeline_model_parallel_size, 2);
+  EXPECT_EQ(demo.parallelism.resolve(8).data_parallel_size, 2);
+  // 12 L h^2 + 13 L h + (V + s) h + 2h, by hand: 24 * (12 * 2048^2 + 13 * 2048)
+  // + (50304 + 2048) * 2048 + 2 * 2048.
+  EXPECT_EQ(demo.num_parameters(), 1'315'819'520);
+
+  mz::GPTConfig big = mz::GPTConfig::from_file(shipped("535B_model.yaml"));
+  EXPECT_EQ(big.hidden_size, 20480);
+  EXPECT_EQ(big.num_layers, 120);
+  EXPECT_EQ(big.num_attention_heads, 128);
+  EXPECT_EQ(big.seq_length, 2048);
+  EXPECT_EQ(big.parallelism.resolve(8192).data_parallel_size, 64);
+  // 120 * (12 * 20480^2 + 13 * 20480) + (50304 + 2048) * 20480 + 2 * 20480: 605 B. The
+  // seed's name says 535B, but 12 L h^2 alone is 604 B for this shape; we count what it holds.
+  EXPECT_EQ(big.num_parameters(), 605'083'934'720);
+}
