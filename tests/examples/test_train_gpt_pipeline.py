@@ -105,7 +105,7 @@ def main():
                 "ds_config's pipeline.stages is 4")
         refused("tensor parallelism in the model config",
                 write_json(os.path.join(tmp, "gpt_tp.json"), dict(shape, parallelism={"tensor_model_parallel_size": 2})),
-                ds_pipe, "parallelism.tensor_model_parallel_size 2: tensor parallelism is not in train_gpt yet")
+                ds_pipe, "tensor 2 x pipeline 1 x data")
     if FAILED:
         print("FAILED:", FAILED)
         return 1
