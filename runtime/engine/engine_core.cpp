@@ -37,11 +37,6 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
       (z.offload_optimizer->device != "cpu" || z.stage == 0))
     gaps.push_back("'zero_optimization.offload_optimizer' (device " + z.offload_optimizer->device +
                    (z.stage == 0 ? ", at stage 0: offload needs ZeRO stage 1-3" : "") + ")");
-  if (z.offload_optimizer && z.offload_optimizer->device == "cpu" && z.stage == 3 &&
-      z.offload_optimizer->ratio < 1.0)
-    gaps.push_back(
-        "'zero_optimization.offload_optimizer.ratio' (partial offload: the whole "
-        "partition is offloaded)");
   if (z.offload_param && z.offload_param->device != "none")
     gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
@@ -267,6 +262,9 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     zo.offload.enabled = true;
     zo.offload.pin_memory = oo->pin_memory;
     zo.offload.sub_group_size = z.sub_group_size;
+    // Partial offload is stage 3's (DeepSpeed's stages 1-2 never read ratio: the config
+    // reader announces it there).
+    if (z.stage == 3) zo.offload.ratio = oo->ratio;
     optimizer->set_cpu_kernels(true);
     // DeepSpeed's zero_force_ds_cpu_optimizer: an optimizer without a CPU implementation would
     // step the host partition with generic tensor ops, much slower; refused unless asked for.

@@ -83,6 +83,9 @@ OFFLOADS = {
     # DeepSpeed's first spelling, unpinned staging, and the optimizer stepped in pieces of 50.
     "old": {"cpu_offload": True, "sub_group_size": 50},
     "unpinned": {"offload_optimizer": {"device": "cpu", "pin_memory": False}, "sub_group_size": 64},
+    # Partial offload (stage 3): the partition in sub-groups of 64, the first half of them
+    # stepped where they are, the rest on the host.
+    "ratio": {"offload_optimizer": {"device": "cpu", "ratio": 0.5}, "sub_group_size": 64},
 }
 
 
@@ -102,10 +105,12 @@ def main():
         cases += [("gpt", 3, 4, 2, "old", "AdamW"), ("gpt", 2, 1, 2, "cpu", "AdamW")]
         cases += [("mlp", 2, 1, 2, "cpu", o) for o in ("Adam", "Adagrad", "Lion")]
         cases += [("transformer", s, 4, 2, "cpu", "AdamW") for s in (1, 2, 3)]
+        cases += [(m, 3, ga, n, "ratio", "AdamW") for m in ("mlp", "gpt")
+                  for ga, n in itertools.product([1, 4], [1, 2, 4])]
     else:
         cases = [("mlp", 1, 4, 2, "old", "AdamW"), ("mlp", 2, 1, 4, "cpu", "AdamW"),
                  ("mlp", 2, 4, 1, "unpinned", "AdamW"), ("gpt", 3, 1, 2, "cpu", "AdamW"),
-                 ("mlp", 2, 1, 2, "cpu", "Lion")]
+                 ("mlp", 2, 1, 2, "cpu", "Lion"), ("gpt", 3, 4, 2, "ratio", "AdamW")]
     passed = failed = 0
 
     def report(ok, name, msg):
@@ -131,23 +136,30 @@ def main():
                 problems.append(f"not offloaded ({got.get('offloaded')}, master on {got.get('master_device')})")
             if "not implemented by the engine yet" in log and "offload_optimizer" in log:
                 problems.append("the engine announced offload as ignored")
-            if got["state_numel"] != base["state_numel"] or got["partition"] != got["total"] // n:
+            # Partial offload: the host's optimizer holds only its share of the state (the
+            # rest is the device optimizer's).
+            if kind == "ratio":
+                if not 0 < got["state_numel"] < base["state_numel"]:
+                    problems.append(f"host state {got['state_numel']} of {base['state_numel']}: not a share")
+            elif got["state_numel"] != base["state_numel"] or got["partition"] != got["total"] // n:
                 problems.append(f"state {got['state_numel']} vs {base['state_numel']}, partition {got['partition']}")
             report(not problems, name, f"losses {le:.1e}, weights {pe:.1e}" if not problems else "; ".join(problems))
         except Exception as e:  # noqa: BLE001
             report(False, name, str(e))
 
     # Checkpoints: save after step 3 of an offloaded run (and of one without), resume.
-    ck_cases = [("mlp", 2, 1, 2)] + ([("mlp", 1, 4, 2), ("gpt", 3, 1, 2)] if args.full else [])
-    for model, stage, ga, n in ck_cases:
-        name = f"checkpoint {model} stage={stage} accumulation={ga} ranks={n}"
+    ck_cases = [("mlp", 2, 1, 2, "cpu"), ("gpt", 3, 1, 2, "ratio")]
+    if args.full:
+        ck_cases += [("mlp", 1, 4, 2, "cpu"), ("gpt", 3, 1, 2, "cpu"), ("mlp", 3, 4, 2, "ratio")]
+    for model, stage, ga, n, kind in ck_cases:
+        name = f"checkpoint {model} stage={stage} accumulation={ga} ranks={n} offload={kind}"
         if args.only not in name:
             continue
         try:
-            off_cfg = config(stage, ga, OFFLOADS["cpu"])
+            off_cfg = config(stage, ga, OFFLOADS[kind])
             plain_cfg = config(stage, ga, None)
-            off_dir = os.path.join(r.tmp, f"ck_off_{model}_{stage}")
-            plain_dir = os.path.join(r.tmp, f"ck_plain_{model}_{stage}")
+            off_dir = os.path.join(r.tmp, f"ck_off_{model}_{stage}_{kind}_{ga}")
+            plain_dir = os.path.join(r.tmp, f"ck_plain_{model}_{stage}_{kind}_{ga}")
             off_full, _ = r.train(model, n, off_cfg, args.steps, save=off_dir, save_at=3)
             plain_full, _ = r.train(model, n, plain_cfg, args.steps, save=plain_dir, save_at=3)
             problems = []
