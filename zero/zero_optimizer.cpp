@@ -32,7 +32,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
         "ZeroOptimizer: a 16-bit gradient partition must be of the "
         "parameters' type");
 
-  store_ = std::make_unique<ParamStore>(params, layout_, group_);
+  if (options_.offload_param.enabled && options_.stage != 3)
+    throw Error("ZeroOptimizer: offloading the parameters needs ZeRO stage 3");
+  store_ = std::make_unique<ParamStore>(params, layout_, group_, options_.offload_param);
   // The master partition and the gradient partition are allocated while the
   // whole 16-bit model is still held (stage 3 releases it below): after that
   // release they would be carved out of the released buffer's segment, and the

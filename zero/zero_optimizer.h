@@ -74,6 +74,9 @@ struct ZeroOptions {
   // host, stepped there by the CPU optimizer (zero/offload.h). The optimizer should have its
   // CPU kernels on (Optimizer::set_cpu_kernels).
   OffloadOptions offload;
+  // ZeRO-Offload of the parameters (stage 3 only): the 16-bit partition on the host, brought
+  // up a bucket at a time for its all-gather (zero/param_store.h).
+  ParamOffloadOptions offload_param;
 };
 
 struct StepResult {
