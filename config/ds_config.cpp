@@ -213,9 +213,14 @@ ZeroConfig read_zero(Section s, const Section& root, Diagnostics& diag) {
                     "offload_optimizer",
                     s.path_of("cpu_offload_use_pin_memory")));
   }
-  if (c.offload_optimizer && c.offload_optimizer->ratio < 1.0 && c.stage != 3)
-    throw ConfigError(s.path_of("offload_optimizer.ratio"),
-                      "partial offload (ratio < 1) needs ZeRO stage 3");
+  // DeepSpeed's stages 1-2 never read ratio (only stage 3 has partial offload): the whole
+  // partition is offloaded there, and that is said.
+  if (c.offload_optimizer && c.offload_optimizer->ratio < 1.0 && c.stage != 3 &&
+      c.offload_optimizer->device != "none")
+    diag.ignored.push_back(fmt::format(
+        "'{}' at stage {}: partial offload is stage 3's (DeepSpeed reads ratio there only); "
+        "the whole partition is offloaded",
+        s.path_of("offload_optimizer.ratio"), c.stage));
   config::note_zero_features(s, c, diag);
   s.finish();
   (void)root;

@@ -38,7 +38,6 @@ const char* kTuning = "a DeepSpeed ZeRO-3 tuning knob; dscpp's stage 3 has no su
 const char* kFlops = "FlopsProfiler.EngineWritesDeepSpeedsReportAtProfileStep";
 const char* kFlopsOptions = "FlopsProfiler.EngineHonoursDepthTopModulesDetailedAndRecomputeFactor";
 const char* kWandb = "Weights & Biases needs its Python service: not implemented";
-const char* kOffload = "parameter offload is not implemented by the engine yet";
 const char* kOffloadTest = "engine.OffloadMatchesNoOffload";
 // DeepSpeed reads these for device "nvme" only, which dscpp refuses.
 const char* kNvmeOnly = "an NVMe offload setting (DeepSpeed reads it for device nvme only)";
@@ -127,21 +126,23 @@ const std::vector<KeyFate> kTable = {
     N("zero_optimization.offload_optimizer.pipeline_read", kNvmeOnly, "true", "false"),
     N("zero_optimization.offload_optimizer.pipeline_write", kNvmeOnly, "true", "false"),
     N("zero_optimization.offload_optimizer.fast_init", kNvmeOnly, "true", "false"),
-    E("zero_optimization.offload_optimizer.ratio",
-      "partial offload is not implemented: the whole partition is offloaded", "0.5"),
+    A("zero_optimization.offload_optimizer.ratio", "Offload.PartialOffloadStepsLikeNoOffload"),
     N("zero_optimization.offload_optimizer.super_offload", "SuperOffload is not implemented",
       "true", "false"),
     N("zero_optimization.offload_optimizer.cpuadam_cores_perc",
       "the CPU optimizer takes the rank's intra-op threads (OMP_NUM_THREADS)", "0.5"),
-    E("zero_optimization.offload_param", kOffload, R"({"device": "cpu"})"),
-    E("zero_optimization.offload_param.device", kOffload, R"("cpu")"),
-    E("zero_optimization.offload_param.nvme_path", kOffload, R"("/x")"),
-    E("zero_optimization.offload_param.buffer_count", kOffload, "8"),
-    E("zero_optimization.offload_param.buffer_size", kOffload, "1000"),
-    E("zero_optimization.offload_param.max_in_cpu", kOffload, "1000"),
-    E("zero_optimization.offload_param.pin_memory", kOffload, "false"),
+    A("zero_optimization.offload_param", kOffloadTest),
+    A("zero_optimization.offload_param.device", kOffloadTest),
+    N("zero_optimization.offload_param.nvme_path", kNvmeOnly, R"("/x")"),
+    U("zero_optimization.offload_param.buffer_count",
+      "zero/param_store.cpp: staging buffers on the device for the gathers"),
+    U("zero_optimization.offload_param.buffer_size",
+      "zero/param_store.cpp: elements of each staging buffer"),
+    N("zero_optimization.offload_param.max_in_cpu", kNvmeOnly, "1000", "1000000000"),
+    U("zero_optimization.offload_param.pin_memory",
+      "zero/param_store.cpp: the host partition is page-locked where a GPU is"),
     A("zero_optimization.cpu_offload", kOffloadTest),
-    E("zero_optimization.cpu_offload_param", kOffload, "true"),
+    A("zero_optimization.cpu_offload_param", kOffloadTest),
     N("zero_optimization.cpu_offload_use_pin_memory",
       "deprecated: offload_optimizer.pin_memory says it", "false"),
     N("zero_optimization.zenflow", "ZenFlow is not implemented", R"({"topk_ratio": 0.1})"),

@@ -87,6 +87,16 @@ class Optimizer {
   double get_momentum(int shard = 0) const;  // betas[0] for Adam-like, momentum for SGD
   void set_momentum(double momentum);
 
+  // A fresh optimizer of the same kind and settings, with no shard (ZeRO's partial offload,
+  // offload_optimizer.ratio < 1, steps the part of the partition kept on the device with
+  // one). nullptr: this optimizer cannot make one (a client's own).
+  virtual std::unique_ptr<Optimizer> make_like() const { return nullptr; }
+  // Shard i takes shard j of `from`'s hyper-parameters, and `from`'s defaults: what a
+  // schedule wrote there reaches this one.
+  void copy_hyper(int i, const Optimizer& from, int j) {
+    shards_.at(i).hyper = from.shards_.at(j).hyper;
+    defaults_ = from.defaults_;
+  }
   int num_shards() const { return static_cast<int>(shards_.size()); }
   const at::Tensor& shard(int i) const { return shards_.at(i).param; }
   // Points shard i at another tensor of its size (its master moved, as ZeRO's re-lay moves
@@ -108,6 +118,13 @@ class Optimizer {
     std::map<std::string, at::Tensor> state;
     int64_t steps = 0;
   };
+  // make_like() for a concrete optimizer: a copy of its settings without the shards.
+  template <class T>
+  static std::unique_ptr<Optimizer> fresh_copy(const T& self) {
+    auto o = std::make_unique<T>(self);
+    o->shards_.clear();
+    return o;
+  }
   // Creates the shard's state (zeros; Adagrad's sum at its initial value) when the shard is
   // registered, so checkpoints can load into it before the first step.
   virtual void init_state(Shard& s) = 0;

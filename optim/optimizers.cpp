@@ -208,6 +208,7 @@ class Algorithm : public Optimizer {
 // AdamW's weight decay (p *= 1 - lr*wd); otherwise L2 (grad += wd*p).
 class Adam final : public Algorithm {
  public:
+  std::unique_ptr<Optimizer> make_like() const override { return fresh_copy(*this); }
   Adam(std::string name, bool decoupled, double default_weight_decay, const Hyper& params,
        bool ignore_unknown)
       : Algorithm(std::move(name), ignore_unknown),
@@ -327,6 +328,7 @@ class Adam final : public Algorithm {
 // torch.optim.SGD.
 class SGD final : public Algorithm {
  public:
+  std::unique_ptr<Optimizer> make_like() const override { return fresh_copy(*this); }
   explicit SGD(const Hyper& params) : Algorithm("SGD", false) { configure(params); }
 
  protected:
@@ -378,6 +380,7 @@ class SGD final : public Algorithm {
 // same defaults).
 class Adagrad final : public Algorithm {
  public:
+  std::unique_ptr<Optimizer> make_like() const override { return fresh_copy(*this); }
   explicit Adagrad(const Hyper& params) : Algorithm("adagrad", false) { configure(params); }
 
  protected:
@@ -430,6 +433,7 @@ class Adagrad final : public Algorithm {
 // +lr, CPU by the sign of the zero); here, as in the paper, sign(0) = 0 leaves p alone.
 class Lion final : public Algorithm {
  public:
+  std::unique_ptr<Optimizer> make_like() const override { return fresh_copy(*this); }
   explicit Lion(const Hyper& params) : Algorithm("lion", false) { configure(params); }
 
  protected:
@@ -476,6 +480,7 @@ class Lion final : public Algorithm {
 // ||p|| / ||u|| clamped to [min_coeff, max_coeff] (1 where either norm is 0).
 class Lamb final : public Algorithm {
  public:
+  std::unique_ptr<Optimizer> make_like() const override { return fresh_copy(*this); }
   Lamb(const Hyper& params, bool ignore_unknown) : Algorithm("lamb", ignore_unknown) {
     configure(params);
   }

@@ -116,7 +116,7 @@ void GatheredParameters::spread_modified() {
   const auto& layout = zero_.layout();
   const int r = zero_.layout_rank();
   const at::Tensor& flat = zero_.flat_params();
-  at::Tensor& master = zero_.master_partition();
+  at::Tensor master = zero_.master_partition();
   for (int i : zero_index_) {
     if (i < 0) continue;
     const auto& lp = layout.params[i];
@@ -128,6 +128,7 @@ void GatheredParameters::spread_modified() {
     master.slice(0, b.part_offset + (lo - mine), b.part_offset + (hi - mine))
         .copy_(flat.slice(0, lo, hi));
   }
+  zero_.set_master_partition(master);  // (a no-op where it is the master itself)
 }
 
 void GatheredParameters::release() noexcept {

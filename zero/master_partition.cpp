@@ -3,36 +3,129 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
+#include "dscpp/error.h"
+
 namespace dscpp::zero {
+
+int64_t HostShare::host_begin(int64_t partition) const {
+  if (ratio >= 1.0 || partition == 0) return 0;
+  const int64_t size = std::max<int64_t>(1, sub_group_size);
+  const int64_t count = (partition + size - 1) / size;
+  // DeepSpeed: sub-group i is on the CPU when i >= int((1 - ratio) * count).
+  const auto on_device = static_cast<int64_t>((1.0 - ratio) * static_cast<double>(count));
+  return std::min(partition, on_device * size);
+}
 
 MasterPartition::MasterPartition(const FlatLayout& layout, at::TensorOptions options,
                                  std::unique_ptr<optim::Optimizer> optimizer,
-                                 at::ScalarType grad_dtype, bool on_host)
+                                 at::ScalarType grad_dtype, bool on_host, HostShare share)
     : layout_(layout),
-      master_(at::empty({layout.partition}, on_host ? at::TensorOptions().dtype(at::kFloat)
-                                                    : options.dtype(at::kFloat))),
+      host_begin_(on_host ? share.host_begin(layout.partition) : layout.partition),
       grads_(at::zeros({layout.partition}, options.dtype(grad_dtype))),
-      optimizer_(std::move(optimizer)) {}
-
-void MasterPartition::add_shards(const std::vector<optim::Hyper>& group_options) {
-  for (size_t g = 0; g < layout_.groups.size(); ++g) {
-    const auto& gr = layout_.groups[g];
-    optimizer_->add_shard(master_.slice(0, gr.part_begin, gr.part_end),
-                          g < group_options.size() ? group_options[g] : optim::Hyper::object());
+      optimizer_(std::move(optimizer)) {
+  const int64_t n = layout.partition;
+  const auto host = at::TensorOptions().dtype(at::kFloat);
+  const auto dev = options.dtype(at::kFloat);
+  if (!on_host || host_begin_ == 0) {
+    whole_ = at::empty({n}, on_host ? host : dev);
+    primary_ = whole_;
+    return;
+  }
+  // Partial offload: the head on the device, stepped by an optimizer of its own.
+  device_opt_ = optimizer_->make_like();
+  if (!device_opt_)
+    throw Error("partial offload (offload_optimizer.ratio < 1): optimizer '" + optimizer_->name() +
+                "' cannot make a second instance for the device's part");
+  if (!optimizer_->elementwise())
+    throw Error(
+        "partial offload (offload_optimizer.ratio < 1) needs an elementwise optimizer "
+        "(Adam, AdamW, Adagrad, Lion): '" +
+        optimizer_->name() + "' is not");
+  if (options.device().is_cpu()) {
+    // The "device" is the host: one tensor, both parts views of it.
+    whole_ = at::empty({n}, host);
+    device_ = whole_.slice(0, 0, host_begin_);
+    primary_ = whole_.slice(0, host_begin_, n);
+  } else {
+    device_ = at::empty({host_begin_}, dev);
+    primary_ = at::empty({n - host_begin_}, host);
   }
 }
 
+std::vector<MasterPartition::Side> MasterPartition::sides() {
+  if (!split()) return {{optimizer_.get(), primary_, 0, layout_.partition}};
+  return {{device_opt_.get(), device_, 0, host_begin_},
+          {optimizer_.get(), primary_, host_begin_, layout_.partition}};
+}
+
+MasterPartition::Side MasterPartition::side_of(int64_t begin, int64_t end) {
+  for (const Side& s : sides())
+    if (s.begin <= begin && end <= s.end) return s;
+  throw Error("MasterPartition: partition range [" + std::to_string(begin) + ", " +
+              std::to_string(end) + ") lies across the device/host cut at " +
+              std::to_string(host_begin_));
+}
+
+std::pair<int64_t, int64_t> MasterPartition::shard_range(const Side& s, int g) const {
+  const auto& gr = layout_.groups[g];
+  const int64_t lo = std::min(std::max(gr.part_begin, s.begin), s.end);
+  const int64_t hi = std::max(lo, std::min(gr.part_end, s.end));
+  return {lo - s.begin, hi - s.begin};
+}
+
+void MasterPartition::add_shards(const std::vector<optim::Hyper>& group_options) {
+  for (const Side& s : sides()) {
+    for (size_t g = 0; g < layout_.groups.size(); ++g) {
+      const auto [lo, hi] = shard_range(s, static_cast<int>(g));
+      s.opt->add_shard(s.master.slice(0, lo, hi),
+                       g < group_options.size() ? group_options[g] : optim::Hyper::object());
+    }
+  }
+}
+
+at::Tensor MasterPartition::whole() {
+  if (whole_.defined()) return whole_;
+  return at::cat({device_.cpu(), primary_});
+}
+
+void MasterPartition::assign(const at::Tensor& values) {
+  if (whole_.defined()) {
+    if (!values.is_same(whole_)) whole_.copy_(values);
+    return;
+  }
+  device_.copy_(values.slice(0, 0, host_begin_));
+  primary_.copy_(values.slice(0, host_begin_, layout_.partition));
+}
+
 void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)>& relay) {
+  if (split()) {
+    // Partial offload: every buffer through the whole partition, one at a time; the shards
+    // are views of the parts, which keep their storage.
+    for (const auto& name : state_names()) {
+      at::Tensor moved = relay(state_partition(name));
+      load_state_partition(name, moved);
+    }
+    assign(relay(whole()));
+    at::Tensor moved = relay(grads_);
+    if (moved.numel() == grads_.numel()) {
+      grads_.copy_(moved);
+    } else {
+      grads_ = moved;
+    }
+    return;
+  }
   // One buffer at a time, in place where the partition keeps its size, so that only one
   // re-laid copy exists at any moment (a partition sized to fit has no room for one per
   // buffer). The shards are re-seated, not set_data'd: a shard is a view of the master, and a
   // view keeps its base alive (a whole old fp32 partition stayed held, measured on an H200).
   for (const auto& name : state_names()) {
     at::Tensor whole = state_partition(name);
-    if (whole.numel() != master_.numel()) continue;
+    if (whole.numel() != whole_.numel()) continue;
     at::Tensor moved = relay(whole);
     whole = at::Tensor();
-    if (moved.numel() == master_.numel()) {
+    if (moved.numel() == whole_.numel()) {
       load_state_partition(name, moved);  // into the state tensors themselves
     } else {
       for (int g = 0; g < optimizer_->num_shards(); ++g) {
@@ -49,11 +142,12 @@ void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)
       buffer = moved;
     }
   };
-  move_buffer(master_);
+  move_buffer(whole_);
+  primary_ = whole_;
   move_buffer(grads_);
   for (int g = 0; g < optimizer_->num_shards(); ++g) {
     const auto& gr = layout_.groups[g];
-    optimizer_->reseat_shard(g, master_.slice(0, gr.part_begin, gr.part_end));
+    optimizer_->reseat_shard(g, whole_.slice(0, gr.part_begin, gr.part_end));
   }
 }
 
@@ -62,54 +156,82 @@ at::Tensor MasterPartition::local_sumsq() const {
 }
 
 void MasterPartition::apply_scale(const at::Tensor& scale) {
-  if (!optimizer_->fuses_grad_scale() && grads_.scalar_type() == at::kFloat) grads_.mul_(scale);
+  bool all_fuse = optimizer_->fuses_grad_scale();
+  if (device_opt_) all_fuse = all_fuse && device_opt_->fuses_grad_scale();
+  scaled_in_place_ = !all_fuse && grads_.scalar_type() == at::kFloat;
+  if (scaled_in_place_) grads_.mul_(scale);
 }
 
-at::Tensor MasterPartition::update_grad(int64_t begin, int64_t end, const at::Tensor& scale) {
-  // fp32: already unscaled unless the optimizer fuses the scale. 16 bits: as it is for an
-  // optimizer that reads 16 bits and fuses the scale; otherwise widened (and unscaled) here,
-  // a range at a time, so no whole fp32 copy of the partition is ever made at stages 1-2.
-  return as_taken(grads_.slice(0, begin, end), scale);
-}
-
-at::Tensor MasterPartition::as_taken(at::Tensor grad, const at::Tensor& scale) {
-  if (grad.scalar_type() == at::kFloat) return grad;
-  const bool fused = optimizer_->fuses_grad_scale();
-  if (fused && optimizer_->reads_16bit_grads()) return grad;
+std::pair<at::Tensor, at::Tensor> MasterPartition::as_taken(at::Tensor grad,
+                                                            const at::Tensor& scale,
+                                                            const Side& s) const {
+  // fp32: already unscaled where apply_scale did it. 16 bits: as it is for an optimizer that
+  // reads 16 bits and fuses the scale; otherwise widened (and unscaled) here, a range at a
+  // time, so no whole fp32 copy of the partition is ever made at stages 1-2.
+  const bool fused = s.opt->fuses_grad_scale();
+  const c10::Device at_ = s.master.device();
+  const at::Tensor sc = !scale.defined() || scale.device() == at_ ? scale : scale.to(at_);
+  if (grad.scalar_type() == at::kFloat) {
+    if (scaled_in_place_) return {grad, at::Tensor()};
+    if (fused) return {grad, sc};
+    return {grad * sc.to(grad.device()), at::Tensor()};
+  }
+  if (fused && s.opt->reads_16bit_grads()) return {grad, sc};
   grad = grad.to(at::kFloat);
-  if (!fused) grad.mul_(scale);
-  return grad;
+  if (fused) return {grad, sc};
+  grad.mul_(sc.to(grad.device()));
+  return {grad, at::Tensor()};
 }
 
 void MasterPartition::update(const at::Tensor& scale) {
-  std::vector<at::Tensor> grads;
-  for (const auto& gr : layout_.groups)
-    // (to the master's device: a host copy when the master is offloaded)
-    grads.push_back(update_grad(gr.part_begin, gr.part_end, scale).to(master_.device()));
-  optimizer_->step(grads, optimizer_->fuses_grad_scale() ? scale : at::Tensor());
+  if (device_opt_)
+    for (int g = 0; g < device_opt_->num_shards(); ++g) device_opt_->copy_hyper(g, *optimizer_, g);
+  for (const Side& s : sides()) {
+    std::vector<at::Tensor> grads;
+    at::Tensor taken_scale;
+    for (size_t g = 0; g < layout_.groups.size(); ++g) {
+      const auto [lo, hi] = shard_range(s, static_cast<int>(g));
+      auto [grad, sc] = as_taken(grads_.slice(0, s.begin + lo, s.begin + hi), scale, s);
+      // (to the master's device: a host copy when the master is offloaded)
+      grads.push_back(grad.to(s.master.device()));
+      taken_scale = sc;
+    }
+    s.opt->step(grads, taken_scale);
+  }
+}
+
+void MasterPartition::begin_bucket_updates() {
+  optimizer_->begin_step();
+  if (!device_opt_) return;
+  device_opt_->begin_step();
+  for (int g = 0; g < device_opt_->num_shards(); ++g) device_opt_->copy_hyper(g, *optimizer_, g);
+}
+
+void MasterPartition::update_range(int g, int64_t begin, const at::Tensor& grad,
+                                   const at::Tensor& scale, const at::Tensor& copy16) {
+  const int64_t n = grad.numel();
+  const Side s = side_of(begin, begin + n);
+  const int64_t in_shard = begin - s.begin - shard_range(s, g).first;
+  auto [taken, sc] = as_taken(grad, scale, s);
+  s.opt->update_range(g, in_shard, in_shard + n, taken, sc, copy16);
 }
 
 void MasterPartition::update_bucket(int b, const at::Tensor& scale, const at::Tensor& copy16) {
   const auto& bucket = layout_.buckets[b];
-  const int64_t in_shard = bucket.part_offset - layout_.groups[bucket.group].part_begin;
-  optimizer_->update_range(
-      bucket.group, in_shard, in_shard + bucket.chunk,
-      update_grad(bucket.part_offset, bucket.part_offset + bucket.chunk, scale),
-      optimizer_->fuses_grad_scale() ? scale : at::Tensor(), copy16);
+  update_range(bucket.group, bucket.part_offset,
+               grads_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk), scale,
+               copy16);
 }
 
 void MasterPartition::update_piece(int b, int64_t offset, const at::Tensor& grad,
                                    const at::Tensor& scale, const at::Tensor& copy16) {
   const auto& bucket = layout_.buckets[b];
-  const int64_t in_shard = bucket.part_offset + offset - layout_.groups[bucket.group].part_begin;
-  // An fp32 piece is unscaled here unless the optimizer fuses the scale (apply_scale did the
-  // device partition's in place, which the piece was copied from).
-  optimizer_->update_range(bucket.group, in_shard, in_shard + grad.numel(), as_taken(grad, scale),
-                           optimizer_->fuses_grad_scale() ? scale : at::Tensor(), copy16);
+  update_range(bucket.group, bucket.part_offset + offset, grad, scale, copy16);
 }
 
 void MasterPartition::undo_step_count() {
-  for (int g = 0; g < optimizer_->num_shards(); ++g) --optimizer_->step_count(g);
+  for (const Side& s : sides())
+    for (int g = 0; g < s.opt->num_shards(); ++g) --s.opt->step_count(g);
 }
 
 void MasterPartition::clear_gradients(bool zero) {
@@ -123,23 +245,33 @@ std::vector<std::string> MasterPartition::state_names() {
 }
 
 at::Tensor MasterPartition::state_partition(const std::string& name) {
-  if (optimizer_->num_shards() == 1) return optimizer_->state(0).at(name);
+  if (!split() && optimizer_->num_shards() == 1) return optimizer_->state(0).at(name);
+  // Partition order: group by group, the device's part of each before the host's. On two
+  // devices the whole is gathered on the host.
+  const bool two_devices = split() && !whole_.defined();
   std::vector<at::Tensor> parts;
-  for (int g = 0; g < optimizer_->num_shards(); ++g) parts.push_back(optimizer_->state(g).at(name));
+  for (size_t g = 0; g < layout_.groups.size(); ++g)
+    for (const Side& s : sides()) {
+      const at::Tensor& t = s.opt->state(static_cast<int>(g)).at(name);
+      parts.push_back(two_devices ? t.cpu() : t);
+    }
   return at::cat(parts);
 }
 
 void MasterPartition::load_state_partition(const std::string& name, const at::Tensor& values) {
-  for (int g = 0; g < optimizer_->num_shards(); ++g) {
-    const auto& gr = layout_.groups[g];
-    at::Tensor& dst = optimizer_->state(g).at(name);
-    at::Tensor src = values.slice(0, gr.part_begin, gr.part_end);
-    if (!dst.is_same(src)) dst.copy_(src);
+  for (const Side& s : sides()) {
+    for (size_t g = 0; g < layout_.groups.size(); ++g) {
+      const auto [lo, hi] = shard_range(s, static_cast<int>(g));
+      at::Tensor& dst = s.opt->state(static_cast<int>(g)).at(name);
+      at::Tensor src = values.slice(0, s.begin + lo, s.begin + hi);
+      if (!dst.is_same(src)) dst.copy_(src);
+    }
   }
 }
 
 void MasterPartition::set_step_count(int64_t steps) {
-  for (int g = 0; g < optimizer_->num_shards(); ++g) optimizer_->step_count(g) = steps;
+  for (const Side& s : sides())
+    for (int g = 0; g < s.opt->num_shards(); ++g) s.opt->step_count(g) = steps;
 }
 
 }  // namespace dscpp::zero

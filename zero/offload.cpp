@@ -19,6 +19,7 @@ namespace {
 struct Piece {
   int bucket;
   int64_t offset, length;
+  bool on_device;  // partial offload: in the partition's head, updated on the device
 };
 
 }  // namespace
@@ -134,12 +135,21 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
         std::make_unique<Transfers>(device_, piece, grad_dtype_, param_dtype_, options_.pin_memory);
     piece_ = piece;
   }
+  // Partial offload: the partition's head [0, cut) is updated where it is, on the device,
+  // straight from the gradient partition into the destination; a piece never straddles it.
+  const int64_t cut = master.split() ? master.host_begin() : 0;
   std::vector<Piece> pieces;
   for (int b : order) {
-    const int64_t chunk = layout_.buckets[b].chunk;
-    for (int64_t o = 0; o < chunk; o += piece_)
-      pieces.push_back({b, o, std::min(piece_, chunk - o)});
-    if (chunk == 0) pieces.push_back({b, 0, 0});
+    const auto& bucket = layout_.buckets[b];
+    const int64_t chunk = bucket.chunk;
+    for (int64_t o = 0; o < chunk;) {
+      int64_t len = std::min(piece_, chunk - o);
+      const int64_t at_ = bucket.part_offset + o;
+      if (at_ < cut && at_ + len > cut) len = cut - at_;
+      pieces.push_back({b, o, len, at_ + len <= cut});
+      o += len;
+    }
+    if (chunk == 0) pieces.push_back({b, 0, 0, false});
   }
   const at::Tensor host_scale = scale.to(at::kCPU);  // one read for the whole step
   Transfers& t = *transfers_;
@@ -147,20 +157,32 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
     const int64_t at_ = layout_.buckets[p.bucket].part_offset + p.offset;
     return master.grads().narrow(0, at_, p.length);
   };
+  std::vector<size_t> host_pieces;  // the pieces that go through the staging slots
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (!pieces[i].on_device) host_pieces.push_back(i);
   t.begin();
-  if (!pieces.empty()) t.down(t.slots[0], grad_of(pieces[0]));
+  if (!host_pieces.empty()) t.down(t.slots[0], grad_of(pieces[host_pieces[0]]));
+  size_t k = 0;  // host pieces done
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
-    auto& slot = t.slots[i % 2];
-    // The next piece comes down while this one is updated.
-    if (i + 1 < pieces.size()) t.down(t.slots[(i + 1) % 2], grad_of(pieces[i + 1]));
+    at::Tensor dst = destination(p.bucket).narrow(0, p.offset, p.length);
+    const bool last_of_bucket = i + 1 == pieces.size() || pieces[i + 1].bucket != p.bucket;
+    if (p.on_device) {
+      master.update_piece(p.bucket, p.offset, grad_of(p), scale, dst);
+      if (last_of_bucket) done(p.bucket);
+      continue;
+    }
+    auto& slot = t.slots[k % 2];
+    // The next host piece comes down while this one is updated.
+    if (k + 1 < host_pieces.size())
+      t.down(t.slots[(k + 1) % 2], grad_of(pieces[host_pieces[k + 1]]));
+    ++k;
     t.wait_down(slot);
     t.wait_up(slot);
     at::Tensor copy = slot.copy.narrow(0, 0, p.length);
     master.update_piece(p.bucket, p.offset, slot.grad.narrow(0, 0, p.length), host_scale, copy);
-    at::Tensor dst = destination(p.bucket).narrow(0, p.offset, p.length);
     t.up(slot, dst, p.length);
-    const bool last_of_bucket = i + 1 == pieces.size() || pieces[i + 1].bucket != p.bucket;
+    // (a bucket's device pieces come first: its last piece is a host one if any is)
     if (last_of_bucket) {
       t.publish_after_up(slot);
       done(p.bucket);

@@ -24,6 +24,9 @@ struct OffloadOptions {
   bool enabled = false;    // offload_optimizer.device == "cpu" (and the old cpu_offload: true)
   bool pin_memory = true;  // the staging slots in page-locked memory (only where a GPU is)
   int64_t sub_group_size = 1000000000;  // elements the CPU optimizer steps at a time
+  // offload_optimizer.ratio (stage 3): the share of the partition on the host, by sub-groups
+  // of sub_group_size (MasterPartition's HostShare); the rest stays and steps on the device.
+  double ratio = 1.0;
 };
 
 class OffloadStepper {

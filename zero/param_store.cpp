@@ -5,13 +5,16 @@
 
 #include <algorithm>
 
+#include "dscpp/error.h"
 #include "dscpp/zero/relayout.h"
 
 namespace dscpp::zero {
 
 ParamStore::ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
-                       std::shared_ptr<comm::ProcessGroup> group)
-    : layout_(layout), group_(std::move(group)), params_(std::move(params)) {
+                       std::shared_ptr<comm::ProcessGroup> group, ParamOffloadOptions offload)
+    : layout_(layout), group_(std::move(group)), params_(std::move(params)), offload_(offload) {
+  if (offload_.enabled && (offload_.buffer_count < 1 || offload_.buffer_size < 1))
+    throw Error("offload_param: buffer_count and buffer_size must be positive");
   const auto opts = params_.empty() ? at::TensorOptions().dtype(at::kFloat) : params_[0].options();
   flat_params_ = at::zeros({layout_.total}, opts);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -28,17 +31,35 @@ ParamStore::ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
 }
 
 void ParamStore::keep_only_partition(const at::Tensor& master) {
-  // On the parameters' device (an offloaded master is on the host).
-  part16_ = master.to(flat_params_.device(), flat_params_.scalar_type());
+  device_options_ = flat_params_.options();
+  if (offload_.enabled) {
+    // Parameter offload: in host memory, page-locked where a GPU copies from it.
+    const bool pin = offload_.pin_memory && !flat_params_.device().is_cpu();
+    part16_ = at::empty({master.numel()},
+                        at::TensorOptions().dtype(flat_params_.scalar_type()).pinned_memory(pin));
+    part16_.copy_(master);
+  } else {
+    // On the parameters' device (an offloaded master is on the host).
+    part16_ = master.to(flat_params_.device(), flat_params_.scalar_type());
+  }
   buckets16_.resize(layout_.buckets.size());
-  for (auto& p : params_) p.set_data(at::empty({0}, part16_.options()));
+  for (auto& p : params_) p.set_data(at::empty({0}, device_options_));
   flat_params_ = at::Tensor();
 }
 
 void ParamStore::relayout(const FlatLayout& old) {
   wait_all_published();
   if (partitioned()) {
-    part16_ = relay_partition(old, layout_, part16_, chunk_rank(), *group_);
+    // (an offloaded partition travels through the training device, where collectives run)
+    const bool away = part16_.device() != device_options_.device();
+    at::Tensor moved = relay_partition(
+        old, layout_, away ? part16_.to(device_options_.device()) : part16_, chunk_rank(), *group_);
+    if (away) {
+      part16_ = at::empty({moved.numel()}, part16_.options());
+      part16_.copy_(moved);
+    } else {
+      part16_ = moved;
+    }
     buckets16_.assign(layout_.buckets.size(), Gathered{});
     return;
   }
@@ -67,7 +88,11 @@ at::Tensor ParamStore::partition_chunk(const at::Tensor& partition, int b) const
 }
 
 at::Tensor ParamStore::chunk_destination(int b) {
-  if (partitioned()) return partition_chunk(part16_, b);
+  // (a host partition on a GPU: the update writes on the device, publish_bucket copies down)
+  if (partitioned())
+    return part16_.device() == device_options_.device()
+               ? partition_chunk(part16_, b)
+               : at::empty({layout_.buckets[b].chunk}, device_options_);
   const auto& bucket = layout_.buckets[b];
   const int64_t r = chunk_rank();
   // NCCL all-gathers in place (the input at the rank's offset in the output); Gloo's is not
@@ -96,7 +121,13 @@ comm::Work ParamStore::publish_bucket(int b, const at::Tensor& chunk16) {
     Gathered& g = buckets16_.at(b);
     if (g.state == BucketState::kRest) return comm::Work();
     finish_gather(b);
-    return gather_chunks(g.buffer, mine);
+    comm::Work w = gather_chunks(g.buffer, bring_up(mine, g.staging));
+    if (g.staging.defined()) {
+      w.wait();  // (the staging buffer is free again once the gather is done)
+      give_back(g.staging);
+      return comm::Work();
+    }
+    return w;
   }
   const auto& bucket = layout_.buckets[b];
   // The collective keeps the chunk alive until it has run.
@@ -170,8 +201,8 @@ void ParamStore::start_gather(int b) {
   Gathered& g = buckets16_.at(b);
   if (g.state != BucketState::kRest) return;
   const auto& bucket = layout_.buckets[b];
-  g.buffer = at::empty({bucket.end - bucket.begin}, part16_.options());
-  g.work = gather_chunks(g.buffer, partition_chunk(part16_, b));
+  g.buffer = at::empty({bucket.end - bucket.begin}, device_options_);
+  g.work = gather_chunks(g.buffer, bring_up(partition_chunk(part16_, b), g.staging));
   g.state = BucketState::kInFlight;
   if (!g.persistent) {
     live_ += g.buffer.numel();
@@ -187,6 +218,7 @@ void ParamStore::finish_gather(int b) {
   if (g.state == BucketState::kRest) start_gather(b);
   g.work.wait();
   g.work = comm::Work();
+  give_back(g.staging);
   const auto& bucket = layout_.buckets[b];
   for (int i : bucket.params) {
     const auto& lp = layout_.params[i];
@@ -203,9 +235,10 @@ void ParamStore::release_bucket(int b) {
   if (g.state == BucketState::kRest) return;
   if (g.state == BucketState::kInFlight) g.work.wait();  // a collective in flight keeps its buffer
   g.work = comm::Work();
+  give_back(g.staging);
   // A parameter at rest is an empty tensor of its dtype and device, as in DeepSpeed; the
   // bucket's buffer is freed with the last view of it.
-  for (int i : layout_.buckets[b].params) params_[i].set_data(at::empty({0}, part16_.options()));
+  for (int i : layout_.buckets[b].params) params_[i].set_data(at::empty({0}, device_options_));
   if (!g.persistent) live_ -= g.buffer.numel();
   g.buffer = at::Tensor();
   g.state = BucketState::kRest;
@@ -247,6 +280,43 @@ void ParamStore::scatter_gathered_from(int src_rank, at::Tensor& master) {
     partition_chunk(part16_, static_cast<int>(b)).copy_(mine);
     partition_chunk(master, static_cast<int>(b)).copy_(mine);
   }
+}
+
+at::Tensor ParamStore::bring_up(const at::Tensor& chunk, at::Tensor& holder) {
+  if (!offload_.enabled) return chunk;
+  const int64_t n = chunk.numel();
+  int k = -1;
+  if (n <= offload_.buffer_size) {
+    for (size_t i = 0; i < staging_pool_.size() && k < 0; ++i)
+      if (!staging_busy_[i]) k = static_cast<int>(i);
+    if (k < 0 && static_cast<int64_t>(staging_pool_.size()) < offload_.buffer_count) {
+      staging_pool_.push_back(at::empty({offload_.buffer_size}, device_options_));
+      staging_busy_.push_back(false);
+      k = static_cast<int>(staging_pool_.size()) - 1;
+    }
+  }
+  // Every pooled buffer busy (more gathers in flight than buffer_count), or a chunk larger
+  // than buffer_size: a buffer of its own for this gather.
+  at::Tensor up;
+  if (k >= 0) {
+    staging_busy_[k] = true;
+    ++staged_gathers_;
+    up = staging_pool_[k].narrow(0, 0, n);
+  } else {
+    up = at::empty({n}, device_options_);
+  }
+  // Non-blocking from page-locked memory: the copy is queued before the collective on the
+  // current stream, which the collective waits for.
+  up.copy_(chunk, /*non_blocking=*/!up.is_cpu());
+  holder = k >= 0 ? staging_pool_[k] : up;
+  return up;
+}
+
+void ParamStore::give_back(at::Tensor& holder) {
+  if (!holder.defined()) return;
+  for (size_t i = 0; i < staging_pool_.size(); ++i)
+    if (staging_pool_[i].is_same(holder)) staging_busy_[i] = false;
+  holder = at::Tensor();
 }
 
 int64_t ParamStore::params_numel_held() const {

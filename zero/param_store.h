@@ -17,6 +17,18 @@
 
 namespace dscpp::zero {
 
+// ZeRO-Offload of the parameters (offload_param.device = "cpu", stage 3): the 16-bit
+// partition lives in host memory (page-locked where a GPU is) and each bucket's chunk comes
+// up to the training device only for its all-gather, through one of buffer_count staging
+// buffers of buffer_size elements (a chunk larger than that gets a buffer of its own for that
+// gather); the staging buffer is free again once the gather is done.
+struct ParamOffloadOptions {
+  bool enabled = false;
+  bool pin_memory = true;           // only where a GPU is
+  int64_t buffer_count = 5;         // staging buffers on the training device
+  int64_t buffer_size = 100000000;  // elements each
+};
+
 class ParamStore {
  public:
   enum class BucketState { kRest, kInFlight, kGathered };
@@ -25,7 +37,7 @@ class ParamStore {
   // training device; they become views of the flat buffer, with rank 0's values on every rank
   // (as DeepSpeed broadcasts the model at init). The layout must outlive the store.
   ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
-             std::shared_ptr<comm::ProcessGroup> group);
+             std::shared_ptr<comm::ProcessGroup> group, ParamOffloadOptions offload = {});
 
   // Stage 3, once: keeps this rank's chunks (from `master`, the fp32 partition) in 16 bits and
   // releases the parameters and the flat buffer.
@@ -77,6 +89,14 @@ class ParamStore {
   void scatter_gathered_from(int src_rank, at::Tensor& master);
   int64_t params_numel_held() const;
   int64_t partition16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
+  // Where the 16-bit partition lives (the host with parameter offload).
+  c10::Device partition16_device() const {
+    return part16_.defined() ? part16_.device() : c10::Device(c10::kCPU);
+  }
+  // Parameter offload: gathers that came up through a pooled staging buffer, and the pool's
+  // size now (at most buffer_count).
+  int64_t staged_gathers() const { return staged_gathers_; }
+  int staging_buffers() const { return static_cast<int>(staging_pool_.size()); }
   int64_t gathers() const { return gathers_; }
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<int64_t>& param_shape(size_t i) const { return param_shapes_.at(i); }
@@ -86,6 +106,10 @@ class ParamStore {
   // with one partition (an empty Work then).
   comm::Work gather_chunks(at::Tensor whole, const at::Tensor& mine);
   at::Tensor partition_chunk(const at::Tensor& partition, int b) const;
+  // Parameter offload: a copy of host chunk `chunk` on the training device, in a staging
+  // buffer (kept in `holder` until the gather using it is done), or the chunk itself.
+  at::Tensor bring_up(const at::Tensor& chunk, at::Tensor& holder);
+  void give_back(at::Tensor& holder);  // the staging buffer back to the pool
 
   const FlatLayout& layout_;
   std::shared_ptr<comm::ProcessGroup> group_;
@@ -93,11 +117,17 @@ class ParamStore {
   std::vector<std::vector<int64_t>> param_shapes_;
   at::Tensor flat_params_;  // stages 0-2
   at::Tensor part16_;       // stage 3: this rank's 16-bit chunks, laid out as its partition
-  struct Gathered {         // stage 3, per bucket
+  at::TensorOptions device_options_;  // the training device and type (stage 3's buffers)
+  ParamOffloadOptions offload_;
+  std::vector<at::Tensor> staging_pool_;  // every staging buffer made (parameter offload)
+  std::vector<bool> staging_busy_;
+  int64_t staged_gathers_ = 0;
+  struct Gathered {  // stage 3, per bucket
     BucketState state = BucketState::kRest;
     bool persistent = false;
     at::Tensor buffer;  // the whole bucket while in flight or gathered
     comm::Work work;
+    at::Tensor staging;  // parameter offload: the staging buffer this gather's chunk came up in
   };
   std::vector<Gathered> buckets16_;
   int64_t live_ = 0, peak_live_ = 0;

@@ -32,7 +32,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
         "ZeroOptimizer: a 16-bit gradient partition must be of the "
         "parameters' type");
 
-  store_ = std::make_unique<ParamStore>(params, layout_, group_);
+  if (options_.offload_param.enabled && options_.stage != 3)
+    throw Error("ZeroOptimizer: offloading the parameters needs ZeRO stage 3");
+  store_ = std::make_unique<ParamStore>(params, layout_, group_, options_.offload_param);
   // The master partition and the gradient partition are allocated while the
   // whole 16-bit model is still held (stage 3 releases it below): after that
   // release they would be carved out of the released buffer's segment, and the
@@ -40,12 +42,15 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // Adam moment nor return to the device.
   if (options_.offload.enabled && options_.stage < 1)
     throw Error("ZeroOptimizer: offloading the optimizer needs ZeRO stage 1, 2 or 3");
-  master_ = std::make_unique<MasterPartition>(layout_, opts, std::move(optimizer),
-                                              options_.grad_dtype, options_.offload.enabled);
+  if (options_.offload.enabled && options_.offload.ratio < 1.0 && options_.stage != 3)
+    throw Error("ZeroOptimizer: partial offload (ratio < 1) needs ZeRO stage 3");
+  master_ = std::make_unique<MasterPartition>(
+      layout_, opts, std::move(optimizer), options_.grad_dtype, options_.offload.enabled,
+      HostShare{options_.offload.ratio, options_.offload.sub_group_size});
   if (options_.offload.enabled)
     offload_ = std::make_unique<OffloadStepper>(layout_, opts.device(), options_.grad_dtype,
                                                 opts.dtype().toScalarType(), options_.offload);
-  store_->copy_partition_into(master_->master());
+  refresh_master_from_params();
 
   ReduceOptions ro;
   ro.scatter = options_.stage >= 1;
@@ -71,7 +76,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // see the whole one. Before the optimizer state exists, so that the whole
   // 16-bit model and it are never held at once (a model sized for stage 3 would
   // not fit).
-  if (options_.stage >= 3) store_->keep_only_partition(master_->master());
+  if (options_.stage >= 3) store_->keep_only_partition(master_->whole());
   buckets_->set_partition(master_->grads());
   master_->add_shards(options_.group_options);
 }
@@ -171,7 +176,7 @@ StepResult ZeroOptimizer::step(double loss_scale) {
     }
     const StepScale<double> s = unscale_and_clip(sumsq, in);
     result.grad_norm = at::full({}, s.norm, at::TensorOptions().dtype(at::kDouble));
-    scale = at::full({}, static_cast<float>(s.scale), master_->master().options());
+    scale = at::full({}, static_cast<float>(s.scale), master_->options());
   } else {
     // Otherwise they stay on the device, and the step enqueues without waiting
     // for it.
@@ -194,7 +199,7 @@ StepResult ZeroOptimizer::step(double loss_scale) {
     step_by_bucket(scale);
   } else {
     master_->update(scale);
-    store_->publish(master_->master());
+    store_->publish(master_->whole());
   }
   if (verdict_on_device && !std::isfinite(verdict_.read())) {
     // The update was a no-op on the device; only the step count moved.

@@ -74,6 +74,9 @@ struct ZeroOptions {
   // host, stepped there by the CPU optimizer (zero/offload.h). The optimizer should have its
   // CPU kernels on (Optimizer::set_cpu_kernels).
   OffloadOptions offload;
+  // ZeRO-Offload of the parameters (stage 3 only): the 16-bit partition on the host, brought
+  // up a bucket at a time for its all-gather (zero/param_store.h).
+  ParamOffloadOptions offload_param;
 };
 
 struct StepResult {
@@ -112,7 +115,10 @@ class ZeroOptimizer {
 
   const FlatLayout& layout() const { return layout_; }
   optim::Optimizer& optimizer() { return master_->optimizer(); }
-  at::Tensor& master_partition() { return master_->master(); }           // fp32, layout().partition
+  // fp32, layout().partition: the tensor itself, or with partial offload on a GPU (two
+  // devices) a host copy that set_master_partition() writes back.
+  at::Tensor master_partition() { return master_->whole(); }
+  void set_master_partition(const at::Tensor& values) { master_->assign(values); }
   const at::Tensor& grad_partition() const { return master_->grads(); }  // options.grad_dtype
   at::Tensor& flat_params() { return store_->flat_params(); }            // stages 0-2
   // With defer_allgather: waits for bucket b's all-gather after the last step,
@@ -124,10 +130,14 @@ class ZeroOptimizer {
   bool publish_pending() const { return store_->publish_pending(); }
   // Copies the master partition into the 16-bit parameters on every rank (after
   // a step or a checkpoint load). Collective at stages 1 and 2.
-  void publish_master() { store_->publish(master_->master()); }
+  void publish_master() { store_->publish(master_->whole()); }
   // The other way: the master partition from the (16-bit) parameters, as at
   // construction.
-  void refresh_master_from_params() { store_->copy_partition_into(master_->master()); }
+  void refresh_master_from_params() {
+    at::Tensor m = master_->whole();
+    store_->copy_partition_into(m);
+    master_->assign(m);
+  }
   // Which chunk of every bucket this rank owns: its rank at stages 1-3, 0 at
   // stage 0 (where the layout has one partition, the whole buffer).
   int layout_rank() const { return store_->chunk_rank(); }
@@ -162,7 +172,9 @@ class ZeroOptimizer {
   // partition (16-bit and fp32 master), so a change made on one rank reaches
   // all. Collective.
   void scatter_gathered_from(int src_rank) {
-    store_->scatter_gathered_from(src_rank, master_->master());
+    at::Tensor m = master_->whole();
+    store_->scatter_gathered_from(src_rank, m);
+    master_->assign(m);
   }
   // Elements the module's parameters hold now (all of them at stages 0-2; at
   // rest at stage 3 only the persistent ones), and of this rank's 16-bit
@@ -193,7 +205,6 @@ class ZeroOptimizer {
   // With offload and an elementwise optimizer, stages 1-3: the same bucket by bucket, the
   // update on the host (OffloadStepper).
   void step_offloaded(const at::Tensor& scale);
-  // After a step (or an overflow's skip): the partition counts as empty again.
   // After a step (or an overflow's skip): the partition counts as empty again.
   void clear_gradients();
   // Once, at the end of the first backward: the layout from the order gradients became ready.

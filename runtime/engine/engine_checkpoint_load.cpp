@@ -170,12 +170,13 @@ void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& 
   if (fp32) {
     if (!fp32->is_list() || fp32->size() != params.size())
       throw CheckpointError("'" + path + "': dscpp_fp32_params does not match the parameters");
+    at::Tensor master = zero_->master_partition();
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& lp = layout.params[i];
-      zero_->master_partition()
-          .slice(0, lp.offset, lp.offset + lp.numel)
+      master.slice(0, lp.offset, lp.offset + lp.numel)
           .copy_(fp32->items()[i].as_tensor().reshape({-1}));
     }
+    zero_->set_master_partition(master);
   } else {
     zero_->refresh_master_from_params();
   }
@@ -258,7 +259,9 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
     if (fp32.numel() != held)
       throw CheckpointError(fmt::format("'{}' holds {} fp32 elements; rank {} of {} should hold {}",
                                         path, fp32.numel(), f, saved_world, held));
-    checkpoint::from_ds_partition(layout, me, ds, f, fp32, zero_->master_partition());
+    at::Tensor master = zero_->master_partition();
+    checkpoint::from_ds_partition(layout, me, ds, f, fp32, master);
+    zero_->set_master_partition(master);
 
     if (!load_optimizer_states) continue;
     const PyValue& base = need(osd, stage3 ? "optimizer_state_dict" : "base_optimizer_state", path);

@@ -37,12 +37,9 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
       (z.offload_optimizer->device != "cpu" || z.stage == 0))
     gaps.push_back("'zero_optimization.offload_optimizer' (device " + z.offload_optimizer->device +
                    (z.stage == 0 ? ", at stage 0: offload needs ZeRO stage 1-3" : "") + ")");
-  if (z.offload_optimizer && z.offload_optimizer->device == "cpu" && z.stage == 3 &&
-      z.offload_optimizer->ratio < 1.0)
-    gaps.push_back(
-        "'zero_optimization.offload_optimizer.ratio' (partial offload: the whole "
-        "partition is offloaded)");
-  if (z.offload_param && z.offload_param->device != "none")
+  // The parameters' offload to the CPU is acted on at stage 3 (zero/param_store.h); the
+  // config reader announces it at stages 0-2.
+  if (z.offload_param && z.offload_param->device != "none" && z.offload_param->device != "cpu")
     gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
     gaps.push_back("'fp16.fp16_master_weights_and_grads'");
@@ -267,6 +264,9 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     zo.offload.enabled = true;
     zo.offload.pin_memory = oo->pin_memory;
     zo.offload.sub_group_size = z.sub_group_size;
+    // Partial offload is stage 3's (DeepSpeed's stages 1-2 never read ratio: the config
+    // reader announces it there).
+    if (z.stage == 3) zo.offload.ratio = oo->ratio;
     optimizer->set_cpu_kernels(true);
     // DeepSpeed's zero_force_ds_cpu_optimizer: an optimizer without a CPU implementation would
     // step the host partition with generic tensor ops, much slower; refused unless asked for.
@@ -277,6 +277,12 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
                             "Adagrad and Lion have): choose one of those, or set "
                             "\"zero_force_ds_cpu_optimizer\": false to step it with generic "
                             "tensor operations on the CPU");
+  }
+  if (const auto& op = z.offload_param; op && op->device == "cpu" && z.stage == 3) {
+    zo.offload_param.enabled = true;
+    zo.offload_param.pin_memory = op->pin_memory;
+    zo.offload_param.buffer_count = op->buffer_count;
+    zo.offload_param.buffer_size = op->buffer_size;
   }
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);

@@ -67,7 +67,9 @@ void load_whole_params(zero::ZeroOptimizer& zero,
   }
   const auto& layout = zero.layout();
   const int me = zero.layout_rank();
-  checkpoint::from_ds_partition(layout, me, whole, 0, fp32, zero.master_partition());
+  at::Tensor master = zero.master_partition();
+  checkpoint::from_ds_partition(layout, me, whole, 0, fp32, master);
+  zero.set_master_partition(master);
   if (!load_optimizer_states) return;
   for (auto& [name, flat] : states) {
     at::Tensor part = zero.state_partition(name);

@@ -39,8 +39,9 @@ json hf_auto_values(int64_t world) {
 }
 
 // What the engine does with the offload a loaded config asks for (engine_core.cpp): the
-// optimizer's offload to the CPU is acted on at stages 1-3; parameter offload, and the
-// optimizer's at stage 0, are announced. Empty: the config asks for none.
+// optimizer's offload to the CPU is acted on at stages 1-3, the parameters' at stage 3;
+// parameter offload at stages 0-2, and the optimizer's at stage 0, are announced. Empty: the config
+// asks for none.
 json offload_fate(const dscpp::DSConfig& c) {
   json fate = json::object();
   const auto& z = c.zero_optimization;
@@ -48,7 +49,8 @@ json offload_fate(const dscpp::DSConfig& c) {
     fate["optimizer"] = z.offload_optimizer->device == "cpu" && z.stage >= 1 && z.stage <= 3
                             ? "acted on"
                             : "announced";
-  if (z.offload_param && z.offload_param->device != "none") fate["param"] = "announced";
+  if (z.offload_param && z.offload_param->device != "none")
+    fate["param"] = z.offload_param->device == "cpu" && z.stage == 3 ? "acted on" : "announced";
   return fate;
 }
 

@@ -29,7 +29,8 @@ struct Trainer {
   std::unique_ptr<ZeroOptimizer> zero;
 };
 
-Trainer make_run(int stage, at::ScalarType dtype, bool offload, int64_t sub_group_size) {
+Trainer make_run(int stage, at::ScalarType dtype, bool offload, int64_t sub_group_size,
+                 double ratio = 1.0) {
   at::manual_seed(11);
   Trainer r;
   for (int64_t n : {37, 200, 5}) r.params.push_back(at::randn({n}).to(dtype).requires_grad_());
@@ -39,6 +40,7 @@ Trainer make_run(int stage, at::ScalarType dtype, bool offload, int64_t sub_grou
   o.grad_dtype = dtype;
   o.offload.enabled = offload;
   o.offload.sub_group_size = sub_group_size;
+  o.offload.ratio = ratio;
   r.zero = std::make_unique<ZeroOptimizer>(r.params, adamw(offload),
                                            dscpp::comm::make_no_op_group(0, 1), o);
   return r;
@@ -83,6 +85,50 @@ TEST(Offload, StepsLikeNoOffloadWithTheMasterOnTheHost) {
       }
     }
   }
+}
+
+TEST(Offload, HostShareCutsAtDeepSpeedsSubGroup) {
+  // DeepSpeed: sub-group i of count goes to the CPU when i >= int((1 - ratio) * count).
+  using dscpp::zero::HostShare;
+  EXPECT_EQ((HostShare{1.0, 30}.host_begin(100)), 0);    // all on the host
+  EXPECT_EQ((HostShare{0.5, 30}.host_begin(100)), 60);   // 4 sub-groups, 2 stay
+  EXPECT_EQ((HostShare{0.3, 30}.host_begin(100)), 60);   // int(2.8) = 2 stay
+  EXPECT_EQ((HostShare{0.0, 30}.host_begin(100)), 100);  // none on the host
+  EXPECT_EQ((HostShare{0.5, 1000}.host_begin(100)), 0);  // one sub-group: int(0.5) = 0 stay
+}
+
+TEST(Offload, PartialOffloadStepsLikeNoOffload) {
+  for (double ratio : {0.5, 0.25, 0.0}) {
+    Trainer plain = make_run(3, at::kFloat, false, 1000000000);
+    Trainer off = make_run(3, at::kFloat, true, 16, ratio);
+    train(plain, 3);
+    train(off, 3);
+    const int64_t p = off.zero->layout().partition;
+    const int64_t cut = dscpp::zero::HostShare{ratio, 16}.host_begin(p);
+    ASSERT_GT(cut, 0);
+    EXPECT_EQ(off.zero->master().host_begin(), cut);
+    EXPECT_TRUE(off.zero->master().split());
+    // The host's optimizer holds only the tail's state (Adam: two moments).
+    EXPECT_EQ(off.zero->optimizer().state_numel(), 2 * (p - cut)) << "ratio " << ratio;
+    EXPECT_TRUE(
+        at::allclose(off.zero->master_partition(), plain.zero->master_partition(), 1e-6, 1e-6))
+        << "ratio " << ratio;
+    for (const auto& name : plain.zero->state_names()) {
+      const at::Tensor a = off.zero->state_partition(name), b = plain.zero->state_partition(name);
+      EXPECT_LT(a.sub(b).norm().item<double>() / b.norm().item<double>(), 1e-6)
+          << name << " ratio " << ratio;
+    }
+  }
+}
+
+TEST(Offload, PartialOffloadNeedsStage3) {
+  std::vector<at::Tensor> params{at::randn({8}).requires_grad_()};
+  ZeroOptions o;
+  o.stage = 2;
+  o.offload.enabled = true;
+  o.offload.ratio = 0.5;
+  EXPECT_THROW(ZeroOptimizer(params, adamw(true), dscpp::comm::make_no_op_group(0, 1), o),
+               dscpp::Error);
 }
 
 TEST(Offload, NeedsAPartitionedStage) {

@@ -160,6 +160,10 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
   // At stage 3 the parameters are empty at rest: what they hold now, then their full values.
   result["params_at_rest"] = zo.params_numel_held();
   result["partition16"] = zo.partition16_numel();
+  // Parameter offload: where the 16-bit partition lives, and its staging buffers' use.
+  result["partition16_device"] = zo.param_store().partition16_device().str();
+  result["staged_gathers"] = zo.param_store().staged_gathers();
+  result["staging_buffers"] = zo.param_store().staging_buffers();
   {
     dscpp::zero::GatheredParameters gathered(zo);
     result["params"] = flat_params(*model);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ZeRO-Offload of the optimizer against the same training without it.
+"""ZeRO-Offload of the optimizer and of the parameters against the same training without it.
 
     offload_oracle.py --launcher build/launcher/dscpp --train build/tests/runtime/engine/engine_train [--full]
 
@@ -7,7 +7,10 @@ Trains the tiny models with dscpp through the launcher (real processes over Gloo
 `offload_optimizer: {device: cpu}` (the CPU optimizer, sub_group_size pieces, the staging
 copies) and without it, at stages 1, 2 and 3 (3 by layer for the GPT), on 1, 2 and 4 ranks,
 accumulation 1 and 4: losses and weights within 1e-6 relative, the master and the optimizer
-state on the host, 1/N of it per rank. Checkpoints: an offloaded run saved mid-way resumes
+state on the host, 1/N of it per rank. Partial offload (ratio 0.5, stage 3): the host holds
+only its share of the state. Parameter offload (stage 3, alone and with the optimizer's): the
+16-bit partition on the host, its chunks brought up through at most buffer_count staging
+buffers. Checkpoints: an offloaded run saved mid-way resumes
 bit-exactly, and its checkpoint loads into a run without offload (and a checkpoint of a run
 without offload into an offloaded one), which then train as the uninterrupted runs (1e-6).
 Without --full a covering subset runs (the default ctest); --full is ctest label offload_matrix.
@@ -83,6 +86,14 @@ OFFLOADS = {
     # DeepSpeed's first spelling, unpinned staging, and the optimizer stepped in pieces of 50.
     "old": {"cpu_offload": True, "sub_group_size": 50},
     "unpinned": {"offload_optimizer": {"device": "cpu", "pin_memory": False}, "sub_group_size": 64},
+    # Partial offload (stage 3): the partition in sub-groups of 64, the first half of them
+    # stepped where they are, the rest on the host.
+    "ratio": {"offload_optimizer": {"device": "cpu", "ratio": 0.5}, "sub_group_size": 64},
+    # The parameters' offload (stage 3): the 16-bit partition on the host, each bucket's chunk
+    # up through 2 staging buffers of 4096 elements; alone, and with the optimizer's.
+    "param": {"offload_param": {"device": "cpu", "buffer_count": 2, "buffer_size": 4096}},
+    "both": {"offload_param": {"device": "cpu", "buffer_count": 2, "buffer_size": 4096},
+             "offload_optimizer": {"device": "cpu"}},
 }
 
 
@@ -102,10 +113,14 @@ def main():
         cases += [("gpt", 3, 4, 2, "old", "AdamW"), ("gpt", 2, 1, 2, "cpu", "AdamW")]
         cases += [("mlp", 2, 1, 2, "cpu", o) for o in ("Adam", "Adagrad", "Lion")]
         cases += [("transformer", s, 4, 2, "cpu", "AdamW") for s in (1, 2, 3)]
+        cases += [(m, 3, ga, n, k, "AdamW") for m in ("mlp", "gpt") for k in ("ratio", "param")
+                  for ga, n in itertools.product([1, 4], [1, 2, 4])]
+        cases += [("gpt", 3, ga, 2, "both", "AdamW") for ga in (1, 4)]
     else:
         cases = [("mlp", 1, 4, 2, "old", "AdamW"), ("mlp", 2, 1, 4, "cpu", "AdamW"),
                  ("mlp", 2, 4, 1, "unpinned", "AdamW"), ("gpt", 3, 1, 2, "cpu", "AdamW"),
-                 ("mlp", 2, 1, 2, "cpu", "Lion")]
+                 ("mlp", 2, 1, 2, "cpu", "Lion"), ("gpt", 3, 4, 2, "ratio", "AdamW"),
+                 ("gpt", 3, 1, 2, "both", "AdamW")]
     passed = failed = 0
 
     def report(ok, name, msg):
@@ -127,27 +142,46 @@ def main():
                 problems.append(f"losses differ ({le:.2e})")
             if pe > 1e-6:
                 problems.append(f"weights differ ({pe:.2e})")
-            if not got.get("offloaded") or got["master_device"] != "cpu" or got["state_device"] != "cpu":
+            if kind in ("param", "both"):
+                po = OFFLOADS[kind]["offload_param"]
+                if got["partition16_device"] != "cpu" or got["staged_gathers"] <= 0 or \
+                        not 0 < got["staging_buffers"] <= po["buffer_count"]:
+                    problems.append(f"parameters not offloaded: partition on {got['partition16_device']}, "
+                                    f"{got['staged_gathers']} staged gathers, {got['staging_buffers']} buffers")
+                if got["partition16"] != base["partition16"]:
+                    problems.append(f"16-bit partition {got['partition16']} vs {base['partition16']}")
+            if kind == "param":
+                pass  # the optimizer stays where it was
+            elif not got.get("offloaded") or got["master_device"] != "cpu" or got["state_device"] != "cpu":
                 problems.append(f"not offloaded ({got.get('offloaded')}, master on {got.get('master_device')})")
             if "not implemented by the engine yet" in log and "offload_optimizer" in log:
                 problems.append("the engine announced offload as ignored")
-            if got["state_numel"] != base["state_numel"] or got["partition"] != got["total"] // n:
+            # Partial offload: the host's optimizer holds only its share of the state (the
+            # rest is the device optimizer's).
+            if kind == "ratio":
+                if not 0 < got["state_numel"] < base["state_numel"]:
+                    problems.append(f"host state {got['state_numel']} of {base['state_numel']}: not a share")
+            elif got["state_numel"] != base["state_numel"] or (
+                    kind != "param" and got["partition"] != got["total"] // n):
                 problems.append(f"state {got['state_numel']} vs {base['state_numel']}, partition {got['partition']}")
             report(not problems, name, f"losses {le:.1e}, weights {pe:.1e}" if not problems else "; ".join(problems))
         except Exception as e:  # noqa: BLE001
             report(False, name, str(e))
 
     # Checkpoints: save after step 3 of an offloaded run (and of one without), resume.
-    ck_cases = [("mlp", 2, 1, 2)] + ([("mlp", 1, 4, 2), ("gpt", 3, 1, 2)] if args.full else [])
-    for model, stage, ga, n in ck_cases:
-        name = f"checkpoint {model} stage={stage} accumulation={ga} ranks={n}"
+    ck_cases = [("mlp", 2, 1, 2, "cpu"), ("gpt", 3, 1, 2, "ratio")]
+    if args.full:
+        ck_cases += [("mlp", 1, 4, 2, "cpu"), ("gpt", 3, 1, 2, "cpu"), ("mlp", 3, 4, 2, "ratio"),
+                     ("gpt", 3, 1, 2, "both")]
+    for model, stage, ga, n, kind in ck_cases:
+        name = f"checkpoint {model} stage={stage} accumulation={ga} ranks={n} offload={kind}"
         if args.only not in name:
             continue
         try:
-            off_cfg = config(stage, ga, OFFLOADS["cpu"])
+            off_cfg = config(stage, ga, OFFLOADS[kind])
             plain_cfg = config(stage, ga, None)
-            off_dir = os.path.join(r.tmp, f"ck_off_{model}_{stage}")
-            plain_dir = os.path.join(r.tmp, f"ck_plain_{model}_{stage}")
+            off_dir = os.path.join(r.tmp, f"ck_off_{model}_{stage}_{kind}_{ga}")
+            plain_dir = os.path.join(r.tmp, f"ck_plain_{model}_{stage}_{kind}_{ga}")
             off_full, _ = r.train(model, n, off_cfg, args.steps, save=off_dir, save_at=3)
             plain_full, _ = r.train(model, n, plain_cfg, args.steps, save=plain_dir, save_at=3)
             problems = []

@@ -220,22 +220,26 @@ TEST(EngineCases, ModuleZeroGradDoesNotLoseGradients) {
 
 TEST(EngineCases, FeaturesTheEngineLacksAreAnnouncedNotSilent) {
   json cfg = base_config();
-  // Parameter offload is announced; the optimizer's offload to the CPU is acted on (since
-  // ZeRO-Offload), so it is not.
+  // bf16 master weights are announced; the optimizer's and the parameters' offload to the CPU
+  // at stage 3 are acted on, so neither is.
   cfg["zero_optimization"] = {{"stage", 3},
                               {"offload_optimizer", {{"device", "cpu"}}},
                               {"offload_param", {{"device", "cpu"}}}};
+  cfg["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}};
   torch::manual_seed(0);
   TwoLayer model;
   testing::internal::CaptureStderr();
   auto engine = dscpp::initialize(model, cfg);
   std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("'zero_optimization.offload_param' (device cpu): not implemented by the "
-                     "engine yet, ignored"),
+  EXPECT_NE(err.find("'bf16.bf16_master_weights_and_grads': not implemented by the engine yet, "
+                     "ignored"),
             std::string::npos)
       << err;
   EXPECT_EQ(err.find("'zero_optimization.offload_optimizer'"), std::string::npos) << err;
-  EXPECT_TRUE(engine.core().zero_optimizer().offloaded());
+  EXPECT_EQ(err.find("'zero_optimization.offload_param'"), std::string::npos) << err;
+  auto& zo = engine.core().zero_optimizer();
+  EXPECT_TRUE(zo.offloaded());
+  EXPECT_TRUE(zo.param_store().partition16_device().is_cpu());
 }
 
 // The gradient partition is 16-bit when nothing accumulates in it, fp32 when micro-steps do,
