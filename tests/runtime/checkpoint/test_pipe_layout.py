@@ -95,6 +95,7 @@ def worker(args):
     with open(os.path.join(args.out, f"report_{stage}.json"), "w") as f:
         json.dump(report, f)
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # before exit: see tests/runtime/engine/ds_train.py
 
 
 def free_port():
