@@ -286,25 +286,7 @@ def main():
         return load_ours_worker(args) if args.load_ours else worker(args)
     if args.ours:
         sys.exit(load_ours(args))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    world = args.stages * args.data
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker"] + sys.argv[1:], env=env))
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=args.timeout))
-        except subprocess.TimeoutExpired:
-            codes.append("timeout")
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    codes = spawn(args.stages * args.data, sys.argv[1:], args.timeout)
     if any(c != 0 for c in codes):
         print(f"DeepSpeed's pipeline engine did not finish: exit codes {codes}")
         sys.exit(1)
