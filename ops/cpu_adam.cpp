@@ -203,4 +203,8 @@ int threads() {
   return std::max(1, at::get_num_threads());
 }
 
+void for_ranges(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  parallel(n, fn);
+}
+
 }  // namespace dscpp::ops::cpu

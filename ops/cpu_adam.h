@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace dscpp::ops::cpu {
@@ -58,5 +59,8 @@ void lion_step(const StepTensors& t, const at::Tensor& exp_avg, const LionArgs& 
 std::string capability();
 // Threads a step splits into (LibTorch's intra-op thread count).
 int threads();
+// fn over [0, n) cut as a step of n elements is cut (whole 1024-element tiles, the same threads
+// and pool): for references that must move memory exactly as the kernels do (the benchmark's).
+void for_ranges(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace dscpp::ops::cpu

@@ -22,6 +22,11 @@
 #                   bench/configs/gpt_bf16_zero2_flops.json) -> flops_profile.log
 #   GPU_CPU_ADAM=1  dscpp's CPU Adam beside DeepSpeed's DeepSpeedCPUAdam on this machine's cores
 #                   (bench/cpu_adam_bench.py; DeepSpeed's op JIT-builds with g++) -> cpu_adam.log
+#   GPU_OFFLOAD=1   issue 21's ZeRO-Offload rows on one GPU (bench/offload_rows.sh: the bf16 offload
+#                   oracle, a 9 B GPT at stage 2 with offload_optimizer and without, DeepSpeed's
+#                   ZeRO-Offload beside dscpp at 4.6 B, stage 3 with both offloads at 8.3 B; ROWS
+#                   via GPU_OFFLOAD_ROWS) -> offload_table.md; GPU_TESTS=0 with it builds
+#                   engine_train too
 #   GPU_67B=1       the 6.66 B GPT with activation checkpointing (bench/configs/gpt_6.7B_*):
 #                   GPU_67B_ROWS (default "d2x1 ds2x1te d3x1 ds3x1t") -> gpt_table_67b.md
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
@@ -70,6 +75,7 @@ targets=()
 [ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report cpu_adam_bench)
 [ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda test_engine_cases)
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
+[ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 baseline_build() {
   (cd "$GPU_BASELINE" && configure && ninja -C build-cuda -j "$(nproc)" train_gpt dscpp_launcher)
@@ -175,6 +181,16 @@ if [ "${GPU_CPU_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/cpu_adam_bench ]; the
   step cpu_adam env TORCH_CUDA_ARCH_LIST=9.0 TORCH_EXTENSIONS_DIR="$PWD/build-cuda/torch_extensions" \
     python3 bench/cpu_adam_bench.py --bench ./build-cuda/bench/cpu_adam_bench --threads "$(nproc)"
 fi
+offload_rows() {
+  local budget=0
+  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && budget=$((GPU_DEADLINE_S - SECONDS - 15))
+  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && [ "$budget" -lt 1 ] && budget=1
+  env OUT="$out" LOGDIR="$out/offload" BUDGET_S="$budget" ${GPU_OFFLOAD_ROWS:+ROWS="$GPU_OFFLOAD_ROWS"} \
+    TORCH_EXTENSIONS_DIR="$PWD/build-cuda/torch_extensions" bash bench/offload_rows.sh
+}
+if [ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+  step offload_rows offload_rows
+fi
 table67() {
   local budget=0
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && budget=$((GPU_DEADLINE_S - SECONDS - 15))
@@ -260,6 +276,7 @@ grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
 grep -E "^gpt_table: " "$out/gpt_table.log" 2>/dev/null  # each row's wall time
 cat "$out/gpt_table.md" 2>/dev/null
 cat "$out/gpt_table_67b.md" 2>/dev/null
+cat "$out/offload_table.md" 2>/dev/null
 tail -12 "$out/cpu_adam.log" 2>/dev/null
 grep -E "params per GPU|fwd MACs per GPU|fwd flops per GPU|fwd latency|bwd latency|step latency|iter latency|FLOPS per GPU|samples/second" "$out/flops_profile.log" 2>/dev/null | head -16
 cat "$out/baseline_compare.md" 2>/dev/null

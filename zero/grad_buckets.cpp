@@ -207,6 +207,7 @@ void GradBuckets::complete(int b) {
   works_[b] = comm::Work();
   results_[b] = at::Tensor();
   direct_[b] = 0;
+  if (on_complete_) on_complete_(b);
 }
 
 void GradBuckets::finish() {

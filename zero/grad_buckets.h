@@ -22,6 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -72,6 +73,10 @@ class GradBuckets {
   // Reduces what backward left (unused parameters), waits, and adds the results into the
   // partition.
   void finish();
+  // Called with b once bucket b's reduction is in the partition (in bucket order; on a GPU in
+  // the current stream's order): the offloaded update may start on it (zero/offload_overlap.h).
+  // Empty: none.
+  void set_on_complete(std::function<void(int)> fn) { on_complete_ = std::move(fn); }
   // What the partition's values are still to be multiplied by to be averaged gradients: 1 for
   // an fp32 partition, 1/world (DeepSpeed's post-division) for a 16-bit one.
   double deferred_scale() const;
@@ -116,6 +121,7 @@ class GradBuckets {
   int ready_calls_ = 0;               // mark_ready calls this backward
   std::vector<int> ready_at_launch_;  // per bucket: ready_calls_ when it was issued
   int issued_early_ = 0;
+  std::function<void(int)> on_complete_;
 };
 
 }  // namespace dscpp::zero

@@ -79,6 +79,16 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   if (options_.stage >= 3) store_->keep_only_partition(master_->whole());
   buckets_->set_partition(master_->grads());
   master_->add_shards(options_.group_options);
+  // The update overlaps backward only where its scale is known before backward (no clipping,
+  // no overflow check: neither waits for the global norm), at stages 1-2, with overlap_comm
+  // (DeepSpeed's switch for overlapping offload's copies with backward). After the shards exist:
+  // whether the optimizer fuses the scale depends on where they are.
+  optim::Optimizer& opt = master_->optimizer();
+  if (offload_ && (options_.stage == 1 || options_.stage == 2) && options_.overlap_comm &&
+      options_.gradient_clipping <= 0 && !options_.check_overflow && opt.elementwise() &&
+      opt.fuses_grad_scale() && !master_->split())
+    overlap_ = std::make_unique<OffloadOverlap>(layout_, opts.device(), options_.grad_dtype,
+                                                opts.dtype().toScalarType(), options_.offload);
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
@@ -89,12 +99,36 @@ ZeroOptimizer::~ZeroOptimizer() {
   }
 }
 
+void ZeroOptimizer::arm_overlapped_step(double loss_scale) {
+  armed_ = overlap_ != nullptr && relaid_;
+  armed_loss_scale_ = loss_scale;
+}
+
 void ZeroOptimizer::begin_backward(bool reduce) {
   buckets_->begin(reduce);
+  if (!armed_ || !reduce) return;
+  armed_ = false;
+  at::NoGradGuard no_grad;
+  store_->wait_all_published();  // the destinations are the flat buffer's
+  StepScaleInputs in;
+  in.loss_scale = armed_loss_scale_;
+  in.deferred = buckets_->deferred_scale();
+  // No clip: the scale does not depend on the sum (the same float64 arithmetic as step()'s).
+  const StepScale<double> s = unscale_and_clip(0.0, in);
+  overlap_destinations_.clear();
+  for (size_t b = 0; b < layout_.buckets.size(); ++b)
+    overlap_destinations_.push_back(store_->chunk_destination(static_cast<int>(b)));
+  overlap_->begin(*master_, at::full({}, static_cast<float>(s.scale), at::kFloat),
+                  overlap_destinations_);
+  buckets_->set_on_complete([this](int b) { overlap_->reduced(b); });
 }
 
 void ZeroOptimizer::end_backward() {
   buckets_->finish();
+  if (overlap_ && overlap_->active()) {
+    overlap_->backward_ended();
+    buckets_->set_on_complete(nullptr);
+  }
   last_issued_early_ = buckets_->issued_during_backward();
   if (!relaid_) relay_from_first_backward();
 }
@@ -192,6 +226,14 @@ StepResult ZeroOptimizer::step(double loss_scale) {
     }
     scale = s.scale.to(at::kFloat);
   }
+  if (overlap_ && overlap_->active()) {
+    if (armed_loss_scale_ != loss_scale)
+      throw Error("ZeroOptimizer: the loss scale changed between backward and step");
+    step_overlapped();
+    clear_gradients();
+    result.applied = true;
+    return result;
+  }
   master_->apply_scale(scale);
   if (offload_ && master_->optimizer().elementwise()) {
     step_offloaded(scale);
@@ -244,6 +286,26 @@ void ZeroOptimizer::step_by_bucket(const at::Tensor& scale) {
       works.push_back(std::move(w));
   }
   for (auto& w : works) w.wait();
+}
+
+void ZeroOptimizer::step_overlapped() {
+  // The buckets were updated as backward reduced them; each is published once its update is
+  // done (deferred: in the forward's order, so the first layers' all-gathers go first).
+  const bool defer = options_.defer_allgather;
+  const int n = static_cast<int>(layout_.buckets.size());
+  std::vector<comm::Work> works;
+  for (int k = 0; k < n; ++k) {
+    const int b = defer ? n - 1 - k : k;
+    overlap_->wait(b);
+    comm::Work w = store_->publish_bucket(b, overlap_destinations_[b]);
+    if (defer)
+      store_->defer(b, std::move(w));
+    else
+      works.push_back(std::move(w));
+  }
+  overlap_->finish();
+  for (auto& w : works) w.wait();
+  overlap_destinations_.clear();
 }
 
 void ZeroOptimizer::step_offloaded(const at::Tensor& scale) {

@@ -32,6 +32,7 @@
 #include "dscpp/zero/grad_buckets.h"
 #include "dscpp/zero/master_partition.h"
 #include "dscpp/zero/offload.h"
+#include "dscpp/zero/offload_overlap.h"
 #include "dscpp/zero/param_store.h"
 
 namespace dscpp::zero {
@@ -101,6 +102,17 @@ class ZeroOptimizer {
 
   // Around each backward: whether this micro-step's gradients are reduced now.
   void begin_backward(bool reduce);
+  // Before the backward that ends an accumulation window, with the loss scale the step will
+  // be given: with offload at stages 1-2, overlap_comm, no clipping and no overflow check, that
+  // backward's buckets are updated on the host as they are reduced (zero/offload_overlap.h),
+  // and step() only publishes them. A no-op otherwise (and before the first backward's re-lay).
+  void arm_overlapped_step(double loss_scale);
+  // Since construction: the overlapped steps, and their bucket updates that began before
+  // backward ended (the overlap's evidence).
+  int64_t overlapped_steps() const { return overlap_ ? overlap_->steps() : 0; }
+  int64_t offload_updates_during_backward() const {
+    return overlap_ ? overlap_->started_during_backward() : 0;
+  }
   void end_backward();
   // At the accumulation boundary. loss_scale: what the loss was multiplied by.
   StepResult step(double loss_scale);
@@ -205,6 +217,8 @@ class ZeroOptimizer {
   // With offload and an elementwise optimizer, stages 1-3: the same bucket by bucket, the
   // update on the host (OffloadStepper).
   void step_offloaded(const at::Tensor& scale);
+  // The step of an overlapped backward: wait for each bucket's update, publish it.
+  void step_overlapped();
   // After a step (or an overflow's skip): the partition counts as empty again.
   void clear_gradients();
   // Once, at the end of the first backward: the layout from the order gradients became ready.
@@ -217,6 +231,10 @@ class ZeroOptimizer {
   std::unique_ptr<MasterPartition> master_;
   std::unique_ptr<GradBuckets> buckets_;
   std::unique_ptr<OffloadStepper> offload_;  // with options.offload.enabled
+  std::unique_ptr<OffloadOverlap> overlap_;  // where the update can overlap backward
+  bool armed_ = false;
+  double armed_loss_scale_ = 1.0;
+  std::vector<at::Tensor> overlap_destinations_;  // per bucket, during an overlapped step
   std::shared_ptr<void> hooks_;
   ReduceOptions reduce_options_;
   at::TensorOptions param_options_;

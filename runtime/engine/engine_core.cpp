@@ -380,6 +380,7 @@ void EngineCore::backward(const at::Tensor& loss) {
   const bool boundary = is_gradient_accumulation_boundary();
   // Stages 2-3 reduce every micro-step into the fp32 partition; stages 0 and 1 let the
   // gradients accumulate in the flat buffer and reduce once, at the boundary.
+  if (boundary) zero_->arm_overlapped_step(scaler_->loss_scale());
   zero_->begin_backward(zero_optimization_stage() >= 2 || boundary);
   if (monitor_->enabled() && group_->rank() == 0) {
     at::Tensor l = loss.detach().to(at::kDouble);

@@ -175,6 +175,9 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
   result["state_device"] = zo.optimizer().state(0).begin()->second.device().str();
   result["partition"] = zo.layout().partition;
   result["total"] = zo.layout().total;
+  // ZeRO-Offload overlapped with backward: steps so, and bucket updates begun during backward.
+  result["overlapped_steps"] = zo.overlapped_steps();
+  result["updates_during_backward"] = zo.offload_updates_during_backward();
   return r == 0 ? result : json();
 }
 

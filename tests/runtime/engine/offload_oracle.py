@@ -14,6 +14,17 @@ buffers. Checkpoints: an offloaded run saved mid-way resumes
 bit-exactly, and its checkpoint loads into a run without offload (and a checkpoint of a run
 without offload into an offloaded one), which then train as the uninterrupted runs (1e-6).
 Without --full a covering subset runs (the default ctest); --full is ctest label offload_matrix.
+--overlap: the update overlapped with backward (stages 1-2, overlap_comm, no clipping;
+zero/offload_overlap.h): offload == no offload within 1e-6 at stages 1 and 2, accumulation 1 and 4,
+every step after the first (whose backward re-lays the buckets) overlapped, and bucket updates that
+began before backward ended (the order the worker records); with clipping (1.0) the same runs take
+the step's own path (no overlapped step) and agree too.
+--bf16 (the GPU call's, scripts/gpu_run.sh GPU_OFFLOAD=1; it runs on a CPU too): one rank in bf16,
+stages 1, 2 and 3 and ratio 0.5, which on a GPU goes through the pinned staging slots and the copy
+stream; the run without offload steps on the device (its fused Adam), so the two agree only to
+bf16's rounding of the 16-bit parameters: losses within 2e-2 relative, weights within 2e-2 of
+their largest (bf16's spacing is 7.8e-3; an fp32 difference of one ulp in the master can flip a
+rounding, and 8 steps carry it on).
 Prints one line per case and `N passed, M failed` last."""
 import argparse
 import itertools
@@ -26,18 +37,20 @@ import tempfile
 GLOBAL_BATCH = 16
 
 
-def config(stage, ga, offload, extra=None, optimizer="AdamW"):
+def config(stage, ga, offload, extra=None, optimizer="AdamW", bf16=False, clip=1.0):
     params = {"lr": 1e-2, "weight_decay": 0.01}
     if optimizer == "AdamW":
         params.update(betas=[0.9, 0.999], eps=1e-4)
     cfg = {
         "train_batch_size": GLOBAL_BATCH,
         "gradient_accumulation_steps": ga,
-        "gradient_clipping": 1.0,
+        "gradient_clipping": clip,
         "optimizer": {"type": optimizer, "params": params},
         "zero_optimization": {"stage": stage, "overlap_comm": True, "reduce_bucket_size": 300,
                               "stage3_param_persistence_threshold": 0},
     }
+    if bf16:
+        cfg["bf16"] = {"enabled": True}
     if offload:
         cfg["zero_optimization"].update(offload)
     if extra:
@@ -64,7 +77,7 @@ class Runner:
     def __init__(self, args):
         self.args = args
         self.tmp = tempfile.mkdtemp()
-        self.port = 29400
+        self.port = args.port_base
         self.count = 0
 
     def train(self, model, n, cfg, steps, save=None, save_at=None, load=None):
@@ -83,6 +96,8 @@ class Runner:
 
 OFFLOADS = {
     "cpu": {"offload_optimizer": {"device": "cpu"}},
+    # The same, without clipping: the update overlaps backward (the runs of both sides unclipped).
+    "overlap": {"offload_optimizer": {"device": "cpu"}, "sub_group_size": 100},
     # DeepSpeed's first spelling, unpinned staging, and the optimizer stepped in pieces of 50.
     "old": {"cpu_offload": True, "sub_group_size": 50},
     "unpinned": {"offload_optimizer": {"device": "cpu", "pin_memory": False}, "sub_group_size": 64},
@@ -104,7 +119,11 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--only", default="")
+    ap.add_argument("--bf16", action="store_true", help="one rank in bf16 (the GPU call's cases)")
+    ap.add_argument("--overlap", action="store_true", help="the update overlapped with backward")
+    ap.add_argument("--port-base", type=int, default=29400)
     args = ap.parse_args()
+    tol = 2e-2 if args.bf16 else 1e-6
     r = Runner(args)
     if args.full:
         cases = [(m, s, ga, n, "cpu", "AdamW") for m, s in (("mlp", 1), ("mlp", 2), ("gpt", 3))
@@ -116,6 +135,14 @@ def main():
         cases += [(m, 3, ga, n, k, "AdamW") for m in ("mlp", "gpt") for k in ("ratio", "param")
                   for ga, n in itertools.product([1, 4], [1, 2, 4])]
         cases += [("gpt", 3, ga, 2, "both", "AdamW") for ga in (1, 4)]
+    elif args.overlap:
+        cases = [("mlp", 1, 1, 2, "overlap", "AdamW"), ("mlp", 2, 4, 2, "overlap", "AdamW"),
+                 ("gpt", 2, 1, 1, "overlap", "AdamW"), ("mlp", 1, 4, 1, "overlap", "AdamW"),
+                 ("mlp", 2, 1, 2, "cpu", "AdamW")]
+    elif args.bf16:
+        cases = [("mlp", 1, 1, 1, "cpu", "AdamW"), ("mlp", 2, 1, 1, "cpu", "AdamW"),
+                 ("gpt", 2, 1, 1, "cpu", "AdamW"), ("gpt", 3, 1, 1, "cpu", "AdamW"),
+                 ("gpt", 3, 1, 1, "ratio", "AdamW")]
     else:
         cases = [("mlp", 1, 4, 2, "old", "AdamW"), ("mlp", 2, 1, 4, "cpu", "AdamW"),
                  ("mlp", 2, 4, 1, "unpinned", "AdamW"), ("gpt", 3, 1, 2, "cpu", "AdamW"),
@@ -130,18 +157,32 @@ def main():
         failed += not ok
 
     for model, stage, ga, n, kind, opt in cases:
-        name = f"{model} stage={stage} accumulation={ga} ranks={n} offload={kind} optimizer={opt}"
+        name = f"{model} stage={stage} accumulation={ga} ranks={n} offload={kind} optimizer={opt}" + \
+            (" bf16" if args.bf16 else "")
         if args.only not in name:
             continue
         try:
-            base, _ = r.train(model, n, config(stage, ga, None, optimizer=opt), args.steps)
-            got, log = r.train(model, n, config(stage, ga, OFFLOADS[kind], optimizer=opt), args.steps)
+            clip = 0.0 if kind == "overlap" else 1.0
+            base, _ = r.train(model, n, config(stage, ga, None, optimizer=opt, bf16=args.bf16, clip=clip),
+                              args.steps)
+            got, log = r.train(model, n, config(stage, ga, OFFLOADS[kind], optimizer=opt, bf16=args.bf16,
+                                                clip=clip), args.steps)
             le, pe = rel_err(got["losses"], base["losses"]), rel_err(got["params"], base["params"])
             problems = []
-            if le > 1e-6:
+            if le > tol:
                 problems.append(f"losses differ ({le:.2e})")
-            if pe > 1e-6:
+            if pe > tol:
                 problems.append(f"weights differ ({pe:.2e})")
+            if kind == "overlap":
+                # Every step whose backward follows the re-lay (at accumulation 1 the first
+                # step's backward is the re-lay's own).
+                want = args.steps - (1 if ga == 1 else 0)
+                if got["overlapped_steps"] < want:
+                    problems.append(f"{got['overlapped_steps']} overlapped steps of {args.steps}")
+                if got["updates_during_backward"] <= 0:
+                    problems.append("no bucket update began before backward ended")
+            elif stage <= 2 and got.get("overlapped_steps", 0) != 0:
+                problems.append(f"{got['overlapped_steps']} overlapped steps with clipping")
             if kind in ("param", "both"):
                 po = OFFLOADS[kind]["offload_param"]
                 if got["partition16_device"] != "cpu" or got["staged_gathers"] <= 0 or \
@@ -164,12 +205,17 @@ def main():
             elif got["state_numel"] != base["state_numel"] or (
                     kind != "param" and got["partition"] != got["total"] // n):
                 problems.append(f"state {got['state_numel']} vs {base['state_numel']}, partition {got['partition']}")
-            report(not problems, name, f"losses {le:.1e}, weights {pe:.1e}" if not problems else "; ".join(problems))
+            extra = f", {got.get('updates_during_backward', 0)} updates begun during backward" \
+                if kind == "overlap" else ""
+            report(not problems, name, f"losses {le:.1e}, weights {pe:.1e}{extra}" if not problems
+                   else "; ".join(problems))
         except Exception as e:  # noqa: BLE001
             report(False, name, str(e))
 
     # Checkpoints: save after step 3 of an offloaded run (and of one without), resume.
     ck_cases = [("mlp", 2, 1, 2, "cpu"), ("gpt", 3, 1, 2, "ratio")]
+    if args.bf16 or args.overlap:
+        ck_cases = []
     if args.full:
         ck_cases += [("mlp", 1, 4, 2, "cpu"), ("gpt", 3, 1, 2, "cpu"), ("mlp", 3, 4, 2, "ratio"),
                      ("gpt", 3, 1, 2, "both")]
