@@ -40,16 +40,15 @@ NvmeSwapper::NvmeSwapper(const NvmeOptions& options, int64_t numel)
                     options_.buffer_count));
   check_path(options_);
   // DeepSpeed's layout: nvme_path/zero_stage_<s>/optimizer/rank<r>.
-  fs::path folder = fs::path(options_.path) / fmt::format("zero_stage_{}", options_.stage);
-  for (const fs::path& part :
-       {fs::path(), fs::path("optimizer"), fs::path(fmt::format("rank{}", options_.rank))}) {
+  fs::path folder(options_.path);
+  for (const std::string& part : {fmt::format("zero_stage_{}", options_.stage),
+                                  std::string("optimizer"), fmt::format("rank{}", options_.rank)}) {
     folder /= part;
     std::error_code ec;
     if (fs::is_directory(folder, ec)) continue;
     if (!fs::create_directory(folder, ec) && !fs::is_directory(folder))
       throw Error(fmt::format("{} '{}': cannot make the swap folder '{}': {}", options_.key,
                               options_.path, folder.string(), ec.message()));
-    made_.push_back(folder.string());
   }
   folder_ = folder.string();
 }
@@ -61,9 +60,13 @@ NvmeSwapper::~NvmeSwapper() {
   }
   slots_.clear();
   files_.clear();  // each file removes itself
-  for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
+  // The rank's folder, then optimizer/ and zero_stage_<s>/ where they are empty (fs::remove
+  // leaves a folder that is not: another rank's may still be beside ours; the last to go
+  // removes them, whoever made them).
+  fs::path folder(folder_);
+  for (int up = 0; up < 3; ++up, folder = folder.parent_path()) {
     std::error_code ec;
-    fs::remove(*it, ec);  // only where empty: another rank's folder may still be beside it
+    if (!fs::remove(folder, ec)) break;
   }
 }
 

@@ -75,7 +75,6 @@ class NvmeSwapper {
   NvmeOptions options_;
   int64_t numel_;
   std::string folder_;
-  std::vector<std::string> made_;  // folders this swapper created, innermost last
   std::map<std::string, std::unique_ptr<NvmeFile>> files_;
   std::vector<Slot> slots_;
   int64_t slot_numel_ = 0;
