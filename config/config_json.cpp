@@ -141,6 +141,13 @@ json to_json(const DSConfig& c) {
         {"use_node_local_storage", c.checkpoint.use_node_local_storage},
         {"parallel_write", {{"pipeline_stage", c.checkpoint.parallel_write_pipeline_stage}}}}},
       {"data_types", {{"grad_accum_dtype", opt(c.data_types.grad_accum_dtype)}}},
+      {"aio",
+       {{"block_size", c.aio.block_size},
+        {"queue_depth", c.aio.queue_depth},
+        {"intra_op_parallelism", c.aio.intra_op_parallelism},
+        {"single_submit", c.aio.single_submit},
+        {"overlap_events", c.aio.overlap_events},
+        {"use_gds", c.aio.use_gds}}},
   };
   return out;
 }

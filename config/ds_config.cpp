@@ -368,6 +368,21 @@ DataTypesConfig read_data_types(Section s) {
   return c;
 }
 
+AioConfig read_aio(Section s) {
+  AioConfig c;
+  c.block_size = s.get_int("block_size", c.block_size, 1);
+  c.queue_depth = s.get_int("queue_depth", c.queue_depth, 1);
+  // DeepSpeed's current name, and thread_count before it.
+  c.intra_op_parallelism = s.has("intra_op_parallelism")
+                               ? s.get_int("intra_op_parallelism", c.intra_op_parallelism, 1)
+                               : s.get_int("thread_count", c.intra_op_parallelism, 1);
+  c.single_submit = s.get_bool("single_submit", c.single_submit);
+  c.overlap_events = s.get_bool("overlap_events", c.overlap_events);
+  c.use_gds = s.get_bool("use_gds", c.use_gds);
+  s.finish();
+  return c;
+}
+
 // DeepSpeed's rule: any two of the three give the third; all three must then agree.
 void resolve_batch(DSConfig& c, Section& root) {
   const char* keys[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
@@ -494,6 +509,7 @@ DSConfig parse_ds_config_checked(const json& input, const ConfigOptions& options
   c.flops_profiler = read_flops_profiler(root.sub("flops_profiler"));
   c.checkpoint = read_checkpoint(root.sub("checkpoint"));
   c.data_types = read_data_types(root.sub("data_types"));
+  c.aio = read_aio(root.sub("aio"));
   // flops_profiler turns on DeepSpeed's wall-clock breakdown too.
   c.wall_clock_breakdown = c.wall_clock_breakdown || c.flops_profiler.enabled;
 

@@ -146,6 +146,17 @@ struct DataTypesConfig {
   std::optional<std::string> grad_accum_dtype;  // "fp32", "fp16", "bf16" or unset
 };
 
+// DeepSpeed's "aio" section (the asynchronous I/O of NVMe offload). dscpp's io_uring takes
+// block_size, queue_depth and single_submit; the others are read and announced.
+struct AioConfig {
+  int64_t block_size = 1048576;
+  int64_t queue_depth = 8;
+  int64_t intra_op_parallelism = 1;  // the old name: thread_count
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
 struct DSConfig {
   int64_t train_batch_size = 0;
   int64_t train_micro_batch_size_per_gpu = 0;
@@ -174,6 +185,7 @@ struct DSConfig {
   FlopsProfilerConfig flops_profiler;
   CheckpointConfig checkpoint;
   DataTypesConfig data_types;
+  AioConfig aio;
 
   std::vector<std::string> warnings;  // unknown and deprecated keys, odd values accepted
   std::vector<std::string> ignored;   // DeepSpeed features read but not implemented

@@ -111,14 +111,19 @@ void refuse_training_changes(Section& root, Diagnostics& diag) {
 }
 
 void note_zero_features(Section& s, const ZeroConfig& c, Diagnostics& diag) {
-  auto refuse_nvme = [&](const char* key, const std::string& device) {
-    if (device == "nvme")
-      throw ConfigError(s.path_of(std::string(key) + ".device"),
-                        "NVMe offload (ZeRO-Infinity) is not supported by dscpp: use \"cpu\" or "
-                        "\"none\"");
+  // NVMe offload (ZeRO-Infinity) needs the folder its swap files go in, as DeepSpeed asserts.
+  auto need_nvme_path = [&](const char* key, const std::string& device,
+                            const std::optional<std::string>& path) {
+    if (device == "nvme" && (!path || path->empty()))
+      throw ConfigError(s.path_of(std::string(key) + ".nvme_path"),
+                        "expected the folder for NVMe offload's swap files (device \"nvme\"), "
+                        "found nothing");
   };
-  if (c.offload_optimizer) refuse_nvme("offload_optimizer", c.offload_optimizer->device);
-  if (c.offload_param) refuse_nvme("offload_param", c.offload_param->device);
+  if (c.offload_optimizer)
+    need_nvme_path("offload_optimizer", c.offload_optimizer->device,
+                   c.offload_optimizer->nvme_path);
+  if (c.offload_param)
+    need_nvme_path("offload_param", c.offload_param->device, c.offload_param->nvme_path);
   if (c.offload_param && c.offload_param->device != "none" && c.stage != 3)
     ignore(diag, fmt::format("'{}' at stage {} (parameter offload needs stage 3)",
                              s.path_of("offload_param"), c.stage));
@@ -205,7 +210,7 @@ void note_ignored_features(Section& root, const DSConfig& c, Diagnostics& diag) 
   root.known({"dump_state", "disable_allgather", "managed_gradient_accumulation",
               "disable_python_gc", "vocabulary_size", "use_data_before_expert_parallelism",
               "expert_parallel", "seq_parallel_communication_data_type", "timers", "log_level",
-              "aio", "sequence_parallel_size"});
+              "sequence_parallel_size"});
 }
 
 }  // namespace dscpp::config

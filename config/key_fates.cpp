@@ -39,8 +39,11 @@ const char* kFlops = "FlopsProfiler.EngineWritesDeepSpeedsReportAtProfileStep";
 const char* kFlopsOptions = "FlopsProfiler.EngineHonoursDepthTopModulesDetailedAndRecomputeFactor";
 const char* kWandb = "Weights & Biases needs its Python service: not implemented";
 const char* kOffloadTest = "engine.OffloadMatchesNoOffload";
-// DeepSpeed reads these for device "nvme" only, which dscpp refuses.
-const char* kNvmeOnly = "an NVMe offload setting (DeepSpeed reads it for device nvme only)";
+const char* kNvmeTest = "engine.NvmeOffloadMatchesNoOffload";
+const char* kNvmeFile = "NvmeFile.RoundTripInBlockSizePiecesThroughAShallowQueue";
+// The parameters' NVMe offload keeps the 16-bit partition in host memory (device cpu's).
+const char* kParamNvme =
+    "offload_param device nvme keeps the 16-bit partition in host memory, as device cpu does";
 const char* kRemoved = "removed from DeepSpeed in 0.19; ignoring it would train another model";
 const char* kOn = R"({"enabled": true})";
 
@@ -119,13 +122,17 @@ const std::vector<KeyFate> kTable = {
     N("zero_optimization.zero_quantized_gradients", "ZeRO++ quantised gradients", "true", "false"),
     A("zero_optimization.offload_optimizer", kOffloadTest),
     A("zero_optimization.offload_optimizer.device", kOffloadTest),
-    N("zero_optimization.offload_optimizer.nvme_path", kNvmeOnly, R"("/x")"),
-    N("zero_optimization.offload_optimizer.buffer_count", kNvmeOnly, "8", "4"),
+    A("zero_optimization.offload_optimizer.nvme_path", kNvmeTest),
+    A("zero_optimization.offload_optimizer.buffer_count", kNvmeTest),
     U("zero_optimization.offload_optimizer.pin_memory",
       "zero/offload.cpp: the staging slots are page-locked where a GPU is"),
-    N("zero_optimization.offload_optimizer.pipeline_read", kNvmeOnly, "true", "false"),
-    N("zero_optimization.offload_optimizer.pipeline_write", kNvmeOnly, "true", "false"),
-    N("zero_optimization.offload_optimizer.fast_init", kNvmeOnly, "true", "false"),
+    N("zero_optimization.offload_optimizer.pipeline_read",
+      "NVMe offload always reads the next sub-groups ahead (DeepSpeed's pipelined swapper)",
+      "false", "true"),
+    N("zero_optimization.offload_optimizer.pipeline_write",
+      "NVMe offload always writes a sub-group back while the next ones step", "false", "true"),
+    N("zero_optimization.offload_optimizer.fast_init",
+      "the swap files are written once at start-up either way", "true", "false"),
     A("zero_optimization.offload_optimizer.ratio", "Offload.PartialOffloadStepsLikeNoOffload"),
     N("zero_optimization.offload_optimizer.super_offload", "SuperOffload is not implemented",
       "true", "false"),
@@ -133,12 +140,12 @@ const std::vector<KeyFate> kTable = {
       "the CPU optimizer takes the rank's intra-op threads (OMP_NUM_THREADS)", "0.5"),
     A("zero_optimization.offload_param", kOffloadTest),
     A("zero_optimization.offload_param.device", kOffloadTest),
-    N("zero_optimization.offload_param.nvme_path", kNvmeOnly, R"("/x")"),
+    N("zero_optimization.offload_param.nvme_path", kParamNvme, R"("/x")"),
     U("zero_optimization.offload_param.buffer_count",
       "zero/param_store.cpp: staging buffers on the device for the gathers"),
     U("zero_optimization.offload_param.buffer_size",
       "zero/param_store.cpp: elements of each staging buffer"),
-    N("zero_optimization.offload_param.max_in_cpu", kNvmeOnly, "1000", "1000000000"),
+    N("zero_optimization.offload_param.max_in_cpu", kParamNvme, "1000", "1000000000"),
     U("zero_optimization.offload_param.pin_memory",
       "zero/param_store.cpp: the host partition is page-locked where a GPU is"),
     A("zero_optimization.cpu_offload", kOffloadTest),
@@ -275,7 +282,16 @@ const std::vector<KeyFate> kTable = {
     N("timers", "the engine's timers follow wall_clock_breakdown",
       R"({"throughput": {"enabled": false}})"),
     N("log_level", "the engine's messages go to stderr", R"("info")"),
-    N("aio", "no asynchronous I/O (NVMe offload is refused)", R"({"block_size": 1048576})"),
+    A("aio", kNvmeTest),
+    A("aio.block_size", kNvmeFile),
+    A("aio.queue_depth", kNvmeFile),
+    A("aio.single_submit", "NvmeFile.SingleSubmitRoundTrips"),
+    N("aio.intra_op_parallelism",
+      "io_uring's kernel workers serve the pieces in parallel; dscpp starts no I/O threads", "2",
+      "1"),
+    N("aio.overlap_events", "completions are always reaped while the optimizer steps", "false",
+      "true"),
+    N("aio.use_gds", "no GPUDirect Storage: the swap buffers are in host memory", "true", "false"),
 };
 
 // Whether a section is switched off: {"enabled": false} or {"enabled": 0}.
@@ -309,6 +325,7 @@ std::string canonical_key(const std::string& path) {
       {"zero_optimization.stage3_module_granularity_threshold",
        "zero_optimization.module_granularity_threshold"},
       {"zero_optimization.stage3_allgather_sequential", "zero_optimization.allgather_sequential"},
+      {"aio.thread_count", "aio.intra_op_parallelism"},  // DeepSpeed's name before 0.10
   };
   std::string p = path;
   if (p == "bfloat16" || p.rfind("bfloat16.", 0) == 0) p = "bf16" + p.substr(8);

@@ -63,6 +63,12 @@ class Optimizer {
   // writes_param_copy(), else copied from the range after it.
   void update_range(int shard, int64_t begin, int64_t end, const at::Tensor& grad,
                     const at::Tensor& grad_scale = {}, const at::Tensor& param_copy = {});
+  // The same update of a range held elsewhere (ZeRO-Infinity's swap buffers, zero/nvme_swap.h):
+  // param and state (by the names state(shard) has) are that range's values, updated in
+  // place with the shard's hyper-parameters and step count. The shard itself is not touched.
+  void update_detached(int shard, const at::Tensor& param,
+                       const std::map<std::string, at::Tensor>& state, const at::Tensor& grad,
+                       const at::Tensor& grad_scale = {}, const at::Tensor& param_copy = {});
   // Whether update() writes a param_copy like `copy` itself (the fused CUDA Adam, from its
   // registers, a bf16 or fp16 one).
   virtual bool writes_param_copy(const at::Tensor& copy) const {
@@ -131,6 +137,9 @@ class Optimizer {
   // Updates s.param in place from grad; s.steps is already incremented. grad_scale_: see
   // step() (set only for optimizers that fuse it, during step).
   virtual void update(Shard& s, const at::Tensor& grad) = 0;
+  // update() on a range's shard of views (update_range, update_detached).
+  void update_part(Shard& part, const at::Tensor& grad, const at::Tensor& grad_scale,
+                   const at::Tensor& param_copy);
   const at::Tensor* grad_scale_ = nullptr;
   const at::Tensor* param_copy_ = nullptr;  // during update_range, when writes_param_copy()
   static bool gradient_type(const at::Tensor& grad);  // fp32, bf16 or fp16

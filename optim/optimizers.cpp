@@ -95,8 +95,6 @@ void Optimizer::begin_step() {
 
 void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Tensor& grad,
                              const at::Tensor& grad_scale, const at::Tensor& param_copy) {
-  if (grad_scale.defined() && !fuses_grad_scale())
-    throw dscpp::Error(name() + ": this optimizer takes no grad_scale");
   Shard& s = shards_.at(shard);
   if (begin < 0 || end > s.param.numel() || begin > end || grad.numel() != end - begin ||
       !gradient_type(grad))
@@ -106,9 +104,36 @@ void Optimizer::update_range(int shard, int64_t begin, int64_t end, const at::Te
   // A shard of views: the update writes through them into the shard and its state.
   Shard part{s.param.slice(0, begin, end), s.hyper, {}, s.steps};
   for (auto& [key, t] : s.state) part.state[key] = t.slice(0, begin, end);
-  if (param_copy.defined() && param_copy.numel() != end - begin)
+  update_part(part, grad, grad_scale, param_copy);
+}
+
+void Optimizer::update_detached(int shard, const at::Tensor& param,
+                                const std::map<std::string, at::Tensor>& state,
+                                const at::Tensor& grad, const at::Tensor& grad_scale,
+                                const at::Tensor& param_copy) {
+  const Shard& s = shards_.at(shard);
+  if (!param.defined() || param.dim() != 1 || param.scalar_type() != at::kFloat ||
+      grad.numel() != param.numel() || !gradient_type(grad))
+    throw dscpp::Error(fmt::format("{}: a detached range of {} elements with a gradient of {}",
+                                   name(), param.defined() ? param.numel() : 0, grad.numel()));
+  Shard part{param, s.hyper, {}, s.steps};
+  for (const auto& [key, t] : s.state) {
+    auto it = state.find(key);
+    if (it == state.end() || it->second.numel() != param.numel())
+      throw dscpp::Error(fmt::format("{}: a detached range lacks its state '{}'", name(), key));
+    part.state[key] = it->second;
+  }
+  update_part(part, grad, grad_scale, param_copy);
+}
+
+void Optimizer::update_part(Shard& part, const at::Tensor& grad, const at::Tensor& grad_scale,
+                            const at::Tensor& param_copy) {
+  if (grad_scale.defined() && !fuses_grad_scale())
+    throw dscpp::Error(name() + ": this optimizer takes no grad_scale");
+  const int64_t n = part.param.numel();
+  if (param_copy.defined() && param_copy.numel() != n)
     throw dscpp::Error(fmt::format("{}: param_copy of {} elements for a range of {}", name(),
-                                   param_copy.numel(), end - begin));
+                                   param_copy.numel(), n));
   const bool writes = param_copy.defined() && writes_param_copy(param_copy);
   grad_scale_ = grad_scale.defined() ? &grad_scale : nullptr;
   param_copy_ = writes ? &param_copy : nullptr;

@@ -29,6 +29,9 @@
 #                   engine_train too
 #   GPU_67B=1       the 6.66 B GPT with activation checkpointing (bench/configs/gpt_6.7B_*):
 #                   GPU_67B_ROWS (default "d2x1 ds2x1te d3x1 ds3x1t") -> gpt_table_67b.md
+#   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
+#                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
+#                   (CUDA hidden: fp32 within 1e-6 of no offload) -> nvme_file.log, nvme_oracle.log
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
 #   GPU_BASELINE=DIR  another source tree (the code before a change: `git archive COMMIT | tar x -C
 #                   .gpu/baseline`) is built too (train_gpt and the launcher), and bench/gpt_table.sh
@@ -76,6 +79,7 @@ targets=()
 [ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda test_engine_cases)
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 [ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train)
+[ "${GPU_NVME:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_nvme_file engine_train dscpp_launcher)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 baseline_build() {
   (cd "$GPU_BASELINE" && configure && ninja -C build-cuda -j "$(nproc)" train_gpt dscpp_launcher)
@@ -103,6 +107,11 @@ if [ "$tests" = quick ] && [ "$gpus" -ge 2 ]; then
   step engine_cases ./build-cuda/tests/runtime/engine/test_engine_cases
   step engine_bf16 python3 tests/runtime/engine/bf16_oracle.py --launcher ./build-cuda/launcher/dscpp \
     --train ./build-cuda/tests/runtime/engine/engine_train --quick
+fi
+if [ "${GPU_NVME:-0}" = 1 ]; then
+  step nvme_file ./build-cuda/tests/zero/test_nvme_file
+  step nvme_oracle env CUDA_VISIBLE_DEVICES= python3 tests/runtime/engine/nvme_oracle.py \
+    --launcher ./build-cuda/launcher/dscpp --train ./build-cuda/tests/runtime/engine/engine_train
 fi
 comm_ag() {  # the ZeRO step's all-gather beside the other collectives, two NCCL settings
   local ops=(--backend nccl --dtype bf16 --ops all_gather,reduce_scatter,all_reduce

@@ -12,6 +12,7 @@ packages=(build-essential clang cmake ninja-build ccache git python3-venv python
   libyaml-cpp-dev  # config/: model configs as YAML
   libclang-rt-14-dev  # tests/fuzz: libFuzzer, ASan and UBSan for clang
   libprotobuf-dev protobuf-compiler  # runtime/monitor: TensorBoard event records
+  liburing-dev  # zero/: ZeRO-Infinity's NVMe swap files through io_uring
   iso-codes  # tests/data: text in ~150 languages (gettext catalogs) for the tokenizer test
   iproute2 openssh-server openssh-client pdsh)  # tests/comm: two hosts as network namespaces
 missing=()

@@ -4,10 +4,15 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
 
 #include "dscpp/error.h"
 
 namespace dscpp::zero {
+
+namespace {
+const char* kMasterFile = "fp32_master";  // the swap file of the fp32 master
+}  // namespace
 
 int64_t HostShare::host_begin(int64_t partition) const {
   if (ratio >= 1.0 || partition == 0) return 0;
@@ -20,7 +25,8 @@ int64_t HostShare::host_begin(int64_t partition) const {
 
 MasterPartition::MasterPartition(const FlatLayout& layout, at::TensorOptions options,
                                  std::unique_ptr<optim::Optimizer> optimizer,
-                                 at::ScalarType grad_dtype, bool on_host, HostShare share)
+                                 at::ScalarType grad_dtype, bool on_host, HostShare share,
+                                 const NvmeOptions* nvme)
     : layout_(layout),
       host_begin_(on_host ? share.host_begin(layout.partition) : layout.partition),
       grads_(at::zeros({layout.partition}, options.dtype(grad_dtype))),
@@ -28,6 +34,18 @@ MasterPartition::MasterPartition(const FlatLayout& layout, at::TensorOptions opt
   const int64_t n = layout.partition;
   const auto host = at::TensorOptions().dtype(at::kFloat);
   const auto dev = options.dtype(at::kFloat);
+  if (on_host && nvme && nvme->enabled) {
+    if (host_begin_ != 0)
+      throw Error("NVMe offload: partial offload (offload_optimizer.ratio < 1) is for device cpu");
+    if (!optimizer_->elementwise() || !optimizer_->make_like())
+      throw Error("NVMe offload steps the partition a piece at a time: optimizer '" +
+                  optimizer_->name() + "' is not elementwise (Adam, AdamW, Adagrad, Lion are)");
+    // The optimizer's shards are empty: the values are in the files.
+    primary_ = at::empty({0}, host);
+    swap_ = std::make_unique<NvmeSwapper>(*nvme, n);
+    swap_->add(kMasterFile);
+    return;
+  }
   if (!on_host || host_begin_ == 0) {
     whole_ = at::empty({n}, on_host ? host : dev);
     primary_ = whole_;
@@ -76,6 +94,27 @@ std::pair<int64_t, int64_t> MasterPartition::shard_range(const Side& s, int g) c
 }
 
 void MasterPartition::add_shards(const std::vector<optim::Hyper>& group_options) {
+  if (swap_) {
+    auto options_of = [&](size_t g) {
+      return g < group_options.size() ? group_options[g] : optim::Hyper::object();
+    };
+    for (size_t g = 0; g < layout_.groups.size(); ++g)
+      optimizer_->add_shard(primary_, options_of(g));
+    if (optimizer_->num_shards() == 0) return;
+    for (const auto& [name, t] : optimizer_->state(0)) swap_->add(name);
+    // A state's initial value (Adagrad's initial_accumulator_value), group by group, from a
+    // one-element shard of the same optimizer.
+    for (size_t g = 0; g < layout_.groups.size(); ++g) {
+      auto probe = optimizer_->make_like();
+      probe->add_shard(at::zeros({1}, at::TensorOptions().dtype(at::kFloat)), options_of(g));
+      for (const auto& [name, t] : probe->state(0)) {
+        const float v = t.item<float>();
+        if (v != 0.0f)
+          swap_->fill(name, layout_.groups[g].part_begin, layout_.groups[g].part_end, v);
+      }
+    }
+    return;
+  }
   for (const Side& s : sides()) {
     for (size_t g = 0; g < layout_.groups.size(); ++g) {
       const auto [lo, hi] = shard_range(s, static_cast<int>(g));
@@ -86,11 +125,13 @@ void MasterPartition::add_shards(const std::vector<optim::Hyper>& group_options)
 }
 
 at::Tensor MasterPartition::whole() {
+  if (swap_) return swap_->read_all(kMasterFile);
   if (whole_.defined()) return whole_;
   return at::cat({device_.cpu(), primary_});
 }
 
 void MasterPartition::assign(const at::Tensor& values) {
+  if (swap_) return swap_->write_all(kMasterFile, values);
   if (whole_.defined()) {
     if (!values.is_same(whole_)) whole_.copy_(values);
     return;
@@ -100,6 +141,26 @@ void MasterPartition::assign(const at::Tensor& values) {
 }
 
 void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)>& relay) {
+  if (swap_) {
+    // Every file through the new layout, one at a time (a new size: new files).
+    std::vector<std::string> names = state_names();
+    names.push_back(kMasterFile);
+    std::map<std::string, at::Tensor> moved;
+    for (const auto& name : names) moved[name] = relay(swap_->read_all(name));
+    const int64_t n = moved.at(kMasterFile).numel();
+    if (n != swap_->numel()) swap_->resize(n);
+    for (auto& [name, t] : moved) {
+      swap_->write_all(name, t);
+      t = at::Tensor();
+    }
+    at::Tensor g = relay(grads_);
+    if (g.numel() == grads_.numel()) {
+      grads_.copy_(g);
+    } else {
+      grads_ = g;
+    }
+    return;
+  }
   if (split()) {
     // Partial offload: every buffer through the whole partition, one at a time; the shards
     // are views of the parts, which keep their storage.
@@ -184,6 +245,7 @@ std::pair<at::Tensor, at::Tensor> MasterPartition::as_taken(at::Tensor grad,
 }
 
 void MasterPartition::update(const at::Tensor& scale) {
+  if (swap_) throw Error("NVMe offload: the partition is stepped a piece at a time only");
   if (device_opt_)
     for (int g = 0; g < device_opt_->num_shards(); ++g) device_opt_->copy_hyper(g, *optimizer_, g);
   for (const Side& s : sides()) {
@@ -213,6 +275,14 @@ void MasterPartition::update_range(int g, int64_t begin, const at::Tensor& grad,
   const Side s = side_of(begin, begin + n);
   const int64_t in_shard = begin - s.begin - shard_range(s, g).first;
   auto [taken, sc] = as_taken(grad, scale, s);
+  if (swap_) {
+    // The range in a swap buffer (read ahead); written back behind the next ones.
+    std::map<std::string, at::Tensor> held = swap_->acquire(begin, begin + n);
+    const at::Tensor param = held.at(kMasterFile);
+    s.opt->update_detached(g, param, held, taken, sc, copy16);
+    swap_->release();
+    return;
+  }
   s.opt->update_range(g, in_shard, in_shard + n, taken, sc, copy16);
 }
 
@@ -227,6 +297,14 @@ void MasterPartition::update_piece(int b, int64_t offset, const at::Tensor& grad
                                    const at::Tensor& scale, const at::Tensor& copy16) {
   const auto& bucket = layout_.buckets[b];
   update_range(bucket.group, bucket.part_offset + offset, grad, scale, copy16);
+}
+
+void MasterPartition::plan_pieces(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  if (swap_) swap_->plan(ranges);
+}
+
+void MasterPartition::finish_pieces() {
+  if (swap_) swap_->finish();
 }
 
 void MasterPartition::undo_step_count() {
@@ -245,6 +323,7 @@ std::vector<std::string> MasterPartition::state_names() {
 }
 
 at::Tensor MasterPartition::state_partition(const std::string& name) {
+  if (swap_) return swap_->read_all(name);
   if (!split() && optimizer_->num_shards() == 1) return optimizer_->state(0).at(name);
   // Partition order: group by group, the device's part of each before the host's. On two
   // devices the whole is gathered on the host.
@@ -259,6 +338,7 @@ at::Tensor MasterPartition::state_partition(const std::string& name) {
 }
 
 void MasterPartition::load_state_partition(const std::string& name, const at::Tensor& values) {
+  if (swap_) return swap_->write_all(name, values);
   for (const Side& s : sides()) {
     for (size_t g = 0; g < layout_.groups.size(); ++g) {
       const auto [lo, hi] = shard_range(s, static_cast<int>(g));

@@ -7,6 +7,11 @@
 // offload_optimizer.ratio < 1) only the partition's tail [host_begin(), partition) is on the
 // host; its head stays on the device with an optimizer of its own (the given one's make_like,
 // its hyper-parameters copied from the given one at every step), one shard per group there too.
+// With NVMe offload (ZeRO-Infinity, zero/nvme_swap.h) the master and the optimizer state live
+// in files instead: the optimizer's shards are empty (they keep the hyper-parameters, the step
+// count and the state's names), each piece is stepped in a swap buffer read ahead and written
+// behind, and whole(), assign(), state_partition() and load_state_partition() read and write
+// the files, so checkpoints and the re-lay go through here as without it.
 // The step's arithmetic on the partition lives here; where the results go is the parameter
 // store's business.
 #pragma once
@@ -20,6 +25,7 @@
 
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/zero/flat_layout.h"
+#include "dscpp/zero/nvme_swap.h"
 
 namespace dscpp::zero {
 
@@ -38,10 +44,11 @@ class MasterPartition {
   // options: the training device (its dtype is ignored: the master is fp32). grad_dtype: the
   // gradient partition's type (fp32, or the 16-bit training type). on_host: the master (and so
   // the optimizer state) in host memory, the gradient partition on options' device (offload),
-  // all of it or the share `share` says. The layout must outlive it.
+  // all of it or the share `share` says. nvme (with on_host, the whole share): the host part
+  // in files instead (an elementwise optimizer only). The layout must outlive it.
   MasterPartition(const FlatLayout& layout, at::TensorOptions options,
                   std::unique_ptr<optim::Optimizer> optimizer, at::ScalarType grad_dtype,
-                  bool on_host = false, HostShare share = {});
+                  bool on_host = false, HostShare share = {}, const NvmeOptions* nvme = nullptr);
   // One optimizer shard per parameter group (group_options[g] over the optimizer's
   // defaults). Separate from construction so that stage 3 can release its 16-bit model before
   // the optimizer state exists.
@@ -82,6 +89,12 @@ class MasterPartition {
   // updated parameters into copy16.
   void update_piece(int b, int64_t offset, const at::Tensor& grad, const at::Tensor& scale,
                     const at::Tensor& copy16);
+  // NVMe offload: the host ranges update_piece() will be given, in that order (their reads
+  // start now, ahead of the updates), and the end of them (every write on the disk). No-ops
+  // without NVMe.
+  void plan_pieces(const std::vector<std::pair<int64_t, int64_t>>& ranges);
+  void finish_pieces();
+  NvmeSwapper* swapper() { return swap_.get(); }
   // An update the device skipped (a non-finite scale): only the step count moved; take it back.
   void undo_step_count();
   // After a step (or an overflow's skip). zero: whether the gradient partition must be zeroed
@@ -122,7 +135,9 @@ class MasterPartition {
   at::Tensor grads_;    // grad_dtype, layout.partition elements
   std::unique_ptr<optim::Optimizer> optimizer_;   // over primary_
   std::unique_ptr<optim::Optimizer> device_opt_;  // partial offload: over device_
-  bool scaled_in_place_ = false;  // this step's apply_scale multiplied the partition
+  bool scaled_in_place_ = false;
+  std::unique_ptr<NvmeSwapper> swap_;  // NVMe offload: where primary_'s values are  // this step's
+                                       // apply_scale multiplied the partition
 };
 
 }  // namespace dscpp::zero

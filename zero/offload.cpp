@@ -160,6 +160,13 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
   std::vector<size_t> host_pieces;  // the pieces that go through the staging slots
   for (size_t i = 0; i < pieces.size(); ++i)
     if (!pieces[i].on_device) host_pieces.push_back(i);
+  // NVMe: the host pieces' reads start now, in this order.
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (size_t i : host_pieces) {
+    const int64_t at_ = layout_.buckets[pieces[i].bucket].part_offset + pieces[i].offset;
+    ranges.emplace_back(at_, at_ + pieces[i].length);
+  }
+  master.plan_pieces(ranges);
   t.begin();
   if (!host_pieces.empty()) t.down(t.slots[0], grad_of(pieces[host_pieces[0]]));
   size_t k = 0;  // host pieces done
@@ -190,6 +197,7 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
   }
   // The slots' last copies up have left before the host may reuse them next step.
   for (auto& s : t.slots) t.wait_up(s);
+  master.finish_pieces();
 }
 
 }  // namespace dscpp::zero

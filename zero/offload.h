@@ -27,6 +27,9 @@ struct OffloadOptions {
   // offload_optimizer.ratio (stage 3): the share of the partition on the host, by sub-groups
   // of sub_group_size (MasterPartition's HostShare); the rest stays and steps on the device.
   double ratio = 1.0;
+  // offload_optimizer.device = "nvme" (ZeRO-Infinity): the host part in files, swapped in
+  // per piece (zero/nvme_swap.h, through MasterPartition).
+  NvmeOptions nvme;
 };
 
 class OffloadStepper {

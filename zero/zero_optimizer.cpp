@@ -46,7 +46,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
     throw Error("ZeroOptimizer: partial offload (ratio < 1) needs ZeRO stage 3");
   master_ = std::make_unique<MasterPartition>(
       layout_, opts, std::move(optimizer), options_.grad_dtype, options_.offload.enabled,
-      HostShare{options_.offload.ratio, options_.offload.sub_group_size});
+      HostShare{options_.offload.ratio, options_.offload.sub_group_size},
+      options_.offload.nvme.enabled ? &options_.offload.nvme : nullptr);
   if (options_.offload.enabled)
     offload_ = std::make_unique<OffloadStepper>(layout_, opts.device(), options_.grad_dtype,
                                                 opts.dtype().toScalarType(), options_.offload);

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "dscpp/comm/launch_env.h"
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/config/config_error.h"
 #include "dscpp/error.h"
@@ -32,15 +33,16 @@ namespace {
 std::vector<std::string> engine_gaps(const DSConfig& c) {
   std::vector<std::string> gaps;
   const auto& z = c.zero_optimization;
-  // The optimizer's offload to the CPU is acted on at stages 1-3 (zero/offload.h).
-  if (z.offload_optimizer && z.offload_optimizer->device != "none" &&
-      (z.offload_optimizer->device != "cpu" || z.stage == 0))
+  // The optimizer's offload to the CPU or NVMe is acted on at stages 1-3 (zero/offload.h).
+  if (z.offload_optimizer && z.offload_optimizer->device != "none" && z.stage == 0)
     gaps.push_back("'zero_optimization.offload_optimizer' (device " + z.offload_optimizer->device +
                    (z.stage == 0 ? ", at stage 0: offload needs ZeRO stage 1-3" : "") + ")");
   // The parameters' offload to the CPU is acted on at stage 3 (zero/param_store.h); the
   // config reader announces it at stages 0-2.
-  if (z.offload_param && z.offload_param->device != "none" && z.offload_param->device != "cpu")
-    gaps.push_back("'zero_optimization.offload_param' (device " + z.offload_param->device + ")");
+  if (z.offload_param && z.offload_param->device == "nvme" && z.stage == 3)
+    gaps.push_back(
+        "'zero_optimization.offload_param' (device nvme: the 16-bit partition is kept in "
+        "pinned host memory, as with device cpu, not in files under nvme_path)");
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
     gaps.push_back("'fp16.fp16_master_weights_and_grads'");
   if (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads)
@@ -258,7 +260,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
       config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
   if (!optimizer) throw dscpp::Error("initialize: the client optimizer factory gave null");
   const auto& oo = z.offload_optimizer;
-  if (oo && oo->device == "cpu" && z.stage >= 1) {
+  if (oo && (oo->device == "cpu" || oo->device == "nvme") && z.stage >= 1) {
     // ZeRO-Offload: the master and the optimizer state on the host, the CPU optimizer steps
     // them (DeepSpeed's DeepSpeedCPUAdam / CPUAdagrad / CPULion for Adam(W), Adagrad, Lion).
     zo.offload.enabled = true;
@@ -268,6 +270,19 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     // reader announces it there).
     if (z.stage == 3) zo.offload.ratio = oo->ratio;
     optimizer->set_cpu_kernels(true);
+    if (oo->device == "nvme") {
+      // ZeRO-Infinity: the host part in files under nvme_path (zero/nvme_swap.h).
+      auto& nv = zo.offload.nvme;
+      nv.enabled = true;
+      nv.path = oo->nvme_path.value_or("");
+      nv.stage = z.stage;
+      nv.rank = comm::read_dist_env().rank;
+      nv.buffer_count = oo->buffer_count;
+      nv.pin_memory = oo->pin_memory && device_.is_cuda();
+      nv.aio.block_size = config_.aio.block_size;
+      nv.aio.queue_depth = config_.aio.queue_depth;
+      nv.aio.single_submit = config_.aio.single_submit;
+    }
     // DeepSpeed's zero_force_ds_cpu_optimizer: an optimizer without a CPU implementation would
     // step the host partition with generic tensor ops, much slower; refused unless asked for.
     if (!optimizer->cpu_kernels() && config_.zero_force_ds_cpu_optimizer)
@@ -278,7 +293,9 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
                             "\"zero_force_ds_cpu_optimizer\": false to step it with generic "
                             "tensor operations on the CPU");
   }
-  if (const auto& op = z.offload_param; op && op->device == "cpu" && z.stage == 3) {
+  // device nvme: the parameters are kept on the host as with cpu (engine_gaps says so).
+  if (const auto& op = z.offload_param;
+      op && (op->device == "cpu" || op->device == "nvme") && z.stage == 3) {
     zo.offload_param.enabled = true;
     zo.offload_param.pin_memory = op->pin_memory;
     zo.offload_param.buffer_count = op->buffer_count;

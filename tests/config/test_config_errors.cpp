@@ -80,12 +80,24 @@ TEST(ConfigErrors, RemovedFeaturesAreRefusedByNameUnlessDisabled) {
   ASSERT_EQ(c.ignored.size(), 1u);
 }
 
-TEST(ConfigErrors, NvmeOffloadIsRefused) {
+TEST(ConfigErrors, NvmeOffloadNeedsItsPath) {
+  // ZeRO-Infinity's swap files need a folder, as DeepSpeed asserts; with one it loads.
+  EXPECT_EQ(
+      error_of({{"zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "nvme"}}}}}}),
+      "zero_optimization.offload_param.nvme_path: expected the folder for NVMe offload's "
+      "swap files (device \"nvme\"), found nothing");
   EXPECT_EQ(
       error_of({{"zero_optimization",
-                 {{"stage", 3}, {"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}}),
-      "zero_optimization.offload_param.device: NVMe offload (ZeRO-Infinity) is not "
-      "supported by dscpp: use \"cpu\" or \"none\"");
+                 {{"stage", 2}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", ""}}}}}}),
+      "zero_optimization.offload_optimizer.nvme_path: expected the folder for NVMe "
+      "offload's swap files (device \"nvme\"), found nothing");
+  EXPECT_EQ(
+      error_of({{"zero_optimization",
+                 {{"stage", 2}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/x"}}}}},
+                {"aio", {{"block_size", 4096}, {"queue_depth", 4}, {"thread_count", 2}}}}),
+      "");
+  EXPECT_EQ(error_of({{"aio", {{"queue_depth", 0}}}}),
+            "aio.queue_depth: expected an integer >= 1, found 0");
 }
 
 TEST(ConfigErrors, UnknownOptimizerAndSchedulerSuggestTheClosest) {

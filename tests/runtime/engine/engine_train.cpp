@@ -5,7 +5,9 @@
 // {"losses": [...], "params": [...], "state_numel": n, "partition": n} as JSON to --out.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -173,6 +175,17 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
   result["offloaded"] = zo.offloaded();
   result["master_device"] = zo.master_partition().device().str();
   result["state_device"] = zo.optimizer().state(0).begin()->second.device().str();
+  // NVMe offload: the swap folder, its files, and what stays in memory (the buffers).
+  if (auto* swap = zo.master().swapper()) {
+    result["nvme_folder"] = swap->folder();
+    result["nvme_bytes"] = swap->bytes_on_disk();
+    result["nvme_buffer_numel"] = swap->buffer_numel();
+    json files = json::array();
+    for (const auto& e : std::filesystem::directory_iterator(swap->folder()))
+      files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    result["nvme_files"] = files;
+  }
   result["partition"] = zo.layout().partition;
   result["total"] = zo.layout().total;
   // ZeRO-Offload overlapped with backward: steps so, and bucket updates begun during backward.
@@ -181,7 +194,7 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
   return r == 0 ? result : json();
 }
 
-int main(int argc, char** argv) {
+int train_main(int argc, char** argv) {
   std::string mode, config_text, out_path, model_name;
   int steps;
   CheckpointArgs ckpt;
@@ -280,4 +293,15 @@ int main(int argc, char** argv) {
   }
   std::ofstream(out_path) << result.dump() << "\n";
   return 0;
+}
+
+// A library error (a bad config value, an nvme_path that is not a folder, ...) ends the run
+// with its message and exit status 1, as a program using dscpp would, not with an abort.
+int main(int argc, char** argv) {
+  try {
+    return train_main(argc, argv);
+  } catch (const dscpp::Error& e) {
+    std::cerr << "engine_train: " << e.what() << "\n";
+    return 1;
+  }
 }
