@@ -313,6 +313,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
       attrs.push_back(it->second);
     }
     tp_grads_ = std::make_unique<TensorParallelGrads>(*zero_, model_group_, std::move(attrs));
+    use_tensor_parallel_layout();  // a pipeline replaces it with its own
   }
   if (layered_) z.stage == 3 ? start_layer_gather() : start_publish_waits();
   if (config_.scheduler) {

@@ -259,6 +259,15 @@ class EngineCore {
                             const checkpoint::PyValue& model, const std::string& path,
                             const LoadCheckpointOptions& options, LoadCheckpointResult& result,
                             checkpoint::PyValue& rng);
+  // Tensor parallelism (engine_checkpoint_tp.cpp): Megatron-DeepSpeed's mp_rank_XX layout,
+  // set by attach() with a model group; the partition metadata written into mp_rank_00; a
+  // checkpoint carrying it loaded onto any tensor and data degree.
+  void use_tensor_parallel_layout();
+  checkpoint::PyValue tensor_parallel_info();
+  void load_tp_checkpoint(const std::string& dir, const std::string& tag,
+                          const checkpoint::PyValue& model, const std::string& path,
+                          const LoadCheckpointOptions& options, LoadCheckpointResult& result,
+                          checkpoint::PyValue& rng);
   // The engine's counters, schedule and loss scaler from a model-states file.
   void load_engine_counters(const checkpoint::PyValue& model, const std::string& path,
                             const LoadCheckpointOptions& options);
