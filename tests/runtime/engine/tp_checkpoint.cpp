@@ -1,9 +1,9 @@
 // Tensor-parallel checkpoints across degrees, on 4 Gloo ranks (the launcher): TensorParallelGPT
-// at tensor 2 x data 2 (ZeRO 1, SGD with momentum, clipping) trains 10 steps and saves
+// at tensor 2 x data 2 (ZeRO 1, SGD with momentum, clipping) trains 5 steps and saves
 // (mp_rank_00/01 model states, zero_pp_rank_D_mp_rank_XX files); the checkpoint then loads into
 // the plain one-rank GPT engine (tensor 1 x data 1, ZeRO 0), the GPT at tensor 1 x data 4
-// (ZeRO 2) and TensorParallelGPT at tensor 4 x data 1 (ZeRO 1), and each continues 10 steps as
-// the one-rank run of 20 steps does: every step's loss and the final weights (as slices) within
+// (ZeRO 2) and TensorParallelGPT at tensor 4 x data 1 (ZeRO 1), and each continues 5 steps as
+// the one-rank run of 10 steps does: every step's loss and the final weights (as slices) within
 // 1e-5 relative, optimizer state included (momentum carries over).
 //   tp_checkpoint --dir DIR
 #include <ATen/ATen.h>
@@ -26,7 +26,7 @@ namespace mz = dscpp::model_zoo;
 
 namespace {
 
-constexpr int kRows = 8, kSteps = 10;
+constexpr int kRows = 8, kSteps = 5;
 
 json ds_config(int micro, int stage) {
   return {{"train_micro_batch_size_per_gpu", micro},
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     (void)train(ref_eng, ref, self, 0, kSteps);
     const auto ref_losses = train(ref_eng, ref, self, kSteps, 2 * kSteps);
 
-    {  // tensor 2 x data 2 trains 10 steps and saves
+    {  // tensor 2 x data 2 trains 5 steps and saves
       at::manual_seed(1);
       mz::TensorParallelGPT m(tp_test::tiny(2, false), g2.model);
       dscpp::InitArgs a;
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
       (void)train(eng, m, g2, 0, kSteps);
       eng.save_checkpoint(dir);
       namespace fs = std::filesystem;
-      const std::string tag = dir + "/global_step10/";
+      const std::string tag = dir + "/global_step5/";
       check(fs::exists(tag + "mp_rank_00_model_states.pt") &&
                 fs::exists(tag + "mp_rank_01_model_states.pt") &&
                 fs::exists(tag + "zero_pp_rank_1_mp_rank_01_optim_states.pt"),
