@@ -82,6 +82,8 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
      "tensor-parallel degree")
     ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1),
      "pipeline-parallel degree")
+    ("sequence-parallel", po::bool_switch(&a.sequence_parallel),
+     "sequence parallelism in the tensor-parallel regions (needs a tensor degree > 1)")
     ("peak-tflops", po::value(&a.peak_tflops)->default_value(0),
      "a rank's peak TFLOP/s for MFU (0: 989 on a CUDA device, the H100/H200 bf16 dense "
      "peak; none on the CPU)")

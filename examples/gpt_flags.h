@@ -48,6 +48,7 @@ struct GptOptions {
   bool deepspeed = false;                    // --deepspeed (Megatron-DeepSpeed's switch; no-op)
   int64_t tensor_model_parallel_size = 1;    // --tensor-model-parallel-size
   int64_t pipeline_model_parallel_size = 1;  // --pipeline-model-parallel-size
+  bool sequence_parallel = false;            // --sequence-parallel (Megatron's)
   // train_gpt's own.
   double peak_tflops = 0;
   int64_t profile_step = 0;  // 0: no profiling

@@ -46,10 +46,12 @@
 #include "dry_run.h"
 #include "dscpp/comm/no_op_group.h"
 #include "dscpp/comm/rendezvous.h"
+#include "dscpp/comm/topology.h"
 #include "dscpp/config/json_text.h"
 #include "dscpp/data/data_loader.h"
 #include "dscpp/dscpp.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/monitor/monitor.h"
@@ -160,14 +162,48 @@ std::string profile_path(const std::string& path, int rank, bool all_ranks) {
   return (p.parent_path() / name).string();
 }
 
-// The training loop, for the GPT module or its LayerSpec form (a LayerModule).
+// Tensor parallelism: this rank's data and model groups in the layout pipe 1 x data x model
+// (DeepSpeed's order, the model axis fastest: a tensor-parallel group is consecutive ranks).
+struct TensorGroups {
+  std::shared_ptr<dscpp::comm::ProcessGroup> data, model;
+};
+TensorGroups tensor_groups(int64_t tensor) {
+  auto world = dscpp::comm::init_distributed();
+  const int t = static_cast<int>(tensor);
+  dscpp::comm::Topology topo({"pipe", "data", "model"}, {1, world->size() / t, t});
+  TensorGroups g;
+  for (const auto& ranks : topo.get_axis_comm_lists("model"))
+    if (auto sub = world->new_subgroup(ranks, "model")) g.model = sub;
+  for (const auto& ranks : topo.get_axis_comm_lists("data"))
+    if (auto sub = world->new_subgroup(ranks, "data")) g.data = sub;
+  return g;
+}
+
+// GPT's loss for the module trained: the tensor-parallel one never gathers its logits.
+template <typename Model>
+at::Tensor loss_of(Model& model, const at::Tensor& logits, const at::Tensor& target,
+                   const dscpp::model_zoo::GPTConfig& cfg) {
+  if constexpr (std::is_same_v<Model, dscpp::model_zoo::TensorParallelGPT>) {
+    (void)cfg;
+    return model->loss(logits, target);
+  } else {
+    (void)model;
+    return dscpp::model_zoo::gpt_loss(logits, target, cfg.cross_entropy_loss_fusion);
+  }
+}
+
+// The training loop, for the GPT module, its LayerSpec form (a LayerModule) or the
+// tensor-parallel GPT (with `groups`).
 template <typename Model>
 int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
-          const nlohmann::json& ds_config) {
+          const nlohmann::json& ds_config, const TensorGroups& groups = {}) {
   const double built_s = seconds_since(program_start);
   const auto init_start = std::chrono::steady_clock::now();
   dscpp::InitArgs init;
-  if (args.bench_no_comm) {
+  if (groups.model) {
+    init.group = groups.data;  // ZeRO and the data loader: the data-parallel ranks
+    init.model_group = groups.model;
+  } else if (args.bench_no_comm) {
     init.group = dscpp::comm::make_no_op_group(*dscpp::comm::init_distributed());
     if (init.group->rank() == 0)
       std::cout << "[train_gpt] --bench-no-comm: a no-op process group; ZeRO's gradient "
@@ -176,7 +212,11 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   }
   auto engine = dscpp::initialize(model, ds_config, std::move(init));
   const double init_s = seconds_since(init_start);
-  const int rank = engine.global_rank(), world = engine.world_size();
+  const int dp_rank = engine.global_rank(), world = engine.world_size();
+  // The job's rank, for what one rank prints or profiles: with tensor parallelism t ranks share
+  // a data rank (the layout data x model, the model axis fastest).
+  const int tp = groups.model ? groups.model->size() : 1;
+  const int rank = groups.model ? dp_rank * tp + groups.model->rank() : dp_rank;
   const auto& ds = engine.config();
 
   int64_t first = 0;
@@ -221,7 +261,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                 ga = engine.gradient_accumulation_steps();
   dscpp::data::DataLoaderOptions lo;
   lo.micro_batch_size = mb;
-  lo.rank = rank;
+  lo.rank = dp_rank;
   lo.world_size = world;
   lo.num_epochs = 0;            // as many epochs as the iterations need
   lo.start_batch = first * ga;  // resume where the checkpoint's data left off
@@ -244,10 +284,15 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                      "batches per rank "
                      "per epoch\n",
                      cfg.num_parameters() / 1e6, cfg.num_layers, cfg.hidden_size,
-                     cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size, world,
+                     cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size, world * tp,
                      engine.device().str(), engine.zero_optimization_stage(),
                      at::toString(engine.dtype()), ds.train_batch_size, mb, ga, world,
                      indexed->num_tokens(), loader.batches_per_epoch())
+              << (cfg.parallelism.tensor_model_parallel_size > 1
+                      ? fmt::format("[train_gpt] tensor parallel {} x data {}{}\n",
+                                    cfg.parallelism.tensor_model_parallel_size, world,
+                                    cfg.parallelism.sequence_parallel ? ", sequence parallel" : "")
+                      : std::string())
               << fmt::format(
                      "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
                      "{:.1f} s; {}\n",
@@ -293,8 +338,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
         at::Tensor loss;
         {
           RECORD_USER_SCOPE("train_gpt::forward");
-          loss = dscpp::model_zoo::gpt_loss(engine.forward(input), target,
-                                            cfg.cross_entropy_loss_fusion);
+          loss = loss_of(engine.module(), engine.forward(input), target, cfg);
         }
         {
           RECORD_USER_SCOPE("train_gpt::backward");
@@ -386,18 +430,32 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   return 0;
 }
 
-// The model config's `parallelism` against the job: the world-size arithmetic (an error shows
-// it), and no tensor parallelism until issue 19's layers are in train_gpt (pipelines are:
-// job_layout).
-void check_model_config_layout(const dscpp::model_zoo::GPTConfig& cfg, int64_t world) {
-  const auto layout = dscpp::examples::resolve_layout(cfg, world);
-  if (layout.tensor_model_parallel_size > 1)
-    throw dscpp::examples::FlagError(fmt::format(
-        "the model config's parallelism is tensor {} x pipeline {} x data {}: tensor "
-        "parallelism is not in train_gpt yet (issue 19; data and pipeline parallelism are); "
-        "`train_gpt --dry-run` shows this layout's figures",
-        layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
-        layout.data_parallel_size));
+// The tensor degree and sequence parallelism from the flags into the model config's
+// `parallelism` (a flag and the config naming different degrees: an error), then the
+// world-size arithmetic (an error shows it).
+void apply_tensor_flags(dscpp::model_zoo::GPTConfig& cfg, const Args& args, int64_t world) {
+  auto& par = cfg.parallelism;
+  if (args.tensor_model_parallel_size > 1) {
+    if (par.tensor_model_parallel_size > 1 &&
+        par.tensor_model_parallel_size != args.tensor_model_parallel_size)
+      throw dscpp::examples::FlagError(fmt::format(
+          "tensor degree: the model config's parallelism.tensor_model_parallel_size is {} but "
+          "--tensor-model-parallel-size is {}; give one, or the same",
+          par.tensor_model_parallel_size, args.tensor_model_parallel_size));
+    par.tensor_model_parallel_size = args.tensor_model_parallel_size;
+  }
+  par.sequence_parallel = par.sequence_parallel || args.sequence_parallel;
+  if (par.sequence_parallel && par.tensor_model_parallel_size == 1)
+    throw dscpp::examples::FlagError(
+        "--sequence-parallel (or the model config's sequence_parallel) needs a tensor degree > "
+        "1 (--tensor-model-parallel-size)");
+  (void)dscpp::examples::resolve_layout(cfg, world);
+  if (par.tensor_model_parallel_size > 1 && (args.layer_specs || args.seed_layers))
+    throw dscpp::examples::FlagError(
+        "--layer-specs / --seed-layers: not with tensor parallelism yet (the tensor-parallel "
+        "GPT is one module)");
+  if (par.tensor_model_parallel_size > 1 && args.bench_no_comm)
+    throw dscpp::examples::FlagError("--bench-no-comm: not with tensor parallelism");
 }
 
 // Rank 0 prints; another rank waits a moment before it fails, so that the launcher, which
@@ -439,16 +497,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (args.dry_run) return dscpp::examples::run_dry_run(args, launched ? world : 0, quiet);
-    // The parallel degrees are read here so that a Megatron-LM command line is understood;
-    // train_gpt runs data parallelism and pipelines (issue 18) until issue 19's tensor
-    // parallelism is in it.
-    if (args.tensor_model_parallel_size > 1)
-      throw dscpp::examples::FlagError(fmt::format(
-          "--tensor-model-parallel-size {}: tensor parallelism is not in train_gpt yet (issue "
-          "19); only 1 runs today",
-          args.tensor_model_parallel_size));
     cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
-    check_model_config_layout(*cfg, world);
+    apply_tensor_flags(*cfg, args, world);
     // A pipeline (train_gpt_pipeline.h) leaves world / stages ranks to data parallelism.
     const auto raw = dscpp::config::read_config(args.ds_config);
     layout = dscpp::examples::job_layout(*cfg, raw, args, world);
@@ -469,6 +519,16 @@ int main(int argc, char** argv) {
     const bool stage3 = zero != ds_config.end() && zero->is_object() && zero->contains("stage") &&
                         (*zero)["stage"].is_number_integer() && (*zero)["stage"] == 3;
     const bool layered = stage3 || args.layer_specs || args.seed_layers;
+    if (cfg->parallelism.tensor_model_parallel_size > 1) {
+      if (stage3)
+        throw std::runtime_error(
+            "zero_optimization.stage 3 with tensor parallelism is not in train_gpt yet: use "
+            "stage 0, 1 or 2");
+      const TensorGroups groups = tensor_groups(cfg->parallelism.tensor_model_parallel_size);
+      at::manual_seed(static_cast<uint64_t>(args.seed));  // the same master weights on all
+      return train(args, *cfg, dscpp::model_zoo::TensorParallelGPT(*cfg, groups.model), ds_config,
+                   groups);
+    }
     if (layered) {
       auto specs = dscpp::model_zoo::gpt_layer_specs(*cfg);
       // --seed-layers: the weights a pipeline of any number of stages starts from.

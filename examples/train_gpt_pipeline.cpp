@@ -45,11 +45,6 @@ void refuse_unsupported(const GptOptions& args) {
 JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_config,
                      const GptOptions& args, int64_t world) {
   const auto& par = cfg.parallelism;
-  if (par.tensor_model_parallel_size > 1)
-    throw FlagError(fmt::format(
-        "model config parallelism.tensor_model_parallel_size {}: tensor parallelism is not in "
-        "train_gpt yet (issue 19); only 1 runs today",
-        par.tensor_model_parallel_size));
   // Each source that names a degree, with how to say where it came from.
   std::vector<std::pair<int64_t, std::string>> given;
   if (par.pipeline_model_parallel_size > 1)
@@ -79,6 +74,17 @@ JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_c
     if (degree != layout.pipeline)
       throw FlagError(fmt::format("pipeline degree: {} is {} but {} is {}; give one, or the same",
                                   given.front().second, layout.pipeline, where, degree));
+  // Tensor parallelism runs without a pipeline (train_gpt.cpp); the two together are issue 19's
+  // 3D layout, not here yet.
+  if (par.tensor_model_parallel_size > 1 && layout.pipeline > 1) {
+    model_zoo::ParallelismConfig q = par;
+    q.pipeline_model_parallel_size = layout.pipeline;
+    throw FlagError(fmt::format(
+        "the parallelism is tensor {} x pipeline {} x data {}: tensor parallelism with a "
+        "pipeline is not in train_gpt yet (issue 19; each runs alone); `train_gpt --dry-run` "
+        "shows this layout's figures",
+        par.tensor_model_parallel_size, layout.pipeline, q.resolve(world).data_parallel_size));
+  }
   model_zoo::ParallelismConfig p = par;
   p.pipeline_model_parallel_size = layout.pipeline;
   layout.data = p.resolve(world).data_parallel_size;

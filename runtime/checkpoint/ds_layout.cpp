@@ -156,6 +156,7 @@ const std::vector<std::string>& engine_state_keys() {
                                                 "ds_version",
                                                 "dscpp_version",
                                                 "dscpp_zero_stage",
+                                                "dscpp_tensor_parallel",
                                                 "dscpp_loss_scaler",
                                                 "dscpp_rng_states",
                                                 "dscpp_micro_steps",

@@ -381,6 +381,12 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     // this engine's part taken from it, onto any layout.
     if (!universal && checkpoint::is_pipe_checkpoint(model)) {
       load_pipe_checkpoint(load_dir, tag, model, path, options, result, rng);
+    } else if (!universal && model.find(PyValue("dscpp_tensor_parallel"))) {
+      load_tp_checkpoint(load_dir, tag, model, path, options, result, rng);
+    } else if (!universal && tensor_parallel_size() > 1) {
+      throw CheckpointError("'" + path +
+                            "' has no tensor-parallel metadata (dscpp_tensor_parallel): a "
+                            "tensor-parallel engine loads only checkpoints saved by one");
     } else {
       // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0.
       int saved_stage = 0;

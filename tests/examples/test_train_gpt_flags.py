@@ -149,8 +149,8 @@ def main():
         refused("an unknown flag", ["--no-such-flag", "1"], "unrecognised option '--no-such-flag'")
         refused("a prefix of --train-iters", ["--train-it", "3"], "unrecognised option '--train-it'")
         refused("--deepspeed followed by a value", ["--deepspeed", "x"], "unexpected argument 'x'")
-        refused("tensor parallelism", ["--tensor-model-parallel-size", "2"],
-                "--tensor-model-parallel-size 2: tensor parallelism is not in train_gpt yet (issue 19)")
+        refused("sequence parallelism without a tensor degree", ["--sequence-parallel"],
+                "--sequence-parallel (or the model config's sequence_parallel) needs a tensor degree > 1")
         refused("pipeline degrees that disagree", ["--pipeline-model-parallel-size", "2"],
                 "pipeline degree: the ds_config's pipeline.stages is 1 but --pipeline-model-parallel-size is 2",
                 ds=write_json(os.path.join(tmp, "stages1.json"), dict(written, pipeline={"stages": 1})))

@@ -1,0 +1,87 @@
+"""train_gpt with a tensor-parallel degree (issue 19) trains as train_gpt on one rank, through the launcher.
+
+- Tensor 2 (2 CPU ranks, --tensor-model-parallel-size 2) and tensor 2 x data 2 with sequence
+  parallelism (4 CPU ranks; the degree and sequence_parallel from the model config's
+  `parallelism` object), a tiny GPT (h 64, 2 blocks, 4 heads, tied embeddings) at seq 16, fp32,
+  ZeRO 1 and 2, gradient accumulation 2, clipping 1.0: every step's logged loss equals that of
+  train_gpt on one rank with the same global batch (micro-batches 4 x GA 2 = 8) within 1e-5
+  relative, the grad norm and lr as one rank's (printed to 3 decimals), and the start-up line
+  names the layout.
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_train_gpt_flags import FAILED, Job, check, megatron_format, write_json  # noqa: E402
+from test_train_gpt_pipeline import steps  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launcher", required=True)
+    ap.add_argument("--train-gpt", required=True)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Job(args.launcher, args.train_gpt, tmp)
+        job.port = 29810  # this test's ports: 29811-29813
+        prefix = os.path.join(tmp, "tokens")
+        megatron_format.write(prefix, [[[(5 * i + 3 * j) % 128 for j in range(70)]]
+                                       for i in range(40)], "uint16")
+        shape = {"hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "seq_length": 16,
+                 "vocab_size": 256, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+                 "tie_word_embeddings": True}
+        one_model = write_json(os.path.join(tmp, "gpt.json"), shape)
+        tp_model = write_json(os.path.join(tmp, "gpt_tp.json"),
+                              dict(shape, parallelism={"tensor_model_parallel_size": 2,
+                                                       "sequence_parallel": True}))
+        base = {"steps_per_print": 1 << 30, "train_batch_size": 8, "gradient_accumulation_steps": 2,
+                "gradient_clipping": 1.0,
+                "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "eps": 1e-6}}}
+        common = ["--data-path", prefix, "--train-iters", "5", "--log-interval", "1", "--seed", "7"]
+
+        job.model = one_model
+        rc1, log1 = job.run("--deepspeed_config", write_json(os.path.join(tmp, "one.json"), base), *common,
+                            ranks=1)
+        ref = steps(log1)
+        check("one rank trains 5 steps", rc1 == 0 and len(ref) == 5, log1)
+
+        def same(name, log):
+            got = steps(log)
+            if len(ref) != 5 or len(got) != 5:
+                check(name + ": 5 steps", False, log)
+                return
+            worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref, got))
+            check(f"{name}: losses as one rank's within 1e-5 relative (worst {worst:.2e})", worst <= 1e-5,
+                  log1 + "\n---\n" + log)
+            check(name + ": lr and grad norm as one rank's",
+                  [(a["lr"], a["norm"]) for a in ref] == [(b["lr"], b["norm"]) for b in got],
+                  log1 + "\n---\n" + log)
+
+        rc2, log2 = job.run("--deepspeed_config",
+                            write_json(os.path.join(tmp, "z1.json"), dict(base, zero_optimization={"stage": 1})),
+                            *common, "--tensor-model-parallel-size", "2", ranks=2)
+        check("tensor 2 trains", rc2 == 0, log2)
+        check("tensor 2: the start-up line names the layout", "tensor parallel 2 x data 1" in log2, log2)
+        same("tensor 2 (--tensor-model-parallel-size)", log2)
+
+        job.model = tp_model
+        rc3, log3 = job.run("--deepspeed_config",
+                            write_json(os.path.join(tmp, "z2.json"),
+                                       dict(base, zero_optimization={"stage": 2, "overlap_comm": True})),
+                            *common, ranks=4)
+        check("tensor 2 x data 2 with sequence parallelism trains", rc3 == 0, log3)
+        check("tensor 2 x data 2: the start-up line names the layout",
+              "tensor parallel 2 x data 2, sequence parallel" in log3 and "global batch 8 = 2 x 2 x 2" in log3, log3)
+        same("tensor 2 x data 2, sequence parallel (model config)", log3)
+    if FAILED:
+        print("FAILED:", FAILED)
+        return 1
+    print("all passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
