@@ -29,8 +29,20 @@ double residual_std(const GPTConfig& c) {
   return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
 }
 
-nn::ParallelLinearOptions linear_options(int64_t in, int64_t out, double std) {
-  return nn::ParallelLinearOptions(in, out).init_method(nn::init_method_normal(std));
+nn::ParallelLinearOptions linear_options(const GPTConfig& c, int64_t in, int64_t out, double std) {
+  return nn::ParallelLinearOptions(in, out)
+      .init_method(nn::init_method_normal(std))
+      .sequence_parallel(c.parallelism.sequence_parallel);
+}
+
+// Dropout in a region the ranks hold differently (split heads, or a sequence shard) draws
+// under the model-parallel tracker's fork, so the masks differ across ranks; in a replicated
+// region from the default generator, so they agree.
+at::Tensor dropout_in(const at::Tensor& x, double p, bool training, bool split) {
+  if (!training || p <= 0) return x;
+  if (!split) return at::dropout(x, p, true);
+  auto fork = nn::get_cuda_rng_tracker().fork();
+  return at::dropout(x, p, true);
 }
 
 void check_divides(int64_t value, const char* key, int t) {
@@ -69,22 +81,28 @@ at::Tensor TensorParallelGPTEmbeddingImpl::forward(const at::Tensor& input_ids) 
 TensorParallelGPTAttentionImpl::TensorParallelGPTAttentionImpl(const GPTConfig& c,
                                                                nn::GroupPtr group)
     : local_heads(c.num_attention_heads / nn::tensor_model_parallel_size(group)),
-      dropout(c.attention_dropout) {
+      dropout(c.attention_dropout),
+      sequence_parallel(c.parallelism.sequence_parallel) {
   // Stride 3: GPT's qkv rows are all of q, then k, then v; each rank takes its heads of each.
   qkv = register_module(
       "qkv",
       nn::ColumnParallelLinear(
-          linear_options(c.hidden_size, 3 * c.hidden_size, c.init_method_std).stride(3), group));
+          linear_options(c, c.hidden_size, 3 * c.hidden_size, c.init_method_std).stride(3), group));
   proj = register_module(
       "proj",
       nn::RowParallelLinear(
-          linear_options(c.hidden_size, c.hidden_size, residual_std(c)).input_is_parallel(true),
+          linear_options(c, c.hidden_size, c.hidden_size, residual_std(c)).input_is_parallel(true),
           group));
 }
 
 at::Tensor TensorParallelGPTAttentionImpl::forward(const at::Tensor& x) {
-  const int64_t batch = x.size(0), seq = x.size(1);
-  auto heads = ops::qkv_heads(qkv(x).first, local_heads);
+  // Sequence parallelism: x is [S/t, B, h] and the column-parallel qkv all-gathers it into
+  // [S, B, 3h/t]; the heads want [B, S, ...], and the row-parallel projection takes [S, B, h/t]
+  // back (reduce-scattering its output into [S/t, B, h]).
+  at::Tensor q = qkv(x).first;
+  if (sequence_parallel) q = q.transpose(0, 1);
+  const int64_t batch = q.size(0), seq = q.size(1);
+  auto heads = ops::qkv_heads(q, local_heads);
   const double p = is_training() ? dropout : 0.0;
   at::Tensor y;
   if (p > 0) {
@@ -94,19 +112,22 @@ at::Tensor TensorParallelGPTAttentionImpl::forward(const at::Tensor& x) {
   } else {
     y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], {}, 0.0, true);
   }
-  return proj(y.transpose(1, 2).reshape({batch, seq, -1})).first;
+  y = y.transpose(1, 2).reshape({batch, seq, -1});
+  if (sequence_parallel) y = y.transpose(0, 1);
+  return proj(y).first;
 }
 
 TensorParallelGPTMLPImpl::TensorParallelGPTMLPImpl(const GPTConfig& c, nn::GroupPtr group)
     : approximate(c.gelu_approximation), fused(c.bias_gelu_fusion) {
   fc = register_module(
-      "fc", nn::ColumnParallelLinear(
-                linear_options(c.hidden_size, c.ffn_size(), c.init_method_std).skip_bias_add(fused),
-                group));
+      "fc",
+      nn::ColumnParallelLinear(
+          linear_options(c, c.hidden_size, c.ffn_size(), c.init_method_std).skip_bias_add(fused),
+          group));
   proj = register_module(
       "proj",
       nn::RowParallelLinear(
-          linear_options(c.ffn_size(), c.hidden_size, residual_std(c)).input_is_parallel(true),
+          linear_options(c, c.ffn_size(), c.hidden_size, residual_std(c)).input_is_parallel(true),
           group));
 }
 
@@ -117,7 +138,7 @@ at::Tensor TensorParallelGPTMLPImpl::forward(const at::Tensor& x) {
 }
 
 TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::GroupPtr group)
-    : dropout(c.hidden_dropout) {
+    : dropout(c.hidden_dropout), sequence_parallel(c.parallelism.sequence_parallel) {
   ln_1 = register_module("ln_1", make_layer_norm(c));
   attn = register_module("attn", TensorParallelGPTAttention(c, group));
   ln_2 = register_module("ln_2", make_layer_norm(c));
@@ -125,8 +146,27 @@ TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::G
 }
 
 at::Tensor TensorParallelGPTBlockImpl::forward(const at::Tensor& x) {
-  at::Tensor h = x + at::dropout(attn(ln_1(x)), dropout, is_training());
-  return h + at::dropout(mlp(ln_2(h)), dropout, is_training());
+  // With sequence parallelism x is this rank's [S/t, B, h]: the LayerNorms, the residual adds
+  // and the dropouts see only it (the dropout masks then differ across ranks).
+  const bool training = is_training();
+  at::Tensor h = x + dropout_in(attn(ln_1(x)), dropout, training, sequence_parallel);
+  return h + dropout_in(mlp(ln_2(h)), dropout, training, sequence_parallel);
+}
+
+std::map<std::string, nn::TensorParallelAttr>
+TensorParallelGPTBlockImpl::tensor_parallel_attributes() const {
+  if (!sequence_parallel) return {};
+  nn::TensorParallelAttr sp;
+  sp.sequence_parallel = true;
+  return {{"ln_1.weight", sp}, {"ln_1.bias", sp}, {"ln_2.weight", sp}, {"ln_2.bias", sp}};
+}
+
+std::map<std::string, nn::TensorParallelAttr> TensorParallelGPTImpl::tensor_parallel_attributes()
+    const {
+  if (!config_.parallelism.sequence_parallel) return {};
+  nn::TensorParallelAttr sp;
+  sp.sequence_parallel = true;
+  return {{"final_norm.weight", sp}, {"final_norm.bias", sp}};
 }
 
 TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group)
@@ -138,6 +178,14 @@ TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr grou
                       fmt::format("expected {} (the size of the model-parallel group given), "
                                   "found {}",
                                   t, config_.parallelism.tensor_model_parallel_size));
+  if (config_.parallelism.sequence_parallel && t == 1)
+    throw ConfigError("parallelism.sequence_parallel",
+                      "expected false with tensor_model_parallel_size 1 (sequence parallelism "
+                      "splits the sequence across the tensor-parallel ranks), found true");
+  if (config_.parallelism.sequence_parallel && config_.seq_length % t != 0)
+    throw ConfigError("seq_length", fmt::format("expected a multiple of the tensor-parallel "
+                                                "degree {} (sequence parallelism), found {}",
+                                                t, config_.seq_length));
   if (config_.checkpoint_activations)
     throw ConfigError("checkpoint_activations",
                       "expected false (TensorParallelGPT does not checkpoint its blocks yet), "
@@ -154,20 +202,37 @@ TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr grou
   final_norm = register_module("final_norm", make_layer_norm(config_));
   if (!config_.tie_word_embeddings)
     head = register_module(
-        "head", nn::ColumnParallelLinear(
-                    linear_options(config_.hidden_size, config_.vocab_size, config_.init_method_std)
-                        .bias(false),
-                    group_));
+        "head", nn::ColumnParallelLinear(linear_options(config_, config_.hidden_size,
+                                                        config_.vocab_size, config_.init_method_std)
+                                             .bias(false),
+                                         group_));
 }
 
 at::Tensor TensorParallelGPTImpl::forward(const at::Tensor& input_ids) {
+  const bool sp = config_.parallelism.sequence_parallel;
   at::Tensor x = embedding(input_ids);
+  if (sp) {
+    // Into the sequence-parallel layout [S/t, B, h]: each rank keeps its 1/t of the sequence
+    // (the gradient all-gathered back, so the embeddings' gradients are whole on every rank).
+    x = nn::scatter_to_sequence_parallel_region(x.transpose(0, 1).contiguous(), group_);
+  }
   for (auto& block : block_list_) x = block(x);
   x = final_norm(x);
-  if (head) return head(x).first;
-  // The tied head: this rank's vocabulary rows; x enters the region whole, so its gradient
-  // (a partial sum over the vocabulary shards) is all-reduced.
-  return nn::linear(nn::copy_to_tensor_model_parallel_region(x, group_), embedding->word->weight);
+  at::Tensor logits;
+  if (head) {
+    logits = head(x).first;  // with sp: all-gathers x itself
+  } else if (sp) {
+    // The tied head on the whole sequence: x all-gathered, its gradient (a partial sum over
+    // the vocabulary shards) reduce-scattered back.
+    logits = nn::linear(nn::gather_from_sequence_parallel_region(x, group_, true),
+                        embedding->word->weight);
+  } else {
+    // The tied head: this rank's vocabulary rows; x enters the region whole, so its gradient
+    // (a partial sum over the vocabulary shards) is all-reduced.
+    logits =
+        nn::linear(nn::copy_to_tensor_model_parallel_region(x, group_), embedding->word->weight);
+  }
+  return sp ? logits.transpose(0, 1) : logits;  // [B, S, V/t]
 }
 
 at::Tensor TensorParallelGPTImpl::loss(const at::Tensor& logits_parallel,

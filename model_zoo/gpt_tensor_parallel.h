@@ -14,8 +14,16 @@
 // entropy through nn::vocab_parallel_cross_entropy (targets of -100 left out), the logits
 // never gathered. Attention dropout (split heads) draws under the model-parallel RNG tracker's
 // fork (nn::model_parallel_cuda_manual_seed must have been called when it is on), hidden
-// dropout (replicated) from the default generator. Not here: sequence parallelism, activation
-// checkpointing (a ConfigError when asked for), the LayerSpec form.
+// dropout (replicated) from the default generator.
+//
+// Sequence parallelism (config.parallelism.sequence_parallel, Korthikanti et al.): between the
+// embedding and the head the activations are Megatron's [S/t, B, h], this rank's 1/t of the
+// sequence: the LayerNorms, residual adds and hidden dropouts (then drawn under the tracker's
+// fork) see only it; the column-parallel linears all-gather it, the row-parallel ones
+// reduce-scatter into it. The LayerNorm parameters are marked sequence_parallel (their
+// gradients are partial per rank: the engine sums them over the model group). Same numbers as
+// without it. Not here: activation checkpointing (a ConfigError when asked for), the LayerSpec
+// form.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,10 +33,13 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "dscpp/model_zoo/gpt_config.h"
 #include "dscpp/nn/parallel_linear.h"
+#include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/nn/vocab_parallel_embedding.h"
 
 namespace dscpp::model_zoo {
@@ -51,6 +62,7 @@ struct TensorParallelGPTAttentionImpl : torch::nn::Module {
   nn::RowParallelLinear proj{nullptr};    // [h, h/t]
   int64_t local_heads = 0;                // num_attention_heads / t
   double dropout = 0;
+  bool sequence_parallel = false;
 };
 TORCH_MODULE(TensorParallelGPTAttention);
 
@@ -65,19 +77,22 @@ struct TensorParallelGPTMLPImpl : torch::nn::Module {
 };
 TORCH_MODULE(TensorParallelGPTMLP);
 
-struct TensorParallelGPTBlockImpl : torch::nn::Module {
+struct TensorParallelGPTBlockImpl : torch::nn::Module, nn::TensorParallelModule {
   TensorParallelGPTBlockImpl(const GPTConfig& config, nn::GroupPtr group);
   at::Tensor forward(const at::Tensor& x);
+  // With sequence parallelism: the LayerNorms' parameters are sequence_parallel.
+  std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;
 
   torch::nn::LayerNorm ln_1{nullptr};
   TensorParallelGPTAttention attn{nullptr};
   torch::nn::LayerNorm ln_2{nullptr};
   TensorParallelGPTMLP mlp{nullptr};
   double dropout = 0;
+  bool sequence_parallel = false;
 };
 TORCH_MODULE(TensorParallelGPTBlock);
 
-struct TensorParallelGPTImpl : torch::nn::Module {
+struct TensorParallelGPTImpl : torch::nn::Module, nn::TensorParallelModule {
   // group: the model-parallel group, of config.parallelism.tensor_model_parallel_size ranks
   // (null for 1); num_attention_heads, the FFN width and vocab_size must divide by it.
   TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group);
@@ -85,6 +100,8 @@ struct TensorParallelGPTImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids);  // -> this rank's logits [B,S,V/t]
   at::Tensor loss(const at::Tensor& logits_parallel, const at::Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
+  // With sequence parallelism: final_norm's parameters are sequence_parallel.
+  std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;
 
   TensorParallelGPTEmbedding embedding{nullptr};
   torch::nn::ModuleList blocks{nullptr};

@@ -15,6 +15,7 @@
 
 #include "dscpp/config/json_text.h"
 #include "dscpp/nn/layer_hooks.h"
+#include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/zero/gathered_parameters.h"
 
@@ -120,6 +121,10 @@ class Engine {
   // The data-parallel group the engine averages over (DeepSpeed's data_parallel_group),
   // e.g. to average a logged loss across ranks.
   comm::ProcessGroup& data_parallel_group() { return core_->group(); }
+  // Megatron's model-parallel group (InitArgs::model_group); null without tensor parallelism.
+  const std::shared_ptr<comm::ProcessGroup>& model_parallel_group() const {
+    return core_->model_group();
+  }
   // The ds_config's tensorboard / csv_monitor: whether one is on (the same on every rank), and
   // a program's own events beside the engine's, e.g. {"Train/Samples/tokens_per_sec", v,
   // global_samples()}: rank 0 writes them, a no-op on the others and with no monitor on.
@@ -152,8 +157,11 @@ template <typename ModuleHolder>
 Engine<ModuleHolder> initialize(ModuleHolder module, const nlohmann::json& config,
                                 InitArgs args = {}) {
   nlohmann::json cfg = config.is_string() ? config::read_config(config.get<std::string>()) : config;
-  auto core = std::make_shared<EngineCore>(cfg, std::move(args));
   auto* impl = engine_detail::module_of(module);
+  if (args.model_group && args.model_group->size() > 1 && !args.tensor_parallel)
+    args.tensor_parallel = std::make_shared<const std::map<std::string, nn::TensorParallelAttr>>(
+        nn::tensor_parallel_attributes(*impl));
+  auto core = std::make_shared<EngineCore>(cfg, std::move(args));
   core->attach([impl](at::ScalarType dtype, at::Device device) { impl->to(device, dtype); },
                [impl]() {
                  EngineCore::NamedParams out;

@@ -15,6 +15,7 @@
 #include "dscpp/error.h"
 #include "dscpp/optim/lr_schedules.h"
 #include "dscpp/optim/optimizer.h"
+#include "dscpp/runtime/engine/tensor_parallel_grads.h"
 #include "dscpp/runtime/monitor/monitor.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
@@ -74,6 +75,12 @@ at::ScalarType EngineCore::gradient_partition_type() const {
 
 EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   group_ = args.group ? args.group : comm::init_distributed();
+  model_group_ = args.model_group;
+  tp_attrs_ = args.tensor_parallel;
+  if (model_group_ && model_group_->size() > 1 && !tp_attrs_)
+    throw dscpp::Error(
+        "initialize: a model-parallel group (InitArgs::model_group) needs the parameters' "
+        "tensor-parallel attributes (InitArgs::tensor_parallel)");
   local_rank_ = comm::read_dist_env().local_rank;
   ConfigOptions options;
   options.world_size = group_->size();
@@ -230,6 +237,16 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
       config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
   zo.grad_dtype = gradient_partition_type();
   zo.reduce_sumsq_across = reduce_sumsq_across_;
+  if (tensor_parallel_size() > 1) {
+    // Each parameter once: this rank's replicas taken out where it is not model rank 0, the
+    // client's sum (a pipeline's stages) added, then the model group's. The three sums are
+    // over orthogonal axes, so their order does not matter; the local corrections come first.
+    zo.reduce_sumsq_across = [this, across = reduce_sumsq_across_](at::Tensor& sumsq) {
+      sumsq = sumsq - tp_grads_->duplicate_sumsq().to(sumsq.options());
+      if (across) across(sumsq);
+      model_group_->all_reduce(sumsq).wait();
+    };
+  }
   // Parameter groups: each trainable parameter's group, by name.
   if (!client_.param_groups.empty()) {
     std::map<std::string, int> group_of_name;
@@ -286,6 +303,17 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   }
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
+  if (tensor_parallel_size() > 1) {
+    std::vector<nn::TensorParallelAttr> attrs;
+    for (const auto& name : param_names_) {
+      auto it = tp_attrs_->find(name);
+      if (it == tp_attrs_->end())
+        throw dscpp::Error("initialize: parameter '" + name +
+                           "' has no tensor-parallel attributes (InitArgs::tensor_parallel)");
+      attrs.push_back(it->second);
+    }
+    tp_grads_ = std::make_unique<TensorParallelGrads>(*zero_, model_group_, std::move(attrs));
+  }
   if (layered_) z.stage == 3 ? start_layer_gather() : start_publish_waits();
   if (config_.scheduler) {
     scheduler_ = optim::make_scheduler(*config_.scheduler, *opt);
@@ -424,6 +452,7 @@ void EngineCore::step() {
   if (!boundary) return;
   const double t0 = config_.wall_clock_breakdown ? now_ms() : 0;
   flops_profiler_->step_begin();
+  if (tp_grads_) tp_grads_->all_reduce_sequence_parallel();
   zero::StepResult r = zero_->step(scaler_->loss_scale());
   if (config_.wall_clock_breakdown) timers_.step += now_ms() - t0;
   step_applied_ = r.applied;

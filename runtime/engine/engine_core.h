@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -35,8 +36,10 @@ class PublishWaits;
 }  // namespace zero
 namespace nn {
 class Layered;
-}
+struct TensorParallelAttr;
+}  // namespace nn
 class LossScaler;
+class TensorParallelGrads;
 namespace monitor {
 class MonitorMaster;
 }
@@ -79,6 +82,13 @@ struct ParamGroup {
 struct InitArgs {
   nlohmann::json auto_values = nlohmann::json::object();  // values for "auto" keys
   std::shared_ptr<comm::ProcessGroup> group;  // data-parallel group; default: init_distributed()
+  // Tensor parallelism: this rank's model-parallel group (its t ranks at the same data index;
+  // null or of size 1: none). ZeRO partitions and reduces over `group` only; the model group
+  // sums the sequence-parallel gradients and the norm (runtime/engine/tensor_parallel_grads.h).
+  std::shared_ptr<comm::ProcessGroup> model_group;
+  // With a model group: every trainable parameter's partition attributes by state_dict name;
+  // null: initialize() reads them from the module (nn::tensor_parallel_attributes).
+  std::shared_ptr<const std::map<std::string, nn::TensorParallelAttr>> tensor_parallel;
   bool strict_config = false;
   // Parameter groups; trainable parameters in none of them form one more group with the
   // config's settings. Empty: one group of every trainable parameter.
@@ -202,6 +212,15 @@ class EngineCore {
   at::ScalarType dtype() const { return dtype_; }
   const DSConfig& config() const { return config_; }
   comm::ProcessGroup& group() { return *group_; }
+  // Tensor parallelism (InitArgs::model_group): the model group (null: none), its size and
+  // this rank's place in it (1 and 0 without), and each parameter's attributes by name.
+  const std::shared_ptr<comm::ProcessGroup>& model_group() const { return model_group_; }
+  int tensor_parallel_size() const { return model_group_ ? model_group_->size() : 1; }
+  int tensor_parallel_rank() const { return model_group_ ? model_group_->rank() : 0; }
+  const std::shared_ptr<const std::map<std::string, nn::TensorParallelAttr>>&
+  tensor_parallel_attributes() const {
+    return tp_attrs_;
+  }
   zero::ZeroOptimizer& zero_optimizer() { return *zero_; }
   // Stage 3 by layer: the coordinator (nullptr otherwise).
   zero::LayerGather* layer_gather() { return layer_gather_.get(); }
@@ -287,6 +306,9 @@ class EngineCore {
   std::vector<char> rest_before_forward_;  // stage 3: per bucket, at rest when forward began
   bool deferred_ = false;                  // see defer_error
   std::function<void(at::Tensor&)> reduce_sumsq_across_;  // set_reduce_sumsq_across
+  std::shared_ptr<comm::ProcessGroup> model_group_;       // InitArgs::model_group
+  std::shared_ptr<const std::map<std::string, nn::TensorParallelAttr>> tp_attrs_;
+  std::unique_ptr<TensorParallelGrads> tp_grads_;  // with a model group of size > 1
   std::string deferred_error_;
 };
 

@@ -1,0 +1,75 @@
+// Shared by the tensor-parallel engine tests (tp_engine.cpp, tp_checkpoint.cpp): the tiny GPT,
+// the (data, model) groups of a world laid out by comm::Topology, the batches, and the
+// tolerant comparison. Header-only, test code.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dscpp/comm/process_group.h"
+#include "dscpp/comm/topology.h"
+#include "dscpp/model_zoo/gpt_config.h"
+
+namespace tp_test {
+
+inline int failures = 0;
+inline void check(bool ok, const std::string& what, int rank) {
+  if (!ok) {
+    std::cerr << "rank " << rank << ": FAILED: " << what << "\n";
+    ++failures;
+  }
+}
+
+inline dscpp::model_zoo::GPTConfig tiny(int t, bool sp) {
+  dscpp::model_zoo::GPTConfig c;
+  c.hidden_size = 64;
+  c.num_layers = 2;
+  c.num_attention_heads = 4;
+  c.seq_length = 16;
+  c.vocab_size = 128;
+  c.hidden_dropout = 0;
+  c.attention_dropout = 0;
+  c.parallelism.tensor_model_parallel_size = t;
+  c.parallelism.sequence_parallel = sp;
+  return c;
+}
+
+inline double rel_err(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
+  return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1e-30);
+}
+
+// This rank's groups in the layout pipe 1 x data d x model t (model fastest), and a group of
+// this rank alone (for the one-rank reference). Collective over `world`.
+struct Groups {
+  std::shared_ptr<dscpp::comm::ProcessGroup> data, model, self;
+  int d = 1, t = 1, dp_rank = 0, tp_rank = 0;
+};
+inline Groups make_groups(dscpp::comm::ProcessGroup& world, int t) {
+  Groups g;
+  g.t = t;
+  g.d = world.size() / t;
+  dscpp::comm::Topology topo({"pipe", "data", "model"}, {1, g.d, t});
+  for (const auto& ranks : topo.get_axis_comm_lists("model"))
+    if (auto sub = world.new_subgroup(ranks)) g.model = sub;
+  for (const auto& ranks : topo.get_axis_comm_lists("data"))
+    if (auto sub = world.new_subgroup(ranks)) g.data = sub;
+  for (int r = 0; r < world.size(); ++r)
+    if (auto sub = world.new_subgroup({r})) g.self = sub;
+  const auto coord = topo.get_coord(world.rank());
+  g.dp_rank = coord.at("data");
+  g.tp_rank = coord.at("model");
+  return g;
+}
+
+// The global batch of `step`: [rows, seq + 1] tokens, the same on every rank.
+inline at::Tensor batch(int step, int64_t rows) {
+  return at::randint(0, 128, {rows, 17}, at::detail::createCPUGenerator(1000 + step), at::kLong);
+}
+
+}  // namespace tp_test
