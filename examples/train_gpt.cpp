@@ -442,16 +442,19 @@ int main(int argc, char** argv) {
     // The parallel degrees are read here so that a Megatron-LM command line is understood;
     // train_gpt runs data parallelism and pipelines (issue 18) until issue 19's tensor
     // parallelism is in it.
-    if (args.tensor_model_parallel_size > 1)
-      throw dscpp::examples::FlagError(fmt::format(
-          "--tensor-model-parallel-size {}: tensor parallelism is not in train_gpt yet (issue "
-          "19); only 1 runs today",
-          args.tensor_model_parallel_size));
     cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
-    check_model_config_layout(*cfg, world);
-    // A pipeline (train_gpt_pipeline.h) leaves world / stages ranks to data parallelism.
+    // A pipeline (train_gpt_pipeline.h) leaves world / (stages x tensor) ranks to data
+    // parallelism, and runs tensor parallelism itself.
     const auto raw = dscpp::config::read_config(args.ds_config);
     layout = dscpp::examples::job_layout(*cfg, raw, args, world);
+    if (layout.pipeline < 2) {
+      if (args.tensor_model_parallel_size > 1)
+        throw dscpp::examples::FlagError(fmt::format(
+            "--tensor-model-parallel-size {}: tensor parallelism is not in train_gpt yet (issue "
+            "19); only 1 runs today",
+            args.tensor_model_parallel_size));
+      check_model_config_layout(*cfg, world);
+    }
     ds_config = dscpp::examples::apply_gpt_flags(raw, args, layout.data);
   } catch (const dscpp::examples::FlagError& e) {
     return report_once(quiet, e.what(), 2);
