@@ -138,6 +138,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--port", type=int, default=29820)
+    ap.add_argument("--cases", default="", help="p,t,d,m,z;... in place of the default set")
     args = ap.parse_args()
     out = tempfile.mkdtemp()
     run([args.train, "--mode", "reference", "--model", "gpt3d", "--steps", str(args.steps),
@@ -145,7 +146,8 @@ def main():
     with open(os.path.join(out, "reference.json")) as f:
         ref = json.load(f)
     by_world = {}
-    for c in (full() if args.full else covering()):
+    chosen = [tuple(int(x) for x in c.split(",")) for c in args.cases.split(";") if c]
+    for c in chosen or (full() if args.full else covering()):
         by_world.setdefault(c[0] * c[1] * c[2], []).append(c)
     passed = failed = 0
     port = args.port

@@ -148,7 +148,7 @@ json optimizer_config(const std::string& model) {
   // in exact arithmetic (the key bias's: softmax ignores it) and a few ulps apart across
   // layouts (the shards' partial sums add in another order); Adam would turn that noise into
   // steps of lr.
-  if (model == "gpt3d") return {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}}}};
+  if (model == "gpt3d") return {{"type", "SGD"}, {"params", {{"lr", 0.03}, {"momentum", 0.9}}}};
   // As the engine's oracle: the GPT's gradients near Adam's eps amplify 1-ulp differences,
   // so its runs use eps 1e-4.
   return {{"type", "AdamW"},
