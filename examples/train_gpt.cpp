@@ -499,7 +499,8 @@ int main(int argc, char** argv) {
     if (args.dry_run) return dscpp::examples::run_dry_run(args, launched ? world : 0, quiet);
     cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
     apply_tensor_flags(*cfg, args, world);
-    // A pipeline (train_gpt_pipeline.h) leaves world / stages ranks to data parallelism.
+    // A pipeline (train_gpt_pipeline.h) leaves world / (stages x tensor) ranks to data
+    // parallelism, and runs tensor parallelism itself.
     const auto raw = dscpp::config::read_config(args.ds_config);
     layout = dscpp::examples::job_layout(*cfg, raw, args, world);
     ds_config = dscpp::examples::apply_gpt_flags(raw, args, layout.data);

@@ -9,9 +9,12 @@
 #include <iostream>
 #include <utility>
 
+#include "dscpp/comm/rendezvous.h"
 #include "dscpp/config/config_error.h"
 #include "dscpp/data/data_loader.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
+#include "dscpp/nn/rng_tracker.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
 
@@ -45,6 +48,17 @@ void refuse_unsupported(const GptOptions& args) {
 JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_config,
                      const GptOptions& args, int64_t world) {
   const auto& par = cfg.parallelism;
+  JobLayout layout;
+  // The tensor-parallel degree: the model config's or the flag's (the same when both given).
+  layout.tensor = par.tensor_model_parallel_size;
+  if (args.tensor_model_parallel_size > 1) {
+    if (layout.tensor > 1 && layout.tensor != args.tensor_model_parallel_size)
+      throw FlagError(fmt::format(
+          "tensor-parallel degree: the model config's parallelism.tensor_model_parallel_size is "
+          "{} but --tensor-model-parallel-size is {}; give one, or the same",
+          layout.tensor, args.tensor_model_parallel_size));
+    layout.tensor = args.tensor_model_parallel_size;
+  }
   // Each source that names a degree, with how to say where it came from.
   std::vector<std::pair<int64_t, std::string>> given;
   if (par.pipeline_model_parallel_size > 1)
@@ -65,7 +79,6 @@ JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_c
   }
   if (args.pipeline_model_parallel_size > 1)
     given.emplace_back(args.pipeline_model_parallel_size, "--pipeline-model-parallel-size");
-  JobLayout layout;
   if (!given.empty()) {
     layout.pipeline = given.front().first;
     layout.source = given.front().second;
@@ -74,19 +87,9 @@ JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_c
     if (degree != layout.pipeline)
       throw FlagError(fmt::format("pipeline degree: {} is {} but {} is {}; give one, or the same",
                                   given.front().second, layout.pipeline, where, degree));
-  // Tensor parallelism runs without a pipeline (train_gpt.cpp); the two together are issue 19's
-  // 3D layout, not here yet.
-  if (par.tensor_model_parallel_size > 1 && layout.pipeline > 1) {
-    model_zoo::ParallelismConfig q = par;
-    q.pipeline_model_parallel_size = layout.pipeline;
-    throw FlagError(fmt::format(
-        "the parallelism is tensor {} x pipeline {} x data {}: tensor parallelism with a "
-        "pipeline is not in train_gpt yet (issue 19; each runs alone); `train_gpt --dry-run` "
-        "shows this layout's figures",
-        par.tensor_model_parallel_size, layout.pipeline, q.resolve(world).data_parallel_size));
-  }
   model_zoo::ParallelismConfig p = par;
   p.pipeline_model_parallel_size = layout.pipeline;
+  p.tensor_model_parallel_size = layout.tensor;
   layout.data = p.resolve(world).data_parallel_size;
   return layout;
 }
@@ -125,7 +128,25 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
       pipe_section->contains("partition") && (*pipe_section)["partition"].is_string() &&
       (*pipe_section)["partition"] != "best")
     options.partition_method((*pipe_section)["partition"].get<std::string>());
-  pipe::PipelineModule module(model_zoo::gpt_layer_specs(cfg), options);
+  // t > 1: the (pipe x data x model) groups first, the tensor-parallel layers on the model
+  // group, the vocabulary-parallel cross entropy as the loss.
+  std::vector<nn::LayerSpec> specs;
+  if (layout.tensor > 1) {
+    auto groups = pipe::make_parallel_groups(
+        comm::init_distributed(), pipe::pipe_model_data_topology(static_cast<int>(layout.pipeline),
+                                                                 static_cast<int>(layout.tensor),
+                                                                 static_cast<int>(layout.data)));
+    model_zoo::GPTConfig tp_cfg = cfg;
+    tp_cfg.parallelism.tensor_model_parallel_size = layout.tensor;
+    specs = model_zoo::tensor_parallel_gpt_layer_specs(tp_cfg, groups->model);
+    options.groups(groups).loss_fn(
+        pipe::loss_of([group = groups->model](const at::Tensor& logits, const at::Tensor& labels) {
+          return model_zoo::tensor_parallel_gpt_loss(logits, labels, group);
+        }));
+  } else {
+    specs = model_zoo::gpt_layer_specs(cfg);
+  }
+  pipe::PipelineModule module(std::move(specs), options);
   const double built_s = seconds(start);
   const auto init_start = std::chrono::steady_clock::now();
   auto engine = dscpp::initialize(module, ds_config);
@@ -133,6 +154,11 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   auto& world = *engine.module().world();
   const int rank = world.rank();
   const auto device = engine.device();
+  // Dropout in the split attention heads draws under the tracker's fork (differing across
+  // model ranks), the replicated regions' from the default generator (agreeing).
+  if (layout.tensor > 1)
+    nn::model_parallel_cuda_manual_seed(static_cast<uint64_t>(args.seed),
+                                        engine.module().model_parallel_id(), device);
 
   // The first and the last stage read the same micro-batches: the data index's share of the
   // global batch, as a data-parallel rank of train_gpt reads it.
@@ -168,11 +194,12 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   if (rank == 0)
     std::cout << fmt::format(
                      "[train_gpt] GPT {:.2f}M parameters (L={} h={} heads={} seq={} vocab={}); {} "
-                     "ranks on {}, pipeline {} stages ({}) x data {}, ZeRO stage {}, {}; global "
-                     "batch {} = {} x {} x {}; data {} tokens, {} batches per rank per epoch\n",
+                     "ranks on {}, pipeline {} stages ({}) x data {} x tensor {}, ZeRO stage {}, "
+                     "{}; global batch {} = {} x {} x {}; data {} tokens, {} batches per rank per "
+                     "epoch\n",
                      cfg.num_parameters() / 1e6, cfg.num_layers, cfg.hidden_size,
                      cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size, ranks, device.str(),
-                     layout.pipeline, layout.source, layout.data,
+                     layout.pipeline, layout.source, layout.data, layout.tensor,
                      engine.core().zero_optimization_stage(), at::toString(engine.core().dtype()),
                      engine.train_batch_size(), mb, ga, layout.data, indexed->num_tokens(),
                      loader.batches_per_epoch())

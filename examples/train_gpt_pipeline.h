@@ -4,7 +4,10 @@
 // The pipeline degree comes from the model config's `parallelism.pipeline_model_parallel_size`,
 // the ds_config's `pipeline.stages` (a number) or --pipeline-model-parallel-size; those given
 // must agree (an error names each). The data-parallel degree is what remains of the world
-// (ParallelismConfig::resolve). Tensor parallelism (> 1) is refused for now.
+// (ParallelismConfig::resolve). The tensor-parallel degree is the model config's
+// `parallelism.tensor_model_parallel_size` or --tensor-model-parallel-size; with t > 1 the
+// ranks form DeepSpeed's pipe x data x model topology (model fastest) and the GPT is
+// model_zoo::tensor_parallel_gpt_layer_specs with tensor_parallel_gpt_loss.
 //
 // On a pipeline the GPT is its LayerSpecs (model_zoo::gpt_layer_specs: the embedding and the
 // tied output head one TiedLayerSpec, the loss model_zoo::gpt_loss as loss_fn), each layer
@@ -27,12 +30,13 @@ namespace dscpp::examples {
 struct JobLayout {
   int64_t pipeline = 1;  // stages
   int64_t data = 1;      // data-parallel ranks per stage
+  int64_t tensor = 1;    // tensor-parallel ranks per stage and data index
   std::string source;    // where the pipeline degree came from (for the start-up line)
 };
 
 // The job's layout for `world` ranks, from the model config, the ds_config as read (before the
-// flags fill it) and the command line. Throws FlagError for disagreeing sources or a tensor-
-// parallel degree > 1, ConfigError for a world the degrees do not divide.
+// flags fill it) and the command line. Throws FlagError for disagreeing sources, ConfigError
+// for a world the degrees do not divide.
 JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_config,
                      const GptOptions& args, int64_t world);
 

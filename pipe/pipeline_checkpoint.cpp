@@ -4,6 +4,7 @@
 // files, written by each stage's first data rank before its model states, which record them.
 #include <fmt/format.h>
 
+#include "dscpp/error.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
@@ -65,9 +66,20 @@ CheckpointLayout PipelineEngine::checkpoint_layout() {
   return layout;
 }
 
+void PipelineEngine::refuse_tensor_parallel_checkpoint(const char* what) const {
+  // The layer files and ZeRO partitions of t model ranks would land on the same names.
+  if (module_.model_parallel_size() > 1)
+    throw Error(fmt::format(
+        "PipelineEngine::{}: a pipeline with tensor parallelism (model axis {}) has no "
+        "checkpoint layout yet (layer_XX-model_TT files per model rank); only model 1 saves "
+        "and loads",
+        what, module_.model_parallel_size()));
+}
+
 void PipelineEngine::save_checkpoint(const std::string& save_dir, const std::string& tag,
                                      const PyValue& client_state) {
   core_->check_deferred_error();
+  refuse_tensor_parallel_checkpoint("save_checkpoint");
   core_->save_checkpoint(save_dir, tag, client_state);
 }
 
@@ -77,6 +89,7 @@ LoadCheckpointResult PipelineEngine::load_checkpoint(const std::string& load_dir
                                                      bool load_lr_scheduler_states,
                                                      bool load_module_only) {
   core_->check_deferred_error();
+  refuse_tensor_parallel_checkpoint("load_checkpoint");
   return core_->load_checkpoint(load_dir, tag,
                                 {/*load_module_strict=*/true, load_optimizer_states,
                                  load_lr_scheduler_states, load_module_only});

@@ -13,6 +13,7 @@
 #include "dscpp/config/json_text.h"
 #include "dscpp/error.h"
 #include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/pipe/tied_grads.h"
 
 namespace dscpp::pipe {
@@ -41,6 +42,14 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
         "initialize(PipelineModule): InitArgs::group is not taken: the engine reduces over "
         "each stage's data-parallel group, which the module's topology makes");
   args.group = module_.data_group();
+  // Tensor parallelism: EngineCore's model group (runtime/engine/tensor_parallel_grads.h) counts
+  // each split parameter on every model rank and a replica once, then sums over the model
+  // group; the pipe sum below composes with it (the sums run over orthogonal axes).
+  if (module_.model_parallel_size() > 1) {
+    args.model_group = module_.model_group();
+    args.tensor_parallel = std::make_shared<const std::map<std::string, nn::TensorParallelAttr>>(
+        nn::tensor_parallel_attributes(*module_.stage_module()));
+  }
   core_ = std::make_shared<EngineCore>(cfg, std::move(args));
   const DSConfig& c = core_->config();
   if (c.zero_optimization.stage == 3)

@@ -5,7 +5,10 @@
 // Activations and gradients travel between neighbours on their two-rank links, each step's
 // transfers issued together. ZeRO stages 0-2 run on each stage's data-parallel group through
 // EngineCore (stages 0-1 reduce in the last backward of the batch, stage 2 every micro-batch);
-// the norm, clip and fp16 overflow verdict are the whole model's (tied weights once).
+// the norm, clip and fp16 overflow verdict are the whole model's (tied weights once). With a
+// model axis (tensor parallelism) ZeRO stays on the data group, the norm also sums over the
+// model group (each replica once), tied gradients are summed per model rank, and activations
+// travel between the neighbours of the same model rank.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -62,6 +65,7 @@ class PipelineEngine {
   // and takes this rank's part, so it may have been saved on other numbers of stages and data
   // ranks and ZeRO stages 0-2 (the non-pipeline engine on the whole model loads one too);
   // load_checkpoint's switches are the plain engine's (LoadCheckpointOptions), strict.
+  // With tensor parallelism (a model axis above 1) both are refused for now.
   void save_checkpoint(const std::string& save_dir, const std::string& tag = "",
                        const checkpoint::PyValue& client_state = checkpoint::PyValue::dict());
   LoadCheckpointResult load_checkpoint(const std::string& load_dir, const std::string& tag = "",
@@ -120,6 +124,8 @@ class PipelineEngine {
                    bool grads_only);
   // The file layout save_checkpoint and load_checkpoint use (pipeline_checkpoint.cpp).
   CheckpointLayout checkpoint_layout();
+  // Throws dscpp::Error for a model axis above 1 (no tensor-parallel pipeline layout yet).
+  void refuse_tensor_parallel_checkpoint(const char* what) const;
   // The mean of `values` over data ranks, then from the last stage to all.
   at::Tensor share_from_last(at::Tensor values);
 

@@ -41,35 +41,39 @@ PipelineModule::PipelineModule(std::vector<nn::LayerSpec> specs, PipelineOptions
                             options_.activation_checkpoint_interval()));
   world_ = options_.group() ? options_.group() : comm::init_distributed();
   const int world = world_->size();
-  if (options_.topology()) {
-    const auto& topo = *options_.topology();
-    if (topo.world_size() != world)
-      throw Error(fmt::format("PipelineModule: the topology lays out {} ranks, the world has {}",
-                              topo.world_size(), world));
-    stages_ = topo.get_dim("pipe");
-    data_size_ = topo.get_dim("data");
-    if (stages_ * data_size_ != world)
-      throw Error(fmt::format(
-          "PipelineModule: the topology must have axes pipe and data only (pipe {} x data {} "
-          "= {} ranks, the world has {})",
-          stages_, data_size_, stages_ * data_size_, world));
-    if (options_.num_stages() && options_.num_stages() != stages_)
-      throw Error(fmt::format("PipelineModule: num_stages {} but the topology's pipe axis is {}",
-                              options_.num_stages(), stages_));
-  } else {
-    if (options_.num_stages() < 1)
-      throw Error("PipelineModule: give num_stages (PipelineOptions(n)) or a topology");
-    stages_ = options_.num_stages();
-    if (world % stages_ != 0)
+  if (options_.groups()) {
+    groups_ = options_.groups();
+    if (groups_->world != world_)
+      throw Error("PipelineModule: PipelineOptions::groups were made on another world group");
+    if (groups_->num_chunks != options_.num_chunks() && groups_->stages > 2)
       throw Error(
-          fmt::format("PipelineModule: {} ranks do not split into {} stages (world size must be a "
-                      "multiple of num_stages)",
-                      world, stages_));
-    data_size_ = world / stages_;
+          fmt::format("PipelineModule: the groups were made for {} chunks, the module "
+                      "has {} (make_parallel_groups' num_chunks)",
+                      groups_->num_chunks, options_.num_chunks()));
+  } else {
+    std::optional<comm::Topology> topo = options_.topology();
+    if (!topo) {
+      if (options_.num_stages() < 1)
+        throw Error("PipelineModule: give num_stages (PipelineOptions(n)) or a topology");
+      if (world % options_.num_stages() != 0)
+        throw Error(fmt::format(
+            "PipelineModule: {} ranks do not split into {} stages (world size must be a "
+            "multiple of num_stages)",
+            world, options_.num_stages()));
+      topo =
+          comm::Topology({"pipe", "data"}, {options_.num_stages(), world / options_.num_stages()});
+    }
+    groups_ = make_parallel_groups(world_, *topo, options_.num_chunks());
   }
-  // DeepSpeed's PipeDataParallelTopology: pipe outermost, so rank = stage * data + data_id.
-  stage_ = world_->rank() / data_size_;
-  data_id_ = world_->rank() % data_size_;
+  stages_ = groups_->stages;
+  data_size_ = groups_->data_size;
+  if (options_.num_stages() && options_.num_stages() != stages_)
+    throw Error(fmt::format("PipelineModule: num_stages {} but the topology's pipe axis is {}",
+                            options_.num_stages(), stages_));
+  stage_ = groups_->stage;
+  data_id_ = groups_->data_id;
+  data_group_ = groups_->data;
+  pipe_group_ = groups_->pipe;
   const int parts = stages_ * options_.num_chunks();
   if (static_cast<int>(specs_.size()) < parts)
     throw Error(fmt::format(
@@ -77,7 +81,7 @@ PipelineModule::PipelineModule(std::vector<nn::LayerSpec> specs, PipelineOptions
         "at least one layer)",
         specs_.size(), stages_, options_.num_chunks(), parts));
   partition();
-  make_groups();
+  make_tied_groups();
   build_chunks();
 }
 
@@ -110,37 +114,15 @@ void PipelineModule::partition() {
 }
 
 std::shared_ptr<comm::ProcessGroup> PipelineModule::link(int peer) const {
-  auto it = links_.find(peer);
-  return it == links_.end() ? nullptr : it->second;
+  auto it = groups_->links.find(peer);
+  return it == groups_->links.end() ? nullptr : it->second;
 }
 
-void PipelineModule::make_groups() {
-  const int p = stages_, d = data_size_;
-  auto rank_of = [d](int stage, int data) { return stage * d + data; };
-  // Every rank makes every group in the same order (new_subgroup is collective over the
-  // world's ranks in order), keeping the ones it belongs to.
-  for (int s = 0; s < p; ++s) {
-    std::vector<int> ranks;
-    for (int i = 0; i < d; ++i) ranks.push_back(rank_of(s, i));
-    auto g = world_->new_subgroup(ranks, fmt::format("data(stage {})", s));
-    if (g) data_group_ = g;
-  }
-  for (int i = 0; i < d; ++i) {
-    std::vector<int> ranks;
-    for (int s = 0; s < p; ++s) ranks.push_back(rank_of(s, i));
-    auto g = world_->new_subgroup(ranks, fmt::format("pipe(data {})", i));
-    if (g) pipe_group_ = g;
-  }
-  // Neighbour links, and with chunks the last stage's link back to the first.
-  std::set<std::pair<int, int>> pairs;
-  for (int s = 0; s + 1 < p; ++s) pairs.insert({s, s + 1});
-  if (options_.num_chunks() > 1 && p > 2) pairs.insert({0, p - 1});
-  for (int i = 0; i < d; ++i)
-    for (const auto& [a, b] : pairs) {
-      auto g = world_->new_subgroup({rank_of(a, i), rank_of(b, i)},
-                                    fmt::format("pipe link {}-{} (data {})", a, b, i));
-      if (g) links_[stage_ == a ? b : a] = g;
-    }
+void PipelineModule::make_tied_groups() {
+  const int p = stages_, d = data_size_, t = groups_->model_size;
+  auto rank_of = [this](int stage, int data, int model) {
+    return groups_->rank_of(stage, data, model);
+  };
   // Tied keys on several stages, in the order of their first spec.
   std::vector<std::string> keys;
   std::map<std::string, std::set<int>> holders;
@@ -158,28 +140,35 @@ void PipelineModule::make_groups() {
   for (const auto& key : keys) {
     std::vector<int> stages(holders[key].begin(), holders[key].end());
     if (stages.size() < 2) continue;
-    Tied t;
-    t.key = key;
-    t.stages = stages;
-    t.module_name = specs_[first_spec[key]].name;
+    Tied tied;
+    tied.key = key;
+    tied.stages = stages;
+    tied.module_name = specs_[first_spec[key]].name;
     for (const auto& s : specs_)
       if (s.tied_key == key)
         for (const auto& w : s.tied_weights)
-          if (std::find(t.params.begin(), t.params.end(), w) == t.params.end())
-            t.params.push_back(w);
+          if (std::find(tied.params.begin(), tied.params.end(), w) == tied.params.end())
+            tied.params.push_back(w);
     const bool mine = holders[key].count(stage_) > 0;
-    for (int i = 0; i < d; ++i) {
+    // Per model rank: each holds its own shard of a tied tensor-parallel weight.
+    for (int i = 0; i < d; ++i)
+      for (int mm = 0; mm < t; ++mm) {
+        std::vector<int> ranks;
+        for (int s : stages) ranks.push_back(rank_of(s, i, mm));
+        std::sort(ranks.begin(), ranks.end());
+        auto g =
+            world_->new_subgroup(ranks, fmt::format("tied '{}' (data {}, model {})", key, i, mm));
+        if (g) tied.same_data = g;
+      }
+    for (int mm = 0; mm < t; ++mm) {
       std::vector<int> ranks;
-      for (int s : stages) ranks.push_back(rank_of(s, i));
-      auto g = world_->new_subgroup(ranks, fmt::format("tied '{}' (data {})", key, i));
-      if (g) t.same_data = g;
+      for (int s : stages)
+        for (int i = 0; i < d; ++i) ranks.push_back(rank_of(s, i, mm));
+      std::sort(ranks.begin(), ranks.end());
+      auto g = world_->new_subgroup(ranks, fmt::format("tied '{}' (model {})", key, mm));
+      if (g) tied.all_data = g;
     }
-    std::vector<int> ranks;
-    for (int s : stages)
-      for (int i = 0; i < d; ++i) ranks.push_back(rank_of(s, i));
-    std::sort(ranks.begin(), ranks.end());
-    t.all_data = world_->new_subgroup(ranks, fmt::format("tied '{}'", key));
-    if (mine) tied_.push_back(std::move(t));
+    if (mine) tied_.push_back(std::move(tied));
   }
 }
 

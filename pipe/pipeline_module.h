@@ -1,10 +1,14 @@
 // DeepSpeed's PipelineModule: a model as a list of LayerSpecs split into pipeline stages, of
 // which this rank builds only its own (its chunks, with interleaved virtual stages). The
-// ranks form a (pipe x data) topology in DeepSpeed's order (pipe outermost); this rank's
+// ranks form a (pipe x data x model) topology in DeepSpeed's order (pipe outermost, model
+// fastest; parallel_groups.h), model 1 unless a topology says otherwise; this rank's
 // stage module holds its layers' parameters under their whole-model names, so state_dict
 // keys are the same on every layout. A tied spec (TiedLayerSpec: the GPT's embedding and its
 // output head) on several stages is built on each, and the copies start from the first
 // holder's values (broadcast at construction); their gradients are summed by the engine.
+// With a model axis the specs are tensor-parallel layers built on groups()->model, which the
+// caller makes first (make_parallel_groups) and passes as PipelineOptions::groups; tied copies
+// are per model rank (each holds its own shard).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,6 +24,7 @@
 #include "dscpp/comm/process_group.h"
 #include "dscpp/comm/topology.h"
 #include "dscpp/nn/layer_spec.h"
+#include "dscpp/pipe/parallel_groups.h"
 
 namespace dscpp::pipe {
 
@@ -55,9 +60,12 @@ struct PipelineOptions {
   }                                         \
   type name##_ = init;
   DSCPP_PIPE_OPTION(int, num_stages, 0)
-  // Axes "pipe" and "data" (DeepSpeed's PipeDataParallelTopology); unset: pipe = num_stages,
-  // data = the rest of the world.
+  // Axes "pipe" and "data" (DeepSpeed's PipeDataParallelTopology), and "model" for tensor
+  // parallelism (PipeModelDataParallelTopology); unset: pipe = num_stages, data = the rest.
   DSCPP_PIPE_OPTION(std::optional<comm::Topology>, topology, std::nullopt)
+  // The groups, made beforehand by make_parallel_groups (needed with a model axis: the
+  // tensor-parallel specs are built on its model group); null: made from the topology.
+  DSCPP_PIPE_OPTION(std::shared_ptr<const ParallelGroups>, groups, nullptr)
   DSCPP_PIPE_OPTION(LossFn, loss_fn, nullptr)
   // "parameters" (DeepSpeed's default), "uniform", or "type:REGEX".
   DSCPP_PIPE_OPTION(std::string, partition_method, "parameters")
@@ -87,6 +95,8 @@ class PipelineModule {
   int stage_id() const { return stage_; }
   int data_parallel_size() const { return data_size_; }
   int data_parallel_id() const { return data_id_; }
+  int model_parallel_size() const { return groups_->model_size; }
+  int model_parallel_id() const { return groups_->model_id; }
   int num_chunks() const { return options_.num_chunks(); }
   bool is_first_stage() const { return stage_ == 0; }
   bool is_last_stage() const { return stage_ == stages_ - 1; }
@@ -107,6 +117,9 @@ class PipelineModule {
   const std::shared_ptr<comm::ProcessGroup>& data_group() const { return data_group_; }
   // This data index's ranks along the pipe (stage s is group rank s).
   const std::shared_ptr<comm::ProcessGroup>& pipe_group() const { return pipe_group_; }
+  // This stage and data index's tensor-parallel ranks; null with model size 1.
+  const std::shared_ptr<comm::ProcessGroup>& model_group() const { return groups_->model; }
+  const std::shared_ptr<const ParallelGroups>& groups() const { return groups_; }
   // The two-rank group of this stage and stage `peer` (same data index), on which their
   // activations and gradients travel; null when the two are not neighbours.
   std::shared_ptr<comm::ProcessGroup> link(int peer) const;
@@ -117,8 +130,8 @@ class PipelineModule {
     std::vector<int> stages;          // ascending; stages.front() owns it (norm, weights)
     std::string module_name;          // where its module is registered ("embedding")
     std::vector<std::string> params;  // its tied weights' names inside the module
-    std::shared_ptr<comm::ProcessGroup> same_data;  // its stages, this data index
-    std::shared_ptr<comm::ProcessGroup> all_data;   // its stages x every data index
+    std::shared_ptr<comm::ProcessGroup> same_data;  // its stages, this data and model index
+    std::shared_ptr<comm::ProcessGroup> all_data;   // its stages x every data index, this model
   };
   // The tied keys this stage holds that live on several stages.
   const std::vector<Tied>& tied() const { return tied_; }
@@ -126,12 +139,12 @@ class PipelineModule {
  private:
   void partition();
   void build_chunks();
-  void make_groups();
+  void make_tied_groups();
 
   std::vector<nn::LayerSpec> specs_;
   PipelineOptions options_;
   std::shared_ptr<comm::ProcessGroup> world_, data_group_, pipe_group_;
-  std::map<int, std::shared_ptr<comm::ProcessGroup>> links_;
+  std::shared_ptr<const ParallelGroups> groups_;
   int stages_ = 1, stage_ = 0, data_size_ = 1, data_id_ = 0;
   std::vector<int> parts_;
   std::vector<StageChunk> chunks_;

@@ -10,8 +10,9 @@ in place of 1.3B and a free port in place of 6000:
   examples/ds_config_small.json): the YAML model config with its `model:` and `parallelism:`
   sections, --global-batch-size filling "train_batch_size": "auto"; the run trains (the loss falls)
   and logs its steps, the batch split 16 = 2 x 1 x 8, ZeRO-2 in fp16.
-- The same config with a 2 x 2 x 2 layout: refused with the layout named (tensor and pipeline
-  parallelism are other issues' work) and the dry run suggested; its --dry-run prints the figures.
+- The same command with the seed's 2 x 2 x 2 layout (1.3B_demo.yaml's: tensor 2 x pipeline 2 x
+  data 2) trains on the 8 ranks: a pipeline of 2 stages of the tensor-parallel GPT, 16 = 8 x 1 x 2
+  (the ds_config's micro-batch "auto" from the data degree 2); its --dry-run prints the figures.
 """
 import argparse
 import filecmp
@@ -135,9 +136,11 @@ def main():
         with open(os.path.join(tmp, "tiny222.yaml"), "w") as f:
             f.write(TINY.format(t=2, p=2, d=2))
         rc, log = run([a if a != os.path.join(tmp, "tiny.yaml") else os.path.join(tmp, "tiny222.yaml")
-                       for a in seed_run], cwd=train_dir)
-        check("a 2 x 2 x 2 layout is refused naming it", rc != 0 and "tensor 2 x pipeline 2 x data 2" in log
-              and "--dry-run" in log and log.count("tensor parallelism with a pipeline is not in train_gpt yet") == 1, log)
+                       for a in seed_run] + ["--train-iters", "2", "--log-interval", "1"], cwd=train_dir)
+        steps = re.findall(r"\[train_gpt\] step (\d+)/\d+ \| loss ([0-9.]+)", log)
+        check("the seed's 2 x 2 x 2 layout trains on 8 ranks: pipeline 2 x data 2 x tensor 2",
+              rc == 0 and [x for x, _ in steps] == ["1", "2"] and "pipeline 2 stages" in log
+              and "x data 2 x tensor 2" in log and all(0 < float(l) < 20 for _, l in steps), log)
         rc, log = run([args.train_gpt, "--dry-run", "--model-config", os.path.join(tmp, "tiny222.yaml")])
         check("--dry-run of the 2 x 2 x 2 tiny config", rc == 0 and "tensor groups    4 of 2: [0, 1] [2, 3] [4, 5] [6, 7]"
               in log, log)

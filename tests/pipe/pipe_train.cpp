@@ -19,7 +19,9 @@
 
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
 #include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/runtime/engine/engine.h"
 #include "dscpp/zero/zero_optimizer.h"
@@ -94,20 +96,42 @@ dscpp::model_zoo::GPTConfig gpt_config() {
   return c;
 }
 
-std::vector<LayerSpec> specs_of(const std::string& model) {
+// "gpt3d": the tiny GPT of issue 19's 3D tests (hidden 64, 4 heads, 4 layers), whole on one
+// rank or tensor-parallel over a model group.
+dscpp::model_zoo::GPTConfig gpt3d_config(int t = 1) {
+  dscpp::model_zoo::GPTConfig c = gpt_config();
+  c.vocab_size = 64;
+  c.hidden_size = 64;
+  c.num_layers = 4;
+  c.num_attention_heads = 4;
+  c.parallelism.tensor_model_parallel_size = t;
+  return c;
+}
+
+using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
+
+// model_group: the tensor-parallel group of a "gpt3d" case (null: the one-rank GPT).
+std::vector<LayerSpec> specs_of(const std::string& model, const GroupPtr& model_group = nullptr) {
   if (model == "mlp") return mlp_specs();
   if (model == "tuple") return tuple_specs();
+  if (model == "gpt3d") {
+    if (!model_group) return dscpp::model_zoo::gpt_layer_specs(gpt3d_config());
+    return dscpp::model_zoo::tensor_parallel_gpt_layer_specs(gpt3d_config(model_group->size()),
+                                                             model_group);
+  }
   return dscpp::model_zoo::gpt_layer_specs(gpt_config());
 }
 
-at::Tensor loss_of(const std::string& model, const at::Tensor& out, const at::Tensor& labels) {
-  if (model != "gpt") return torch::mse_loss(out, labels);
+at::Tensor loss_of(const std::string& model, const at::Tensor& out, const at::Tensor& labels,
+                   const GroupPtr& model_group = nullptr) {
+  if (model != "gpt" && model != "gpt3d") return torch::mse_loss(out, labels);
+  if (model_group) return dscpp::model_zoo::tensor_parallel_gpt_loss(out, labels, model_group);
   return dscpp::model_zoo::gpt_loss(out, labels, /*fused=*/false);
 }
 
 // Samples [first, first + count) of the model's data set: deterministic.
 std::pair<at::Tensor, at::Tensor> samples(const std::string& model, int64_t first, int64_t count) {
-  if (model != "gpt") {
+  if (model != "gpt" && model != "gpt3d") {
     auto i = torch::arange(first, first + count, torch::kFloat).unsqueeze(1);
     auto x = torch::sin(i * 0.37 + torch::arange(16, torch::kFloat) * 0.11);
     auto y = torch::cos(i * 0.21 + torch::arange(4, torch::kFloat) * 0.5);
@@ -115,18 +139,23 @@ std::pair<at::Tensor, at::Tensor> samples(const std::string& model, int64_t firs
   }
   auto i = torch::arange(first, first + count, torch::kLong).unsqueeze(1);
   auto j = torch::arange(8, torch::kLong);
-  auto tokens = (i * 7 + j * 3 + (i * j) % 5) % 32;
+  auto tokens = (i * 7 + j * 3 + (i * j) % 5) % 32;  // < every GPT's vocabulary
   return {tokens, (tokens * 5 + 1) % 32};
 }
 
 json optimizer_config(const std::string& model) {
+  // The tensor-parallel GPT: SGD with momentum, as tp_engine's oracle. Some gradients are zero
+  // in exact arithmetic (the key bias's: softmax ignores it) and a few ulps apart across
+  // layouts (the shards' partial sums add in another order); Adam would turn that noise into
+  // steps of lr.
+  if (model == "gpt3d") return {{"type", "SGD"}, {"params", {{"lr", 0.03}, {"momentum", 0.9}}}};
   // As the engine's oracle: the GPT's gradients near Adam's eps amplify 1-ulp differences,
   // so its runs use eps 1e-4.
   return {{"type", "AdamW"},
           {"params",
            {{"lr", 1e-2},
             {"betas", {0.9, 0.999}},
-            {"eps", model == "gpt" ? 1e-4 : 1e-8},
+            {"eps", model == "mlp" || model == "tuple" ? 1e-8 : 1e-4},
             {"weight_decay", 0.01}}}};
 }
 
@@ -162,10 +191,19 @@ void reference(const std::string& model, int steps, const std::string& out) {
     layers.push_back(std::move(layer));
   }
   json cfg = optimizer_config(model)["params"];
-  torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(cfg["lr"].get<double>())
-                                                  .betas({0.9, 0.999})
-                                                  .eps(cfg["eps"].get<double>())
-                                                  .weight_decay(0.01));
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (model == "gpt3d") {
+    optimizer = std::make_unique<torch::optim::SGD>(
+        root->parameters(),
+        torch::optim::SGDOptions(cfg["lr"].get<double>()).momentum(cfg["momentum"].get<double>()));
+  } else {
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        root->parameters(), torch::optim::AdamWOptions(cfg["lr"].get<double>())
+                                .betas({0.9, 0.999})
+                                .eps(cfg["eps"].get<double>())
+                                .weight_decay(0.01));
+  }
+  auto& opt = *optimizer;
   json result;
   result["losses"] = json::array();
   result["grad_norms"] = json::array();
@@ -202,15 +240,28 @@ void reference(const std::string& model, int steps, const std::string& out) {
 json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const std::string& model,
                const json& c, int steps) {
   dscpp::pipe::PipelineOptions options(c["stages"].get<int>());
+  // "model": the tensor-parallel degree t of a (pipe x data x model) topology; the groups are
+  // made first, since the tensor-parallel layers are built on the model group.
+  const int t = c.value("model", 1);
+  GroupPtr model_group;
+  if (t > 1) {
+    const int p = c["stages"].get<int>();
+    auto groups = dscpp::pipe::make_parallel_groups(
+        world, dscpp::pipe::pipe_model_data_topology(p, t, world->size() / (p * t)),
+        c.value("chunks", 1));
+    model_group = groups->model;
+    options.groups(groups);
+  }
   options.group(world)
       .num_chunks(c.value("chunks", 1))
       .seed_layers(true)
       .base_seed(kBaseSeed)
       .partition_method(c.value("partition", "parameters"))
       .activation_checkpoint_interval(c.value("checkpoint_interval", 0))
-      .loss_fn(dscpp::pipe::loss_of(
-          [model](const at::Tensor& o, const at::Tensor& l) { return loss_of(model, o, l); }));
-  dscpp::pipe::PipelineModule module(specs_of(model), options);
+      .loss_fn(dscpp::pipe::loss_of([model, model_group](const at::Tensor& o, const at::Tensor& l) {
+        return loss_of(model, o, l, model_group);
+      }));
+  dscpp::pipe::PipelineModule module(specs_of(model, model_group), options);
   json cfg = c["config"];
   cfg["train_batch_size"] = kGlobalBatch;
   cfg["gradient_clipping"] = 1.0;
@@ -249,12 +300,19 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
     result["eval_loss"] = engine.eval_batch(it).loss.item<double>();
   }
   result["params"] = json::object();
+  result["shapes"] = json::object();
+  result["tp"] = json::object();  // split parameters: [partition_dim, partition_stride]
   int64_t trainable = 0;
+  const auto attrs = dscpp::nn::tensor_parallel_attributes(*engine.module().stage_module());
   for (const auto& item : engine.module().stage_module()->named_parameters(true)) {
     if (!item.value().requires_grad()) continue;
     result["params"][item.key()] = flat(item.value());
+    result["shapes"][item.key()] = item.value().sizes().vec();
+    const auto& a = attrs.at(item.key());
+    if (a.tensor_model_parallel) result["tp"][item.key()] = {a.partition_dim, a.partition_stride};
     trainable += item.value().numel();
   }
+  result["model_id"] = engine.module().model_parallel_id();
   auto& zo = engine.core().zero_optimizer();
   result["trainable_numel"] = trainable;
   result["partition"] = zo.layout().partition;
@@ -456,7 +514,7 @@ int main(int argc, char** argv) {
   int steps;
   po::options_description desc("pipe_train");
   desc.add_options()("mode", po::value(&mode)->required(), "reference, pipe, refusals or die")(
-      "model", po::value(&model)->default_value("mlp"), "mlp or gpt")(
+      "model", po::value(&model)->default_value("mlp"), "mlp, tuple, gpt or gpt3d")(
       "cases", po::value(&cases_text)->default_value("[]"), "pipe mode: JSON list of cases")(
       "steps", po::value(&steps)->default_value(20), "optimizer steps")(
       "out", po::value(&out)->default_value("."), "folder for the JSON results")(
@@ -478,7 +536,10 @@ int main(int argc, char** argv) {
     json r = pipe_case(world, model, c, steps);
     if (r["data_id"] == 0)
       write(out + "/" + c["name"].get<std::string>() + ".stage" +
-                std::to_string(r["stage"].get<int>()) + ".json",
+                std::to_string(r["stage"].get<int>()) +
+                (c.value("model", 1) > 1 ? ".model" + std::to_string(r["model_id"].get<int>())
+                                         : std::string()) +
+                ".json",
             r);
     if (world->rank() == 0) std::cout << "case " << c["name"] << " done\n" << std::flush;
   }

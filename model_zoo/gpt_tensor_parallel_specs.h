@@ -1,0 +1,37 @@
+// The tensor-parallel GPT (gpt_tensor_parallel.h) as pipeline LayerSpecs, for a pipeline with
+// a model axis (pipe/parallel_groups.h): gpt_layer_specs' names, order and tying with
+// TensorParallelGPT's modules, each built on the model-parallel group:
+//   "embedding" (TensorParallelGPTEmbedding: the vocabulary-parallel token embedding, the
+//   replicated position embedding), "blocks.<i>" (TensorParallelGPTBlock), "final_norm",
+//   "head": tied to the embedding (TiedLayerSpec "embedding", weight "word.weight"), this rank's
+//   vocabulary rows times the whole hidden state, or a ColumnParallelLinear [V/t, h] when the
+//   embeddings are not tied.
+// A layer built after the same seed draws the same master weights as gpt_layer_specs' and
+// keeps its slice, so a pipeline seeded per layer starts from the one-rank model's weights.
+// Each layer's output is this rank's logits [B,S,V/t] on the last; tensor_parallel_gpt_loss is
+// the loss_fn. Not here: sequence parallelism and checkpoint_activations (ConfigError).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "dscpp/model_zoo/gpt_config.h"
+#include "dscpp/nn/layer_spec.h"
+#include "dscpp/nn/tensor_parallel_mappings.h"
+
+namespace dscpp::model_zoo {
+
+// group: the model-parallel group of config.parallelism.tensor_model_parallel_size ranks (null
+// for 1). ConfigError for another degree, sequence_parallel or checkpoint_activations; the
+// layers throw TensorParallelError for sizes that do not divide by t.
+std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& config,
+                                                           nn::GroupPtr group);
+
+// The mean token cross entropy of this rank's logits [B,S,V/t] against targets [B,S] through
+// nn::vocab_parallel_cross_entropy on `group`, the logits never gathered (targets of -100 left
+// out); the same value on every rank of the group (TensorParallelGPT::loss's).
+at::Tensor tensor_parallel_gpt_loss(const at::Tensor& logits_parallel, const at::Tensor& targets,
+                                    const nn::GroupPtr& group);
+
+}  // namespace dscpp::model_zoo
