@@ -42,4 +42,25 @@ void launch_cross_entropy_backward(const float* grad, const void* logits, const 
                                    int64_t vocab, int64_t ignore_index, DType dtype, void* dlogits,
                                    cudaStream_t stream);
 
+// Residual add + LayerNorm over rows of n: h = x + branch (rounded to dtype), then
+// y = (h - mean) * rstd * weight + bias with mean and rstd = 1 / sqrt(var + eps) of the row of
+// h (biased variance, fp32), written to mean[r] and rstd[r]. x, branch, h, y: [rows, n];
+// weight, bias: [n]; all of dtype.
+void launch_add_layer_norm_forward(const void* x, const void* branch, const void* weight,
+                                   const void* bias, void* h, void* y, float* mean, float* rstd,
+                                   int64_t rows, int64_t n, float eps, DType dtype,
+                                   cudaStream_t stream);
+
+// How many rows of partial sums the backward's workspace holds: it is
+// add_layer_norm_backward_blocks(rows) * 2 * n floats.
+int64_t add_layer_norm_backward_blocks(int64_t rows);
+
+// From forward's h, mean, rstd: dx = dh + d LayerNorm / dh applied to dy (dh null: zero);
+// dweight = sum over rows of dy * xhat, dbias = sum of dy, fp32 sums rounded once to dtype
+// (either null: not written). dy, dh, h, dx: [rows, n]; weight, dweight, dbias: [n].
+void launch_add_layer_norm_backward(const void* dy, const void* dh, const void* h,
+                                    const void* weight, const float* mean, const float* rstd,
+                                    void* dx, void* dweight, void* dbias, float* workspace,
+                                    int64_t rows, int64_t n, DType dtype, cudaStream_t stream);
+
 }  // namespace dscpp::ops::cuda
