@@ -117,7 +117,7 @@ at::Tensor TensorParallelGPTMLPImpl::forward(const at::Tensor& x) {
 }
 
 TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::GroupPtr group)
-    : dropout(c.hidden_dropout) {
+    : dropout(c.hidden_dropout), fused_add_norm(c.residual_layernorm_fusion) {
   ln_1 = register_module("ln_1", make_layer_norm(c));
   attn = register_module("attn", TensorParallelGPTAttention(c, group));
   ln_2 = register_module("ln_2", make_layer_norm(c));
@@ -125,8 +125,14 @@ TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::G
 }
 
 at::Tensor TensorParallelGPTBlockImpl::forward(const at::Tensor& x) {
-  at::Tensor h = x + at::dropout(attn(ln_1(x)), dropout, is_training());
-  return h + at::dropout(mlp(ln_2(h)), dropout, is_training());
+  const at::Tensor branch = at::dropout(attn(ln_1(x)), dropout, is_training());
+  if (!fused_add_norm) {
+    const at::Tensor h = x + branch;
+    return h + at::dropout(mlp(ln_2(h)), dropout, is_training());
+  }
+  // As GPTBlock: the add and ln_2 in one op (replicated LayerNorm, so no collective changes).
+  const auto hy = ops::add_layer_norm(x, branch, ln_2->weight, ln_2->bias, ln_2->options.eps());
+  return hy[0] + at::dropout(mlp(hy[1]), dropout, is_training());
 }
 
 TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group)

@@ -74,6 +74,7 @@ struct TensorParallelGPTBlockImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_2{nullptr};
   TensorParallelGPTMLP mlp{nullptr};
   double dropout = 0;
+  bool fused_add_norm = true;  // residual_layernorm_fusion: the first add and ln_2 in one op
 };
 TORCH_MODULE(TensorParallelGPTBlock);
 
