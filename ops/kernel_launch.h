@@ -63,4 +63,23 @@ void launch_add_layer_norm_backward(const void* dy, const void* dh, const void* 
                                     void* dx, void* dweight, void* dbias, float* workspace,
                                     int64_t rows, int64_t n, DType dtype, cudaStream_t stream);
 
+// The vocabulary-parallel cross entropy on this rank's shard logits [rows, part] (dtype), whose
+// columns are the vocabulary's [start, start + part). row_max[r]: the shard row's max.
+void launch_vocab_parallel_max(const void* logits, int64_t rows, int64_t part, DType dtype,
+                               float* row_max, cudaStream_t stream);
+
+// Given the group's row_max: sums[r] = sum_j exp(logits[r, j] - row_max[r]) and
+// sums[rows + r] = logits[r, target[r] - start] - row_max[r] where this shard holds target[r],
+// else 0 (so one SUM over the group of the 2 x rows values gives both totals).
+void launch_vocab_parallel_sum_exp(const void* logits, const int64_t* targets, int64_t rows,
+                                   int64_t part, int64_t start, const float* row_max, DType dtype,
+                                   float* sums, cudaStream_t stream);
+
+// dlogits[r, j] = (exp(logits[r, j] - row_max[r]) / sum_exp[r] - [start + j == target[r]]) *
+// grad[r], with the group's row_max and sum_exp; grad: fp32 [rows].
+void launch_vocab_parallel_backward(const float* grad, const void* logits, const int64_t* targets,
+                                    int64_t rows, int64_t part, int64_t start, const float* row_max,
+                                    const float* sum_exp, DType dtype, void* dlogits,
+                                    cudaStream_t stream);
+
 }  // namespace dscpp::ops::cuda
