@@ -1,6 +1,8 @@
 // The fused ops (ops) against the eager ATen compositions they replace, at the GPT
 // 1.3B's shapes on one GPU: bias_gelu on [tokens, ffn] bf16 vs gelu(x + bias), cross_entropy
-// on [tokens, vocab] bf16 logits vs cross_entropy_loss(logits.float()). Each variant runs
+// on [tokens, vocab] bf16 logits vs cross_entropy_loss(logits.float()), add_layer_norm on
+// [tokens, hidden] bf16 vs the add then layer_norm (both outputs used, as in a block). Each
+// variant runs
 // forward, and forward + backward through autograd (leaf grads reset every time, so nothing
 // accumulates), timed one call at a time by CUDA events on the current stream: the median of
 // --iters after --warmup. GB/s counts the minimal bytes of the op (what the fused kernels
@@ -9,11 +11,12 @@
 // without autograd (the difference to the line above is the wrapper's cost). For
 // cross-entropy, each variant's peak allocation in one forward + backward above what was
 // allocated before it.
-//   kernels_bench [--tokens 8192] [--ffn 8192] [--vocab 50304] [--gelu tanh|none]
+//   kernels_bench [--tokens 8192] [--ffn 8192] [--hidden 2048] [--vocab 50304] [--gelu tanh|none]
 //                 [--iters 20] [--warmup 5] [--device 0]
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -24,8 +27,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -45,6 +50,7 @@ using dscpp::bench::parse_int;
 struct Options {
   int64_t tokens = 8192;  // micro-batch 8 x seq 1024
   int64_t ffn = 8192;
+  int64_t hidden = 2048;
   int64_t vocab = 50304;
   bool tanh = true;  // the GPT configs' gelu_approximation
   int iters = 20;
@@ -171,6 +177,56 @@ void bench_bias_gelu(const Options& o, const at::TensorOptions& opts, cudaStream
       "forward+backward 1.60x (16 vs 10)\n");
 }
 
+void bench_add_layer_norm(const Options& o, const at::TensorOptions& opts, cudaStream_t stream) {
+  const auto bf16 = opts.dtype(at::kBFloat16);
+  const int64_t n = o.hidden;
+  const at::Tensor x = at::randn({o.tokens, n}, bf16).requires_grad_();
+  const at::Tensor br = at::randn({o.tokens, n}, bf16).requires_grad_();
+  const at::Tensor w = at::randn({n}, bf16).mul_(0.1).add_(1.0).requires_grad_();
+  const at::Tensor b = at::randn({n}, bf16).mul_(0.1).requires_grad_();
+  const at::Tensor gh = at::randn({o.tokens, n}, bf16), gy = at::randn({o.tokens, n}, bf16);
+  const double eps = 1e-5;
+  const auto reset = [&] {
+    for (const at::Tensor* t : {&x, &br, &w, &b}) t->mutable_grad() = at::Tensor();
+  };
+  using Pair = std::array<at::Tensor, 2>;
+  const auto fused = [&] { return dscpp::ops::add_layer_norm(x, br, w, b, eps); };
+  const auto eager = [&] {
+    at::Tensor h = x.add(br);
+    return Pair{h, at::layer_norm(h, {n}, w, b, eps)};
+  };
+  const auto time = [&](const std::function<Pair()>& f) {
+    Timing t{};
+    t.fwd_ms = median_ms([&] { f(); }, o, stream);
+    t.step_ms = median_ms(
+        [&] {
+          const Pair hy = f();
+          torch::autograd::backward({hy[0], hy[1]}, {gh, gy});
+          reset();
+        },
+        o, stream);
+    return t;
+  };
+  // Minimal traffic, bf16: forward reads x and branch, writes h and y; backward reads dy, dh,
+  // h, writes dx (x and branch share it). Eager moves 5 forward (the add's 3, layer_norm's 2)
+  // and 8 backward (layer_norm's input gradient 3, its weight gradients 2, the sum of h's two
+  // gradients 3).
+  const double mn = static_cast<double>(o.tokens) * static_cast<double>(n);
+  const double fwd_bytes = 2 * 4 * mn, step_bytes = 2 * 8 * mn;
+  fmt::print("\nadd_layer_norm: x, branch [{}, {}] bf16, weight and bias [{}]\n", o.tokens, n, n);
+  print_header();
+  const Timing tf = time(fused);
+  print_row("fused dscpp::ops::add_layer_norm", tf, fwd_bytes, step_bytes);
+  const Timing te = time(eager);
+  print_row("eager x + branch, layer_norm", te, fwd_bytes, step_bytes);
+  print_ratio(tf, te);
+  fmt::print(
+      "  predicted from bytes moved: forward 1.25x (5 vs 4 tensors), forward+backward 1.63x "
+      "(13 vs 8); per GPT-1.3B step (24 blocks) the fused saves 24 x (eager - fused)\n");
+  fmt::print("  per step, 24 blocks: fused {:.2f} ms, eager {:.2f} ms\n", 24 * tf.step_ms,
+             24 * te.step_ms);
+}
+
 void bench_cross_entropy(const Options& o, const at::TensorOptions& opts, cudaStream_t stream) {
   const auto bf16 = opts.dtype(at::kBFloat16);
   const at::Tensor logits = at::randn({o.tokens, o.vocab}, bf16).mul_(3).requires_grad_();
@@ -237,6 +293,8 @@ int run(int argc, char** argv) {
       o.tokens = parse_int(v, "--tokens");
     else if (a == "--ffn")
       o.ffn = parse_int(v, "--ffn");
+    else if (a == "--hidden")
+      o.hidden = parse_int(v, "--hidden");
     else if (a == "--vocab")
       o.vocab = parse_int(v, "--vocab");
     else if (a == "--iters")
@@ -248,12 +306,13 @@ int run(int argc, char** argv) {
     else if (a == "--gelu" && (std::string(v) == "tanh" || std::string(v) == "none"))
       o.tanh = std::string(v) == "tanh";
     else
-      throw std::invalid_argument("unknown option or value: " + a + " " + v +
-                                  " (expected --tokens, --ffn, --vocab, --gelu tanh|none, "
-                                  "--iters, --warmup, --device)");
+      throw std::invalid_argument(
+          "unknown option or value: " + a + " " + v +
+          " (expected --tokens, --ffn, --hidden, --vocab, --gelu tanh|none, "
+          "--iters, --warmup, --device)");
   }
-  if (o.tokens < 1 || o.ffn < 1 || o.vocab < 1 || o.iters < 1)
-    throw std::invalid_argument("--tokens, --ffn, --vocab and --iters must be >= 1");
+  if (o.tokens < 1 || o.ffn < 1 || o.hidden < 1 || o.vocab < 1 || o.iters < 1)
+    throw std::invalid_argument("--tokens, --ffn, --hidden, --vocab and --iters must be >= 1");
   if (c10::cuda::device_count() <= o.device)
     throw std::runtime_error(fmt::format("no CUDA device {}", o.device));
 
@@ -268,6 +327,7 @@ int run(int argc, char** argv) {
   fmt::print("device-to-device copy: {:.0f} GB/s (read + write)\n", copy_gbps(o, opts, stream));
   bench_bias_gelu(o, opts, stream);
   bench_cross_entropy(o, opts, stream);
+  bench_add_layer_norm(o, opts, stream);
   return 0;
 }
 

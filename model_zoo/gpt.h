@@ -76,7 +76,10 @@ struct GPTMLPImpl : torch::nn::Module {
 };
 TORCH_MODULE(GPTMLP);
 
-// x + drop(attn(ln_1(x))), then h + drop(mlp(ln_2(h))).
+// x + drop(attn(ln_1(x))), then h + drop(mlp(ln_2(h))). With residual_layernorm_fusion the
+// first add and ln_2 are one op (ops::add_layer_norm). Only that add: the block's last add
+// feeds the next block's ln_1 across the block boundary, where one tensor passes (the
+// pipeline's LayerSpecs, activation checkpointing's unit), so it stays eager.
 struct GPTBlockImpl : torch::nn::Module {
   explicit GPTBlockImpl(const GPTConfig& config);
   at::Tensor forward(const at::Tensor& x);
@@ -85,7 +88,8 @@ struct GPTBlockImpl : torch::nn::Module {
   GPTAttention attn{nullptr};
   torch::nn::LayerNorm ln_2{nullptr};
   GPTMLP mlp{nullptr};
-  double dropout = 0;  // hidden_dropout
+  double dropout = 0;          // hidden_dropout
+  bool fused_add_norm = true;  // residual_layernorm_fusion
 };
 TORCH_MODULE(GPTBlock);
 

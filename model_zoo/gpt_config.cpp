@@ -82,6 +82,8 @@ void read_model_keys(Section& s, GPTConfig& c) {
   c.bias_gelu_fusion = s.get_bool("bias_gelu_fusion", c.bias_gelu_fusion);
   c.cross_entropy_loss_fusion =
       s.get_bool("cross_entropy_loss_fusion", c.cross_entropy_loss_fusion);
+  c.residual_layernorm_fusion =
+      s.get_bool("residual_layernorm_fusion", c.residual_layernorm_fusion);
 }
 
 std::string known_sections() {
@@ -180,6 +182,7 @@ json GPTConfig::to_json() const {
           {"checkpoint_activations", checkpoint_activations},
           {"bias_gelu_fusion", bias_gelu_fusion},
           {"cross_entropy_loss_fusion", cross_entropy_loss_fusion},
+          {"residual_layernorm_fusion", residual_layernorm_fusion},
           {"parallelism", parallelism.to_json()}};
 }
 

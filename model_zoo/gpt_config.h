@@ -46,6 +46,9 @@ struct GPTConfig {
   // where no kernel applies). false: eager LibTorch ops, the reference.
   bool bias_gelu_fusion = true;
   bool cross_entropy_loss_fusion = true;
+  // Each block's second residual add and the LayerNorm it feeds (ln_2) in one kernel, forward
+  // and backward (ops::add_layer_norm); false: the eager add, then torch's layer_norm.
+  bool residual_layernorm_fusion = true;
   // The job's tensor, pipeline and data degrees (the `parallelism` object); all 1 when absent.
   ParallelismConfig parallelism;
   std::vector<std::string> warnings;  // unknown keys, when read with strict = false

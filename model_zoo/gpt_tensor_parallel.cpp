@@ -138,7 +138,9 @@ at::Tensor TensorParallelGPTMLPImpl::forward(const at::Tensor& x) {
 }
 
 TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::GroupPtr group)
-    : dropout(c.hidden_dropout), sequence_parallel(c.parallelism.sequence_parallel) {
+    : dropout(c.hidden_dropout),
+      sequence_parallel(c.parallelism.sequence_parallel),
+      fused_add_norm(c.residual_layernorm_fusion) {
   ln_1 = register_module("ln_1", make_layer_norm(c));
   attn = register_module("attn", TensorParallelGPTAttention(c, group));
   ln_2 = register_module("ln_2", make_layer_norm(c));
@@ -149,8 +151,14 @@ at::Tensor TensorParallelGPTBlockImpl::forward(const at::Tensor& x) {
   // With sequence parallelism x is this rank's [S/t, B, h]: the LayerNorms, the residual adds
   // and the dropouts see only it (the dropout masks then differ across ranks).
   const bool training = is_training();
-  at::Tensor h = x + dropout_in(attn(ln_1(x)), dropout, training, sequence_parallel);
-  return h + dropout_in(mlp(ln_2(h)), dropout, training, sequence_parallel);
+  const at::Tensor branch = dropout_in(attn(ln_1(x)), dropout, training, sequence_parallel);
+  if (!fused_add_norm) {
+    const at::Tensor h = x + branch;
+    return h + dropout_in(mlp(ln_2(h)), dropout, training, sequence_parallel);
+  }
+  // As GPTBlock: the add and ln_2 in one op (a replicated LayerNorm, so no collective changes).
+  const auto hy = ops::add_layer_norm(x, branch, ln_2->weight, ln_2->bias, ln_2->options.eps());
+  return hy[0] + dropout_in(mlp(hy[1]), dropout, training, sequence_parallel);
 }
 
 std::map<std::string, nn::TensorParallelAttr>

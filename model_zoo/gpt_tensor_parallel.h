@@ -89,6 +89,7 @@ struct TensorParallelGPTBlockImpl : torch::nn::Module, nn::TensorParallelModule 
   TensorParallelGPTMLP mlp{nullptr};
   double dropout = 0;
   bool sequence_parallel = false;
+  bool fused_add_norm = true;  // residual_layernorm_fusion: the first add and ln_2 in one op
 };
 TORCH_MODULE(TensorParallelGPTBlock);
 

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dscpp/ops/vocab_parallel_kernels.h"
+
 namespace dscpp::nn {
 
 namespace {
@@ -19,6 +21,37 @@ using torch::autograd::variable_list;
 void reduce(at::Tensor& t, const GroupPtr& group, comm::ReduceOp op) {
   if (tensor_model_parallel_size(group) > 1) group->all_reduce(t, op).wait();
 }
+
+// On CUDA (bf16/fp16/fp32 logits): two kernel passes over the shard around two collectives,
+// the row max (MAX) and the sum of exponentials with the target's logit in one buffer (SUM);
+// backward one pass writing the gradient in the logits' dtype. Saved: the logits themselves
+// and two fp32 values per token, never an fp32 copy of the shard.
+struct FusedVocabParallelCrossEntropy : torch::autograd::Function<FusedVocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& target, const GroupPtr& group) {
+    const int64_t part = logits.size(-1);
+    const int64_t start = tensor_model_parallel_rank(group) * part;
+    const at::Tensor x = logits.reshape({-1, part});
+    const at::Tensor t = target.reshape({-1}).contiguous();
+    at::Tensor row_max = ops::vocab_parallel::row_max(x);
+    reduce(row_max, group, comm::ReduceOp::kMax);
+    at::Tensor sums = ops::vocab_parallel::sums(x, t, start, row_max);
+    reduce(sums, group, comm::ReduceOp::kSum);
+    const at::Tensor sum_exp = sums.select(0, 0).contiguous();
+    const at::Tensor loss = sum_exp.log().sub(sums.select(0, 1));
+    ctx->save_for_backward({x, t, row_max, sum_exp});
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["sizes"] = logits.sizes().vec();
+    return loss.view(target.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor dx = ops::vocab_parallel::grad(
+        grads[0], saved[0], saved[1], ctx->saved_data["start"].toInt(), saved[2], saved[3]);
+    return {dx.view(ctx->saved_data["sizes"].toIntVector()), at::Tensor(), at::Tensor()};
+  }
+};
 
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   // Backward communicates nothing: the group is needed in forward only.
@@ -90,6 +123,9 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& vocab_parallel_logits,
           "({} columns x {} ranks)",
           lo, hi, vocab, x.size(-1), tensor_model_parallel_size(group)));
   }
+  if (x.dim() >= 1 && x.size(-1) > 0 && target.numel() > 0 && x.is_contiguous() &&
+      ops::vocab_parallel::kernels_apply(x.reshape({-1, x.size(-1)})))
+    return FusedVocabParallelCrossEntropy::apply(x, target, group);
   return VocabParallelCrossEntropy::apply(x, target, group);
 }
 

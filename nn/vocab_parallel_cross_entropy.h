@@ -10,7 +10,10 @@
 // target [...] int64 in [0, V). Returns the per-token loss [...] (no reduction; mask and
 // average outside, as Megatron's loss functions do), in fp32 (fp64 for fp64 input). No label
 // smoothing, no ignore_index. A target outside [0, V) is a TensorParallelError (checked on the
-// host: a synchronisation on a GPU). The same ATen composition runs on every device.
+// host: a synchronisation on a GPU). The ATen composition runs on every device except for
+// CUDA logits of bf16, fp16 or fp32 (contiguous), which take ops' kernels: a pass for the row
+// max, all-reduce(MAX), a pass for the sum of exponentials and the target's logit, one
+// all-reduce(SUM) of both; backward one pass writing softmax - onehot in the logits' dtype.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -86,7 +86,36 @@ struct QkvHeadsFunction : torch::autograd::Function<QkvHeadsFunction> {
   }
 };
 
+struct AddLayerNormFunction : torch::autograd::Function<AddLayerNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& branch,
+                               const at::Tensor& weight, const at::Tensor& bias, double eps) {
+    detail::AddLayerNormForward f = detail::add_layer_norm_forward(x, branch, weight, bias, eps);
+    // Undefined incoming gradients stay undefined (h or y unused): no zero tensors to read.
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({f.h, weight, bias, f.mean, f.rstd});
+    return {f.h, f.y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const bool need_dx = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+    auto [dx, dw, db] = detail::add_layer_norm_backward(
+        grads[0], grads[1], saved[0], saved[1], saved[2], saved[3], saved[4],
+        {need_dx, ctx->needs_input_grad(2), ctx->needs_input_grad(3)});
+    return {ctx->needs_input_grad(0) ? dx : at::Tensor(),
+            ctx->needs_input_grad(1) ? dx : at::Tensor(), dw, db, at::Tensor()};
+  }
+};
+
 }  // namespace
+
+std::array<at::Tensor, 2> add_layer_norm(const at::Tensor& x, const at::Tensor& branch,
+                                         const at::Tensor& weight, const at::Tensor& bias,
+                                         double eps) {
+  RECORD_FUNCTION("dscpp::add_layer_norm", std::vector<c10::IValue>({x, branch, weight, bias}));
+  auto out = AddLayerNormFunction::apply(x, branch, weight, bias, eps);
+  return {out[0], out[1]};
+}
 
 std::array<at::Tensor, 3> qkv_heads(const at::Tensor& qkv, int64_t heads) {
   auto out = QkvHeadsFunction::apply(qkv, heads);

@@ -51,4 +51,20 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
 // unused) counts as zeros. The views may not be modified in place.
 std::array<at::Tensor, 3> qkv_heads(const at::Tensor& qkv, int64_t heads);
 
+// The residual add and the LayerNorm after it, in one pass: h = x + branch and
+// y = torch.nn.functional.layer_norm(h, [n], weight, bias, eps); returns {h, y}. x, branch:
+// [..., n] of one shape; weight, bias: [n]. The kernel runs when all four share a dtype among
+// bf16, fp16, fp32; h is rounded to that dtype and the statistics (fp32, biased variance) are
+// those of the rounded h, as eager's add then layer_norm give. It reads x and branch and writes
+// h and y: four tensors' traffic, against eager's seven (the add's three, layer_norm's two, and
+// h read again by layer_norm's backward and its weight-gradient kernel, see backward).
+// Backward takes the gradients of h and y (either may be unused) and gives dx = dh +
+// dLayerNorm(dy), the gradient of both x and branch, and dweight, dbias (fp32 sums, in
+// weight's dtype): one kernel reads dy, dh, h and writes dx (eager: the layer_norm backward,
+// its weight-gradient pass, and the add accumulating the two gradients of h). Saved: h, fp32
+// mean and rstd per row, and weight and bias themselves (read at backward time, as bias_gelu).
+std::array<at::Tensor, 2> add_layer_norm(const at::Tensor& x, const at::Tensor& branch,
+                                         const at::Tensor& weight, const at::Tensor& bias,
+                                         double eps);
+
 }  // namespace dscpp::ops

@@ -42,4 +42,44 @@ void launch_cross_entropy_backward(const float* grad, const void* logits, const 
                                    int64_t vocab, int64_t ignore_index, DType dtype, void* dlogits,
                                    cudaStream_t stream);
 
+// Residual add + LayerNorm over rows of n: h = x + branch (rounded to dtype), then
+// y = (h - mean) * rstd * weight + bias with mean and rstd = 1 / sqrt(var + eps) of the row of
+// h (biased variance, fp32), written to mean[r] and rstd[r]. x, branch, h, y: [rows, n];
+// weight, bias: [n]; all of dtype.
+void launch_add_layer_norm_forward(const void* x, const void* branch, const void* weight,
+                                   const void* bias, void* h, void* y, float* mean, float* rstd,
+                                   int64_t rows, int64_t n, float eps, DType dtype,
+                                   cudaStream_t stream);
+
+// How many rows of partial sums the backward's workspace holds: it is
+// add_layer_norm_backward_blocks(rows) * 2 * n floats.
+int64_t add_layer_norm_backward_blocks(int64_t rows);
+
+// From forward's h, mean, rstd: dx = dh + d LayerNorm / dh applied to dy (dh null: zero);
+// dweight = sum over rows of dy * xhat, dbias = sum of dy, fp32 sums rounded once to dtype
+// (either null: not written). dy, dh, h, dx: [rows, n]; weight, dweight, dbias: [n].
+void launch_add_layer_norm_backward(const void* dy, const void* dh, const void* h,
+                                    const void* weight, const float* mean, const float* rstd,
+                                    void* dx, void* dweight, void* dbias, float* workspace,
+                                    int64_t rows, int64_t n, DType dtype, cudaStream_t stream);
+
+// The vocabulary-parallel cross entropy on this rank's shard logits [rows, part] (dtype), whose
+// columns are the vocabulary's [start, start + part). row_max[r]: the shard row's max.
+void launch_vocab_parallel_max(const void* logits, int64_t rows, int64_t part, DType dtype,
+                               float* row_max, cudaStream_t stream);
+
+// Given the group's row_max: sums[r] = sum_j exp(logits[r, j] - row_max[r]) and
+// sums[rows + r] = logits[r, target[r] - start] - row_max[r] where this shard holds target[r],
+// else 0 (so one SUM over the group of the 2 x rows values gives both totals).
+void launch_vocab_parallel_sum_exp(const void* logits, const int64_t* targets, int64_t rows,
+                                   int64_t part, int64_t start, const float* row_max, DType dtype,
+                                   float* sums, cudaStream_t stream);
+
+// dlogits[r, j] = (exp(logits[r, j] - row_max[r]) / sum_exp[r] - [start + j == target[r]]) *
+// grad[r], with the group's row_max and sum_exp; grad: fp32 [rows].
+void launch_vocab_parallel_backward(const float* grad, const void* logits, const int64_t* targets,
+                                    int64_t rows, int64_t part, int64_t start, const float* row_max,
+                                    const float* sum_exp, DType dtype, void* dlogits,
+                                    cudaStream_t stream);
+
 }  // namespace dscpp::ops::cuda

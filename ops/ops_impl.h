@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <utility>
 
@@ -32,5 +33,24 @@ CrossEntropyForward cross_entropy_forward(const at::Tensor& logits, const at::Te
 at::Tensor cross_entropy_backward(const at::Tensor& grad, const at::Tensor& logits,
                                   const at::Tensor& targets, const at::Tensor& lse,
                                   const at::Tensor& count, int64_t ignore_index);
+
+struct AddLayerNormForward {
+  at::Tensor h;     // x + branch
+  at::Tensor y;     // layer_norm(h)
+  at::Tensor mean;  // of each row of h, fp32 (the ATen path: native_layer_norm's)
+  at::Tensor rstd;  // 1 / sqrt(var + eps) of each row, likewise
+};
+
+AddLayerNormForward add_layer_norm_forward(const at::Tensor& x, const at::Tensor& branch,
+                                           const at::Tensor& weight, const at::Tensor& bias,
+                                           double eps);
+
+// {dx, dweight, dbias} for the gradients of h (dh) and y (dy), either undefined (zero), from
+// forward's h, mean and rstd. dx is the gradient of both x and branch. Each result is undefined
+// unless asked for (need[0..2]) or when both incoming gradients are undefined.
+std::array<at::Tensor, 3> add_layer_norm_backward(const at::Tensor& dh, const at::Tensor& dy,
+                                                  const at::Tensor& h, const at::Tensor& weight,
+                                                  const at::Tensor& bias, const at::Tensor& mean,
+                                                  const at::Tensor& rstd, std::array<bool, 3> need);
 
 }  // namespace dscpp::ops::detail

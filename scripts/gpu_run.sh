@@ -8,8 +8,8 @@
 # Opt-in steps (environment):
 #   GPU_TESTS=0     skip the tests and the default GPT benchmark; build only train_gpt, the
 #                   launcher and dscpp_report (for calls that only run the table or a profile)
-#   GPU_TESTS=quick as 0, plus the fused Adam's CUDA test, the engine cases (one process) and
-#                   the bf16 oracle over NCCL
+#   GPU_TESTS=quick as 0, plus the fused Adam's CUDA test, the engine cases (one process),
+#                   the bf16 oracle over NCCL, and the fused ops' CUDA test and kernels_bench
 #   GPU_BENCH_AG=1  all-gather / reduce-scatter / all-reduce figures (tools/comm_bench, 64 MiB
 #                   to 1 GiB) with NCCL's defaults, then with NCCL_MIN_NCHANNELS=32 -> comm_ag.log
 #   GPU_TABLE=1     bench/gpt_table.sh: issue 7's table (ROWS, LOGDIR, ... as that script says;
@@ -76,7 +76,7 @@ step configure configure
 # -k 0: one target that fails to build must not keep the others from being tested.
 targets=()
 [ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report cpu_adam_bench)
-[ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda test_engine_cases)
+[ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda test_engine_cases test_kernels_cuda kernels_bench)
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 [ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train)
 [ "${GPU_NVME:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_nvme_file engine_train dscpp_launcher)
@@ -127,7 +127,7 @@ if [ "${GPU_BENCH_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/fused_adam_bench ];
 fi
 # The GPT's fused kernels: their CUDA tests against float64 references, then their timing
 # beside the eager ops at the 1.3B model's shapes.
-if [ "$tests" = 1 ] && [ "$gpus" -ge 1 ] && [ -x ./build-cuda/tests/ops/test_kernels_cuda ]; then
+if [ "$tests" != 0 ] && [ "$gpus" -ge 1 ] && [ -x ./build-cuda/tests/ops/test_kernels_cuda ]; then
   step kernels_cuda ./build-cuda/tests/ops/test_kernels_cuda
   step kernels_bench ./build-cuda/bench/kernels_bench
 fi
@@ -278,7 +278,7 @@ grep -vE "^\[" "$out/engine_bf16.log" 2>/dev/null | grep -E "FAIL|passed|referen
 grep -E "PASSED|FAILED" "$out/fused_adam_test.log" "$out/engine_cases.log" 2>/dev/null
 tail -12 "$out/fused_adam.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/kernels_cuda.log" 2>/dev/null
-tail -25 "$out/kernels_bench.log" 2>/dev/null
+tail -40 "$out/kernels_bench.log" 2>/dev/null
 grep -E "PASS|FAIL|passed" "$out/checkpoint_resume.log" 2>/dev/null
 grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
 grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null

@@ -153,6 +153,13 @@ OpCost bias_gelu(Inputs in) {
   return x ? OpCost{2 * x->numel(), 0} : OpCost{};
 }
 
+// Our fused residual add and LayerNorm (x, branch, weight, bias): the add's one flop per
+// element and layer_norm's five.
+OpCost add_layer_norm(Inputs in) {
+  const at::Tensor* x = tensor_at(in, 0);
+  return x ? OpCost{6 * x->numel(), 0} : OpCost{};
+}
+
 // Convolution over input [B, C_in, *spatial] with weight [C_out, C_in / groups, *kernel]
 // (transposed: [C_in, C_out / groups, *kernel]), DeepSpeed's formulas: 2 flops per MAC plus
 // the bias over the output.
@@ -267,6 +274,7 @@ const std::unordered_map<std::string, Formula>& formulas() {
         {"aten::instance_norm", instance_norm},
         {"aten::batch_norm", batch_norm},
         {"dscpp::bias_gelu", bias_gelu},
+        {"dscpp::add_layer_norm", add_layer_norm},
         {"dscpp::cross_entropy", elementwise},  // its log-softmax over the logits
         {"aten::cross_entropy_loss", elementwise},
         {"aten::dropout", nothing},

@@ -604,3 +604,35 @@ TEST(GPT, TrainsThroughTheEngineWithCheckpointing) {
   std::cout << "loss " << first << " -> " << last << "\n";
   EXPECT_LT(last, first / 4) << "first loss " << first << ", last " << last;
 }
+
+// residual_layernorm_fusion (ops::add_layer_norm in each block) against the eager add and
+// layer_norm: the same weights give the same loss and every parameter's gradient, in float64
+// (so only the order of float64 roundings differs), with dropout off.
+TEST(GPT, FusedResidualLayerNormEqualsEager) {
+  json j = small_json();
+  mz::GPTConfig fused_cfg = mz::GPTConfig::from_json(j);
+  ASSERT_TRUE(fused_cfg.residual_layernorm_fusion);  // the default
+  j["residual_layernorm_fusion"] = false;
+  mz::GPTConfig eager_cfg = mz::GPTConfig::from_json(j);
+  EXPECT_FALSE(eager_cfg.residual_layernorm_fusion);
+  mz::GPT fused(fused_cfg), eager(eager_cfg);
+  fused->to(at::kDouble);
+  eager->to(at::kDouble);
+  {
+    const at::NoGradGuard no_grad;
+    auto src = fused->named_parameters(), dst = eager->named_parameters();
+    for (const auto& p : src) dst[p.key()].copy_(p.value());
+  }
+  Batch b = random_batch(fused_cfg, 2, 9, 7);
+  at::Tensor lf = fused->loss(fused->forward(b.ids), b.targets);
+  at::Tensor le = eager->loss(eager->forward(b.ids), b.targets);
+  EXPECT_NEAR(lf.item<double>(), le.item<double>(), 1e-12);
+  lf.backward();
+  le.backward();
+  auto ge = eager->named_parameters();
+  for (const auto& p : fused->named_parameters()) {
+    SCOPED_TRACE(p.key());
+    ASSERT_TRUE(p.value().grad().defined());
+    EXPECT_TRUE(at::allclose(p.value().grad(), ge[p.key()].grad(), 1e-10, 1e-12));
+  }
+}

@@ -89,6 +89,7 @@ TEST(FlopsProfiler, OperatorFormulasMatchHandCounts) {
   EXPECT_EQ(cost("aten::softmax", {x, c10::IValue(int64_t{-1})}).flops, 48);
   EXPECT_EQ(cost("aten::sum", {x}).flops, 48);
   EXPECT_EQ(cost("dscpp::bias_gelu", {x, bias}).flops, 2 * 48);  // the add and the GELU
+  EXPECT_EQ(cost("dscpp::add_layer_norm", {x, x, bias, bias}).flops, 6 * 48);  // add + LN
   EXPECT_EQ(cost("aten::dropout", {x, c10::IValue(0.1), c10::IValue(true)}).flops, 0);
   EXPECT_EQ(cost("aten::embedding", {at::zeros({50, 16}), at::zeros({3}, at::kLong)}).flops, 0);
   // conv2d of [1,3,8,8] by 16 filters of 3x3, padding 1: 8x8 outputs of 3*3*3 MACs per
