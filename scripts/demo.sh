@@ -6,7 +6,7 @@
 # under runs/. Environment: DEMO_ITERS (default 150), DEMO_RANKS (CPU ranks, default 2).
 # Builds in build-demo/ (build-cuda-demo/ on a GPU), apart from scripts/test.sh's build/.
 # Run again, it resumes from runs/checkpoints: at DEMO_ITERS it says that the run is finished
-# and how to train further (a larger DEMO_ITERS).
+# and how to train further (the DEMO_ITERS to give). The log is kept in runs/train.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=cpu
@@ -25,9 +25,20 @@ ranks=()
 [ "$variant" = cpu ] && ranks=(--num_gpus "${DEMO_RANKS:-2}")
 # One OpenMP thread per rank: the ranks share the machine's cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${DEMO_RANKS:-2} > 0 ? $(nproc) / ${DEMO_RANKS:-2} : 1 ))}
+iters=${DEMO_ITERS:-150}
+mkdir -p runs
+# The log is kept (runs/train.log) and read once the job ends: a run resumed at its last step
+# trains nothing, and train_gpt's own advice (raise --train-iters) is DEMO_ITERS here.
 "$build/launcher/dscpp" "${ranks[@]}" "$build/examples/train_gpt" \
   --model-config model_zoo/configs/gpt_tiny.json \
   --train-data-path runs/corpus/fortunes_text_document \
   --deepspeed_config ds_configs/gpt_tiny_cpu.json \
-  --train-iters "${DEMO_ITERS:-150}" --log-interval 10 \
-  --save runs/checkpoints --save-interval 50 --load runs/checkpoints --seed 1234
+  --train-iters "$iters" --log-interval 10 \
+  --save runs/checkpoints --save-interval 50 --load runs/checkpoints --seed 1234 2>&1 |
+  tee runs/train.log
+done_at=$(sed -n 's/.*finished: the checkpoint is at step \([0-9]*\).*nothing left to train.*/\1/p' runs/train.log)
+if [ -n "$done_at" ]; then
+  echo "demo: nothing was trained: runs/checkpoints is at step $done_at and DEMO_ITERS is $iters." \
+    "To train further: DEMO_ITERS=$((done_at + iters)) scripts/demo.sh (the schedule's" \
+    "total_num_steps is in ds_configs/gpt_tiny_cpu.json); to start again: rm -r runs/checkpoints"
+fi

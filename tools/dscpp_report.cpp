@@ -4,6 +4,11 @@
 // and library paths, build type, devices, /dev/shm). --json prints the same as one JSON
 // object. With --config it prints the resolved ds_config (every key, effective value) as JSON,
 // with warnings and ignored features on stderr. Exit codes: 0 fine, 2 bad config or usage.
+// --config-list FILE resolves many configs in one process (a test's whole set without a
+// launch each): FILE holds one JSON request a line, {"config": PATH_OR_TEXT, "world_size": N,
+// "autos": {KEY: VALUE}, "strict": BOOL}; each prints one JSON line {"exit": 0|2, "stdout":
+// what --config prints, "stderr": its warnings or error}, by the code --config runs (exit 1:
+// an exception that is not a dscpp::Error, where --config alone would abort).
 // The optimizer and scheduler params are checked by the code the engine builds them with
 // (optim/), so a config this accepts is one dscpp::initialize accepts.
 #include <fmt/format.h>
@@ -13,6 +18,7 @@
 
 #include <boost/program_options.hpp>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -176,6 +182,84 @@ void print_text(const json& r) {
     line("shared memory (/dev/shm) size", fmt::format("{:.2f} GB", r["shm_gib"].get<double>()));
 }
 
+// One --config resolution: its exit code, standard output and standard error.
+struct Resolution {
+  int exit = 0;
+  std::string out, err;
+};
+
+Resolution resolve(const std::string& config, const dscpp::ConfigOptions& options) {
+  Resolution r;
+  try {
+    dscpp::DSConfig c = dscpp::load_ds_config(config, options);
+    // Build what the engine would build from the config: the same checks, the same errors.
+    // A schedule without an optimizer in the config drives the program's own; a stand-in
+    // Adam takes its place here (schedules read only lr and betas of it).
+    std::unique_ptr<dscpp::optim::Optimizer> optimizer =
+        dscpp::optim::make_optimizer(c.optimizer ? *c.optimizer : dscpp::OptimizerConfig{"adam"});
+    if (c.scheduler) dscpp::optim::make_scheduler(*c.scheduler, *optimizer);
+    for (const auto& w : c.warnings) r.err += "dscpp: warning: " + w + "\n";
+    for (const auto& i : c.ignored) r.err += "dscpp: " + i + "\n";
+    r.out = dscpp::to_json(c).dump(2) + "\n";
+  } catch (const dscpp::Error& e) {
+    r.exit = 2;
+    r.out.clear();
+    r.err = std::string("dscpp: config error: ") + e.what() + "\n";
+  }
+  return r;
+}
+
+// --config-list: one request a line in, one result a line out. A malformed request line is
+// answered with exit 2 naming the line, and the rest still run.
+int resolve_list(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << "dscpp_report: cannot read --config-list file '" << path << "'\n";
+    return 2;
+  }
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    Resolution r;
+    const json req = json::parse(line, nullptr, false);
+    if (req.is_discarded() || !req.is_object() || !req.contains("config") ||
+        !req["config"].is_string()) {
+      r.exit = 2;
+      r.err = fmt::format("dscpp_report: {}:{}: expected {{\"config\": STRING, ...}}\n", path, n);
+    } else {
+      dscpp::ConfigOptions options;
+      bool fields_ok = true;
+      try {
+        options.world_size = req.value("world_size", int64_t{1});
+        options.strict = req.value("strict", false);
+        if (req.contains("autos")) {
+          fields_ok = req["autos"].is_object();
+          if (fields_ok) options.auto_values = req["autos"];
+        }
+      } catch (const json::exception&) {  // a field of the wrong JSON type
+        fields_ok = false;
+      }
+      if (!fields_ok) {
+        r = Resolution{2, "",
+                       fmt::format("dscpp_report: {}:{}: expected world_size an integer, strict a "
+                                   "boolean and autos an object\n",
+                                   path, n)};
+      } else {
+        try {
+          r = resolve(req["config"].get<std::string>(), options);
+        } catch (const std::exception& e) {  // where --config alone would abort: exit 1
+          r = Resolution{1, "", std::string("dscpp_report: uncaught: ") + e.what() + "\n"};
+        }
+      }
+    }
+    // Replace what is not UTF-8 (a message may quote the file's bytes) rather than throw.
+    std::cout << json{{"exit", r.exit}, {"stdout", r.out}, {"stderr", r.err}}.dump(
+                     -1, ' ', false, json::error_handler_t::replace)
+              << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,7 +274,9 @@ int main(int argc, char** argv) {
       "data-parallel world size for the batch-size rule")(
       "auto", po::value(&autos)->composing(),
       "KEY=VALUE: a value for an \"auto\" in the config (dotted KEY, JSON VALUE); repeatable")(
-      "strict", "unknown keys are errors, not warnings");
+      "strict", "unknown keys are errors, not warnings")(
+      "config-list", po::value<std::string>(),
+      "FILE of JSON requests, one a line: resolve each as --config does, in this one process");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -203,6 +289,7 @@ int main(int argc, char** argv) {
     std::cout << opts;
     return 0;
   }
+  if (vm.count("config-list")) return resolve_list(vm["config-list"].as<std::string>());
   if (config.empty()) {
     const json r = full_report();
     if (vm.count("json"))
@@ -224,20 +311,8 @@ int main(int argc, char** argv) {
     if (value.is_discarded()) value = a.substr(eq + 1);  // a bare word is a string
     options.auto_values[a.substr(0, eq)] = value;
   }
-  try {
-    dscpp::DSConfig c = dscpp::load_ds_config(config, options);
-    // Build what the engine would build from the config: the same checks, the same errors.
-    // A schedule without an optimizer in the config drives the program's own; a stand-in
-    // Adam takes its place here (schedules read only lr and betas of it).
-    std::unique_ptr<dscpp::optim::Optimizer> optimizer =
-        dscpp::optim::make_optimizer(c.optimizer ? *c.optimizer : dscpp::OptimizerConfig{"adam"});
-    if (c.scheduler) dscpp::optim::make_scheduler(*c.scheduler, *optimizer);
-    for (const auto& w : c.warnings) std::cerr << "dscpp: warning: " << w << "\n";
-    for (const auto& i : c.ignored) std::cerr << "dscpp: " << i << "\n";
-    std::cout << dscpp::to_json(c).dump(2) << "\n";
-    return 0;
-  } catch (const dscpp::Error& e) {
-    std::cerr << "dscpp: config error: " << e.what() << "\n";
-    return 2;
-  }
+  const Resolution r = resolve(config, options);
+  std::cout << r.out;
+  std::cerr << r.err;
+  return r.exit;
 }

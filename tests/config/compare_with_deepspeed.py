@@ -5,10 +5,12 @@
         --expect tests/config/deepspeed_differences.json
 
 For every *.json / *.conf in DIR and world sizes 1, 2, 8 (with the fixed "auto" values below),
-resolves the file with DeepSpeed (deepspeed_reference.resolve) and with
-`dscpp_report --config FILE --world-size N --auto KEY=VALUE ...` (stdout: resolved JSON, exit 0;
-or exit 2 and a message on stderr when it refuses the file), and prints PASS/FAIL per
-file/world size, then "N passed, M failed". Exits 1 if anything failed.
+resolves the file with DeepSpeed (deepspeed_reference.resolve) and with dscpp_report (resolved
+JSON, exit 0; or exit 2 and a message when it refuses the file), and prints PASS/FAIL per
+file/world size, then "N passed, M failed". Exits 1 if anything failed. dscpp's side runs in one
+process (`dscpp_report --config-list`, a launch each cost 0.45 s x 180); the first --cli-sample
+requests also run as `dscpp_report --config FILE --world-size N --auto KEY=VALUE ...` and must
+give the same exit, stdout and stderr, so the command line's path is still compared.
 Without --report it only prints DeepSpeed's accept/refuse table.
 
 Deliberate differences (--expect) are a JSON object keyed by file name:
@@ -25,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import hjson
 
@@ -67,20 +70,42 @@ def autos_for(path, world_size):
             "train_batch_size": micro * gas * world_size}
 
 
-def run_dscpp(report, path, world_size, autos):
-    """dscpp's resolution, {"error": msg} if it refuses; raises RuntimeError if it misbehaves."""
-    cmd = [report, "--config", path, "--world-size", str(world_size)]
-    for key, value in autos.items():
-        cmd += ["--auto", f"{key}={json.dumps(value)}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    if p.returncode == 2:
-        return {"error": p.stderr.strip()}
+def request(path, world_size, autos):
+    return {"config": path, "world_size": world_size, "autos": autos}
+
+
+def run_dscpp_list(report, requests, tmp):
+    """dscpp_report --config-list over every request: [(exit, stdout, stderr)] in order."""
+    listing = os.path.join(tmp, "requests.jsonl")
+    with open(listing, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in requests)
+    p = subprocess.run([report, "--config-list", listing], capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
-        raise RuntimeError(f"dscpp_report exited {p.returncode}: {p.stderr.strip()}")
+        raise RuntimeError(f"dscpp_report --config-list exited {p.returncode}: {p.stderr.strip()}")
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+    if len(lines) != len(requests):
+        raise RuntimeError(f"dscpp_report --config-list answered {len(lines)} of {len(requests)} requests")
+    return [(l["exit"], l["stdout"], l["stderr"]) for l in lines]
+
+
+def interpret(exit_code, out, err):
+    """One answer as a resolution: {"error": msg} if refused; raises RuntimeError if it misbehaves."""
+    if exit_code == 2:
+        return {"error": err.strip()}
+    if exit_code != 0:
+        raise RuntimeError(f"dscpp_report exited {exit_code}: {err.strip()}")
     try:
-        return json.loads(p.stdout)
+        return json.loads(out)
     except ValueError as e:
         raise RuntimeError(f"dscpp_report printed invalid JSON ({e})")
+
+
+def run_cli(report, req):
+    cmd = [report, "--config", req["config"], "--world-size", str(req["world_size"])]
+    for key, value in req["autos"].items():
+        cmd += ["--auto", f"{key}={json.dumps(value)}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
 
 
 def same(a, b):
@@ -134,13 +159,15 @@ def main():
     ap.add_argument("--report", help="dscpp_report binary (omit: only show DeepSpeed's verdicts)")
     ap.add_argument("--wild-dir", required=True)
     ap.add_argument("--expect", help="deliberate differences, JSON (see module doc)")
+    ap.add_argument("--cli-sample", type=int, default=6,
+                    help="requests also run one launch each through --config (half refusals)")
     args = ap.parse_args()
     expectations = json.load(open(args.expect)) if args.expect else {}
     files = sorted(f for f in os.listdir(args.wild_dir) if f.endswith((".json", ".conf")))
     for name in sorted(set(expectations) - set(files)):
         print(f"warning: {args.expect} names {name}, which is not in {args.wild_dir}")
 
-    passed = failed = 0
+    cases = []  # (name, world size, DeepSpeed's resolution, expectation, dscpp request)
     for name in files:
         path = os.path.join(args.wild_dir, name)
         for n in WORLD_SIZES:
@@ -153,9 +180,23 @@ def main():
             expect = expectations.get(name, {})
             if n not in expect.get("world_sizes", WORLD_SIZES):
                 expect = {}
+            cases.append((name, n, ds, expect, request(path, n, autos)))
+    passed = failed = 0
+    if args.report:
+        with tempfile.TemporaryDirectory() as tmp:
+            answers = run_dscpp_list(args.report, [c[4] for c in cases], tmp)
+        # The command line's path gives what the batch gave (refusals and acceptances both).
+        sample = [i for i, a in enumerate(answers) if a[0] == 2][:args.cli_sample // 2]
+        sample += [i for i, a in enumerate(answers) if a[0] == 0][:args.cli_sample - len(sample)]
+        for i in sample:
+            name, n = cases[i][0], cases[i][1]
+            ok = run_cli(args.report, cases[i][4]) == answers[i]
+            passed, failed = passed + ok, failed + (not ok)
+            print(f"{'PASS' if ok else 'FAIL'} {name} ws={n}: --config gives what --config-list gave")
+        for (name, n, ds, expect, _), answer in zip(cases, answers):
             try:
-                ok, msg = check(ds, run_dscpp(args.report, path, n, autos), expect)
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                ok, msg = check(ds, interpret(*answer), expect)
+            except RuntimeError as e:
                 ok, msg = False, str(e)
             passed, failed = passed + ok, failed + (not ok)
             print(f"{'PASS' if ok else 'FAIL'} {name} ws={n}" + (f": {msg}" if msg else ""))

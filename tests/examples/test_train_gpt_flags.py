@@ -99,9 +99,12 @@ def main():
         check("Megatron-LM's flags fill the autos: trains", rc_a == 0, log_a)
         check("the flags train as the numbers written do (loss, lr, grad norm at every log)",
               step_lines(log_a) == step_lines(log_w) and step_lines(log_w), log_a + "\n---\n" + log_w)
-        rc_u, log_u = job.run("--deepspeed_config", ds_auto, "--train-data-path", prefix, "--train-iters", "6",
-                              "--log-interval", "2", "--seed", "7", *megatron)
-        check("--deepspeed_config and --train-data-path, the same run", step_lines(log_u) == step_lines(log_w), log_u)
+        # The issue's own words: `--deepspeed --deepspeed_config ds.json` (Boost once read
+        # --deepspeed as a prefix of --deepspeed_config and refused the pair).
+        rc_u, log_u = job.run("--deepspeed", "--deepspeed_config", ds_auto, "--train-data-path", prefix,
+                              "--train-iters", "6", "--log-interval", "2", "--seed", "7", *megatron)
+        check("--deepspeed --deepspeed_config and --train-data-path, the same run",
+              rc_u == 0 and step_lines(log_u) == step_lines(log_w), log_u)
 
         # Adam's settings and clipping: flags into "auto"s as the numbers written.
         adam_written = dict(written, gradient_clipping=0.5, optimizer={"type": "AdamW", "params": {

@@ -5,7 +5,9 @@ EventAccumulator) hold, under DeepSpeed's names where its engine has them (Train
 train_loss, lr, loss_scale with fp16) and names of that form where it has none (grad_norm,
 samples_per_sec, peak_memory_gib from the engine at every step; tokens_per_sec,
 tflops_per_rank, mfu from train_gpt at every log line), at x = samples seen: the values the
-log line printed at the same step, the two monitors agreeing with each other.
+log line printed at the same step, the two monitors agreeing with each other. The names
+called DeepSpeed's (and the engine's wall_clock_breakdown timers) are checked against the
+installed DeepSpeed's engine source; the others against being absent from it.
 """
 import argparse
 import csv
@@ -108,7 +110,46 @@ def run_case(job, tmp, prefix, name, precision, extra_ds):
               f"{got} {want}")
 
 
+def deepspeed_event_names():
+    """The "Train/Samples/..." names DeepSpeed's engines write, from the installed DeepSpeed's
+    source text (found without importing it): the reference for which of our names are its."""
+    import importlib.util
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None:
+        return None
+    root = os.path.dirname(spec.origin)
+    names = set()
+    for rel in ("runtime/engine.py", "runtime/pipe/engine.py"):
+        with open(os.path.join(root, rel)) as f:
+            names |= set(re.findall(r"[\"']Train/Samples/(\w+)[\"']", f.read()))
+    return names
+
+
+def check_names_against_deepspeed():
+    theirs = deepspeed_event_names()
+    if theirs is None:
+        print("SKIP the event names against DeepSpeed's: no deepspeed in this Python")
+        return
+    shared = ["train_loss", "lr", "loss_scale"]
+    check(f"DeepSpeed's engine writes {shared} under Train/Samples/ as we do",
+          set(shared) <= theirs, sorted(theirs))
+    # Ours where DeepSpeed has none: if it gains one of them, this says so (and its name, if it
+    # differs, is the one to take).
+    check("DeepSpeed has no event of its own for our other names",
+          not (set(ENGINE + PROGRAM) - set(shared)) & theirs, sorted(theirs))
+    # The engine's wall_clock_breakdown events (engine_core.cpp) are DeepSpeed's names.
+    engine_src = os.path.join(os.path.dirname(os.path.dirname(HERE)), "runtime", "engine", "engine_core.cpp")
+    with open(engine_src) as f:
+        ours = set(re.findall(r'"Train/Samples/(\w+)"', f.read()))
+    timers = {n for n in ours if n.startswith("elapsed_time_ms_")}
+    check(f"the engine's timer events {sorted(timers)} are DeepSpeed's names",
+          timers and timers <= theirs, f"ours {sorted(ours)}, DeepSpeed's {sorted(theirs)}")
+    check("every engine event is DeepSpeed's or one of the names this test reads back",
+          ours <= theirs | set(ENGINE), f"ours {sorted(ours)}")
+
+
 def main():
+    check_names_against_deepspeed()
     ap = argparse.ArgumentParser()
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train-gpt", required=True)

@@ -85,6 +85,39 @@ def main():
     check("cuda devices", field(out, "cuda devices") == str(r["cuda_device_count"]), out)
     check("--json holds the text's fields",
           r["build_type"] == args.build_type and r["libtorch_library"] == lib and r["cpu_threads"] == os.cpu_count(), r)
+
+    # --config-list: many configs in one process, each answered as --config answers it; a
+    # malformed request line is answered (exit 2 naming file:line) and the next still runs.
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        good = json.dumps({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2,
+                           "gradient_clipping": "auto"})
+        bad = json.dumps({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"lr": -1}}})
+        listing = os.path.join(tmp, "list.jsonl")
+        with open(listing, "w") as f:
+            f.write(json.dumps({"config": good, "world_size": 4,
+                                "autos": {"train_batch_size": 8, "gradient_clipping": 0.5}}) + "\n")
+            f.write("{not json\n")
+            f.write(json.dumps({"config": good, "world_size": "four"}) + "\n")
+            f.write(json.dumps({"config": bad}) + "\n")
+        lst = subprocess.run([args.report, "--config-list", listing], capture_output=True, text=True, timeout=60)
+        answers = [json.loads(l) for l in lst.stdout.splitlines()]
+        one = subprocess.run([args.report, "--config", good, "--world-size", "4", "--auto", "train_batch_size=8",
+                              "--auto", "gradient_clipping=0.5"], capture_output=True, text=True, timeout=60)
+        two = subprocess.run([args.report, "--config", bad], capture_output=True, text=True, timeout=60)
+        check("--config-list answers every line", lst.returncode == 0 and len(answers) == 4, lst.stdout + lst.stderr)
+        if len(answers) == 4:
+            check("--config-list: a config resolved as --config resolves it (its autos filled)",
+                  answers[0]["exit"] == 0 and answers[0]["stdout"] == one.stdout
+                  and json.loads(answers[0]["stdout"])["train_batch_size"] == 8
+                  and json.loads(answers[0]["stdout"])["gradient_clipping"] == 0.5, answers[0])
+            check("--config-list: a line that is not JSON is refused by its line number",
+                  answers[1]["exit"] == 2 and f"{listing}:2:" in answers[1]["stderr"], answers[1])
+            check("--config-list: a world_size of the wrong type is refused by its line number",
+                  answers[2]["exit"] == 2 and f"{listing}:3:" in answers[2]["stderr"], answers[2])
+            check("--config-list: a refused config gives --config's exit and message",
+                  answers[3]["exit"] == two.returncode == 2 and answers[3]["stderr"] == two.stderr
+                  and "optimizer.params.lr" in two.stderr, answers[3])
     if FAILED:
         print(f"{len(FAILED)} check(s) failed: {FAILED}")
         return 1

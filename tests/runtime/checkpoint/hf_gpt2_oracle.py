@@ -10,7 +10,9 @@ safetensors, both ways, with logits compared:
 2. a GPT-2 (untied head, exact GELU) made by transformers and saved with save_pretrained
    (its safetensors), converted --to dscpp (and its config with --model-config-out), loads
    into our GPT, whose logits equal transformers' within 1e-5; truncated or malformed
-   safetensors files give an error naming the file.
+   safetensors files give an error naming the file;
+3. Llama's layout (a transformers Llama config.json, --format llama) refused with the reason:
+   model_zoo has no RMSNorm/RoPE/SwiGLU blocks yet.
 
     hf_gpt2_oracle.py --convert build/tools/convert_checkpoint --logits build/tests/runtime/checkpoint/gpt_logits \
         --train-gpt build/examples/train_gpt --zero-to-fp32 build/tools/zero_to_fp32"""
@@ -145,6 +147,30 @@ def part_from_hf(args, tmp, check):
               and want in p.stderr, p.stderr[-500:])
 
 
+def part_llama_refused(args, tmp, check):
+    """model_zoo has no RMSNorm, RoPE or SwiGLU block, so Llama's layout is not converted: a
+    Llama checkpoint folder (its config.json as transformers writes it) and --format llama are
+    refused with the reason, never read as GPT-2."""
+    folder = os.path.join(tmp, "llama")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                   "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 172,
+                   "rms_norm_eps": 1e-6, "vocab_size": 128, "max_position_embeddings": 32}, f)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # an empty safetensors file
+    p = subprocess.run([args.convert, "--to", "dscpp", "--input", folder, "--output", os.path.join(tmp, "l.pt")],
+                       capture_output=True, text=True)
+    check("a Llama checkpoint: refused, naming model_type 'llama' and the missing blocks",
+          p.returncode != 0 and "model_type is 'llama'" in p.stderr and "RMSNorm/RoPE/SwiGLU" in p.stderr,
+          p.stdout + p.stderr)
+    p = subprocess.run([args.convert, "--format", "llama", "--to", "dscpp", "--input", folder, "--output",
+                        os.path.join(tmp, "l.pt")], capture_output=True, text=True)
+    check("--format llama: refused, only gpt2 until the blocks exist",
+          p.returncode != 0 and "--format 'llama'" in p.stderr and "RMSNorm/RoPE/SwiGLU" in p.stderr,
+          p.stdout + p.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--convert", required=True)
@@ -160,7 +186,7 @@ def main():
         if not ok:
             failures.append(name)
 
-    for part in (part_to_hf, part_from_hf):
+    for part in (part_to_hf, part_from_hf, part_llama_refused):
         try:
             part(args, tmp, check)
         except Exception as e:  # noqa: BLE001

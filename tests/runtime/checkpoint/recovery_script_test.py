@@ -4,11 +4,16 @@
 torch on checkpoints of ZeRO stages 0-3 (2 ranks, fp32 and bf16), it writes exactly what our
 tools/zero_to_fp32 writes (same keys, torch.equal values); given a folder it writes
 FOLDER/pytorch_model.bin; a partition copied over another rank's is refused, naming the file.
+Each checkpoint's file form runs in a fresh interpreter; the folder form and the refusal run the
+script in this process (runpy), which already paid for torch.
 
     recovery_script_test.py --launcher build/launcher/dscpp --train build/tests/runtime/engine/engine_train \
         --zero-to-fp32 build/tools/zero_to_fp32"""
 import argparse
+import contextlib
+import io
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -18,6 +23,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from checkpoint_oracle import Runner  # noqa: E402
 from ds_train import config  # noqa: E402
+
+
+def run_script(script, argv, fresh):
+    """The consolidation script on argv: None if it succeeded, else its error text. fresh: in
+    a new interpreter (stderr); otherwise here, as __main__ (the exception's message)."""
+    if fresh:
+        p = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True)
+        return None if p.returncode == 0 else p.stderr
+    saved = sys.argv
+    sys.argv = [script, *argv]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(script, run_name="__main__")
+        return None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure is the script's answer
+        return f"{type(e).__name__}: {e}"
+    finally:
+        sys.argv = saved
 
 
 def main():
@@ -46,11 +69,14 @@ def main():
         want = torch.load(ours)
         out_dir = os.path.join(tmp, name + "_out")
         os.makedirs(out_dir)
-        for out, written in ((os.path.join(tmp, name + "_script.pt"),) * 2,
-                             (out_dir, os.path.join(out_dir, "pytorch_model.bin"))):
-            p = subprocess.run([sys.executable, script, ckpt, out], capture_output=True, text=True)
-            if p.returncode != 0:
-                problems.append(f"the script exited {p.returncode}: {p.stderr[-1500:]}")
+        # Standalone (a fresh Python, torch its only import) once per checkpoint; the folder
+        # form and the refusal run the same script in this process (runpy, as __main__): each
+        # fresh interpreter costs a torch import, ~3 s of CPU on the 2-core CI machine.
+        for out, written, fresh in ((os.path.join(tmp, name + "_script.pt"),) * 2 + (True,),
+                                    (out_dir, os.path.join(out_dir, "pytorch_model.bin"), False)):
+            err = run_script(script, [ckpt, out], fresh)
+            if err is not None:
+                problems.append(f"the script failed{' (fresh Python)' if fresh else ''}: {err[-1500:]}")
                 break
             got = torch.load(written)
             if list(got) != list(want):
@@ -63,10 +89,9 @@ def main():
             folder = os.path.join(ckpt, "global_step3")
             files = sorted(f for f in os.listdir(folder) if f.endswith("optim_states.pt"))
             shutil.copy(os.path.join(folder, files[1]), os.path.join(folder, files[0]))
-            p = subprocess.run([sys.executable, script, ckpt, os.path.join(tmp, "x.pt")], capture_output=True,
-                               text=True)
-            if p.returncode == 0 or files[0] not in p.stderr or "dscpp_rank" not in p.stderr:
-                problems.append(f"a swapped partition was not refused by name: {p.stderr[-500:]}")
+            err = run_script(script, [ckpt, os.path.join(tmp, "x.pt")], False)
+            if err is None or files[0] not in err or "dscpp_rank" not in err:
+                problems.append(f"a swapped partition was not refused by name: {(err or '')[-500:]}")
         ok = not problems
         failures += not ok
         print(f"{'PASS' if ok else 'FAIL'} stage={stage} bf16={bf16}{'' if ok else ': ' + '; '.join(problems)}",

@@ -5,8 +5,9 @@
 
 Writes engine_train's initial weights (--mode init), then for every stage in 0, 1, 2 and
 gradient accumulation 1 and 4 trains the same model on the same data for 20 steps on 2 ranks
-twice: with DeepSpeed (ds_train.py, CPU accelerator, Gloo, torch's AdamW) and with dscpp
-(engine_train --mode dscpp), both under the dscpp launcher and with the same ds_config. The
+twice: with DeepSpeed (ds_train.py, CPU accelerator, Gloo, torch's AdamW; every case in one
+launch, --cases, so that torch and DeepSpeed are imported once) and with dscpp (engine_train
+--mode dscpp, a launch per case), both under the dscpp launcher and with the same ds_config. The
 losses and final weights must agree within 1e-5 relative (fp32 on CPU). Prints one line per
 case and `N passed, M failed` last; exits 1 on any failure."""
 import argparse
@@ -57,18 +58,29 @@ def main():
     passed = failed = 0
     port = 29900
     start = time.monotonic()
-    for stage, ga in itertools.product([0, 1, 2], [1, 4]):
+    cases = list(itertools.product([0, 1, 2], [1, 4]))
+    ds_pattern = os.path.join(tmp, "ds_s{stage}_ga{ga}.json")
+    port += 1
+    # The launcher puts --local_rank=K right after the program, which is the Python
+    # interpreter here and would reject it; ds_train.py reads LOCAL_RANK instead.
+    ds_cmd = [args.launcher, "--num_gpus", str(RANKS), "--master_port", str(port), "--no_local_rank",
+              args.python, os.path.join(HERE, "ds_train.py"), "--init", init,
+              "--cases", ",".join(f"{s}:{g}" for s, g in cases), "--steps", str(args.steps), "--out", ds_pattern]
+    try:
+        run(ds_cmd, ds_pattern.format(stage=cases[-1][0], ga=cases[-1][1]), args.timeout * len(cases))
+        ds_error = None
+    except Exception as e:  # noqa: BLE001 - DeepSpeed's failure fails every case
+        ds_error = e
+    for stage, ga in cases:
         name = f"stage={stage} accumulation={ga} ranks={RANKS}"
         cfg = config(stage, ga)
-        ds_out = os.path.join(tmp, f"ds_s{stage}_ga{ga}.json")
+        ds_out = ds_pattern.format(stage=stage, ga=ga)
         cpp_out = os.path.join(tmp, f"dscpp_s{stage}_ga{ga}.json")
         try:
-            port += 1
-            # The launcher puts --local_rank=K right after the program, which is the Python
-            # interpreter here and would reject it; ds_train.py reads LOCAL_RANK instead.
-            ref = run([args.launcher, "--num_gpus", str(RANKS), "--master_port", str(port), "--no_local_rank",
-                       args.python, os.path.join(HERE, "ds_train.py"), "--init", init, "--stage", str(stage),
-                       "--ga", str(ga), "--steps", str(args.steps), "--out", ds_out], ds_out, args.timeout)
+            if ds_error:
+                raise RuntimeError(f"DeepSpeed's run failed: {ds_error}")
+            with open(ds_out) as f:
+                ref = json.load(f)
             port += 1
             got = run([args.launcher, "--num_gpus", str(RANKS), "--master_port", str(port), args.train,
                        "--mode", "dscpp", "--config", json.dumps(cfg), "--steps", str(args.steps),

@@ -3,12 +3,16 @@
 
     DS_ACCELERATOR=cpu dscpp --num_gpus 2 --no_local_rank --master_port P python ds_train.py \
         --init init.json --stage S --ga GA --steps N --out out.json
+    ... ds_train.py --init init.json --cases 0:1,0:4,1:1 --steps N --out 'out_s{stage}_ga{ga}.json'
 
 The oracle for dscpp's engine: the MLP of engine_train.cpp (Linear(16,32) -> exact gelu ->
 Linear(32,32) -> tanh -> Linear(32,4), MSE loss), started from the weights that
 `engine_train --mode init` wrote, fed the same deterministic samples, trained by DeepSpeed on
 CPU (Gloo) in fp32 with torch's AdamW. Rank 0 writes {"losses": [global mean loss per step],
-"params": [flat, in module.parameters() order]} to --out.
+"params": [flat, in module.parameters() order]} to --out. --cases STAGE:GA,... trains each case
+in turn in this one process (a fresh model and engine each, one process group, as a second
+deepspeed.initialize does), writing --out with {stage} and {ga} filled in: the interpreter's
+~5 s of importing torch and DeepSpeed is paid once per launch, not once per case.
 
 The rank comes from the environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 `--local_rank=K` is accepted, but the launcher inserts it right after the program it starts,
@@ -60,20 +64,9 @@ def config(stage, ga):
     }
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--local_rank", type=int, default=None, help="set by a launcher; unused")
-    ap.add_argument("--init", required=True, help="engine_train --mode init's JSON")
-    ap.add_argument("--stage", type=int, required=True)
-    ap.add_argument("--ga", type=int, required=True, help="gradient_accumulation_steps")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--save", help="checkpoint folder to save to after step --save-at")
-    ap.add_argument("--save-at", type=int, default=-1)
-    ap.add_argument("--load", help="checkpoint folder to resume from (its latest tag)")
-    args = ap.parse_args()
-
-    import deepspeed  # slow; after argument errors
+def train(args, stage, ga_asked, out):
+    """One case: a fresh model from --init trained at `stage` with accumulation `ga_asked`."""
+    import deepspeed
 
     torch.manual_seed(0)
     model = Mlp()
@@ -83,21 +76,13 @@ def main():
         for name, p in model.named_parameters():
             w = init[name]
             p.copy_(torch.tensor(w["values"], dtype=torch.float64).reshape(w["shape"]).to(p.dtype))
-
-    # On the CPU accelerator DeepSpeed's TorchBackend JIT-compiles its shared-memory
-    # all-reduce op (deepspeed_shm_comm, ~2 min of g++) when it is created, after probing
-    # every op builder for compatibility (more compiler runs). The op serves only
-    # inference_all_reduce, never training, so declare no op compatible: build_shm_op() then
-    # returns None, nothing is probed or compiled, and collectives go through Gloo.
-    deepspeed.ops.__compatible_ops__ = {}
-    deepspeed.init_distributed(dist_backend="gloo")
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=config(args.stage, args.ga))
+                                           config=config(stage, ga_asked))
     n, r = engine.world_size, engine.global_rank
     # Make sure DeepSpeed really runs the stage asked for: ZeRO 1 and 2 wrap the AdamW in its
     # DeepSpeedZeroOptimizer (partitioned fp32 state, reduce-scattered gradients).
-    assert engine.zero_optimization_stage() == args.stage, engine.zero_optimization_stage()
-    want = "DeepSpeedZeroOptimizer" if args.stage in (1, 2) else "AdamW"
+    assert engine.zero_optimization_stage() == stage, engine.zero_optimization_stage()
+    want = "DeepSpeedZeroOptimizer" if stage in (1, 2) else "AdamW"
     assert type(engine.optimizer).__name__ == want, type(engine.optimizer).__name__
     assert type(engine.basic_optimizer) is torch.optim.AdamW, type(engine.basic_optimizer)
     mb, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
@@ -134,10 +119,45 @@ def main():
     for k, g in enumerate(gathered):
         assert torch.equal(g, flat), f"rank {k}'s module weights differ from rank {r}'s"
     if r == 0:
-        with open(args.out, "w") as f:
+        with open(out, "w") as f:
             json.dump({"losses": losses, "params": flat.tolist(), "first_step": first}, f)
             f.write("\n")
     torch.distributed.barrier()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--local_rank", type=int, default=None, help="set by a launcher; unused")
+    ap.add_argument("--init", required=True, help="engine_train --mode init's JSON")
+    ap.add_argument("--stage", type=int)
+    ap.add_argument("--ga", type=int, help="gradient_accumulation_steps")
+    ap.add_argument("--cases", help="STAGE:GA,...: several cases in this process (instead of --stage/--ga)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", required=True, help="with --cases, {stage} and {ga} are filled in")
+    ap.add_argument("--save", help="checkpoint folder to save to after step --save-at")
+    ap.add_argument("--save-at", type=int, default=-1)
+    ap.add_argument("--load", help="checkpoint folder to resume from (its latest tag)")
+    args = ap.parse_args()
+    if args.cases:
+        cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",")]
+        if any(len(c) != 2 for c in cases) or args.save or args.load:
+            ap.error("--cases takes STAGE:GA pairs, and no --save or --load")
+    elif args.stage is None or args.ga is None:
+        ap.error("--stage and --ga (or --cases) are required")
+    else:
+        cases = [(args.stage, args.ga)]
+
+    import deepspeed  # slow; after argument errors
+
+    # On the CPU accelerator DeepSpeed's TorchBackend JIT-compiles its shared-memory
+    # all-reduce op (deepspeed_shm_comm, ~2 min of g++) when it is created, after probing
+    # every op builder for compatibility (more compiler runs). The op serves only
+    # inference_all_reduce, never training, so declare no op compatible: build_shm_op() then
+    # returns None, nothing is probed or compiled, and collectives go through Gloo.
+    deepspeed.ops.__compatible_ops__ = {}
+    deepspeed.init_distributed(dist_backend="gloo")
+    for stage, ga in cases:
+        train(args, stage, ga, args.out.format(stage=stage, ga=ga) if args.cases else args.out)
     # Gloo's threads torn down before the interpreter exits: left to the exit, a rank now and
     # then aborts with "terminate called without an active exception" (seen in CI's logs).
     torch.distributed.destroy_process_group()

@@ -5,7 +5,8 @@
 
 Trains the same tiny models (an MLP, and a small transformer) for 20 steps with plain LibTorch in one process (the reference)
 and with dscpp on N ranks through the launcher, for every stage in 0, 1, 2 (and 3), overlap_comm on
-and off, gradient accumulation 1 and 4, N = 2 and 4; the losses and final weights must agree
+and off, gradient accumulation 1 and 4, N = 2 and 4 (every combination under --full; by default
+a covering subset: each value, and each pair of values for the MLP); the losses and final weights must agree
 within 1e-5 relative (fp32 on CPU), and each rank's optimizer state must hold 1/N of the
 elements at stages 1 and 2. Prints one line per case and `N passed, M failed` last."""
 import argparse
@@ -53,6 +54,7 @@ def main():
     ap.add_argument("--train", required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--only", default="", help="run only the cases whose name contains this")
+    ap.add_argument("--full", action="store_true", help="every case of every group, not the covering subset")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
     # The transformer's linear layers leave some gradients near Adam's eps, where 1-ulp
@@ -66,32 +68,52 @@ def main():
         refs[model] = run([args.train, "--mode", "reference", "--model", model, "--config",
                            json.dumps(config(0, False, 1, eps[model])), "--steps", str(args.steps),
                            "--out", ref_out], ref_out)
+    # Each group's full product runs under --full (ctest engine.SingleRankOracleMatrix, label
+    # engine_matrix); the default run keeps, per group, a covering subset: every value of every
+    # dimension, and for the MLP at stages 0-2 and 3 every pair of values (stage x overlap,
+    # stage x accumulation, stage x ranks, overlap x accumulation, overlap x ranks,
+    # accumulation x ranks), the rows of a pairwise covering array.
+    cases = []
+
+    def group(rows, keep):
+        """rows: (model, stage, overlap, ga, n, reduce_scatter, extra); keep: the default's
+        (stage, overlap, ga, n) subset (None: all)."""
+        cases.extend(r for r in rows if args.full or keep is None or r[1:5] in keep)
+
+    F, T = False, True
     # Every combination for the MLP; the transformer at 2 ranks with overlap on.
-    cases = [("mlp",) + c + (True, {}) for c in itertools.product([0, 1, 2], [False, True], [1, 4], [2, 4])]
-    cases += [("transformer", s, True, ga, 2, True, {}) for s in (0, 1, 2) for ga in (1, 4)]
+    group([("mlp",) + c + (True, {}) for c in itertools.product([0, 1, 2], [False, True], [1, 4], [2, 4])],
+          {(0, F, 1, 2), (0, T, 4, 4), (1, F, 4, 4), (1, T, 1, 2), (2, F, 1, 4), (2, T, 4, 2)})
+    group([("transformer", s, True, ga, 2, True, {}) for s in (0, 1, 2) for ga in (1, 4)],
+          {(0, T, 4, 2), (1, T, 1, 2), (2, T, 4, 2)})
     # Stage 3 of modules without layers: the whole module gathered around forward and backward.
-    cases += [("mlp", 3, o, ga, n, True, {}) for o in (False, True) for ga in (1, 4) for n in (2, 4)]
-    cases += [("transformer", 3, True, ga, 2, True, {}) for ga in (1, 4)]
+    group([("mlp", 3, o, ga, n, True, {}) for o in (False, True) for ga in (1, 4) for n in (2, 4)],
+          {(3, F, 1, 2), (3, F, 4, 4), (3, T, 1, 4), (3, T, 4, 2)})
+    group([("transformer", 3, True, ga, 2, True, {}) for ga in (1, 4)], {(3, T, 4, 2)})
     # Stage 3 by layer: model_zoo's GPT as LayerSpecs, with nothing persistent, prefetch on
     # (DeepSpeed's defaults) and off, and a live-parameter bound below two layers with no reuse.
     by_layer = {"stage3_param_persistence_threshold": 0}
     no_prefetch = dict(by_layer, stage3_prefetch_bucket_size=0)
     tight = dict(by_layer, stage3_max_live_parameters=2000, stage3_max_reuse_distance=0,
                  stage3_prefetch_bucket_size=1000)
-    cases += [("gpt", 3, True, ga, n, True, by_layer) for ga in (1, 4) for n in (2, 4)]
-    cases += [("gpt", 3, o, ga, 2, True, no_prefetch) for o in (False, True) for ga in (1, 4)]
-    cases += [("gpt", 3, True, ga, n, True, tight) for ga in (1, 4) for n in (2, 4)]
+    group([("gpt", 3, True, ga, n, True, by_layer) for ga in (1, 4) for n in (2, 4)],
+          {(3, T, 1, 4), (3, T, 4, 2)})
+    group([("gpt", 3, o, ga, 2, True, no_prefetch) for o in (False, True) for ga in (1, 4)],
+          {(3, F, 4, 2), (3, T, 1, 2)})
+    group([("gpt", 3, True, ga, n, True, tight) for ga in (1, 4) for n in (2, 4)],
+          {(3, T, 1, 2), (3, T, 4, 4)})
     # Persistence (DeepSpeed's default threshold keeps this model's small tensors whole).
-    cases += [("gpt", 3, True, 1, 2, True, {"stage3_param_persistence_threshold": 100})]
+    group([("gpt", 3, True, 1, 2, True, {"stage3_param_persistence_threshold": 100})], None)
     # The layered model at stages 0 and 2 (no hooks: plain training).
-    cases += [("gpt", s, True, 1, 2, True, {}) for s in (0, 2)]
+    group([("gpt", s, True, 1, 2, True, {}) for s in (0, 2)], None)
     # dscpp_deferred_allgather: the step's all-gathers are waited for by the next forward, layer
     # by layer for the GPT's LayerSpecs, all at once for the MLP.
     deferred = {"dscpp_deferred_allgather": True}
-    cases += [("gpt", s, True, ga, n, True, deferred) for s, ga, n in ((1, 4, 2), (2, 1, 2), (2, 1, 4), (2, 4, 4))]
-    cases += [("mlp", 2, True, 1, 2, True, deferred)]
+    group([("gpt", s, True, ga, n, True, deferred) for s, ga, n in ((1, 4, 2), (2, 1, 2), (2, 1, 4), (2, 4, 4))],
+          None)
+    group([("mlp", 2, True, 1, 2, True, deferred)], None)
     # reduce_scatter: false (all-reduce, keep one's chunk) at the partitioned stages.
-    cases += [("mlp", s, True, 4, 2, False, {}) for s in (1, 2)]
+    group([("mlp", s, True, 4, 2, False, {}) for s in (1, 2)], None)
     passed = failed = 0
     port = 29700
     for model, stage, overlap, ga, n, rs, extra in cases:
