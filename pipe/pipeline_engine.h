@@ -124,8 +124,6 @@ class PipelineEngine {
                    bool grads_only);
   // The file layout save_checkpoint and load_checkpoint use (pipeline_checkpoint.cpp).
   CheckpointLayout checkpoint_layout();
-  // Throws dscpp::Error for a model axis above 1 (no tensor-parallel pipeline layout yet).
-  void refuse_tensor_parallel_checkpoint(const char* what) const;
   // The mean of `values` over data ranks, then from the last stage to all.
   at::Tensor share_from_last(at::Tensor values);
 

@@ -4,12 +4,15 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
+#include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
+#include "dscpp/runtime/checkpoint/tp_reshape.h"
 
 namespace dscpp::checkpoint {
 
@@ -25,6 +28,62 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+// The state dict of one model-states file of a non-pipeline checkpoint (zero_file(r): its data
+// rank r's partition file).
+PyValue zero_state_dict(const std::string& dir, const std::string& tag, const PyValue& model,
+                        const std::string& path, const std::function<std::string(int)>& zero_file);
+
+// A tensor-parallel checkpoint of the plain engine (dscpp_tensor_parallel in mp_rank_00): each
+// tensor rank's state dict, each split tensor merged over the ranks (tp_reshape.h).
+PyValue tensor_parallel_state_dict(const std::string& dir, const std::string& tag,
+                                   const PyValue& model0, const std::string& path0) {
+  const PyValue& info = need(model0, "dscpp_tensor_parallel", path0);
+  const int t = static_cast<int>(need(info, "tp_degree", path0).as_int());
+  std::map<std::string, ParamPartition> parts;
+  const PyValue& pp = need(info, "partitions", path0);
+  for (size_t i = 0; i < pp.size(); ++i)
+    parts.emplace(pp.keys()[i].as_string(),
+                  ParamPartition::from_py(pp.values()[i], path0 + ": " + pp.keys()[i].as_string()));
+  std::vector<PyValue> sds;
+  for (int r = 0; r < t; ++r) {
+    const std::string path = pipe_model_states_path(dir, tag, 0, r, t);
+    const PyValue model = r == 0 ? model0 : load_torch_file(path);
+    const SaveBinding b0 = read_binding(model0, path0), b = read_binding(model, path);
+    if (b.save_id != b0.save_id || b.global_steps != b0.global_steps)
+      throw CheckpointError("'" + path + "' was not written by the save of '" + path0 +
+                            "': files of another run");
+    sds.push_back(zero_state_dict(dir, tag, model, path, [&](int dp) {
+      for (bool bf16 : {false, true}) {
+        const std::string z = pipe_zero_states_path(dir, tag, dp, 0, r, t, bf16);
+        if (std::filesystem::is_regular_file(z)) return z;
+      }
+      throw CheckpointError("'" + tag_dir(dir, tag) +
+                            "' has no ZeRO partition file of tensor rank " + std::to_string(r) +
+                            ", data rank " + std::to_string(dp) + " (expected " +
+                            pipe_zero_states_path(dir, tag, dp, 0, r, t, false) + ")");
+    }));
+  }
+  PyValue out = PyValue::ordered_dict();
+  for (size_t i = 0; i < sds[0].size(); ++i) {
+    const std::string name = sds[0].keys()[i].as_string();
+    auto it = parts.find(name);
+    if (it == parts.end() || !it->second.partition_dim) {
+      out.set(sds[0].keys()[i], sds[0].values()[i]);
+      continue;
+    }
+    std::vector<at::Tensor> shards;
+    for (int r = 0; r < t; ++r) {
+      const PyValue* v = sds[static_cast<size_t>(r)].find(PyValue(name));
+      if (!v)
+        throw CheckpointError("tensor rank " + std::to_string(r) + " of '" + tag_dir(dir, tag) +
+                              "' has no '" + name + "'");
+      shards.push_back(v->as_tensor());
+    }
+    out.set(sds[0].keys()[i], PyValue(merge_tp_shards(shards, it->second, name)));
+  }
+  return out;
 }
 
 }  // namespace
@@ -49,6 +108,16 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
     }
     return out;
   }
+  if (model.find(PyValue("dscpp_tensor_parallel")))
+    return tensor_parallel_state_dict(dir, tag, model, path);
+  return zero_state_dict(dir, tag, model, path,
+                         [&](int r) { return find_zero_states(dir, tag, r); });
+}
+
+namespace {
+
+PyValue zero_state_dict(const std::string& dir, const std::string& tag, const PyValue& model,
+                        const std::string& path, const std::function<std::string(int)>& zero_file) {
   const PyValue& module = need(model, "module", path);
 
   // The trainable parameters' fp32 values, by name.
@@ -75,7 +144,7 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
     bool stage3 = false;
     const SaveBinding model_binding = read_binding(model, path);
     for (int r = 0; r < world; ++r) {
-      const std::string zpath = find_zero_states(dir, tag, r);
+      const std::string zpath = zero_file(r);
       PyValue z = load_torch_file(zpath);
       check_partition_binding(model_binding, path, read_binding(z, zpath), zpath, r);
       const PyValue& osd = need(z, "optimizer_state_dict", zpath);
@@ -116,8 +185,7 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
         const at::Tensor& file = files[r][g];
         for (const DsLayout::Segment& s : ds.segments(r)) {
           if (s.at + s.count > file.numel())
-            throw CheckpointError("'" + find_zero_states(dir, tag, r) + "' holds " +
-                                  std::to_string(file.numel()) +
+            throw CheckpointError("'" + zero_file(r) + "' holds " + std::to_string(file.numel()) +
                                   " elements, fewer than param_shapes needs");
           flat[s.param]
               .slice(0, s.first, s.first + s.count)
@@ -157,5 +225,7 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
   }
   return out;
 }
+
+}  // namespace
 
 }  // namespace dscpp::checkpoint

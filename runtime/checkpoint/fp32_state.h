@@ -2,8 +2,10 @@
 // stages 0-2, written by dscpp or by DeepSpeed: the full fp32 weights, consolidated from every
 // rank's partition, under the module's state_dict names (shared parameters under each of
 // their names, buffers as float). A pipeline checkpoint (pipe_checkpoint.h) gives the whole
-// model's, from every stage's layer files and partitions. Reads only files; no process group,
-// no model needed.
+// model's, from every stage's layer files and partitions. A tensor-parallel checkpoint (the
+// plain engine's mp_rank_XX files, or a 3D pipeline's) gives the one-rank model's: each split
+// tensor merged over its tensor ranks by the partition metadata (tp_reshape.h). Reads only
+// files; no process group, no model needed.
 #pragma once
 
 #include <string>

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
+#include "dscpp/runtime/checkpoint/tp_reshape.h"
 #include "dscpp/runtime/checkpoint/universal_from_zero.h"
 
 namespace dscpp::checkpoint {
@@ -28,7 +30,8 @@ const PyValue& need(const PyValue& dict, const char* key, const std::string& pat
 }  // namespace
 
 PyValue pipe_entry(int stages, int stage, int data_parallel_size,
-                   const std::vector<PipeLayerFile>& layers) {
+                   const std::vector<PipeLayerFile>& layers, int model_rank,
+                   int model_parallel_size) {
   PyValue list = PyValue::list();
   for (const auto& l : layers) {
     PyValue e = PyValue::dict();
@@ -43,6 +46,10 @@ PyValue pipe_entry(int stages, int stage, int data_parallel_size,
   out.set(PyValue("stage"), PyValue(stage));
   out.set(PyValue("data_parallel_size"), PyValue(data_parallel_size));
   out.set(PyValue("layers"), std::move(list));
+  if (model_parallel_size > 1) {
+    out.set(PyValue("model_rank"), PyValue(model_rank));
+    out.set(PyValue("model_parallel_size"), PyValue(model_parallel_size));
+  }
   return out;
 }
 
@@ -67,21 +74,21 @@ std::string file_digest(const std::string& path) {
 }
 
 std::string find_pipe_zero_states(const std::string& dir, const std::string& tag, int dp_rank,
-                                  int stage) {
+                                  int stage, int model_rank, int model_size) {
   for (bool bf16 : {false, true}) {
-    std::string p = pipe_zero_states_path(dir, tag, dp_rank, stage, 0, 1, bf16);
+    std::string p = pipe_zero_states_path(dir, tag, dp_rank, stage, model_rank, model_size, bf16);
     if (fs::is_regular_file(p)) return p;
   }
   throw CheckpointError(fmt::format(
-      "pipeline checkpoint '{}' has no ZeRO partition file of stage {}, data rank {} (expected "
-      "{} or its bf16_ variant)",
-      tag_dir(dir, tag), stage, dp_rank,
-      pipe_zero_states_path(dir, tag, dp_rank, stage, 0, 1, false)));
+      "pipeline checkpoint '{}' has no ZeRO partition file of stage {}, model rank {}, data "
+      "rank {} (expected {} or its bf16_ variant)",
+      tag_dir(dir, tag), stage, model_rank, dp_rank,
+      pipe_zero_states_path(dir, tag, dp_rank, stage, model_rank, model_size, false)));
 }
 
 PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& tag) {
   PipeCheckpoint ck;
-  const std::string first = pipe_model_states_path(dir, tag, 0, 0, 1);
+  const std::string first = pipe_model_states_path(dir, tag, 0, 0, 1);  // mp_rank_00 for any t
   if (!fs::is_regular_file(first))
     throw CheckpointError("pipeline checkpoint '" + tag_dir(dir, tag) +
                           "' has no model states of stage 0 (expected " + first + ")");
@@ -89,26 +96,40 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
   const PyValue& entry0 = need(model0, "dscpp_pipe", first);
   ck.stages = static_cast<int>(need(entry0, "stages", first).as_int());
   ck.data_parallel_size = static_cast<int>(need(entry0, "data_parallel_size", first).as_int());
-  if (ck.stages < 1 || ck.data_parallel_size < 1)
-    throw CheckpointError(fmt::format("'{}': dscpp_pipe says {} stages x {} data ranks", first,
-                                      ck.stages, ck.data_parallel_size));
+  if (const PyValue* t = entry0.find(PyValue("model_parallel_size")))
+    ck.model_parallel_size = static_cast<int>(t->as_int());
+  const int T = ck.model_parallel_size;
+  if (ck.stages < 1 || ck.data_parallel_size < 1 || T < 1)
+    throw CheckpointError(
+        fmt::format("'{}': dscpp_pipe says {} stages x {} data ranks x {} model "
+                    "ranks",
+                    first, ck.stages, ck.data_parallel_size, T));
   const SaveBinding binding0 = read_binding(model0, first);
-  std::vector<PipeLayerFile> layers;
-  std::vector<int> layer_stage;
-  for (int s = 0; s < ck.stages; ++s) {
-    const std::string path = pipe_model_states_path(dir, tag, s, 0, 1);
+  // Every (stage, model rank)'s model states (index k = stage * T + model) and layer list.
+  const int files = ck.stages * T;
+  std::vector<std::vector<PipeLayerFile>> layers(static_cast<size_t>(files));
+  std::map<std::string, ParamPartition> parts;  // split tensors' metadata (T > 1)
+  for (int k = 0; k < files; ++k) {
+    const int s = k / T, m = k % T;
+    const std::string path = pipe_model_states_path(dir, tag, s, m, T);
     if (!fs::is_regular_file(path))
       throw CheckpointError(fmt::format(
-          "pipeline checkpoint '{}' of {} stages has no model states of stage {} (expected {})",
-          tag_dir(dir, tag), ck.stages, s, path));
-    PyValue model = s == 0 ? model0 : load_torch_file(path);
+          "pipeline checkpoint '{}' of {} stages x {} model ranks has no model states of stage "
+          "{}, model rank {} (expected {})",
+          tag_dir(dir, tag), ck.stages, T, s, m, path));
+    PyValue model = k == 0 ? model0 : load_torch_file(path);
     const PyValue& entry = need(model, "dscpp_pipe", path);
     const SaveBinding b = read_binding(model, path);
+    const PyValue* mr = entry.find(PyValue("model_rank"));
+    const PyValue* mt = entry.find(PyValue("model_parallel_size"));
+    const int64_t got_m = mr ? mr->as_int() : 0, got_t = mt ? mt->as_int() : 1;
     if (need(entry, "stage", path).as_int() != s ||
-        need(entry, "stages", path).as_int() != ck.stages)
-      throw CheckpointError(fmt::format("'{}' says it is stage {} of {}, expected stage {} of {}",
-                                        path, need(entry, "stage", path).as_int(),
-                                        need(entry, "stages", path).as_int(), s, ck.stages));
+        need(entry, "stages", path).as_int() != ck.stages || got_m != m || got_t != T)
+      throw CheckpointError(fmt::format(
+          "'{}' says it is stage {} of {}, model rank {} of {}; expected stage {} of {}, model "
+          "rank {} of {}",
+          path, need(entry, "stage", path).as_int(), need(entry, "stages", path).as_int(), got_m,
+          got_t, s, ck.stages, m, T));
     if (b.save_id != binding0.save_id || b.global_steps != binding0.global_steps)
       throw CheckpointError(fmt::format(
           "'{}' ({}, step {}) was not written by the save of '{}' ({}, step {}): files of "
@@ -122,48 +143,127 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
       l.prefix = need(e, "prefix", path).as_string();
       l.file = need(e, "file", path).as_string();
       l.digest = need(e, "digest", path).as_string();
-      if (l.file != layer_file_name(l.index))
+      if (l.file != layer_file_name(l.index, T > 1 ? m : kNoModelAxis))
         throw CheckpointError(fmt::format("'{}' lists layer {} as '{}'", path, l.index, l.file));
-      layers.push_back(std::move(l));
-      layer_stage.push_back(s);
+      layers[static_cast<size_t>(k)].push_back(std::move(l));
+    }
+    if (T > 1) {
+      const PyValue& pp = need(need(model, "dscpp_tensor_parallel", path), "partitions", path);
+      for (size_t i = 0; i < pp.size(); ++i)
+        parts.emplace(
+            pp.keys()[i].as_string(),
+            ParamPartition::from_py(pp.values()[i], path + ": " + pp.keys()[i].as_string()));
     }
     ck.model_paths.push_back(path);
     ck.models.push_back(std::move(model));
   }
-  // The module, by global layer index: a tied module's first holder (its owner) wins, so the
-  // copies on later stages (their unused, frozen parameters) do not replace its values.
-  std::vector<size_t> order(layers.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return layers[a].index < layers[b].index; });
-  ck.module = PyValue::ordered_dict();
-  for (size_t i : order) {
-    const PipeLayerFile& l = layers[i];
-    const std::string path = (fs::path(tag_dir(dir, tag)) / l.file).string();
-    if (!fs::is_regular_file(path))
-      throw CheckpointError(
-          fmt::format("pipeline checkpoint: layer file '{}' is missing ('{}' "
-                      "lists it)",
-                      path, ck.model_paths[layer_stage[i]]));
-    const std::string digest = file_digest(path);
-    if (digest != l.digest)
-      throw CheckpointError(fmt::format(
-          "pipeline checkpoint: layer file '{}' is not the one this save wrote (digest {}, '{}' "
-          "records {}): a file of another run?",
-          path, digest, ck.model_paths[layer_stage[i]], l.digest));
-    for (auto& [key, tensor] : load_layer_states(path)) {
-      const std::string name = l.prefix + "." + key;
-      if (!ck.module.contains(PyValue(name))) ck.module.set(PyValue(name), PyValue(tensor));
+  // Each (stage, model rank)'s layer files, checked against their digests, as one shard
+  // module under whole-model names; keys[k] keeps each layer's names in file order.
+  std::vector<PyValue> shard_module(static_cast<size_t>(files), PyValue::ordered_dict());
+  std::vector<std::vector<std::vector<std::string>>> keys(static_cast<size_t>(files));
+  for (int k = 0; k < files; ++k) {
+    for (const PipeLayerFile& l : layers[static_cast<size_t>(k)]) {
+      const std::string path = (fs::path(tag_dir(dir, tag)) / l.file).string();
+      if (!fs::is_regular_file(path))
+        throw CheckpointError(
+            fmt::format("pipeline checkpoint: layer file '{}' is missing ('{}' lists it)", path,
+                        ck.model_paths[static_cast<size_t>(k)]));
+      const std::string digest = file_digest(path);
+      if (digest != l.digest)
+        throw CheckpointError(fmt::format(
+            "pipeline checkpoint: layer file '{}' is not the one this save wrote (digest {}, "
+            "'{}' records {}): a file of another run?",
+            path, digest, ck.model_paths[static_cast<size_t>(k)], l.digest));
+      std::vector<std::string> names;
+      for (auto& [key, tensor] : load_layer_states(path)) {
+        names.push_back(l.prefix + "." + key);
+        if (!shard_module[k].contains(PyValue(names.back())))
+          shard_module[k].set(PyValue(names.back()), PyValue(tensor));
+      }
+      keys[static_cast<size_t>(k)].push_back(std::move(names));
     }
   }
+  // A tensor's T shards (model ranks of one stage) as the whole tensor: merged where split.
+  auto merge = [&](const std::string& name, const std::vector<at::Tensor>& shards) {
+    auto it = parts.find(name);
+    return it == parts.end() ? shards.at(0) : merge_tp_shards(shards, it->second, name);
+  };
+  auto shards_of = [&](int s, const std::string& name) {
+    std::vector<at::Tensor> out;
+    for (int m = 0; m < T; ++m) {
+      const PyValue* v = shard_module[static_cast<size_t>(s * T + m)].find(PyValue(name));
+      if (!v)
+        throw CheckpointError(
+            fmt::format("pipeline checkpoint '{}': model rank {} of stage {} "
+                        "has no '{}' in its layer files",
+                        tag_dir(dir, tag), m, s, name));
+      out.push_back(v->as_tensor());
+    }
+    return out;
+  };
+  // The module, by global layer index: a tied module's first holder (its owner) wins, so the
+  // copies on later stages (their unused, frozen parameters) do not replace its values.
+  struct Ref {
+    int index, stage;
+    size_t pos;
+  };
+  std::vector<Ref> order;
+  for (int s = 0; s < ck.stages; ++s)
+    for (size_t i = 0; i < layers[static_cast<size_t>(s * T)].size(); ++i)
+      order.push_back({layers[static_cast<size_t>(s * T)][i].index, s, i});
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Ref& a, const Ref& b) { return a.index < b.index; });
+  ck.module = PyValue::ordered_dict();
+  for (const Ref& r : order)
+    for (const std::string& name : keys[static_cast<size_t>(r.stage * T)][r.pos])
+      if (!ck.module.contains(PyValue(name)))
+        ck.module.set(PyValue(name), PyValue(merge(name, shards_of(r.stage, name))));
   // Each trainable parameter whole, from the first stage that trains it (a tied weight's
-  // copies hold the same values and optimizer state).
+  // copies hold the same values and optimizer state), merged over the model ranks.
   std::set<std::string> seen;
   for (int s = 0; s < ck.stages; ++s) {
-    auto params = consolidate_params(ck.models[s], ck.model_paths[s], ck.module,
-                                     [&](int r) { return find_pipe_zero_states(dir, tag, r, s); });
-    for (auto& p : params)
-      if (seen.insert(p.name).second) ck.params.push_back(std::move(p));
+    std::vector<std::map<std::string, UniversalParam>> by_rank(static_cast<size_t>(T));
+    std::vector<std::string> names;
+    for (int m = 0; m < T; ++m) {
+      const size_t k = static_cast<size_t>(s * T + m);
+      for (auto& p :
+           consolidate_params(ck.models[k], ck.model_paths[k], shard_module[k],
+                              [&](int r) { return find_pipe_zero_states(dir, tag, r, s, m, T); })) {
+        if (m == 0) names.push_back(p.name);
+        by_rank[static_cast<size_t>(m)][p.name] = std::move(p);
+      }
+    }
+    for (const std::string& name : names) {
+      if (!seen.insert(name).second) continue;
+      UniversalParam& p0 = by_rank[0].at(name);
+      if (T == 1) {
+        ck.params.push_back(std::move(p0));
+        continue;
+      }
+      std::vector<const UniversalParam*> of;
+      for (int m = 0; m < T; ++m) {
+        auto it = by_rank[static_cast<size_t>(m)].find(name);
+        if (it == by_rank[static_cast<size_t>(m)].end())
+          throw CheckpointError(
+              fmt::format("'{}' lists no parameter '{}' (model rank 0 of its "
+                          "stage does)",
+                          ck.model_paths[static_cast<size_t>(s * T + m)], name));
+        of.push_back(&it->second);
+      }
+      UniversalParam u;
+      u.name = name;
+      std::vector<at::Tensor> shards;
+      for (const auto* p : of) shards.push_back(p->fp32);
+      u.fp32 = merge(name, shards);
+      for (const auto& [state, value] : p0.states) {
+        std::vector<at::Tensor> st;
+        for (const auto* p : of) st.push_back(p->states.at(state));
+        u.states[state] = merge(name, st);
+      }
+      u.step = p0.step;
+      u.partition = ParamPartition::whole(u.fp32.sizes().vec());
+      ck.params.push_back(std::move(u));
+    }
   }
   return ck;
 }

@@ -23,21 +23,29 @@ struct PipeLayerFile {
   std::string digest;  // file_digest() of what was written
 };
 
-// The dscpp_pipe entry of a stage's model states.
+// The dscpp_pipe entry of a stage's model states; model_rank / model_parallel_size: its
+// tensor-parallel coordinate (a 3D pipeline; 0 / 1 without a model axis).
 PyValue pipe_entry(int stages, int stage, int data_parallel_size,
-                   const std::vector<PipeLayerFile>& layers);
+                   const std::vector<PipeLayerFile>& layers, int model_rank = 0,
+                   int model_parallel_size = 1);
 // Whether a model-states file is a pipeline stage's (holds dscpp_pipe).
 bool is_pipe_checkpoint(const PyValue& model_states);
 // 16 hex digits: FNV-1a over the file's bytes (detects a file swapped in from another save).
 std::string file_digest(const std::string& path);
-// The ZeRO partition of data rank dp_rank of a stage, with or without the bf16_ prefix.
+// The ZeRO partition of data rank dp_rank of a stage (and model rank, of model_size), with or
+// without the bf16_ prefix.
 std::string find_pipe_zero_states(const std::string& dir, const std::string& tag, int dp_rank,
-                                  int stage);
+                                  int stage, int model_rank = 0, int model_size = 1);
 
+// A 3D checkpoint (model axis t > 1) is read whole too: each (stage, model rank) writes its
+// own mp_rank_<stage*t+model> model states, layer_XX-model_TT files and ZeRO partitions, and
+// its model states hold dscpp_tensor_parallel (each parameter's partition metadata); every
+// split tensor (module, fp32 weights, optimizer states) is merged over the t model ranks
+// (tp_reshape.h), so `module` and `params` are the one-rank model's whatever saved them.
 struct PipeCheckpoint {
-  int stages = 0, data_parallel_size = 0;
-  std::vector<std::string> model_paths;  // per saved stage
-  std::vector<PyValue> models;           // per saved stage
+  int stages = 0, data_parallel_size = 0, model_parallel_size = 1;
+  std::vector<std::string> model_paths;  // per saved (stage, model rank): stage * t + model
+  std::vector<PyValue> models;           // the same order
   PyValue module;                        // name -> tensor, by layer index, the first holder's
   std::vector<UniversalParam> params;    // the trainable ones, each once (its first stage's)
 };

@@ -6,11 +6,15 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
+#include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
+#include "dscpp/runtime/checkpoint/tp_reshape.h"
 
 namespace dscpp::checkpoint {
 
@@ -37,6 +41,95 @@ PyValue without(const PyValue& dict, const std::set<std::string>& drop) {
     out.set(k, dict.values()[i]);
   }
   return out;
+}
+
+// A tensor-parallel checkpoint of the plain engine (mp_rank_XX per tensor rank): every rank's
+// parameters consolidated over its data ranks, each split tensor (the module's too) merged over
+// the tensor ranks (tp_reshape.h), and its dscpp_partition filled from dscpp_tensor_parallel:
+// the whole tensor and how it was cut, which the universal files carry.
+void tensor_parallel_params(const std::string& dir, const std::string& tag,
+                            const std::string& path0, UniversalCheckpoint& ck, PyValue& module) {
+  const PyValue& info = need(ck.model, "dscpp_tensor_parallel", path0);
+  const int t = static_cast<int>(need(info, "tp_degree", path0).as_int());
+  std::map<std::string, ParamPartition> parts;
+  const PyValue& pp = need(info, "partitions", path0);
+  for (size_t i = 0; i < pp.size(); ++i)
+    parts.emplace(pp.keys()[i].as_string(),
+                  ParamPartition::from_py(pp.values()[i], path0 + ": " + pp.keys()[i].as_string()));
+  auto merge = [&](const std::string& name, const std::vector<at::Tensor>& shards) {
+    auto it = parts.find(name);
+    return it == parts.end() ? shards.at(0) : merge_tp_shards(shards, it->second, name);
+  };
+  const SaveBinding b0 = read_binding(ck.model, path0);
+  std::vector<PyValue> modules;
+  std::vector<std::map<std::string, UniversalParam>> by_rank(static_cast<size_t>(t));
+  std::vector<std::string> names;
+  for (int r = 0; r < t; ++r) {
+    const std::string path = pipe_model_states_path(dir, tag, 0, r, t);
+    const PyValue model = r == 0 ? ck.model : load_torch_file(path);
+    const SaveBinding b = read_binding(model, path);
+    if (b.save_id != b0.save_id || b.global_steps != b0.global_steps)
+      throw CheckpointError("'" + path + "' was not written by the save of '" + path0 +
+                            "': files of another run");
+    modules.push_back(need(model, "module", path));
+    for (auto& p : consolidate_params(
+             model, path, modules.back(),
+             [&](int dp) {
+               for (bool bf16 : {false, true}) {
+                 const std::string z = pipe_zero_states_path(dir, tag, dp, 0, r, t, bf16);
+                 if (std::filesystem::is_regular_file(z)) return z;
+               }
+               throw CheckpointError(fmt::format(
+                   "'{}' has no ZeRO partition file of tensor rank {}, data rank {} (expected {})",
+                   tag_dir(dir, tag), r, dp, pipe_zero_states_path(dir, tag, dp, 0, r, t, false)));
+             },
+             r == 0 ? &ck.optimizer_state : nullptr)) {
+      if (r == 0) names.push_back(p.name);
+      by_rank[static_cast<size_t>(r)][p.name] = std::move(p);
+    }
+  }
+  for (const std::string& name : names) {
+    std::vector<const UniversalParam*> of;
+    for (int r = 0; r < t; ++r) {
+      auto it = by_rank[static_cast<size_t>(r)].find(name);
+      if (it == by_rank[static_cast<size_t>(r)].end())
+        throw CheckpointError(
+            fmt::format("'{}': tensor rank {} has no parameter '{}'", tag_dir(dir, tag), r, name));
+      of.push_back(&it->second);
+    }
+    UniversalParam u;
+    u.name = name;
+    std::vector<at::Tensor> shards;
+    for (const auto* p : of) shards.push_back(p->fp32);
+    u.fp32 = merge(name, shards);
+    for (const auto& [state, value] : of[0]->states) {
+      std::vector<at::Tensor> st;
+      for (const auto* p : of) st.push_back(p->states.at(state));
+      u.states[state] = merge(name, st);
+    }
+    u.step = of[0]->step;
+    auto it = parts.find(name);
+    u.partition = it != parts.end() ? it->second : ParamPartition::whole(u.fp32.sizes().vec());
+    ck.params.push_back(std::move(u));
+  }
+  PyValue whole = PyValue::ordered_dict();
+  for (size_t i = 0; i < module.size(); ++i) {
+    if (!module.values()[i].is_tensor()) {
+      whole.set(module.keys()[i], module.values()[i]);
+      continue;
+    }
+    const std::string name = module.keys()[i].as_string();
+    std::vector<at::Tensor> shards;
+    for (int r = 0; r < t; ++r) {
+      const PyValue* v = modules[static_cast<size_t>(r)].find(PyValue(name));
+      if (!v || !v->is_tensor())
+        throw CheckpointError(
+            fmt::format("'{}': tensor rank {}'s module has no '{}'", tag_dir(dir, tag), r, name));
+      shards.push_back(v->as_tensor());
+    }
+    whole.set(module.keys()[i], PyValue(merge(name, shards)));
+  }
+  module = std::move(whole);
 }
 
 }  // namespace
@@ -186,10 +279,19 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
                           model_states_path(dir, tag) + ")");
   UniversalCheckpoint ck;
   ck.model = load_torch_file(path);
-  const PyValue& module = need(ck.model, "module", path);
-  ck.params = consolidate_params(
-      ck.model, path, module, [&](int r) { return find_zero_states(dir, tag, r); },
-      &ck.optimizer_state);
+  if (is_pipe_checkpoint(ck.model))
+    throw CheckpointError("'" + path +
+                          "' is a pipeline checkpoint (layer files per stage): to_universal "
+                          "converts the plain engine's checkpoints only; zero_to_fp32 "
+                          "consolidates pipeline and 3D ones, and any layout loads them");
+  PyValue module = need(ck.model, "module", path);
+  if (ck.model.find(PyValue("dscpp_tensor_parallel"))) {
+    tensor_parallel_params(dir, tag, path, ck, module);
+  } else {
+    ck.params = consolidate_params(
+        ck.model, path, module, [&](int r) { return find_zero_states(dir, tag, r); },
+        &ck.optimizer_state);
+  }
 
   // The model states: a whole module (stage 3's holds no partitioned parameter), and
   // DeepSpeed's universal_checkpoint_info.

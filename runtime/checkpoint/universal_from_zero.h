@@ -15,7 +15,10 @@ namespace dscpp::checkpoint {
 // tag "": the one <dir>/latest names. Each parameter's fp32 master weights and optimizer
 // states are consolidated from every rank's partition; the model states are the checkpoint's
 // (rank 0's at stage 3, its module then filled with the consolidated weights), with
-// universal_checkpoint_info added. Throws CheckpointError naming the file.
+// universal_checkpoint_info added. A tensor-parallel checkpoint of the plain engine
+// (dscpp_tensor_parallel in mp_rank_00) gives whole tensors, merged over its tensor ranks, each
+// with its dscpp_partition (how it was cut); a pipeline checkpoint is refused, naming why.
+// Throws CheckpointError naming the file.
 // The trainable parameters of one model-states file `model` (read from `path`), in its
 // param_shapes' order, each whole: the fp32 weights and optimizer states gathered from its ZeRO
 // partition files (zero_file(r): data rank r's, r < dp_world_size), or at stage 0 from its

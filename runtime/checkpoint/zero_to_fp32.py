@@ -2,7 +2,9 @@
 """Consolidates a dscpp checkpoint into one fp32 state_dict, as DeepSpeed's zero_to_fp32.py
 does for DeepSpeed's. dscpp writes this script into every checkpoint folder it saves to; it
 needs only torch (no dscpp, no DeepSpeed) and reads ZeRO stages 0-3 of any number of ranks, and
-pipeline checkpoints (layer files and one model-states file per stage) of any layout.
+pipeline checkpoints (layer files and one model-states file per stage) of any layout, and
+tensor-parallel ones (mp_rank_XX per tensor rank, a 3D pipeline's per stage and tensor rank):
+each split tensor merged over its tensor ranks by the dscpp_partition metadata.
 
     python zero_to_fp32.py CHECKPOINT_DIR OUTPUT [-t TAG]
 
@@ -91,36 +93,85 @@ def _trainable_fp32(model, model_path, folder, zero_file):
     return fp32
 
 
+def _merge(shards, part):
+    """One tensor's shards (tensor-rank order) as the logical tensor (dscpp's tp_reshape.h):
+    replicated: shards[0]; fused parts (sub_param_sizes, QKV) each cut evenly on its own."""
+    if part is None or part.get("partition_dim") is None or len(shards) == 1:
+        return shards[0]
+    dim, t = part["partition_dim"], len(shards)
+    subs = part.get("sub_param_sizes") or []
+    if not subs:
+        return torch.cat(shards, dim)
+    pieces = [torch.split(s, [n // t for n in subs], dim) for s in shards]
+    return torch.cat([pieces[r][j] for j in range(len(subs)) for r in range(t)], dim)
+
+
+def _mp_zero_file(folder, r, mp, what):
+    for prefix in ("", "bf16_"):
+        p = os.path.join(folder, f"{prefix}zero_pp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt")
+        if os.path.isfile(p):
+            return p
+    raise FileNotFoundError(f"'{folder}' has no ZeRO partition file of {what}, data rank {r}")
+
+
 def _pipe_state_dict(folder, model0_path, model0):
     """A pipeline checkpoint (dscpp's pipe/pipeline_checkpoint.cpp): the module from every
     stage's layer files (by layer index, a tied module's first file), the trainable parameters
-    from each stage's partitions (zero_pp_rank_D_mp_rank_<stage>)."""
+    from each stage's partitions (zero_pp_rank_D_mp_rank_<stage * t + model>), split tensors
+    merged over the t model ranks."""
     stages = model0["dscpp_pipe"]["stages"]
-    models, layers = [], []
+    t = model0["dscpp_pipe"].get("model_parallel_size", 1)
+    parts, sds = {}, []
     for s in range(stages):
-        path = os.path.join(folder, f"mp_rank_{s:02d}_model_states.pt")
-        m = model0 if s == 0 else _load(path)
+        models, layers = [], []
+        for m in range(t):
+            path = os.path.join(folder, f"mp_rank_{s * t + m:02d}_model_states.pt")
+            ms = model0 if s == 0 and m == 0 else _load(path)
+            if ms.get("dscpp_save_id") != model0.get("dscpp_save_id"):
+                raise ValueError(f"'{path}' and '{model0_path}' are not of one save")
+            models.append((path, ms))
+            layers.append(ms["dscpp_pipe"]["layers"])
+            parts.update((ms.get("dscpp_tensor_parallel") or {}).get("partitions", {}))
+        shard_modules, shard_fp32 = [], []
+        for m, (path, ms) in enumerate(models):
+            module = collections.OrderedDict()
+            for layer in layers[m]:
+                for key, v in _load(os.path.join(folder, layer["file"])).items():
+                    module.setdefault(layer["prefix"] + "." + key, v)
+            shard_modules.append(module)
+            shard_fp32.append(_trainable_fp32(ms, path, folder, lambda r, mp=s * t + m: _mp_zero_file(
+                folder, r, mp, f"stage {s}, model rank {mp % t}")))
+        sds.append((layers[0], shard_modules, shard_fp32))
+    # By global layer index, each name's first holder (a tied module's owner stage).
+    order = sorted(((e["index"], s, e) for s, (ls, _, _) in enumerate(sds) for e in ls),
+                   key=lambda x: x[0])
+    out = collections.OrderedDict()
+    for _, s, e in order:
+        _, modules, fp32s = sds[s]
+        for name in modules[0]:
+            if name in out or not name.startswith(e["prefix"] + "."):
+                continue
+            src = fp32s if name in fp32s[0] else modules
+            v = _merge([x[name] for x in src], parts.get(name))
+            out[name] = v.float() if v.is_floating_point() else v
+    return out
+
+
+def _tp_state_dict(folder, model0_path, model0):
+    """A tensor-parallel checkpoint of the plain engine: every tensor rank's mp_rank_XX state
+    dict, split tensors merged over the ranks."""
+    info = model0["dscpp_tensor_parallel"]
+    t, parts = info["tp_degree"], info["partitions"]
+    sds = []
+    for r in range(t):
+        path = os.path.join(folder, f"mp_rank_{r:02d}_model_states.pt")
+        m = model0 if r == 0 else _load(path)
         if m.get("dscpp_save_id") != model0.get("dscpp_save_id"):
             raise ValueError(f"'{path}' and '{model0_path}' are not of one save")
-        models.append((path, m))
-        layers += m["dscpp_pipe"]["layers"]
-    module = collections.OrderedDict()
-    for layer in sorted(layers, key=lambda e: e["index"]):
-        for key, t in _load(os.path.join(folder, layer["file"])).items():
-            module.setdefault(layer["prefix"] + "." + key, t)
-    fp32 = {}
-    for s, (path, m) in enumerate(models):
-        def zero_file(r, s=s):
-            for prefix in ("", "bf16_"):
-                p = os.path.join(folder, f"{prefix}zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt")
-                if os.path.isfile(p):
-                    return p
-            raise FileNotFoundError(f"'{folder}' has no ZeRO partition file of stage {s}, rank {r}")
-        for name, t in _trainable_fp32(m, path, folder, zero_file).items():
-            fp32.setdefault(name, t)
-    return collections.OrderedDict(
-        (name, fp32[name] if name in fp32 else (t.float() if t.is_floating_point() else t))
-        for name, t in module.items())
+        sds.append(_plain_state_dict(m, path, folder, lambda d, r=r: _mp_zero_file(
+            folder, d, r, f"tensor rank {r}")))
+    return collections.OrderedDict((name, _merge([sd[name] for sd in sds], parts.get(name)))
+                                   for name in sds[0])
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
@@ -134,9 +185,16 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
     model = _load(model_path)
     if "dscpp_pipe" in model:
         return _pipe_state_dict(folder, model_path, model)
+    if "dscpp_tensor_parallel" in model:
+        return _tp_state_dict(folder, model_path, model)
+    return _plain_state_dict(model, model_path, folder, lambda r: _zero_file(folder, r))
+
+
+def _plain_state_dict(model, model_path, folder, zero_file):
+    """One model-states file's state dict (zero_file(r): its data rank r's partition)."""
     module = model["module"]
     groups = model["param_shapes"]
-    fp32 = _trainable_fp32(model, model_path, folder, lambda r: _zero_file(folder, r))
+    fp32 = _trainable_fp32(model, model_path, folder, zero_file)
     out = collections.OrderedDict()
     if fp32 and next(iter(fp32)) not in module:  # stage 3: no partitioned parameter in module
         for shapes in groups:

@@ -3,7 +3,8 @@
 // takes its own layers' part), and each trainable parameter's fp32 weights and optimizer state
 // whole, cut into this rank's ZeRO partition as a universal checkpoint's are. So a pipeline
 // engine loads onto other numbers of stages and data ranks, and the plain engine on the whole
-// model loads a pipeline checkpoint.
+// model loads a pipeline checkpoint. A 3D checkpoint (model axis) is read whole too and this
+// engine's tensor-parallel shard cut from it, so it loads at any (t, p, d).
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +14,7 @@
 #include <set>
 
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
+#include "dscpp/runtime/checkpoint/tp_reshape.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/runtime/engine/universal_load.h"
@@ -31,7 +33,33 @@ void EngineCore::load_pipe_checkpoint(const std::string& dir, const std::string&
     throw CheckpointError("'" + path +
                           "' is a pipeline checkpoint: it loads at ZeRO stages 0-2, this engine "
                           "runs stage 3");
-  const checkpoint::PipeCheckpoint ck = checkpoint::read_pipe_checkpoint(dir, tag);
+  checkpoint::PipeCheckpoint ck = checkpoint::read_pipe_checkpoint(dir, tag);
+  // The checkpoint is whole (its tensor-parallel shards merged): a tensor-parallel engine takes
+  // its own shard of each split tensor, by its own partition metadata (tp_reshape.h).
+  const int t = tensor_parallel_size(), me = tensor_parallel_rank();
+  if (t > 1) {
+    std::map<std::string, checkpoint::ParamPartition> parts;
+    const PyValue info = tensor_parallel_info();
+    const PyValue& pp = info.at(PyValue("partitions"));
+    for (size_t i = 0; i < pp.size(); ++i)
+      parts[pp.keys()[i].as_string()] =
+          checkpoint::ParamPartition::from_py(pp.values()[i], pp.keys()[i].as_string());
+    auto cut = [&](const std::string& name, const at::Tensor& whole) {
+      auto it = parts.find(name);
+      if (it == parts.end() || !it->second.partition_dim) return whole;
+      return checkpoint::tp_shard(whole, it->second, me,
+                                  "pipeline checkpoint '" + path + "': " + name);
+    };
+    for (size_t i = 0; i < ck.module.size(); ++i)
+      if (ck.module.values()[i].is_tensor())
+        ck.module.set(ck.module.keys()[i], PyValue(cut(ck.module.keys()[i].as_string(),
+                                                       ck.module.values()[i].as_tensor())));
+    for (auto& p : ck.params) {
+      p.fp32 = cut(p.name, p.fp32);
+      for (auto& [state, value] : p.states) value = cut(p.name, value);
+      p.partition = checkpoint::ParamPartition::whole(p.fp32.sizes().vec());
+    }
+  }
   // The module: the whole model's state dict, or (a pipeline stage) the part this engine holds.
   PyValue module = ck.module;
   if (ckpt_layout_.partial_module) {
@@ -77,14 +105,17 @@ void EngineCore::load_pipe_checkpoint(const std::string& dir, const std::string&
   load_engine_counters(model, path, options);
   // Each stage's model states hold the RNG states of its data ranks: this run's only when it
   // has the saved layout.
-  if (ck.stages == ckpt_layout_.stages && ck.data_parallel_size == group_->size()) {
-    if (const PyValue* r = ck.models.at(ckpt_layout_.stage).find(PyValue("dscpp_rng_states")))
+  if (ck.stages == ckpt_layout_.stages && ck.data_parallel_size == group_->size() &&
+      ck.model_parallel_size == t) {
+    if (const PyValue* r = ck.models.at(static_cast<size_t>(ckpt_layout_.stage * t + me))
+                               .find(PyValue("dscpp_rng_states")))
       rng = *r;
   } else if (ckpt_group().rank() == 0) {
     std::cerr << fmt::format(
-        "dscpp: the pipeline checkpoint was saved on {} stages x {} data ranks, this run has {} "
-        "x {}: its random-number states are not restored\n",
-        ck.stages, ck.data_parallel_size, ckpt_layout_.stages, group_->size());
+        "dscpp: the pipeline checkpoint was saved on {} stages x {} data ranks x {} model "
+        "ranks, this run has {} x {} x {}: its random-number states are not restored\n",
+        ck.stages, ck.data_parallel_size, ck.model_parallel_size, ckpt_layout_.stages,
+        group_->size(), t);
   }
 }
 

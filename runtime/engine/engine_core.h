@@ -217,6 +217,9 @@ class EngineCore {
   const std::shared_ptr<comm::ProcessGroup>& model_group() const { return model_group_; }
   int tensor_parallel_size() const { return model_group_ ? model_group_->size() : 1; }
   int tensor_parallel_rank() const { return model_group_ ? model_group_->rank() : 0; }
+  // The partition metadata of every parameter ({tp_degree, data_parallel_size, partitions:
+  // {name: dscpp_partition}}), what tensor-parallel checkpoints write (engine_checkpoint_tp.cpp).
+  checkpoint::PyValue tensor_parallel_info();
   const std::shared_ptr<const std::map<std::string, nn::TensorParallelAttr>>&
   tensor_parallel_attributes() const {
     return tp_attrs_;
@@ -263,7 +266,6 @@ class EngineCore {
   // set by attach() with a model group; the partition metadata written into mp_rank_00; a
   // checkpoint carrying it loaded onto any tensor and data degree.
   void use_tensor_parallel_layout();
-  checkpoint::PyValue tensor_parallel_info();
   void load_tp_checkpoint(const std::string& dir, const std::string& tag,
                           const checkpoint::PyValue& model, const std::string& path,
                           const LoadCheckpointOptions& options, LoadCheckpointResult& result,

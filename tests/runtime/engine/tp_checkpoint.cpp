@@ -4,12 +4,14 @@
 // the plain one-rank GPT engine (tensor 1 x data 1, ZeRO 0), the GPT at tensor 1 x data 4
 // (ZeRO 2) and TensorParallelGPT at tensor 4 x data 1 (ZeRO 1), and each continues 5 steps as
 // the one-rank run of 10 steps does: every step's loss and the final weights (as slices) within
-// 1e-5 relative, optimizer state included (momentum carries over).
+// 1e-5 relative, optimizer state included (momentum carries over). zero_to_fp32 and
+// to_universal of the checkpoint give the weights the one-rank engine loaded, bit for bit.
 //   tp_checkpoint --dir DIR
 #include <ATen/ATen.h>
 
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "dscpp/comm/rendezvous.h"
@@ -18,6 +20,8 @@
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/parallel_weight_init.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
+#include "dscpp/runtime/checkpoint/fp32_state.h"
+#include "dscpp/runtime/checkpoint/universal_from_zero.h"
 #include "tests/runtime/engine/tp_common.h"
 
 using nlohmann::json;
@@ -84,6 +88,42 @@ void compare_weights(const std::string& where, Model& model, mz::GPT& ref, int t
   check(worst <= 1e-5, where + ": weights, worst " + std::to_string(worst), rank);
 }
 
+// zero_to_fp32 and to_universal on the t2d2 checkpoint (files only): the one-rank model's
+// weights as the one-rank engine `m` loaded them (it then trains on as the one-rank run does),
+// bit for bit; the universal files record how each tensor was cut: QKV along dim 0 in its 3
+// fused parts, the attention projection along dim 1, LayerNorm replicated, all over 2 ranks.
+void check_consolidation(const std::string& dir, mz::GPT& m, int rank) {
+  namespace ck = dscpp::checkpoint;
+  const ck::PyValue sd = ck::get_fp32_state_dict_from_zero_checkpoint(dir);
+  const ck::UniversalCheckpoint u = ck::universal_from_zero_checkpoint(dir);
+  std::map<std::string, const ck::UniversalParam*> by_name;
+  for (const auto& p : u.params) by_name[p.name] = &p;
+  size_t n = 0;
+  for (const auto& p : m->named_parameters()) {
+    const ck::PyValue* v = sd.find(ck::PyValue(p.key()));
+    check(v && v->is_tensor() && at::equal(v->as_tensor(), p.value()),
+          "zero_to_fp32 of t2d2: " + p.key() + " is the loaded one-rank weight", rank);
+    auto it = by_name.find(p.key());
+    check(it != by_name.end() && at::equal(it->second->fp32, p.value()),
+          "to_universal of t2d2: " + p.key() + " whole", rank);
+    if (it == by_name.end()) continue;
+    ++n;
+    const ck::ParamPartition& part = it->second->partition;
+    const std::string& k = p.key();
+    auto ends = [&](const std::string& tail) {
+      return k.size() >= tail.size() && k.compare(k.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (ends("attn.qkv.weight"))
+      check(part.tp_degree == 2 && part.partition_dim == 0 && part.sub_param_sizes.size() == 3 &&
+                part.logical_shape == p.value().sizes().vec(),
+            "to_universal: " + k + " cut along 0 in 3 fused parts over 2 ranks", rank);
+    if (ends("attn.proj.weight"))
+      check(part.partition_dim == 1, "to_universal: " + k + " cut along 1", rank);
+    if (ends("ln_1.weight")) check(!part.partition_dim, "to_universal: " + k + " replicated", rank);
+  }
+  check(n == u.params.size() && n > 0, "to_universal: every parameter once", rank);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,6 +175,7 @@ int main(int argc, char** argv) {
       auto eng = dscpp::initialize(m, ds_config(kRows, 0), std::move(a));
       eng.load_checkpoint(dir);
       check(eng.global_steps() == kSteps, "t1d1: the step count restored", rank);
+      if (rank == 0) check_consolidation(dir, m, rank);
       compare("t2d2 -> t1d1", train(eng, m, self, kSteps, 2 * kSteps), ref_losses, rank);
       compare_weights("t2d2 -> t1d1", m, ref, 1, 0, rank);
     }
