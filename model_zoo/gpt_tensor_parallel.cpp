@@ -10,6 +10,7 @@
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/linear_async_communication.h"
 #include "dscpp/nn/normal_init.h"
 #include "dscpp/nn/rng_tracker.h"
 #include "dscpp/nn/vocab_parallel_cross_entropy.h"
@@ -32,7 +33,8 @@ double residual_std(const GPTConfig& c) {
 nn::ParallelLinearOptions linear_options(const GPTConfig& c, int64_t in, int64_t out, double std) {
   return nn::ParallelLinearOptions(in, out)
       .init_method(nn::init_method_normal(std))
-      .sequence_parallel(c.parallelism.sequence_parallel);
+      .sequence_parallel(c.parallelism.sequence_parallel)
+      .async_tensor_model_parallel_allreduce(c.parallelism.async_tensor_model_parallel_allreduce);
 }
 
 // Dropout in a region the ranks hold differently (split heads, or a sequence shard) draws
@@ -229,6 +231,10 @@ at::Tensor TensorParallelGPTImpl::forward(const at::Tensor& input_ids) {
   at::Tensor logits;
   if (head) {
     logits = head(x).first;  // with sp: all-gathers x itself
+  } else if (config_.parallelism.async_tensor_model_parallel_allreduce) {
+    // The tied head as a column-parallel product: its backward overlaps x's gradient
+    // reduction (and, with sp, x's all-gather again) with the weight-gradient product.
+    logits = nn::linear_with_async_communication(x, embedding->word->weight, {}, group_, sp);
   } else if (sp) {
     // The tied head on the whole sequence: x all-gathered, its gradient (a partial sum over
     // the vocabulary shards) reduce-scattered back.

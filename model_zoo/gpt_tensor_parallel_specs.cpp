@@ -9,6 +9,7 @@
 #include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/linear_async_communication.h"
 #include "dscpp/nn/normal_init.h"
 #include "dscpp/nn/tensor_parallel_mappings.h"
 #include "dscpp/nn/vocab_parallel_cross_entropy.h"
@@ -66,22 +67,27 @@ std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& conf
   if (tied) {
     // This rank's vocabulary rows; x enters the region whole, so its gradient (a partial sum
     // over the vocabulary shards) is all-reduced.
-    specs.push_back({"head",
-                     build_embedding,
-                     [group](torch::nn::Module& m, const at::Tensor& x) {
-                       auto& e = static_cast<TensorParallelGPTEmbeddingImpl&>(m);
-                       return nn::linear(nn::copy_to_tensor_model_parallel_region(x, group),
-                                         e.word->weight);
-                     },
-                     "embedding",
-                     {"word.weight"}});
+    specs.push_back(
+        {"head",
+         build_embedding,
+         [group, async = config.parallelism.async_tensor_model_parallel_allreduce](
+             torch::nn::Module& m, const at::Tensor& x) {
+           auto& e = static_cast<TensorParallelGPTEmbeddingImpl&>(m);
+           if (async)
+             return nn::linear_with_async_communication(x, e.word->weight, {}, group, false);
+           return nn::linear(nn::copy_to_tensor_model_parallel_region(x, group), e.word->weight);
+         },
+         "embedding",
+         {"word.weight"}});
   } else {
     specs.push_back({"head",
                      [config, group] {
                        return nn::ColumnParallelLinear(
                                   nn::ParallelLinearOptions(config.hidden_size, config.vocab_size)
                                       .bias(false)
-                                      .init_method(nn::init_method_normal(config.init_method_std)),
+                                      .init_method(nn::init_method_normal(config.init_method_std))
+                                      .async_tensor_model_parallel_allreduce(
+                                          config.parallelism.async_tensor_model_parallel_allreduce),
                                   group)
                            .ptr();
                      },

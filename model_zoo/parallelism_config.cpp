@@ -24,6 +24,8 @@ ParallelismConfig ParallelismConfig::from_json(const nlohmann::json& j, const st
   c.pipeline_model_parallel_size = s.get_int("pipeline_model_parallel_size", 1, 1, kMaxDegree);
   c.data_parallel_size = s.get_int("data_parallel_size", 0, 0, kMaxDegree);
   c.sequence_parallel = s.get_bool("sequence_parallel", false);
+  c.async_tensor_model_parallel_allreduce =
+      s.get_bool("async_tensor_model_parallel_allreduce", true);
   s.finish();
   if (c.sequence_parallel && c.tensor_model_parallel_size == 1)
     throw ConfigError(path + ".sequence_parallel",
@@ -37,6 +39,8 @@ nlohmann::json ParallelismConfig::to_json() const {
                       {"pipeline_model_parallel_size", pipeline_model_parallel_size},
                       {"sequence_parallel", sequence_parallel}};
   if (data_parallel_size > 0) j["data_parallel_size"] = data_parallel_size;
+  // Written only off the default, so configs written before the key read back unchanged.
+  if (!async_tensor_model_parallel_allreduce) j["async_tensor_model_parallel_allreduce"] = false;
   return j;
 }
 

@@ -15,6 +15,9 @@ struct ParallelismConfig {
   int64_t pipeline_model_parallel_size = 1;
   int64_t data_parallel_size = 0;  // 0: world / (tensor * pipeline)
   bool sequence_parallel = false;  // Korthikanti et al.; needs tensor_model_parallel_size > 1
+  // Megatron's: the column-parallel backward overlaps its collectives with its products
+  // (nn/linear_async_communication.h); false: synchronous. The same values either way.
+  bool async_tensor_model_parallel_allreduce = true;
 
   // `j` is the `parallelism` object; `path` names it in errors ("parallelism").
   static ParallelismConfig from_json(const nlohmann::json& j, const std::string& path);

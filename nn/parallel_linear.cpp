@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/linear_async_communication.h"
 
 namespace dscpp::nn {
 
@@ -46,13 +47,19 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const ParallelLinearOptions& 
 }
 
 LinearOutput ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  // Sequence parallelism: the all-gather of the sequence shards replaces the copy; its
-  // backward reduce-scatters the input's gradient (partial sums of every rank's columns).
-  const at::Tensor input_parallel = options.sequence_parallel()
-                                        ? gather_from_sequence_parallel_region(input, group)
-                                        : copy_to_tensor_model_parallel_region(input, group);
   const at::Tensor b = options.skip_bias_add() ? at::Tensor() : bias;
-  const at::Tensor output_parallel = nn::linear(input_parallel, weight, b);
+  at::Tensor output_parallel;
+  if (options.async_tensor_model_parallel_allreduce()) {
+    output_parallel =
+        linear_with_async_communication(input, weight, b, group, options.sequence_parallel());
+  } else {
+    // Sequence parallelism: the all-gather of the sequence shards replaces the copy; its
+    // backward reduce-scatters the input's gradient (partial sums of every rank's columns).
+    const at::Tensor input_parallel = options.sequence_parallel()
+                                          ? gather_from_sequence_parallel_region(input, group)
+                                          : copy_to_tensor_model_parallel_region(input, group);
+    output_parallel = nn::linear(input_parallel, weight, b);
+  }
   at::Tensor output = options.gather_output()
                           ? gather_from_tensor_model_parallel_region(output_parallel, group)
                           : output_parallel;

@@ -6,6 +6,10 @@
 // or, with sequence_parallel, this rank's 1/t of the sequence, dim 0 ([s/t, b, in]: all-gathered
 // before the product, the gradient reduce-scattered). Output Y_r = X A_rᵀ + b_r [..., out/t],
 // or all of Y with gather_output (not with sequence_parallel).
+// async_tensor_model_parallel_allreduce (Megatron's option, default on): the product is
+// linear_with_async_communication, whose backward overlaps the input gradient's all-reduce
+// (sequence_parallel: its reduce-scatter, and the input's all-gather again) with the
+// products; off: the synchronous mappings around nn::linear. Both give the same bits.
 //
 // RowParallelLinear: A split by columns (input features): rank r holds A_r [out, in/t]; b
 // [out] whole. Input X_r [..., in/t] (input_is_parallel: as a column-parallel layer leaves it;
@@ -45,7 +49,9 @@ struct ParallelLinearOptions {
   TORCH_ARG(bool, input_is_parallel) = false;  // row: X arrives split; false: X whole
   TORCH_ARG(bool, skip_bias_add) = false;      // return the bias instead of adding it
   TORCH_ARG(bool, sequence_parallel) = false;  // Korthikanti et al.'s regions; false: off
-  TORCH_ARG(int64_t, stride) = 1;              // Megatron's partition stride; 1: one slice
+  // column: backward's collectives overlapped with its products; false: synchronous mappings
+  TORCH_ARG(bool, async_tensor_model_parallel_allreduce) = true;
+  TORCH_ARG(int64_t, stride) = 1;  // Megatron's partition stride; 1: one slice
   TORCH_ARG(InitMethod, init_method) = init_method_normal();  // draws the master weight
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;              // the parameters' dtype
 };

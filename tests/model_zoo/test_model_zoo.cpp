@@ -252,6 +252,15 @@ TEST(GPTConfig, ParallelismDegreesAndTheWorldSizeArithmetic) {
   e = config_error([&] { mz::GPTConfig::from_json(j); });
   EXPECT_TRUE(has(e, "parallelism.sequence_parallel") && has(e, "tensor_model_parallel_size > 1"))
       << e;
+  j["parallelism"] = {{"tensor_model_parallel_size", 2}};
+  EXPECT_TRUE(mz::GPTConfig::from_json(j).parallelism.async_tensor_model_parallel_allreduce);
+  j["parallelism"]["async_tensor_model_parallel_allreduce"] = false;
+  c = mz::GPTConfig::from_json(j);
+  EXPECT_FALSE(c.parallelism.async_tensor_model_parallel_allreduce);
+  EXPECT_EQ(c.parallelism.to_json()["async_tensor_model_parallel_allreduce"], false);
+  EXPECT_FALSE(mz::ParallelismConfig::from_json(mz::ParallelismConfig().to_json(), "parallelism")
+                   .to_json()
+                   .contains("async_tensor_model_parallel_allreduce"));
   j["parallelism"] = 2;
   e = config_error([&] { mz::GPTConfig::from_json(j); });
   EXPECT_TRUE(has(e, "parallelism") && has(e, "expected an object")) << e;

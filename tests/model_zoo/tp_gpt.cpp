@@ -106,6 +106,34 @@ TEST(TensorParallelGPT, TrainsAsTheOneRankGPT) {
   }
 }
 
+// parallelism.async_tensor_model_parallel_allreduce: the column-parallel layers and the tied
+// head with their backward overlapped, or synchronous: the same loss and gradients, bit for
+// bit, with and without sequence parallelism.
+TEST(TensorParallelGPT, AsyncAllreduceOnAndOffGiveTheSameBits) {
+  const int t = world->size();
+  const at::Tensor tokens =
+      at::randint(0, 128, {2, 17}, at::detail::createCPUGenerator(9), at::kLong);
+  const at::Tensor ids = tokens.narrow(1, 0, 16), targets = tokens.narrow(1, 1, 16);
+  for (bool tied : {true, false})
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(std::string(tied ? "tied" : "head") + (sp ? " sequence_parallel" : ""));
+      std::vector<at::Tensor> got[2];
+      for (bool async : {false, true}) {
+        mz::GPTConfig c = tiny(tied, t);
+        c.parallelism.sequence_parallel = sp;
+        c.parallelism.async_tensor_model_parallel_allreduce = async;
+        at::manual_seed(3);
+        mz::TensorParallelGPT tp(c, world);
+        at::Tensor loss = tp->loss(tp(ids), targets);
+        loss.backward();
+        got[async].push_back(loss.detach());
+        for (const auto& p : tp->parameters()) got[async].push_back(p.grad());
+      }
+      ASSERT_EQ(got[0].size(), got[1].size());
+      for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(at::equal(got[0][i], got[1][i])) << i;
+    }
+}
+
 TEST(TensorParallelGPT, ADegreeThatDoesNotDivideIsAConfigError) {
   mz::GPTConfig c = tiny(true, world->size());
   c.vocab_size = 128 * world->size() + 1;

@@ -1,0 +1,173 @@
+// linear_with_async_communication: one autograd function (with a bias and without) whose
+// backward issues its collectives without waiting and waits only where the data is needed.
+#include "dscpp/ops/autograd_function.h"  // first: see there
+
+#include "dscpp/nn/linear_async_communication.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+
+#include "dscpp/nn/linear.h"
+
+namespace dscpp::nn {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::vector<std::string>* trace_sink = nullptr;
+
+void trace(const char* step) {
+  if (trace_sink) trace_sink->emplace_back(step);
+}
+
+struct GroupHolder : torch::CustomClassHolder {
+  explicit GroupHolder(GroupPtr g) : group(std::move(g)) {}
+  GroupPtr group;
+};
+
+comm::ProcessGroup& group_of(AutogradContext* ctx) {
+  return *c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule())
+              ->group;
+}
+
+// The ranks' shards concatenated along dim 0 (written there by all_gather); not waited for.
+at::Tensor gather_first_async(const at::Tensor& x, comm::ProcessGroup& g, comm::Work& work) {
+  auto sizes = x.sizes().vec();
+  sizes[0] *= g.size();
+  at::Tensor out = at::empty(sizes, x.options().memory_format(at::MemoryFormat::Contiguous));
+  work = g.all_gather(out, x.contiguous());
+  return out;
+}
+
+// As nn::linear's forward: the same products, so the same bits.
+at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor out = bias.defined() ? at::addmm(bias, x2, weight.t()) : at::mm(x2, weight.t());
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  return out.view(sizes);
+}
+
+at::Tensor forward_impl(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                        const at::Tensor& bias, const c10::intrusive_ptr<GroupHolder>& holder,
+                        bool sequence_parallel) {
+  ctx->saved_data["group"] = at::IValue::make_capsule(holder);
+  ctx->saved_data["sequence_parallel"] = sequence_parallel;
+  // Only the shard is saved under sequence parallelism: backward gathers it again.
+  ctx->save_for_backward({x, weight});
+  at::Tensor total = x;
+  if (sequence_parallel) {
+    comm::Work work;
+    total = gather_first_async(x, *holder->group, work);
+    work.wait();
+  }
+  // As nn::linear records it, for the flops profiler: the gathered input, the parameter.
+  RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({total, weight, bias}));
+  return product(total, weight, bias);
+}
+
+variable_list backward_impl(AutogradContext* ctx, const at::Tensor& grad, bool with_bias) {
+  variable_list out(with_bias ? 5 : 4);
+  if (!grad.defined()) return out;
+  auto saved = ctx->get_saved_variables();
+  const at::Tensor& x = saved[0];
+  const at::Tensor& weight = saved[1];
+  comm::ProcessGroup& g = group_of(ctx);
+  const bool sp = ctx->saved_data["sequence_parallel"].toBool();
+  const bool need_input = ctx->needs_input_grad(0);
+  const bool need_weight = ctx->needs_input_grad(1);
+  const at::Tensor g2 = grad.reshape({-1, grad.size(-1)});
+
+  // The input's all-gather runs while grad_input is computed (it does not need X).
+  comm::Work gather;
+  at::Tensor total = x;
+  if (sp && need_weight) {
+    total = gather_first_async(x, g, gather);
+    trace("issue all_gather");
+  }
+  at::Tensor grad_input;
+  if (need_input) {
+    auto sizes = x.sizes().vec();
+    if (sp) sizes[0] *= g.size();
+    grad_input = at::mm(g2, weight).view(sizes);
+    trace("grad_input");
+  }
+  if (gather.defined()) {
+    gather.wait();
+    trace("wait all_gather");
+  }
+  // grad_input's reduction runs while grad_weight is computed.
+  comm::Work reduce;
+  const char* reduce_wait = nullptr;
+  if (need_input) {
+    if (sp) {
+      at::Tensor shard =
+          at::empty(x.sizes(), grad_input.options().memory_format(at::MemoryFormat::Contiguous));
+      reduce = g.reduce_scatter(shard, grad_input.contiguous());
+      grad_input = shard;
+      trace("issue reduce_scatter");
+      reduce_wait = "wait reduce_scatter";
+    } else {
+      grad_input = grad_input.contiguous();
+      reduce = g.all_reduce(grad_input);
+      trace("issue all_reduce");
+      reduce_wait = "wait all_reduce";
+    }
+  }
+  if (need_weight) {
+    out[1] = at::mm(g2.t(), total.reshape({-1, total.size(-1)}));
+    trace("grad_weight");
+  }
+  if (with_bias && ctx->needs_input_grad(2)) {
+    out[2] = g2.sum(0);
+    trace("grad_bias");
+  }
+  if (reduce.defined()) {
+    reduce.wait();
+    trace(reduce_wait);
+  }
+  out[0] = grad_input;
+  return out;
+}
+
+// Autograd takes no undefined tensor as an input, hence one function with a bias and one without.
+struct AsyncLinearWithBias : torch::autograd::Function<AsyncLinearWithBias> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, c10::intrusive_ptr<GroupHolder> holder,
+                            bool sequence_parallel) {
+    return forward_impl(ctx, x, weight, bias, holder, sequence_parallel);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return backward_impl(ctx, grads[0], true);
+  }
+};
+
+struct AsyncLinearNoBias : torch::autograd::Function<AsyncLinearNoBias> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            c10::intrusive_ptr<GroupHolder> holder, bool sequence_parallel) {
+    return forward_impl(ctx, x, weight, at::Tensor(), holder, sequence_parallel);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return backward_impl(ctx, grads[0], false);
+  }
+};
+
+}  // namespace
+
+at::Tensor linear_with_async_communication(const at::Tensor& x, const at::Tensor& weight,
+                                           const at::Tensor& bias, const GroupPtr& group,
+                                           bool sequence_parallel) {
+  if (tensor_model_parallel_size(group) == 1) return nn::linear(x, weight, bias);
+  auto holder = c10::make_intrusive<GroupHolder>(group);
+  return bias.defined() ? AsyncLinearWithBias::apply(x, weight, bias, holder, sequence_parallel)
+                        : AsyncLinearNoBias::apply(x, weight, holder, sequence_parallel);
+}
+
+void set_async_communication_trace(std::vector<std::string>* trace) {
+  trace_sink = trace;
+}
+
+}  // namespace dscpp::nn
