@@ -9,6 +9,9 @@
 #   d2off46    dscpp on the same 4.64 B GPT and ds_config
 #   d2off46o   the same without gradient clipping (gpt_bf16_zero2_offload_noclip.json), where the
 #              CPU update overlaps backward (zero/offload_overlap.h)
+#   d2off46m   d2off46 with the CUDA allocator's history of step 2 recorded (train_gpt
+#              --memory-snapshot): bench/memory_peak.py lists what is live at the GPU peak ->
+#              $OUT/memory_peak_off46.md (where offload's GPU memory goes)
 #   d2x9       the 9.08 B GPT at stage 2 without offload (gpt_6.7B_bf16_zero2.json): the refusal
 #              (16 B per parameter of model states, 135 GiB, do not fit 139 GiB with activations)
 #   d3both     the 8.27 B GPT at stage 3 with both offloads (gpt_bf16_zero3_offload_both.json):
@@ -59,6 +62,8 @@ row_cmd() {  # sets `cmd` and `model` for a row; returns 1 if unknown
       --launcher "$build/launcher/dscpp" --train "$build/tests/runtime/engine/engine_train" "${oracle_only[@]}") ;;
     d2off9) model=$m9; train 29862 "$m9" "$off2" ;;
     d2off46) model=$m46; train 29863 "$m46" "$off2" ;;
+    d2off46m) model=$m46; train 29868 "$m46" "$off2"
+      cmd+=(--memory-snapshot "$logdir/memsnap_off46.pickle" --memory-snapshot-step 2) ;;
     d2off46o) model=$m46; train 29867 "$m46" bench/configs/gpt_bf16_zero2_offload_noclip.json ;;
     d2x9) model=$m9; train 29864 "$m9" bench/configs/gpt_6.7B_bf16_zero2.json ;;
     d3both) model=$m83; train 29865 "$m83" bench/configs/gpt_bf16_zero3_offload_both.json ;;
@@ -87,6 +92,10 @@ for row in $rows; do
   echo "## gpt_table row=$row rc=$rc wall_s=$((SECONDS - t0))" >>"$log"
   echo "offload_rows: $row rc=$rc in $((SECONDS - t0)) s (script at $((SECONDS - t_start)) s)"
   [ "$rc" = 124 ] || [ "$rc" = 137 ] && sleep 5
+  if [ "$row" = d2off46m ] && [ -f "$logdir/memsnap_off46.pickle" ]; then
+    "$py" bench/memory_peak.py "$logdir/memsnap_off46.pickle" >"$out/memory_peak_off46.md" 2>&1
+    rm -f "$logdir/memsnap_off46.pickle"
+  fi
 done
 "$py" bench/offload_table.py "$logdir" | tee "$out/offload_table.md"
 echo "offload_rows: $((SECONDS - t_start)) s in all"

@@ -17,7 +17,9 @@
 #   GPU_PROFILE=1   two steps (14 and 15 of 20) of dscpp ZeRO-2 on 2 GPUs (1 where there is one)
 #                   under Kineto: gzipped traces profile-rank*.json.gz and bench/trace_summary.py's
 #                   profile_summary.md
-#                   (GPU_PROFILE_DEFERRED=1: the d2x2d run, deferred all-gathers and LayerSpecs)
+#                   (GPU_PROFILE_DEFERRED=1: the d2x2d run, deferred all-gathers and LayerSpecs;
+#                   GPU_PROFILE_MODEL / GPU_PROFILE_DS: another model and ds_config, e.g. the
+#                   6.66 B GPT: bench/configs/gpt_6.7B_bench.json, gpt_6.7B_bf16_zero2.json)
 #   GPU_FLOPS=1     DeepSpeed's flops profiler at step 5 of train_gpt (GPT 1.3B, ZeRO-2, one GPU,
 #                   bench/configs/gpt_bf16_zero2_flops.json) -> flops_profile.log
 #   GPU_CPU_ADAM=1  dscpp's CPU Adam beside DeepSpeed's DeepSpeedCPUAdam on this machine's cores
@@ -151,14 +153,14 @@ fi
 # compiled, in this call. Under GPU_DEADLINE_S it gets what is left, less the profile's share.
 gpt_profile() {  # two profiled ZeRO-2 steps on 2 GPUs, every rank's trace, then their summaries
   local trace=$out/profile.json limit=600
-  local cfg=(--deepspeed_config ds_configs/gpt_bf16_zero2.json)
+  local cfg=(--deepspeed_config "${GPU_PROFILE_DS:-ds_configs/gpt_bf16_zero2.json}")
   [ "${GPU_PROFILE_DEFERRED:-0}" = 1 ] &&
     cfg=(--deepspeed_config bench/configs/gpt_bf16_zero2_deferred.json --layer-specs)
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 10))
   [ "$limit" -ge 45 ] || { echo "gpt_profile: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
   local n=$(( gpus >= 2 ? 2 : 1 )) r
   timeout -k 10 "$limit" ./build-cuda/launcher/dscpp --num_gpus "$n" --master_port 29740 ./build-cuda/examples/train_gpt \
-    --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
+    --model-config "${GPU_PROFILE_MODEL:-bench/configs/gpt_1.3B_bench.json}" --train-data-path .gpu/corpus/fortunes_text_document \
     "${cfg[@]}" --train-iters 20 --log-interval 10 \
     --profile-step 14 --profile-steps 2 --profile-out "$trace" --profile-all-ranks || return 1
   : >"$out/profile_summary.md"
