@@ -10,7 +10,8 @@
 // copy line is the bandwidth there is. "its kernels alone" calls the fused op's two halves
 // without autograd (the difference to the line above is the wrapper's cost). For
 // cross-entropy, each variant's peak allocation in one forward + backward above what was
-// allocated before it.
+// allocated before it. For add_layer_norm also the backward alone (autograd on a kept graph)
+// and GB/s from each variant's own bytes moved.
 //   kernels_bench [--tokens 8192] [--ffn 8192] [--hidden 2048] [--vocab 50304] [--gelu tanh|none]
 //                 [--iters 20] [--warmup 5] [--device 0]
 #include <ATen/ops/cross_entropy_loss.h>
@@ -41,6 +42,7 @@
 
 #include "bench/bench_util.h"
 #include "dscpp/ops/fused_ops.h"
+#include "dscpp/ops/kernel_launch.h"
 #include "dscpp/ops/ops_impl.h"
 
 namespace {
@@ -177,7 +179,21 @@ void bench_bias_gelu(const Options& o, const at::TensorOptions& opts, cudaStream
       "forward+backward 1.60x (16 vs 10)\n");
 }
 
+// Forward, backward and forward + backward apart, each with the GB/s of its own variant's bytes
+// moved (so each reads against the copy line), for add_layer_norm.
+struct Timing3 {
+  double fwd_ms, bwd_ms, step_ms;
+};
+
+void print_row3(const std::string& name, const Timing3& t, const std::array<double, 3>& bytes) {
+  const auto gbps = [](double b, double ms) { return b / (ms * 1e-3) / 1e9; };
+  fmt::print("  {:<34} {:>8.3f} {:>6.0f} {:>8.3f} {:>6.0f} {:>9.3f} {:>6.0f}\n", name, t.fwd_ms,
+             gbps(bytes[0], t.fwd_ms), t.bwd_ms, gbps(bytes[1], t.bwd_ms), t.step_ms,
+             gbps(bytes[2], t.step_ms));
+}
+
 void bench_add_layer_norm(const Options& o, const at::TensorOptions& opts, cudaStream_t stream) {
+  namespace detail = dscpp::ops::detail;
   const auto bf16 = opts.dtype(at::kBFloat16);
   const int64_t n = o.hidden;
   const at::Tensor x = at::randn({o.tokens, n}, bf16).requires_grad_();
@@ -195,9 +211,19 @@ void bench_add_layer_norm(const Options& o, const at::TensorOptions& opts, cudaS
     at::Tensor h = x.add(br);
     return Pair{h, at::layer_norm(h, {n}, w, b, eps)};
   };
+  // Backward alone: through autograd on one forward's graph, kept (retain_graph) for every call.
   const auto time = [&](const std::function<Pair()>& f) {
-    Timing t{};
+    Timing3 t{};
     t.fwd_ms = median_ms([&] { f(); }, o, stream);
+    {
+      const Pair hy = f();
+      t.bwd_ms = median_ms(
+          [&] {
+            torch::autograd::backward({hy[0], hy[1]}, {gh, gy}, /*retain_graph=*/true);
+            reset();
+          },
+          o, stream);
+    }
     t.step_ms = median_ms(
         [&] {
           const Pair hy = f();
@@ -207,22 +233,52 @@ void bench_add_layer_norm(const Options& o, const at::TensorOptions& opts, cudaS
         o, stream);
     return t;
   };
-  // Minimal traffic, bf16: forward reads x and branch, writes h and y; backward reads dy, dh,
-  // h, writes dx (x and branch share it). Eager moves 5 forward (the add's 3, layer_norm's 2)
-  // and 8 backward (layer_norm's input gradient 3, its weight gradients 2, the sum of h's two
-  // gradients 3).
-  const double mn = static_cast<double>(o.tokens) * static_cast<double>(n);
-  const double fwd_bytes = 2 * 4 * mn, step_bytes = 2 * 8 * mn;
+  // Bytes moved, bf16 tensors of [tokens, hidden]: the fused forward reads x and branch, writes
+  // h and y (4); its backward reads dy, dh, h, writes dx (4; x and branch share it) plus the
+  // fp32 partial sums of dweight and dbias written and read once. Eager moves 5 forward (the
+  // add's 3, layer_norm's 2) and 8 backward (layer_norm's input gradient 3, its weight
+  // gradients 2, the sum of h's two gradients 3).
+  const double tensor = 2.0 * static_cast<double>(o.tokens) * static_cast<double>(n);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const double partial_bytes =
+      2.0 * 4.0 *
+      static_cast<double>(dscpp::ops::cuda::add_layer_norm_backward_workspace(o.tokens, n));
+  const std::array<double, 3> fused_bytes = {4 * tensor, 4 * tensor + partial_bytes,
+                                             8 * tensor + partial_bytes};
+  const std::array<double, 3> eager_bytes = {5 * tensor, 8 * tensor, 13 * tensor};
   fmt::print("\nadd_layer_norm: x, branch [{}, {}] bf16, weight and bias [{}]\n", o.tokens, n, n);
-  print_header();
-  const Timing tf = time(fused);
-  print_row("fused dscpp::ops::add_layer_norm", tf, fwd_bytes, step_bytes);
-  const Timing te = time(eager);
-  print_row("eager x + branch, layer_norm", te, fwd_bytes, step_bytes);
-  print_ratio(tf, te);
+  fmt::print("  {:<34} {:>8} {:>6} {:>8} {:>6} {:>9} {:>6}   (GB/s: each variant's own bytes)\n",
+             "", "fwd ms", "GB/s", "bwd ms", "GB/s", "f+b ms", "GB/s");
+  const Timing3 tf = time(fused);
+  print_row3("fused dscpp::ops::add_layer_norm", tf, fused_bytes);
+  {
+    const c10::NoGradGuard no_grad;
+    Timing3 tk{};
+    tk.fwd_ms = median_ms([&] { detail::add_layer_norm_forward(x, br, w, b, eps); }, o, stream);
+    const detail::AddLayerNormForward f = detail::add_layer_norm_forward(x, br, w, b, eps);
+    tk.bwd_ms = median_ms(
+        [&] {
+          detail::add_layer_norm_backward(gh, gy, f.h, w, b, f.mean, f.rstd, {true, true, true});
+        },
+        o, stream);
+    tk.step_ms = median_ms(
+        [&] {
+          const detail::AddLayerNormForward g = detail::add_layer_norm_forward(x, br, w, b, eps);
+          detail::add_layer_norm_backward(gh, gy, g.h, w, b, g.mean, g.rstd, {true, true, true});
+        },
+        o, stream);
+    print_row3("  its kernels alone (no autograd)", tk, fused_bytes);
+  }
+  const Timing3 te = time(eager);
+  print_row3("eager x + branch, layer_norm", te, eager_bytes);
   fmt::print(
-      "  predicted from bytes moved: forward 1.25x (5 vs 4 tensors), forward+backward 1.63x "
-      "(13 vs 8); per GPT-1.3B step (24 blocks) the fused saves 24 x (eager - fused)\n");
+      "  fused vs eager: forward {:.2f}x, backward {:.2f}x, forward+backward {:.2f}x the speed\n",
+      te.fwd_ms / tf.fwd_ms, te.bwd_ms / tf.bwd_ms, te.step_ms / tf.step_ms);
+  fmt::print(
+      "  predicted from bytes moved: forward 1.25x (5 vs 4 tensors), backward ~1.9x (8 vs 4 + "
+      "partials), forward+backward ~1.6x (13 vs 8 + partials); at 4 TB/s the fused backward "
+      "takes {:.3f} ms\n",
+      fused_bytes[1] / 4e12 * 1e3);
   fmt::print("  per step, 24 blocks: fused {:.2f} ms, eager {:.2f} ms\n", 24 * tf.step_ms,
              24 * te.step_ms);
 }

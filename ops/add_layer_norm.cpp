@@ -1,11 +1,14 @@
 // add_layer_norm's two halves: argument checks, then the CUDA kernels (add_layer_norm.cu)
-// where they apply and ATen's native_layer_norm and its backward everywhere else.
+// where they apply and ATen's native_layer_norm and its backward everywhere else (CPU, float64,
+// mixed dtypes, and a backward of rows wider than kAddLayerNormBackwardMaxN).
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/native_layer_norm.h>
 #include <ATen/ops/native_layer_norm_backward.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
+
+#include <vector>
 
 #include "dscpp/ops/ops_impl.h"
 
@@ -113,7 +116,7 @@ std::array<at::Tensor, 3> add_layer_norm_backward(const at::Tensor& dh, const at
   const int64_t n = h.size(-1);
 #ifdef DSCPP_CUDA
   if (const auto dtype = kernel_path(h, dy, weight, bias);
-      dtype && dy.device() == h.device() &&
+      dtype && n <= cuda::kAddLayerNormBackwardMaxN && dy.device() == h.device() &&
       (!dh.defined() || dh.scalar_type() == h.scalar_type())) {
     const c10::cuda::CUDAGuard guard(h.device());
     const at::Tensor hc = h.contiguous(), gc = dy.contiguous(), wc = weight.contiguous();
@@ -127,7 +130,7 @@ std::array<at::Tensor, 3> add_layer_norm_backward(const at::Tensor& dh, const at
       if (need[1]) dw.zero_();
       if (need[2]) db.zero_();
     } else {
-      at::Tensor ws = at::empty({cuda::add_layer_norm_backward_blocks(rows) * 2 * n},
+      at::Tensor ws = at::empty({cuda::add_layer_norm_backward_workspace(rows, n)},
                                 hc.options().dtype(at::kFloat));
       cuda::launch_add_layer_norm_backward(
           gc.const_data_ptr(), rc.defined() ? rc.const_data_ptr() : nullptr, hc.const_data_ptr(),
@@ -142,8 +145,12 @@ std::array<at::Tensor, 3> add_layer_norm_backward(const at::Tensor& dh, const at
     return out;
   }
 #endif
-  auto [dx, dw, db] = at::native_layer_norm_backward(dy, h, {n}, mean, rstd, weight, bias,
-                                                     {need[0], need[1], need[2]});
+  // The statistics as native_layer_norm shapes them, [..., 1] (the CUDA forward's are [rows]).
+  std::vector<int64_t> stat_shape = h.sizes().vec();
+  stat_shape.back() = 1;
+  auto [dx, dw, db] =
+      at::native_layer_norm_backward(dy, h, {n}, mean.reshape(stat_shape), rstd.reshape(stat_shape),
+                                     weight, bias, {need[0], need[1], need[2]});
   if (need[0]) out[0] = dh.defined() ? dx.add(dh) : dx;
   if (need[1]) out[1] = dw;
   if (need[2]) out[2] = db;

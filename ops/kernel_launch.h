@@ -51,13 +51,19 @@ void launch_add_layer_norm_forward(const void* x, const void* branch, const void
                                    int64_t rows, int64_t n, float eps, DType dtype,
                                    cudaStream_t stream);
 
-// How many rows of partial sums the backward's workspace holds: it is
-// add_layer_norm_backward_blocks(rows) * 2 * n floats.
-int64_t add_layer_norm_backward_blocks(int64_t rows);
+// The widest row the backward kernels take (a row's elements live in the registers of one
+// block of at most 1024 threads); wider rows take ATen's kernels (add_layer_norm.cpp).
+inline constexpr int64_t kAddLayerNormBackwardMaxN = 8192;
+
+// The backward's fp32 workspace in floats for rows of n on the current device: one row of
+// 2 * n partial sums per block (the grid depends on n and the device's SM count).
+int64_t add_layer_norm_backward_workspace(int64_t rows, int64_t n);
 
 // From forward's h, mean, rstd: dx = dh + d LayerNorm / dh applied to dy (dh null: zero);
 // dweight = sum over rows of dy * xhat, dbias = sum of dy, fp32 sums rounded once to dtype
-// (either null: not written). dy, dh, h, dx: [rows, n]; weight, dweight, dbias: [n].
+// (either null: not written). dy, dh, h, dx: [rows, n]; weight, dweight, dbias: [n];
+// workspace: add_layer_norm_backward_workspace(rows, n) floats. Throws for
+// n > kAddLayerNormBackwardMaxN.
 void launch_add_layer_norm_backward(const void* dy, const void* dh, const void* h,
                                     const void* weight, const float* mean, const float* rstd,
                                     void* dx, void* dweight, void* dbias, float* workspace,

@@ -1,18 +1,23 @@
 // The residual add + LayerNorm CUDA kernels against the float64 formulas
 // (tests/ops/add_layer_norm_reference.h): odd hidden sizes (n not a multiple of the 16-byte
-// pack), one row and many (more rows than the backward's blocks, so blocks take several),
-// hidden up to 8200, fp32, bf16 and fp16, arrays on and off 16-byte boundaries, every output
-// poisoned with NaN first. Then the op through autograd on CUDA leaves, with h's gradient
-// absent and present. Skips without a GPU.
+// pack), one row and many (20000 x 64 and 2000 x 1024: more rows than the backward's blocks on
+// GPUs of up to 250 SMs, an H200 has 132, so blocks take several), hidden up to the backward's
+// widest, 8192, and 8184 (a last warp partly idle), fp32, bf16 and fp16, arrays on and off
+// 16-byte boundaries, every output poisoned with NaN first; at hidden 1 in fp32 dx is dh
+// exactly. Then the op through autograd on CUDA leaves, with h's gradient absent and present,
+// and at hidden 8200, where the backward takes ATen's kernels. Skips without a GPU.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "dscpp/error.h"
 #include "dscpp/ops/fused_ops.h"
 #include "dscpp/ops/kernel_launch.h"
 #include "tests/ops/add_layer_norm_reference.h"
@@ -46,7 +51,8 @@ TEST(AddLayerNormCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
   at::manual_seed(41);
   const double eps = 1e-5;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {1, 1}, {1, 8}, {3, 13}, {7, 1001}, {513, 24}, {2051, 64}, {64, 2048}, {37, 8192}, {5, 8200}};
+      {1, 1},      {1, 8},     {3, 13},      {7, 1001},  {513, 24},
+      {20000, 64}, {64, 2048}, {2000, 1024}, {37, 8192}, {5, 8184}};
   for (const Dtype& d : kDtypes)
     for (const auto& [rows, n] : shapes)
       for (int64_t offset : {0, 1})
@@ -65,7 +71,7 @@ TEST(AddLayerNormCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
           at::Tensor mean = poisoned({rows}, at::kFloat), rstd = poisoned({rows}, at::kFloat);
           at::Tensor dx = poisoned({rows, n}, d.type, offset);
           at::Tensor dw = poisoned({n}, d.type), db = poisoned({n}, d.type);
-          at::Tensor ws = poisoned({kc::add_layer_norm_backward_blocks(rows) * 2 * n}, at::kFloat);
+          at::Tensor ws = poisoned({kc::add_layer_norm_backward_workspace(rows, n)}, at::kFloat);
           kc::launch_add_layer_norm_forward(x.data_ptr(), br.data_ptr(), w.data_ptr(), b.data_ptr(),
                                             h.data_ptr(), y.data_ptr(), mean.data_ptr<float>(),
                                             rstd.data_ptr<float>(), rows, n, eps, d.tag,
@@ -87,7 +93,25 @@ TEST(AddLayerNormCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
           EXPECT_LT(rel_err(dx, ref.dx), d.tol) << "dx";
           EXPECT_LT(rel_err(dw, ref.dweight), d.tol) << "dweight";
           EXPECT_LT(rel_err(db, ref.dbias), d.tol) << "dbias";
+          if (n == 1 && d.type == at::kFloat)  // the LayerNorm's gradient is 0 there
+            EXPECT_TRUE(dx.cpu().equal(with_dh ? dh.cpu() : at::zeros({rows, n}, at::kFloat)))
+                << "hidden 1: dx is dh exactly";
         }
+}
+
+// Rows wider than the backward kernel's registers are refused by name (the op sends them to
+// ATen, see OpGradientsThroughAutogradMatchReference's hidden 8200).
+TEST(AddLayerNormCuda, BackwardLauncherRefusesRowsAboveItsWidest) {
+  DSCPP_SKIP_WITHOUT_CUDA();
+  const int64_t n = kc::kAddLayerNormBackwardMaxN + 8;
+  try {
+    kc::launch_add_layer_norm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                       nullptr, nullptr, nullptr, nullptr, 2, n,
+                                       kc::DType::kBFloat16, current_stream());
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const dscpp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden size 8200"), std::string::npos) << e.what();
+  }
 }
 
 // The op on CUDA leaves through autograd, 3-d x: h, y and the four gradients against the
@@ -95,7 +119,8 @@ TEST(AddLayerNormCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
 TEST(AddLayerNormCuda, OpGradientsThroughAutogradMatchReference) {
   DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(42);
-  const std::vector<std::vector<int64_t>> shapes = {{2, 7, 1000}, {3, 5, 2048}, {0, 64}};
+  const std::vector<std::vector<int64_t>> shapes = {
+      {2, 7, 1000}, {3, 5, 2048}, {0, 64}, {2, 3, 8200}};
   for (const Dtype& d : kDtypes)
     for (const auto& shape : shapes)
       for (bool use_h : {true, false}) {
