@@ -50,11 +50,15 @@ void ParamStore::keep_only_partition(const at::Tensor& master) {
 void ParamStore::relayout(const FlatLayout& old) {
   wait_all_published();
   if (partitioned()) {
-    // (an offloaded partition travels through the training device, where collectives run)
-    const bool away = part16_.device() != device_options_.device();
+    // An offloaded partition travels through the training device, where collectives run;
+    // one partition alone (a group of one) is permuted where it lies, in its own buffer.
+    const bool offloaded = part16_.device() != device_options_.device();
+    const bool away = offloaded && layout_.world_size > 1;
     at::Tensor moved = relay_partition(
         old, layout_, away ? part16_.to(device_options_.device()) : part16_, chunk_rank(), *group_);
-    if (away) {
+    if (offloaded && moved.numel() == part16_.numel()) {
+      part16_.copy_(moved);  // (keeps the pinned buffer)
+    } else if (away) {
       part16_ = at::empty({moved.numel()}, part16_.options());
       part16_.copy_(moved);
     } else {
