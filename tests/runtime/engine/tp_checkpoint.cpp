@@ -4,10 +4,10 @@
 // one-rank GPT engine (tensor 1 x data 1, ZeRO 0), the GPT at tensor 1 x data 4 and
 // TensorParallelGPT at tensor 4 x data 1, and each continues 5 steps as the one-rank run of 10
 // steps does: every step's loss and the final weights (as slices) within 1e-5 relative,
-// optimizer state included (momentum carries over). Two rounds: saved at ZeRO 1 (loaded at ZeRO
-// 2 and 1) and at ZeRO 3 (loaded at ZeRO 3: the parameters' values only in the ZeRO files on
-// both sides). zero_to_fp32 and to_universal of each checkpoint give the weights the one-rank
-// engine loaded, bit for bit.
+// optimizer state included (momentum carries over). Two rounds: saved at ZeRO 1 (loaded at t1d4
+// ZeRO 2 and t4d1 ZeRO 3) and at ZeRO 3 (loaded at t1d4 ZeRO 3 and t4d1 ZeRO 1): at stage 3 the
+// parameters' values are in the ZeRO files only. zero_to_fp32 and to_universal of each checkpoint
+// give the weights the one-rank engine loaded, bit for bit.
 //   tp_checkpoint --dir DIR [--saved-stage 1|3 ...]   (default: both rounds)
 #include <ATen/ATen.h>
 
@@ -225,10 +225,11 @@ int main(int argc, char** argv) {
     const auto ref_losses = train(ref_eng, ref, self, kSteps, 2 * kSteps);
 
     for (int saved : stages) {
-      // Stage 1's checkpoint loads at stages 2 and 1; stage 3's at stage 3 (each with the
-      // plain one-rank engine at stage 0 too).
+      // Saved at stage 1: loads at stage 2 (t1d4) and 3 (t4d1); at stage 3: at stage 3 (t1d4)
+      // and 1 (t4d1); each also at stage 0 (t1d1). So every pairing of stage 3 or not on either
+      // side, with and without tensor parallelism in the loading engine.
       const std::array<int, 2> at =
-          saved == 3 ? std::array<int, 2>{3, 3} : std::array<int, 2>{2, saved};
+          saved == 3 ? std::array<int, 2>{3, 1} : std::array<int, 2>{2, 3};
       round(dir + "/z" + std::to_string(saved), saved, at, ref, ref_losses, *world);
     }
   } catch (const std::exception& e) {
