@@ -521,10 +521,8 @@ int main(int argc, char** argv) {
                         (*zero)["stage"].is_number_integer() && (*zero)["stage"] == 3;
     const bool layered = stage3 || args.layer_specs || args.seed_layers;
     if (cfg->parallelism.tensor_model_parallel_size > 1) {
-      if (stage3)
-        throw std::runtime_error(
-            "zero_optimization.stage 3 with tensor parallelism is not in train_gpt yet: use "
-            "stage 0, 1 or 2");
+      // At stage 3 TensorParallelGPT is gathered as a whole (over the data group), its
+      // LayerSpecs having no sequence parallelism.
       const TensorGroups groups = tensor_groups(cfg->parallelism.tensor_model_parallel_size);
       at::manual_seed(static_cast<uint64_t>(args.seed));  // the same master weights on all
       return train(args, *cfg, dscpp::model_zoo::TensorParallelGPT(*cfg, groups.model), ds_config,

@@ -278,8 +278,9 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
           zero_file, ckpt_layout_.zero_states_path
                          ? ckpt_layout_.zero_states_path(save_dir, tag, group_->rank(), bf16)
                          : checkpoint::zero_states_path(save_dir, tag, group_->rank(), bf16));
-    // Stage 3: every rank writes its own model-states file, as DeepSpeed does.
-    if (zero_->stage() >= 3) {
+    // Stage 3: every rank writes its own model-states file, as DeepSpeed does; a layout of
+    // its own (tensor parallelism: mp_rank_XX) keeps its one file per data group.
+    if (zero_->stage() >= 3 && !ckpt_layout_.model_states_path) {
       checkpoint::save_torch_file(
           bound(model_states(client_state, std::move(rng))),
           checkpoint::zero_model_states_path(save_dir, tag, group_->rank()));

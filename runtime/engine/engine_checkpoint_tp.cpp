@@ -6,14 +6,18 @@
 // partitions: {name: dscpp_partition}} (universal.h's ParamPartition, the metadata universal
 // checkpoints write). Loading reads every tensor rank's files, merges each tensor's shards along
 // its partition dimension and cuts this engine's (runtime/checkpoint/tp_reshape.h): a
-// checkpoint saved at (t, d) loads at any (t', d') at ZeRO stages 0-2, and into the plain
-// one-rank engine (t' = 1), optimizer state with the weights.
+// checkpoint saved at (t, d) loads at any (t', d') and ZeRO stage, and into the plain one-rank
+// engine (t' = 1), optimizer state with the weights. At stage 3 the layout stays the same (one
+// mp_rank_XX model-states file per tensor rank, not DeepSpeed's per-rank stage-3 files): its
+// module holds the buffers only, as a stage-3 file does, and the parameters' values come from
+// the ZeRO files, consolidated and cut as the other stages' are.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
@@ -47,11 +51,18 @@ std::string zero_file_of(const std::string& dir, const std::string& tag, int dp,
 
 PyValue EngineCore::tensor_parallel_info() {
   const int t = tensor_parallel_size();
+  // ZeRO's shapes: at stage 3 the parameters are empty at rest.
+  std::map<std::string, std::vector<int64_t>> shape_of;
+  for (size_t i = 0; i < param_names_.size(); ++i)
+    shape_of[param_names_[i]] = zero_->param_shape(i);
+  for (const auto& [alias, name] : shared_params_)
+    if (auto it = shape_of.find(name); it != shape_of.end()) shape_of[alias] = it->second;
   PyValue parts = PyValue::dict();
   for (const auto& [name, p] : named_params_()) {
     auto it = tp_attrs_->find(name);
     const nn::TensorParallelAttr a = it == tp_attrs_->end() ? nn::TensorParallelAttr{} : it->second;
-    std::vector<int64_t> logical = p.sizes().vec();
+    const auto shape = shape_of.find(name);
+    std::vector<int64_t> logical = shape != shape_of.end() ? shape->second : p.sizes().vec();
     std::optional<int64_t> dim;
     if (a.tensor_model_parallel) {
       dim = a.partition_dim;
@@ -78,10 +89,6 @@ void EngineCore::use_tensor_parallel_layout() {
     return checkpoint::pipe_zero_states_path(dir, tag, dp, 0, r, t, bf16);
   };
   l.before_model_states = [this](const std::string&, const std::string&, PyValue& model) {
-    if (zero_->stage() >= 3)
-      throw CheckpointError(
-          "save_checkpoint: tensor-parallel checkpoints at ZeRO stage 3 are not implemented "
-          "yet (stages 0-2 are)");
     model.set("dscpp_tensor_parallel", tensor_parallel_info());
   };
   ckpt_layout_ = std::move(l);
@@ -91,10 +98,6 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
                                     const PyValue& model0, const std::string& path0,
                                     const LoadCheckpointOptions& options,
                                     LoadCheckpointResult& result, PyValue& rng) {
-  if (zero_->stage() >= 3)
-    throw CheckpointError("'" + path0 +
-                          "' is a tensor-parallel checkpoint: it loads at ZeRO stages 0-2, this "
-                          "engine runs stage 3");
   const PyValue& info = engine_checkpoint::need(model0, "dscpp_tensor_parallel", path0);
   const int saved_t = static_cast<int>(info.at(PyValue("tp_degree")).as_int());
   const int64_t saved_d = info.at(PyValue("data_parallel_size")).as_int();
@@ -103,17 +106,25 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
   for (size_t i = 0; i < pp.size(); ++i)
     parts[pp.keys()[i].as_string()] = checkpoint::ParamPartition::from_py(
         pp.values()[i], path0 + ": " + pp.keys()[i].as_string());
+  // Stage 3 on either side: the parameters' values go through the ZeRO files (a stage-3
+  // module holds none, and a stage-3 engine takes them into its partition only).
+  const PyValue* stage_v = model0.find(PyValue("dscpp_zero_stage"));
+  const bool saved3 = stage_v && stage_v->as_int() >= 3, here3 = zero_->stage() >= 3;
+  const bool whole_params = !options.load_module_only || saved3 || here3;
   // Every tensor rank's model states and whole (data-consolidated) parameters.
   std::vector<PyValue> models;
   std::vector<std::map<std::string, checkpoint::UniversalParam>> params(saved_t);
+  std::vector<std::string> saved_names;  // the trainable parameters, in rank 0's order
   for (int r = 0; r < saved_t; ++r) {
     const std::string path = checkpoint::pipe_model_states_path(dir, tag, 0, r, saved_t);
     models.push_back(r == 0 ? model0 : checkpoint::load_torch_file(path));
-    if (options.load_module_only) continue;
+    if (!whole_params) continue;
     for (auto& p : checkpoint::consolidate_params(
              models[r], path, engine_checkpoint::need(models[r], "module", path),
-             [&](int dp) { return zero_file_of(dir, tag, dp, r, saved_t); }))
+             [&](int dp) { return zero_file_of(dir, tag, dp, r, saved_t); })) {
+      if (r == 0) saved_names.push_back(p.name);
       params[r][p.name] = std::move(p);
+    }
   }
   const int t = tensor_parallel_size(), me = tensor_parallel_rank();
   // One tensor's shards (tensor-rank order) merged, and this engine's cut.
@@ -123,6 +134,38 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
     const at::Tensor whole = checkpoint::merge_tp_shards(shards, it->second, name);
     return checkpoint::tp_shard(whole, checkpoint::at_tp_degree(it->second, t), me, name);
   };
+  const std::string where = checkpoint::tag_dir(dir, tag);
+  // This engine's cut of one trainable parameter of the checkpoint, optimizer states with it.
+  std::map<std::string, checkpoint::UniversalParam> mine;
+  auto mine_of = [&](const std::string& name) -> const checkpoint::UniversalParam& {
+    if (auto it = mine.find(name); it != mine.end()) return it->second;
+    std::vector<const checkpoint::UniversalParam*> of;
+    for (int r = 0; r < saved_t; ++r) {
+      auto it = params[r].find(name);
+      if (it == params[r].end())
+        throw CheckpointError(
+            fmt::format("tensor-parallel checkpoint '{}': tensor rank {} has no parameter '{}'",
+                        where, r, name));
+      of.push_back(&it->second);
+    }
+    checkpoint::UniversalParam u;
+    u.name = name;
+    std::vector<at::Tensor> shards;
+    for (const auto* p : of) shards.push_back(p->fp32);
+    u.fp32 = cut(name, shards);
+    for (const auto& [state, value] : of[0]->states) {
+      std::vector<at::Tensor> s;
+      for (const auto* p : of) s.push_back(p->states.at(state));
+      u.states[state] = cut(name, s);
+    }
+    u.step = of[0]->step;
+    u.partition = checkpoint::ParamPartition::whole(u.fp32.sizes().vec());
+    return mine.emplace(name, std::move(u)).first->second;
+  };
+  // The view load_module reads: this engine's cut of every tensor. A stage-3 engine takes
+  // from `module` only what ZeRO does not hold, and checks param_shapes against its own.
+  std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
+  for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
   const PyValue& module0 = engine_checkpoint::need(model0, "module", path0);
   PyValue module = PyValue::ordered_dict();
   for (size_t i = 0; i < module0.size(); ++i) {
@@ -131,51 +174,45 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
       module.set(module0.keys()[i], module0.values()[i]);
       continue;
     }
+    if (here3 && partitioned.count(name)) continue;
     std::vector<at::Tensor> shards;
     for (int r = 0; r < saved_t; ++r)
       shards.push_back(models[r].at(PyValue("module")).at(PyValue(name)).as_tensor());
     module.set(module0.keys()[i], PyValue(cut(name, shards)));
   }
   PyValue view = model0;
+  if (saved3 && !here3) {
+    // The stage-3 module lacks the trainable parameters and their other names: the
+    // consolidated fp32 values stand in (load_module casts them).
+    for (const auto& name : saved_names) module.set(PyValue(name), PyValue(mine_of(name).fp32));
+    if (const PyValue* shared = model0.find(PyValue("shared_params")); shared && shared->is_dict())
+      for (size_t i = 0; i < shared->size(); ++i)
+        if (const PyValue* src = module.find(shared->values()[i]))
+          module.set(shared->keys()[i], PyValue(*src));
+  }
+  if (here3) {
+    PyValue shapes = PyValue::ordered_dict();
+    for (const auto& name : saved_names)
+      shapes.set(PyValue(name), PyValue::size(mine_of(name).fp32.sizes().vec()));
+    view.set(PyValue("param_shapes"), PyValue::list({std::move(shapes)}));
+  }
   view.set(PyValue("module"), std::move(module));
   const bool other_params = load_module(view, path0, options, result);
-  if (options.load_module_only || other_params) {
-    zero_->refresh_master_from_params();
-  } else {
-    const std::string where = checkpoint::tag_dir(dir, tag);
+  auto load_params = [&](bool optimizer_states) {
     engine_checkpoint::load_whole_params(
-        *zero_,
-        [&](size_t i) {
-          const std::string& name = param_names_.at(i);
-          std::vector<const checkpoint::UniversalParam*> of;
-          for (int r = 0; r < saved_t; ++r) {
-            auto it = params[r].find(name);
-            if (it == params[r].end())
-              throw CheckpointError(
-                  fmt::format("tensor-parallel checkpoint '{}': tensor rank {} "
-                              "has no parameter '{}'",
-                              where, r, name));
-            of.push_back(&it->second);
-          }
-          checkpoint::UniversalParam u;
-          u.name = name;
-          std::vector<at::Tensor> shards;
-          for (const auto* p : of) shards.push_back(p->fp32);
-          u.fp32 = cut(name, shards);
-          for (const auto& [state, value] : of[0]->states) {
-            std::vector<at::Tensor> s;
-            for (const auto* p : of) s.push_back(p->states.at(state));
-            u.states[state] = cut(name, s);
-          }
-          u.step = of[0]->step;
-          u.partition = checkpoint::ParamPartition::whole(u.fp32.sizes().vec());
-          return u;
-        },
+        *zero_, [&](size_t i) { return mine_of(param_names_.at(i)); },
         [&](size_t i) {
           return fmt::format("tensor-parallel checkpoint '{}': parameter '{}'", where,
                              param_names_[i]);
         },
-        options.load_optimizer_states);
+        optimizer_states);
+  };
+  if (here3) {  // (other parameters were refused by load_module at stage 3)
+    load_params(options.load_optimizer_states && !options.load_module_only);
+  } else if (options.load_module_only || other_params) {
+    zero_->refresh_master_from_params();
+  } else {
+    load_params(options.load_optimizer_states);
   }
   if (options.load_module_only) return;
   load_engine_counters(model0, path0, options);

@@ -11,6 +11,12 @@
 //   the sum of squares is then summed over the model group.
 // Every model rank must hold the same parameter shapes in the same order (the same ZeRO
 // layout), as the ranks of one TensorParallelGPT do.
+// Stage 3 is no different: each tensor rank's shards are its own parameters, partitioned,
+// gathered and reduce-scattered over the data group, and the reduced partition is all the
+// gradient there is by the step. The sequence-parallel sum runs on it, after the
+// reduce-scatter: model ranks at one data index own the same chunk of the same layout, so
+// summing their partitions' SP slices gives the sum over every rank. Before the reduce-scatter
+// (Megatron's place) is as correct, but costs a collective in backward per micro-step.
 #pragma once
 
 #include <ATen/core/Tensor.h>

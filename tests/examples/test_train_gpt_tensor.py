@@ -7,6 +7,8 @@
   train_gpt on one rank with the same global batch (micro-batches 4 x GA 2 = 8) within 1e-5
   relative, the grad norm and lr as one rank's (printed to 3 decimals), and the start-up line
   names the layout.
+- --stage3: instead, tensor 2 x data 2 with sequence parallelism at ZeRO 3 (overlap_comm)
+  against the same one-rank run.
 """
 import argparse
 import os
@@ -23,10 +25,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train-gpt", required=True)
+    ap.add_argument("--stage3", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(args.launcher, args.train_gpt, tmp)
-        job.port = 29810  # this test's ports: 29811-29813
+        job.port = 29815 if args.stage3 else 29810  # ports: 29811-29813, --stage3 29816-29817
         prefix = os.path.join(tmp, "tokens")
         megatron_format.write(prefix, [[[(5 * i + 3 * j) % 128 for j in range(70)]]
                                        for i in range(40)], "uint16")
@@ -60,6 +63,18 @@ def main():
                   [(a["lr"], a["norm"]) for a in ref] == [(b["lr"], b["norm"]) for b in got],
                   log1 + "\n---\n" + log)
 
+        if args.stage3:
+            job.model = tp_model
+            rc, log = job.run("--deepspeed_config",
+                              write_json(os.path.join(tmp, "z3.json"),
+                                         dict(base, zero_optimization={"stage": 3, "overlap_comm": True})),
+                              *common, ranks=4)
+            check("tensor 2 x data 2 at ZeRO 3 trains", rc == 0, log)
+            check("tensor 2 x data 2 at ZeRO 3: the start-up line names the layout",
+                  "ZeRO stage 3" in log and "tensor parallel 2 x data 2, sequence parallel" in log, log)
+            same("tensor 2 x data 2, sequence parallel, ZeRO 3", log)
+            return finish()
+
         rc2, log2 = job.run("--deepspeed_config",
                             write_json(os.path.join(tmp, "z1.json"), dict(base, zero_optimization={"stage": 1})),
                             *common, "--tensor-model-parallel-size", "2", ranks=2)
@@ -76,6 +91,10 @@ def main():
         check("tensor 2 x data 2: the start-up line names the layout",
               "tensor parallel 2 x data 2, sequence parallel" in log3 and "global batch 8 = 2 x 2 x 2" in log3, log3)
         same("tensor 2 x data 2, sequence parallel (model config)", log3)
+    return finish()
+
+
+def finish():
     if FAILED:
         print("FAILED:", FAILED)
         return 1

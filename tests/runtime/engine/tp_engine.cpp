@@ -70,12 +70,8 @@ void run_case(dscpp::comm::ProcessGroup& world, int t, const Case& c, int steps)
 
   at::manual_seed(1);
   mz::TensorParallelGPT tp_model(tp_test::tiny(t, c.sp), g.model);
-  dscpp::InitArgs args;
-  args.group = g.data;
-  args.model_group = g.model;
-  auto eng = dscpp::initialize(tp_model, ds_config(micro, c, c.stage), std::move(args));
-
-  // Memory: each rank holds 1/t of every split parameter, the replicas whole.
+  // Memory: each rank holds 1/t of every split parameter, the replicas whole (read before the
+  // engine starts: stage 3 then keeps only a 1/d partition of each).
   const auto attrs = dscpp::nn::tensor_parallel_attributes(*tp_model);
   const auto ref_params = ref_model->named_parameters();
   int64_t split_here = 0, split_whole = 0, replicated = 0, ref_total = 0;
@@ -91,6 +87,11 @@ void run_case(dscpp::comm::ProcessGroup& world, int t, const Case& c, int steps)
   for (const auto& p : ref_params) ref_total += p.value().numel();
   check(split_here * t == split_whole && split_whole + replicated == ref_total,
         where + "each rank holds 1/t of the split parameters", rank);
+
+  dscpp::InitArgs args;
+  args.group = g.data;
+  args.model_group = g.model;
+  auto eng = dscpp::initialize(tp_model, ds_config(micro, c, c.stage), std::move(args));
 
   for (int step = 0; step < steps; ++step) {
     const at::Tensor tokens = tp_test::batch(step, int64_t{micro} * g.d * c.ga);
@@ -121,6 +122,9 @@ void run_case(dscpp::comm::ProcessGroup& world, int t, const Case& c, int steps)
   }
   double worst = 0;
   std::string worst_name;
+  std::vector<at::Tensor> params;  // stage 3: the whole values gathered for the comparison
+  for (const auto& p : tp_model->named_parameters()) params.push_back(p.value());
+  auto gathered = eng.gathered_parameters(params);
   for (const auto& p : tp_model->named_parameters()) {
     const auto& a = attrs.at(p.key());
     const at::Tensor& whole = ref_params[p.key()];
