@@ -34,7 +34,9 @@ nn::ParallelLinearOptions linear_options(const GPTConfig& c, int64_t in, int64_t
   return nn::ParallelLinearOptions(in, out)
       .init_method(nn::init_method_normal(std))
       .sequence_parallel(c.parallelism.sequence_parallel)
-      .async_tensor_model_parallel_allreduce(c.parallelism.async_tensor_model_parallel_allreduce);
+      .async_tensor_model_parallel_allreduce(c.parallelism.async_tensor_model_parallel_allreduce)
+      .tp_comm_overlap(c.parallelism.tp_comm_overlap)
+      .tp_comm_overlap_num_splits(c.parallelism.tp_comm_overlap_num_splits);
 }
 
 // Dropout in a region the ranks hold differently (split heads, or a sequence shard) draws
@@ -234,7 +236,9 @@ at::Tensor TensorParallelGPTImpl::forward(const at::Tensor& input_ids) {
   } else if (config_.parallelism.async_tensor_model_parallel_allreduce) {
     // The tied head as a column-parallel product: its backward overlaps x's gradient
     // reduction (and, with sp, x's all-gather again) with the weight-gradient product.
-    logits = nn::linear_with_async_communication(x, embedding->word->weight, {}, group_, sp);
+    logits = nn::linear_with_async_communication(
+        x, embedding->word->weight, {}, group_, sp,
+        config_.parallelism.tp_comm_overlap ? config_.parallelism.tp_comm_overlap_num_splits : 1);
   } else if (sp) {
     // The tied head on the whole sequence: x all-gathered, its gradient (a partial sum over
     // the vocabulary shards) reduce-scattered back.

@@ -26,7 +26,13 @@ ParallelismConfig ParallelismConfig::from_json(const nlohmann::json& j, const st
   c.sequence_parallel = s.get_bool("sequence_parallel", false);
   c.async_tensor_model_parallel_allreduce =
       s.get_bool("async_tensor_model_parallel_allreduce", true);
+  c.tp_comm_overlap = s.get_bool("tp_comm_overlap", false);
+  c.tp_comm_overlap_num_splits = s.get_int("tp_comm_overlap_num_splits", 2, 1, kMaxDegree);
   s.finish();
+  if (c.tp_comm_overlap && !c.async_tensor_model_parallel_allreduce)
+    throw ConfigError(path + ".tp_comm_overlap",
+                      "the pipelined forward is the async column-parallel function's: it needs "
+                      "async_tensor_model_parallel_allreduce true, found false");
   if (c.sequence_parallel && c.tensor_model_parallel_size == 1)
     throw ConfigError(path + ".sequence_parallel",
                       "sequence parallelism splits the sequence across the tensor-parallel "
@@ -41,6 +47,8 @@ nlohmann::json ParallelismConfig::to_json() const {
   if (data_parallel_size > 0) j["data_parallel_size"] = data_parallel_size;
   // Written only off the default, so configs written before the key read back unchanged.
   if (!async_tensor_model_parallel_allreduce) j["async_tensor_model_parallel_allreduce"] = false;
+  if (tp_comm_overlap) j["tp_comm_overlap"] = true;
+  if (tp_comm_overlap_num_splits != 2) j["tp_comm_overlap_num_splits"] = tp_comm_overlap_num_splits;
   return j;
 }
 

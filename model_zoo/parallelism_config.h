@@ -18,6 +18,11 @@ struct ParallelismConfig {
   // Megatron's: the column-parallel backward overlaps its collectives with its products
   // (nn/linear_async_communication.h); false: synchronous. The same values either way.
   bool async_tensor_model_parallel_allreduce = true;
+  // Megatron's: the forward collectives of the parallel linears pipelined with their products
+  // in tp_comm_overlap_num_splits pieces (nn/tp_comm_overlap.h); needs the async option. The
+  // same values to 1e-6 either way; off by default, as Megatron's.
+  bool tp_comm_overlap = false;
+  int64_t tp_comm_overlap_num_splits = 2;
 
   // `j` is the `parallelism` object; `path` names it in errors ("parallelism").
   static ParallelismConfig from_json(const nlohmann::json& j, const std::string& path);

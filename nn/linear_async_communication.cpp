@@ -9,6 +9,7 @@
 #include <ATen/record_function.h>
 
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/tp_comm_overlap.h"
 
 namespace dscpp::nn {
 
@@ -51,26 +52,68 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const at::Tens
   return out.view(sizes);
 }
 
+// Sequence parallel: the all-gather of piece j+1 of the shard is issued before the product of
+// piece j runs (tp_comm_overlap.h); one piece: gather, then the one product, as before.
+at::Tensor gather_and_product(const at::Tensor& x_in, const at::Tensor& weight,
+                              const at::Tensor& bias, comm::ProcessGroup& g, int64_t num_splits) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t t = g.size();
+  const int64_t rows = x.size(0);
+  auto out_sizes = x.sizes().vec();
+  out_sizes[0] = rows * t;
+  out_sizes.back() = weight.size(0);
+  const auto pieces = tp_comm_overlap_pieces(rows, num_splits);
+  if (pieces.size() == 1) {
+    comm::Work work;
+    at::Tensor total = gather_first_async(x, g, work);
+    work.wait();
+    // As nn::linear records it, for the flops profiler: the gathered input, the parameter.
+    RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({total, weight, bias}));
+    return product(total, weight, bias);
+  }
+  at::Tensor out = at::empty(out_sizes, x.options().memory_format(at::MemoryFormat::Contiguous));
+  // [t, s/t, ..., out/t]: rank r's rows of the gathered sequence are out_ranks[r].
+  auto v = out_sizes;
+  v[0] = rows;
+  v.insert(v.begin(), t);
+  at::Tensor out_ranks = out.view(v);
+  std::vector<at::Tensor> gathered(pieces.size());
+  std::vector<comm::Work> works(pieces.size());
+  auto issue = [&](size_t j) {
+    gathered[j] = gather_first_async(x.narrow(0, pieces[j].first, pieces[j].second), g, works[j]);
+    trace("issue all_gather piece");
+  };
+  issue(0);
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    if (j + 1 < pieces.size()) issue(j + 1);
+    works[j].wait();
+    trace("wait all_gather piece");
+    RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({gathered[j], weight, bias}));
+    at::Tensor y = product(gathered[j], weight, bias);  // [t·len, ..., out/t], rank-major
+    auto yv = y.sizes().vec();
+    yv[0] = pieces[j].second;
+    yv.insert(yv.begin(), t);
+    out_ranks.narrow(1, pieces[j].first, pieces[j].second).copy_(y.view(yv));
+    trace("product piece");
+    gathered[j] = at::Tensor();  // the gathered piece is not held past its product
+  }
+  return out;
+}
+
 at::Tensor forward_impl(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                         const at::Tensor& bias, const c10::intrusive_ptr<GroupHolder>& holder,
-                        bool sequence_parallel) {
+                        bool sequence_parallel, int64_t num_splits) {
   ctx->saved_data["group"] = at::IValue::make_capsule(holder);
   ctx->saved_data["sequence_parallel"] = sequence_parallel;
   // Only the shard is saved under sequence parallelism: backward gathers it again.
   ctx->save_for_backward({x, weight});
-  at::Tensor total = x;
-  if (sequence_parallel) {
-    comm::Work work;
-    total = gather_first_async(x, *holder->group, work);
-    work.wait();
-  }
-  // As nn::linear records it, for the flops profiler: the gathered input, the parameter.
-  RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({total, weight, bias}));
-  return product(total, weight, bias);
+  if (sequence_parallel) return gather_and_product(x, weight, bias, *holder->group, num_splits);
+  RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({x, weight, bias}));
+  return product(x, weight, bias);
 }
 
 variable_list backward_impl(AutogradContext* ctx, const at::Tensor& grad, bool with_bias) {
-  variable_list out(with_bias ? 5 : 4);
+  variable_list out(with_bias ? 6 : 5);
   if (!grad.defined()) return out;
   auto saved = ctx->get_saved_variables();
   const at::Tensor& x = saved[0];
@@ -137,8 +180,8 @@ variable_list backward_impl(AutogradContext* ctx, const at::Tensor& grad, bool w
 struct AsyncLinearWithBias : torch::autograd::Function<AsyncLinearWithBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, c10::intrusive_ptr<GroupHolder> holder,
-                            bool sequence_parallel) {
-    return forward_impl(ctx, x, weight, bias, holder, sequence_parallel);
+                            bool sequence_parallel, int64_t num_splits) {
+    return forward_impl(ctx, x, weight, bias, holder, sequence_parallel, num_splits);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return backward_impl(ctx, grads[0], true);
@@ -147,8 +190,9 @@ struct AsyncLinearWithBias : torch::autograd::Function<AsyncLinearWithBias> {
 
 struct AsyncLinearNoBias : torch::autograd::Function<AsyncLinearNoBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            c10::intrusive_ptr<GroupHolder> holder, bool sequence_parallel) {
-    return forward_impl(ctx, x, weight, at::Tensor(), holder, sequence_parallel);
+                            c10::intrusive_ptr<GroupHolder> holder, bool sequence_parallel,
+                            int64_t num_splits) {
+    return forward_impl(ctx, x, weight, at::Tensor(), holder, sequence_parallel, num_splits);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return backward_impl(ctx, grads[0], false);
@@ -159,11 +203,13 @@ struct AsyncLinearNoBias : torch::autograd::Function<AsyncLinearNoBias> {
 
 at::Tensor linear_with_async_communication(const at::Tensor& x, const at::Tensor& weight,
                                            const at::Tensor& bias, const GroupPtr& group,
-                                           bool sequence_parallel) {
+                                           bool sequence_parallel, int64_t num_splits) {
+  tp_comm_overlap_pieces(1, num_splits);  // the check of num_splits, whatever the group
   if (tensor_model_parallel_size(group) == 1) return nn::linear(x, weight, bias);
   auto holder = c10::make_intrusive<GroupHolder>(group);
-  return bias.defined() ? AsyncLinearWithBias::apply(x, weight, bias, holder, sequence_parallel)
-                        : AsyncLinearNoBias::apply(x, weight, holder, sequence_parallel);
+  return bias.defined()
+             ? AsyncLinearWithBias::apply(x, weight, bias, holder, sequence_parallel, num_splits)
+             : AsyncLinearNoBias::apply(x, weight, holder, sequence_parallel, num_splits);
 }
 
 void set_async_communication_trace(std::vector<std::string>* trace) {

@@ -6,10 +6,19 @@
 
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/linear_async_communication.h"
+#include "dscpp/nn/tp_comm_overlap.h"
 
 namespace dscpp::nn {
 
 namespace {
+
+// Refused at construction: a split count below one.
+void check_num_splits(const ParallelLinearOptions& o, const char* layer) {
+  if (o.tp_comm_overlap() && o.tp_comm_overlap_num_splits() < 1)
+    throw TensorParallelError(
+        fmt::format("{}: tp_comm_overlap_num_splits must be at least 1, found {}", layer,
+                    o.tp_comm_overlap_num_splits()));
+}
 
 int64_t per_partition(int64_t size, int64_t stride, const GroupPtr& group, const char* layer,
                       const char* what) {
@@ -34,6 +43,11 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const ParallelLinearOptions& 
     throw TensorParallelError(
         "ColumnParallelLinear: gather_output and sequence_parallel cannot both be on (Megatron's "
         "rule: a sequence-parallel output stays split for the row-parallel layer)");
+  if (options.tp_comm_overlap() && !options.async_tensor_model_parallel_allreduce())
+    throw TensorParallelError(
+        "ColumnParallelLinear: tp_comm_overlap needs async_tensor_model_parallel_allreduce (the "
+        "pipelined all-gather is that function's forward; the synchronous mappings have none)");
+  check_num_splits(options, "ColumnParallelLinear");
   output_size_per_partition = per_partition(options.output_size(), options.stride(), group,
                                             "ColumnParallelLinear", "output_size");
   weight = register_parameter(
@@ -50,8 +64,9 @@ LinearOutput ColumnParallelLinearImpl::forward(const at::Tensor& input) {
   const at::Tensor b = options.skip_bias_add() ? at::Tensor() : bias;
   at::Tensor output_parallel;
   if (options.async_tensor_model_parallel_allreduce()) {
-    output_parallel =
-        linear_with_async_communication(input, weight, b, group, options.sequence_parallel());
+    output_parallel = linear_with_async_communication(
+        input, weight, b, group, options.sequence_parallel(),
+        options.tp_comm_overlap() ? options.tp_comm_overlap_num_splits() : 1);
   } else {
     // Sequence parallelism: the all-gather of the sequence shards replaces the copy; its
     // backward reduce-scatters the input's gradient (partial sums of every rank's columns).
@@ -80,6 +95,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(const ParallelLinearOptions& option
     throw TensorParallelError(
         "RowParallelLinear: sequence_parallel needs input_is_parallel (the input comes split "
         "from a column-parallel layer)");
+  check_num_splits(options, "RowParallelLinear");
   input_size_per_partition = per_partition(options.input_size(), options.stride(), group,
                                            "RowParallelLinear", "input_size");
   weight = register_parameter(
@@ -94,11 +110,17 @@ RowParallelLinearImpl::RowParallelLinearImpl(const ParallelLinearOptions& option
 LinearOutput RowParallelLinearImpl::forward(const at::Tensor& input) {
   const at::Tensor input_parallel =
       options.input_is_parallel() ? input : scatter_to_tensor_model_parallel_region(input, group);
-  const at::Tensor output_parallel = nn::linear(input_parallel, weight);
-  const at::Tensor reduced =
-      options.sequence_parallel()
-          ? reduce_scatter_to_sequence_parallel_region(output_parallel, group)
-          : reduce_from_tensor_model_parallel_region(output_parallel, group);
+  at::Tensor reduced;
+  if (options.tp_comm_overlap()) {
+    reduced =
+        row_parallel_linear_overlapped(input_parallel, weight, group, options.sequence_parallel(),
+                                       options.tp_comm_overlap_num_splits());
+  } else {
+    const at::Tensor output_parallel = nn::linear(input_parallel, weight);
+    reduced = options.sequence_parallel()
+                  ? reduce_scatter_to_sequence_parallel_region(output_parallel, group)
+                  : reduce_from_tensor_model_parallel_region(output_parallel, group);
+  }
   // The bias once, after the sum: added before it, it would count t times.
   if (options.skip_bias_add() || !bias.defined()) return {reduced, bias};
   return {reduced + bias, at::Tensor()};

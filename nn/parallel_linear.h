@@ -10,6 +10,11 @@
 // linear_with_async_communication, whose backward overlaps the input gradient's all-reduce
 // (sequence_parallel: its reduce-scatter, and the input's all-gather again) with the
 // products; off: the synchronous mappings around nn::linear. Both give the same bits.
+// tp_comm_overlap (Megatron's option, default off): forward's collectives pipelined with the
+// products in tp_comm_overlap_num_splits pieces (tp_comm_overlap.h): the column layer's
+// sequence-parallel all-gather (it needs async_tensor_model_parallel_allreduce; without
+// sequence parallelism its forward has no collective), the row layer's all-reduce or
+// reduce-scatter.
 //
 // RowParallelLinear: A split by columns (input features): rank r holds A_r [out, in/t]; b
 // [out] whole. Input X_r [..., in/t] (input_is_parallel: as a column-parallel layer leaves it;
@@ -51,6 +56,10 @@ struct ParallelLinearOptions {
   TORCH_ARG(bool, sequence_parallel) = false;  // Korthikanti et al.'s regions; false: off
   // column: backward's collectives overlapped with its products; false: synchronous mappings
   TORCH_ARG(bool, async_tensor_model_parallel_allreduce) = true;
+  // Megatron's tp_comm_overlap: forward's collective pipelined with its product in
+  // tp_comm_overlap_num_splits pieces (tp_comm_overlap.h); false: one collective, one product
+  TORCH_ARG(bool, tp_comm_overlap) = false;
+  TORCH_ARG(int64_t, tp_comm_overlap_num_splits) = 2;
   TORCH_ARG(int64_t, stride) = 1;  // Megatron's partition stride; 1: one slice
   TORCH_ARG(InitMethod, init_method) = init_method_normal();  // draws the master weight
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;              // the parameters' dtype

@@ -261,6 +261,28 @@ TEST(GPTConfig, ParallelismDegreesAndTheWorldSizeArithmetic) {
   EXPECT_FALSE(mz::ParallelismConfig::from_json(mz::ParallelismConfig().to_json(), "parallelism")
                    .to_json()
                    .contains("async_tensor_model_parallel_allreduce"));
+  // tp_comm_overlap: off by default and then not written; on needs the async option.
+  EXPECT_FALSE(c.parallelism.tp_comm_overlap);
+  EXPECT_FALSE(c.parallelism.to_json().contains("tp_comm_overlap"));
+  e = config_error([&] {
+    auto k = j;
+    k["parallelism"]["tp_comm_overlap"] = true;
+    mz::GPTConfig::from_json(k);
+  });
+  EXPECT_TRUE(has(e, "parallelism.tp_comm_overlap") &&
+              has(e, "async_tensor_model_parallel_allreduce true, found false"))
+      << e;
+  j["parallelism"] = {{"tensor_model_parallel_size", 2},
+                      {"tp_comm_overlap", true},
+                      {"tp_comm_overlap_num_splits", 3}};
+  c = mz::GPTConfig::from_json(j);
+  EXPECT_TRUE(c.parallelism.tp_comm_overlap);
+  EXPECT_EQ(c.parallelism.tp_comm_overlap_num_splits, 3);
+  EXPECT_EQ(mz::ParallelismConfig::from_json(c.parallelism.to_json(), "parallelism").to_json(),
+            c.parallelism.to_json());
+  j["parallelism"]["tp_comm_overlap_num_splits"] = 0;
+  e = config_error([&] { mz::GPTConfig::from_json(j); });
+  EXPECT_TRUE(has(e, "parallelism.tp_comm_overlap_num_splits")) << e;
   j["parallelism"] = 2;
   e = config_error([&] { mz::GPTConfig::from_json(j); });
   EXPECT_TRUE(has(e, "parallelism") && has(e, "expected an object")) << e;

@@ -3,14 +3,21 @@
 // group: the same outputs and gradients bit for bit, with and without sequence parallelism;
 // the collectives it issues (sequence parallelism: the input all-gathered again in backward);
 // and the order of its steps: each wait after the product it overlaps.
+// tp_comm_overlap (nn/tp_comm_overlap.h): the forward collectives of both layers pipelined with
+// their products in pieces (even, uneven, more pieces than rows) against the one-collective
+// path: the same outputs and gradients (1e-6 relative), the pieces' collectives and their order.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dscpp/nn/linear_async_communication.h"
 #include "dscpp/nn/parallel_linear.h"
+#include "dscpp/nn/tp_comm_overlap.h"
 #include "tp_test_util.h"
 
 using dscpp::nn::ColumnParallelLinear;
@@ -19,6 +26,7 @@ using dscpp::nn::RowParallelLinear;
 using tp_test::chunk;
 using tp_test::draw;
 using tp_test::model_groups;
+using tp_test::rel_close;
 
 namespace {
 
@@ -181,6 +189,148 @@ TEST(TensorParallelOverlap, GatherOutputAndSkipBiasAddUnchanged) {
       }
       for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(at::equal(got[0][i], got[1][i])) << i;
     }
+}
+
+// The MLP with tp_comm_overlap in `splits` pieces (0: off), `seq` rows of the whole sequence;
+// the collectives each forward issued beside it.
+struct OverlapRun {
+  MlpRun mlp;
+  Issued forward_delta;
+};
+
+OverlapRun mlp_overlap(const tp_test::ModelGroup& g, bool sp, int64_t splits, int64_t seq) {
+  at::manual_seed(81);
+  auto options = [&](int64_t in, int64_t out) {
+    return ParallelLinearOptions(in, out)
+        .sequence_parallel(sp)
+        .tp_comm_overlap(splits > 0)
+        .tp_comm_overlap_num_splits(splits > 0 ? splits : 2);
+  };
+  ColumnParallelLinear fc(options(kHidden, kFfn), g.group);
+  RowParallelLinear proj(options(kFfn, kHidden).input_is_parallel(true), g.group);
+  assign(fc->bias, chunk(draw({kFfn}, 82, at::kFloat), 0, g));
+  assign(proj->bias, draw({kHidden}, 83, at::kFloat));
+  const at::Tensor x_whole = draw({seq, kBatch, kHidden}, 84, at::kFloat);
+  const at::Tensor r_whole = draw({seq, kBatch, kHidden}, 85, at::kFloat);
+  const at::Tensor x = (sp ? chunk(x_whole, 0, g) : x_whole).requires_grad_();
+  OverlapRun run;
+  const Issued before = issued_now(*g.group);
+  at::Tensor y = proj(at::gelu(fc(x).first)).first;
+  run.forward_delta = issued_now(*g.group) - before;
+  (y * (sp ? chunk(r_whole, 0, g) : r_whole)).sum().backward();
+  run.mlp = {y.detach(),
+             x.grad(),
+             {fc->weight.grad(), fc->bias.grad(), proj->weight.grad(), proj->bias.grad()}};
+  return run;
+}
+
+TEST(TensorParallelOverlap, TpCommOverlapEqualsOneCollective) {
+  int bitwise = 0, compared = 0;
+  for (const auto& g : model_groups())
+    for (bool sp : {true, false})
+      for (int64_t splits : {1, 2, 3, 5}) {
+        // The rows each collective cuts: this rank's sequence shard, or (row all-reduce) the
+        // whole sequence. 2 ranks: 4 or 8 rows, so 3 is uneven and 5 more than a shard's rows.
+        const int64_t seq = sp ? kSeq : kSeq - 1;
+        const int64_t rows = sp ? seq / g.t() : seq;
+        const int64_t pieces = std::min(splits, rows);
+        SCOPED_TRACE(g.name + (sp ? " sequence_parallel" : "") + " splits " +
+                     std::to_string(splits));
+        const OverlapRun off = mlp_overlap(g, sp, 0, seq), on = mlp_overlap(g, sp, splits, seq);
+        expect_counts(off.forward_delta, sp ? counts(0, 1, 1) : counts(1, 0, 0), "off");
+        expect_counts(on.forward_delta, sp ? counts(0, pieces, pieces) : counts(pieces, 0, 0),
+                      "on");
+        std::vector<at::Tensor> a{on.mlp.y, on.mlp.x_grad}, b{off.mlp.y, off.mlp.x_grad};
+        a.insert(a.end(), on.mlp.grads.begin(), on.mlp.grads.end());
+        b.insert(b.end(), off.mlp.grads.begin(), off.mlp.grads.end());
+        for (size_t i = 0; i < a.size(); ++i) {
+          EXPECT_TRUE(rel_close(a[i], b[i], 1e-6)) << "value " << i;
+          bitwise += at::equal(a[i], b[i]);
+          ++compared;
+        }
+      }
+  // Not asserted (BLAS may block a smaller product differently): how often the bits agree.
+  std::printf("tp_comm_overlap: %d of %d tensors bit-equal to the one-collective path\n", bitwise,
+              compared);
+}
+
+// The column layer's pipelined all-gather: piece j+1 issued before piece j is waited for and
+// multiplied; each gathered piece a fresh collective.
+TEST(TensorParallelOverlap, TpCommOverlapForwardStepOrder) {
+  using Trace = std::vector<std::string>;
+  for (const auto& g : model_groups()) {
+    SCOPED_TRACE(g.name);
+    ColumnParallelLinear fc(ParallelLinearOptions(kHidden, kFfn)
+                                .sequence_parallel(true)
+                                .tp_comm_overlap(true)
+                                .tp_comm_overlap_num_splits(3),
+                            g.group);
+    const int64_t rows = 3;
+    const at::Tensor x = draw({rows * g.t(), kBatch, kHidden}, 91, at::kFloat);
+    const at::Tensor shard = chunk(x, 0, g);
+    Trace trace;
+    dscpp::nn::set_async_communication_trace(&trace);
+    at::Tensor y = fc(shard).first;
+    dscpp::nn::set_async_communication_trace(nullptr);
+    EXPECT_EQ(trace,
+              (Trace{"issue all_gather piece", "issue all_gather piece", "wait all_gather piece",
+                     "product piece", "issue all_gather piece", "wait all_gather piece",
+                     "product piece", "wait all_gather piece", "product piece"}));
+    // Against the whole sequence's product: each row in its place of the gathered output.
+    at::Tensor want = at::addmm(fc->bias.to(at::kDouble), x.reshape({-1, kHidden}).to(at::kDouble),
+                                fc->weight.to(at::kDouble).t());
+    EXPECT_TRUE(rel_close(y.reshape({-1, y.size(-1)}), want, 1e-6));
+  }
+}
+
+TEST(TensorParallelOverlap, TpCommOverlapRefusals) {
+  using Pieces = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(dscpp::nn::tp_comm_overlap_pieces(7, 3), (Pieces{{0, 3}, {3, 2}, {5, 2}}));
+  EXPECT_EQ(dscpp::nn::tp_comm_overlap_pieces(2, 5), (Pieces{{0, 1}, {1, 1}}));
+  EXPECT_EQ(dscpp::nn::tp_comm_overlap_pieces(4, 1), (Pieces{{0, 4}}));
+  const auto& g = model_groups().front();
+  auto expect_error = [](auto&& make, const std::string& needle) {
+    try {
+      make();
+      ADD_FAILURE() << "no error; wanted one naming " << needle;
+    } catch (const dscpp::nn::TensorParallelError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(
+      [&] {
+        ColumnParallelLinear(ParallelLinearOptions(kHidden, kFfn)
+                                 .tp_comm_overlap(true)
+                                 .tp_comm_overlap_num_splits(0),
+                             g.group);
+      },
+      "tp_comm_overlap_num_splits must be at least 1, found 0");
+  expect_error(
+      [&] {
+        RowParallelLinear(ParallelLinearOptions(kFfn, kHidden)
+                              .tp_comm_overlap(true)
+                              .tp_comm_overlap_num_splits(-1),
+                          g.group);
+      },
+      "RowParallelLinear: tp_comm_overlap_num_splits");
+  expect_error(
+      [&] {
+        ColumnParallelLinear(ParallelLinearOptions(kHidden, kFfn)
+                                 .tp_comm_overlap(true)
+                                 .async_tensor_model_parallel_allreduce(false),
+                             g.group);
+      },
+      "tp_comm_overlap needs async_tensor_model_parallel_allreduce");
+  expect_error(
+      [&] {
+        RowParallelLinear proj(ParallelLinearOptions(kFfn, kHidden)
+                                   .input_is_parallel(true)
+                                   .sequence_parallel(true)
+                                   .tp_comm_overlap(true),
+                               g.group);
+        proj(draw({kSeq * g.t() + 1, kBatch, kFfn / g.t()}, 92, at::kFloat));
+      },
+      "sequence shards");
 }
 
 }  // namespace
