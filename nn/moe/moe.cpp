@@ -51,8 +51,9 @@ MOELayerImpl::MOELayerImpl(TopKGate gate_, std::shared_ptr<torch::nn::Module> ex
 }
 
 std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, int64_t seq_length,
-                                                     const at::Tensor& expert_tokens) {
-  Routing routing = gate->forward(tokens, seq_length);
+                                                     const at::Tensor& expert_tokens,
+                                                     const at::Tensor& used_token) {
+  Routing routing = gate->forward(tokens, seq_length, used_token);
   ExpertInput in = dispatcher->dispatch(expert_tokens.defined() ? expert_tokens : tokens, routing);
   at::Tensor out = local_experts->run_experts(in.rows, in.counts);
   return {dispatcher->combine(out), std::move(routing)};
@@ -103,7 +104,7 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
   }
 }
 
-MoEOutput MoEImpl::forward(const at::Tensor& hidden_states) {
+MoEOutput MoEImpl::forward(const at::Tensor& hidden_states, const at::Tensor& used_token) {
   const int64_t h = options.hidden_size();
   check(hidden_states.dim() >= 1 && hidden_states.size(-1) == h,
         "hidden_states must end in hidden_size " + std::to_string(h));
@@ -111,7 +112,9 @@ MoEOutput MoEImpl::forward(const at::Tensor& hidden_states) {
   const int64_t seq_length = hidden_states.dim() == 3 ? hidden_states.size(1) : 0;
   at::Tensor expert_tokens;
   if (latent_down) expert_tokens = nn::linear(tokens, latent_down->weight);
-  auto [combined, routing] = deepspeed_moe->forward(tokens, seq_length, expert_tokens);
+  auto [combined, routing] =
+      deepspeed_moe->forward(tokens, seq_length, expert_tokens,
+                             used_token.defined() ? used_token.reshape({-1}) : used_token);
   if (latent_up) combined = nn::linear(combined, latent_up->weight);
   at::Tensor output = combined.reshape(hidden_states.sizes());
   if (!shared_experts.is_empty()) output = output + shared_experts.forward(hidden_states);

@@ -77,7 +77,8 @@ class MOELayerImpl : public torch::nn::Module {
   // tokens [S, H] -> ([S, H'], the routing). expert_tokens: what is dispatched (LatentMoE:
   // the down-projected tokens); undefined: `tokens` itself.
   std::pair<at::Tensor, Routing> forward(const at::Tensor& tokens, int64_t seq_length = 0,
-                                         const at::Tensor& expert_tokens = {});
+                                         const at::Tensor& expert_tokens = {},
+                                         const at::Tensor& used_token = {});
 
   TopKGate gate{nullptr};
   std::shared_ptr<torch::nn::Module> experts;
@@ -89,7 +90,9 @@ TORCH_MODULE(MOELayer);
 class MoEImpl : public torch::nn::Module {
  public:
   explicit MoEImpl(const MoEOptions& options);
-  MoEOutput forward(const at::Tensor& hidden_states);
+  // used_token (DeepSpeed's, k = 1 only): [...] over hidden_states' tokens, 0 for a token
+  // that is neither counted nor routed.
+  MoEOutput forward(const at::Tensor& hidden_states, const at::Tensor& used_token = {});
 
   MoEOptions options;
   MOELayer deepspeed_moe{nullptr};

@@ -95,7 +95,8 @@ TopKGateImpl::TopKGateImpl(const TopKGateOptions& options_) : options(options_) 
   tokens_per_expert_ = at::zeros({options.num_experts()}, at::kFloat);
 }
 
-Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length) {
+Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
+                              const at::Tensor& used_token) {
   const TopKGateOptions& o = options;
   check(x.dim() == 2 && x.size(1) == o.model_dim(), "input must be [tokens, " +
                                                         std::to_string(o.model_dim()) + "], got " +
@@ -148,12 +149,21 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length) {
     indices = std::get<1>(sel.topk(k, 1));
   }
   at::Tensor mask = at::zeros({s, e}, logits.options().dtype(at::kLong)).scatter_(1, indices, 1);
+  if (used_token.defined()) {
+    check(k == 1, "used_token applies to k = 1 only (DeepSpeed's top1gating), got k = " +
+                      std::to_string(k));
+    check(used_token.dim() == 1 && used_token.size(0) == s,
+          "used_token must be [tokens] = [" + std::to_string(s) + "]");
+    // DeepSpeed's einsum("s,se->se", used_token, mask1): a float mask from here on.
+    mask1 = mask1 * used_token.to(at::kFloat).unsqueeze(1);
+    mask = mask1;
+  }
 
   Routing r;
   r.num_experts = e;
   r.logits = logits;
   r.indices = indices;
-  r.exp_counts = mask.sum(0);
+  r.exp_counts = mask.sum(0).to(at::kLong);
 
   // DeepSpeed's aux loss (its operation order).
   at::Tensor p = softmax ? scores : scores / (scores.sum(1, true) + 1e-20);
@@ -209,6 +219,8 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length) {
       r.kept = keep.gather(1, indices);
     }
   }
+
+  if (used_token.defined()) r.kept = r.kept.logical_and(mask1.gather(1, indices).gt(0));
 
   at::Tensor g = scores.gather(1, indices) * r.kept.to(at::kFloat);
   if (k > 1) g = g / at::clamp_min(g.sum(1, true), std::numeric_limits<float>::epsilon());

@@ -86,7 +86,8 @@ class TopKGateImpl : public torch::nn::Module {
   explicit TopKGateImpl(const TopKGateOptions& options);
   // x [S, model_dim] in any floating dtype. seq_length: tokens per sequence when x holds
   // [B, T] flattened batch-major (needed by the sequence-wise aux loss; 0: unknown).
-  Routing forward(const at::Tensor& x, int64_t seq_length = 0);
+  // used_token [S] (k = 1 only, DeepSpeed's): tokens with 0 are neither counted nor routed.
+  Routing forward(const at::Tensor& x, int64_t seq_length = 0, const at::Tensor& used_token = {});
   // The bias step from the tokens counted since the last call (summed over `group` when it
   // is given and larger than one rank). No-op without enable_expert_bias.
   void update_expert_bias(const std::shared_ptr<comm::ProcessGroup>& group = nullptr);

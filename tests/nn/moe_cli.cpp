@@ -1,8 +1,9 @@
 // moe_cli CASE.safetensors...: runs nn::moe::MoE on each case file that
 // moe_deepspeed_oracle.py writes (DeepSpeed's MoE state dict under its names, x, grad_out and
-// the options as metadata), back-propagates sum(output · grad_out) + 0.37 · l_aux and writes
-// CASE.out.safetensors: output, l_aux, exp_counts, capacity, routes (the chosen expert of
-// each [token, choice], -1 where dropped), x's gradient and every parameter's gradient.
+// the options as metadata; used_token where the case has one), back-propagates sum(output ·
+// grad_out) + 0.37 · l_aux and writes CASE.out.safetensors: output, l_aux, exp_counts, capacity,
+// routes (the chosen expert of each [token, choice], -1 where dropped), x's gradient and every
+// parameter's gradient.
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/any.h>
 
@@ -48,12 +49,13 @@ void run_case(const std::string& path) {
     }
   }
   at::Tensor x = in.at("x").clone().requires_grad_(true);
-  auto [out, l_aux, counts] = layer->forward(x);
+  at::Tensor used = in.count("used_token") ? in.at("used_token") : at::Tensor();
+  auto [out, l_aux, counts] = layer->forward(x, used);
   (out * in.at("grad_out")).sum().add(l_aux * 0.37).backward();
 
   // The routing again (a fresh forward of the gate, without gradients) for the routes.
   at::NoGradGuard no_grad;
-  moe::Routing r = layer->deepspeed_moe->gate->forward(x.detach().reshape({-1, h}));
+  moe::Routing r = layer->deepspeed_moe->gate->forward(x.detach().reshape({-1, h}), 0, used);
   NamedTensors result = {{"output", out.detach()},
                          {"l_aux", l_aux.detach()},
                          {"exp_counts", counts},
