@@ -180,6 +180,7 @@ TEST(MoeRouter, ExpertBiasSelectsButDoesNotWeigh) {
   at::manual_seed(3);
   auto gate = identity_gate(moe::TopKGateOptions(4, 4)
                                 .k(2)
+                                .top2_2nd_expert_sampling(false)
                                 .capacity_factor(0)
                                 .score_function(moe::ScoreFunction::kSigmoid)
                                 .enable_expert_bias(true));
@@ -202,11 +203,13 @@ TEST(MoeRouter, ExpertBiasSelectsButDoesNotWeigh) {
 TEST(MoeRouter, BiasBalancingWithoutAuxLoss) {
   // Skewed synthetic tokens: a per-expert offset on the logits makes the busiest expert take
   // several times its share. The bias alone (rate 0.01, 8 experts, top-2, 512 fresh tokens a
-  // step) brings max / mean tokens per expert within 10% of 1, in at most 60 steps.
+  // step) brings max / mean tokens per expert from 3.3 to within 10% of 1 in 27 steps (at most
+  // 30 asserted).
   at::manual_seed(4);
   const int64_t e = 8, s = 512;
   auto gate = identity_gate(moe::TopKGateOptions(e, e)
                                 .k(2)
+                                .top2_2nd_expert_sampling(false)
                                 .capacity_factor(0)
                                 .score_function(moe::ScoreFunction::kSigmoid)
                                 .enable_expert_bias(true)
@@ -228,7 +231,7 @@ TEST(MoeRouter, BiasBalancingWithoutAuxLoss) {
   std::cout << "bias balancing: max/mean " << start << " at start, within 1.1 after " << reached
             << " steps\n";
   EXPECT_GT(reached, 0);
-  EXPECT_LE(reached, 60);
+  EXPECT_LE(reached, 30);
 }
 
 TEST(MoeRouter, LogitsInFp32ForBf16Input) {
