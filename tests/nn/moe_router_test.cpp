@@ -258,3 +258,40 @@ TEST(MoeRouter, RefusesBadOptions) {
   refuses(moe::TopKGateOptions(4, 4).num_groups(2).group_topk(3), "group_topk");
   refuses(moe::TopKGateOptions(4, 4).capacity_factor(-1), "capacity_factor");
 }
+
+TEST(MoeRouter, NoiseOnlyWhereAsked) {
+  at::manual_seed(5);
+  at::Tensor x = at::randn({16, 4});
+  // use_rts: an expert over capacity keeps exactly C of its tokens, a random C.
+  at::Tensor skewed = x.clone();
+  skewed.select(1, 0).add_(10.0);  // every token's first choice: expert 0
+  auto rts = identity_gate(moe::TopKGateOptions(4, 4).k(1).min_capacity(0).use_rts(true));
+  moe::Routing a = rts->forward(skewed), b = rts->forward(skewed);
+  EXPECT_EQ(a.capacity, 4);
+  EXPECT_EQ(a.kept.sum().item<int64_t>(), 4);
+  EXPECT_EQ(b.kept.sum().item<int64_t>(), 4);
+  bool differs = false;
+  for (int i = 0; i < 8 && !differs; ++i) differs = !at::equal(rts->forward(skewed).kept, a.kept);
+  EXPECT_TRUE(differs);
+  // Jitter scales the input by U(0.99, 1.01) in training only; RSample noises the choice in
+  // training only.
+  auto jitter = identity_gate(moe::TopKGateOptions(4, 4).noisy_gate_policy("Jitter"));
+  at::Tensor l = jitter->forward(x).logits;
+  EXPECT_FALSE(at::equal(l, x));
+  EXPECT_TRUE(((l - x).abs() <= x.abs() * 0.01 + 1e-7).all().item<bool>());
+  jitter->eval();
+  EXPECT_TRUE(at::equal(jitter->forward(x).logits, x));
+  auto rsample = identity_gate(
+      moe::TopKGateOptions(4, 4).noisy_gate_policy("RSample").capacity_factor(0).use_rts(false));
+  at::Tensor argmax = x.argmax(1, true);
+  bool noisy = false;
+  for (int i = 0; i < 8 && !noisy; ++i) noisy = !at::equal(rsample->forward(x).indices, argmax);
+  EXPECT_TRUE(noisy);
+  rsample->eval();
+  EXPECT_TRUE(at::equal(rsample->forward(x).indices, argmax));
+  // top-2 sampling: the second choice is random, never the first.
+  auto sampled = identity_gate(moe::TopKGateOptions(4, 4).k(2).capacity_factor(0));
+  moe::Routing r = sampled->forward(x);
+  EXPECT_TRUE(r.indices.select(1, 0).ne(r.indices.select(1, 1)).all().item<bool>());
+  EXPECT_TRUE(at::equal(r.indices.select(1, 0), x.argmax(1)));
+}
