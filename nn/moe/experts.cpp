@@ -1,0 +1,123 @@
+// The local experts: see experts.h.
+#include "dscpp/nn/moe/experts.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <string>
+
+#include "dscpp/error.h"
+#include "dscpp/nn/linear.h"
+
+namespace dscpp::nn::moe {
+
+namespace {
+
+std::vector<int64_t> host_counts(const at::Tensor& counts, int64_t experts, int64_t rows) {
+  if (counts.dim() != 1 || counts.size(0) != experts)
+    throw dscpp::Error("MoE experts: counts must be [" + std::to_string(experts) + "], got " +
+                       std::to_string(counts.numel()) + " values");
+  at::Tensor c = counts.to(at::kCPU, at::kLong).contiguous();
+  std::vector<int64_t> out(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + experts);
+  int64_t total = 0;
+  for (int64_t n : out) total += n;
+  if (total != rows)
+    throw dscpp::Error("MoE experts: counts sum to " + std::to_string(total) + ", rows are " +
+                       std::to_string(rows));
+  return out;
+}
+
+}  // namespace
+
+at::Tensor apply_activation(const at::Tensor& x, Activation activation) {
+  switch (activation) {
+    case Activation::kGelu:
+      return at::gelu(x);
+    case Activation::kRelu:
+      return at::relu(x);
+    case Activation::kSilu:
+      return at::silu(x);
+    case Activation::kSwiglu: {
+      auto halves = x.chunk(2, -1);
+      return at::silu(halves[0]) * halves[1];
+    }
+  }
+  throw dscpp::Error("MoE: unknown activation");
+}
+
+at::Tensor grouped_matmul(const at::Tensor& rows, const at::Tensor& weight,
+                          const at::Tensor& counts) {
+  std::vector<int64_t> n = host_counts(counts, weight.size(0), rows.size(0));
+  std::vector<at::Tensor> out;
+  int64_t begin = 0;
+  for (size_t e = 0; e < n.size(); ++e) {
+    out.push_back(at::mm(rows.narrow(0, begin, n[e]), weight[static_cast<int64_t>(e)]));
+    begin += n[e];
+  }
+  if (out.empty()) return rows.new_empty({0, weight.size(2)});
+  return at::cat(out, 0);
+}
+
+ExpertMLPImpl::ExpertMLPImpl(const ExpertMLPOptions& options_) : options(options_) {
+  reset();
+}
+
+void ExpertMLPImpl::reset() {
+  const int64_t f = options.ffn_hidden_size();
+  const int64_t up = options.activation() == Activation::kSwiglu ? 2 * f : f;
+  fc1 = register_module(
+      "fc1",
+      torch::nn::Linear(torch::nn::LinearOptions(options.hidden_size(), up).bias(options.bias())));
+  fc2 = register_module(
+      "fc2",
+      torch::nn::Linear(torch::nn::LinearOptions(f, options.hidden_size()).bias(options.bias())));
+}
+
+at::Tensor ExpertMLPImpl::forward(const at::Tensor& x) {
+  at::Tensor h = apply_activation(nn::linear(x, fc1->weight, fc1->bias), options.activation());
+  return nn::linear(h, fc2->weight, fc2->bias);
+}
+
+ExpertsImpl::ExpertsImpl(const torch::nn::AnyModule& expert, int64_t num_local_experts) {
+  if (expert.is_empty()) throw dscpp::Error("MoE Experts: the expert module is empty");
+  if (num_local_experts < 1)
+    throw dscpp::Error("MoE Experts: num_local_experts must be >= 1, got " +
+                       std::to_string(num_local_experts));
+  deepspeed_experts = register_module("deepspeed_experts", torch::nn::ModuleList());
+  for (int64_t i = 0; i < num_local_experts; ++i) {
+    experts.push_back(expert.clone());
+    deepspeed_experts->push_back(experts.back().ptr());
+  }
+}
+
+at::Tensor ExpertsImpl::run_experts(const at::Tensor& rows, const at::Tensor& counts) {
+  std::vector<int64_t> n = host_counts(counts, num_local_experts(), rows.size(0));
+  std::vector<at::Tensor> out;
+  int64_t begin = 0;
+  for (size_t e = 0; e < n.size(); ++e) {
+    if (n[e] > 0) out.push_back(experts[e].forward(rows.narrow(0, begin, n[e])));
+    begin += n[e];
+  }
+  if (out.empty()) return rows.new_zeros({0, rows.size(1)});
+  return at::cat(out, 0);
+}
+
+GroupedMLPImpl::GroupedMLPImpl(const GroupedMLPOptions& options_) : options(options_) {
+  const int64_t e = options.num_local_experts(), h = options.hidden_size(),
+                f = options.ffn_hidden_size();
+  if (e < 1 || h < 1 || f < 1)
+    throw dscpp::Error("MoE GroupedMLP: experts, hidden and ffn sizes must be positive");
+  const int64_t up = options.activation() == Activation::kSwiglu ? 2 * f : f;
+  // nn.Linear's default init (kaiming_uniform(a = sqrt 5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  weight1 = register_parameter(
+      "weight1", at::empty({e, h, up}).uniform_(-1.0 / std::sqrt(h), 1.0 / std::sqrt(h)));
+  weight2 = register_parameter(
+      "weight2", at::empty({e, f, h}).uniform_(-1.0 / std::sqrt(f), 1.0 / std::sqrt(f)));
+}
+
+at::Tensor GroupedMLPImpl::run_experts(const at::Tensor& rows, const at::Tensor& counts) {
+  at::Tensor h = apply_activation(grouped_matmul(rows, weight1, counts), options.activation());
+  return grouped_matmul(h, weight2, counts);
+}
+
+}  // namespace dscpp::nn::moe

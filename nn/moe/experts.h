@@ -1,0 +1,97 @@
+// The experts of one rank, run on the dispatcher's expert-major rows (rows [sum(counts), H],
+// counts int64 [num_local_experts]; token_dispatcher.h), as Megatron-Core's two kinds:
+// - Experts (DeepSpeed's Experts, Megatron's SequentialMLP): num_local_experts independent
+//   clones (module->clone(), DeepSpeed's deepcopy) of any Cloneable module [.., H] -> [.., H'],
+//   registered as deepspeed_experts.<i>, each run on its own rows.
+// - GroupedMLP: the weights of all experts stacked, weight1 [E, H, F] (SwiGLU: [E, H, 2F],
+//   gate then up) and weight2 [E, F, H'], products by grouped_matmul.
+// ExpertMLP is the plain expert module (fc1, activation, fc2) for either use.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <vector>
+
+namespace dscpp::nn::moe {
+
+enum class Activation { kGelu, kRelu, kSilu, kSwiglu };  // GELU: the exact (erf) one
+
+// rows [sum(counts), in] · weight[e] [in, out] for each expert's block of rows: a loop over
+// experts for now (ops' grouped GEMM replaces it on the GPU). counts int64 [E].
+at::Tensor grouped_matmul(const at::Tensor& rows, const at::Tensor& weight,
+                          const at::Tensor& counts);
+
+// What the MoE layer calls on its experts.
+class LocalExperts {
+ public:
+  virtual ~LocalExperts() = default;
+  virtual at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& counts) = 0;
+  virtual int64_t num_local_experts() const = 0;
+};
+
+struct ExpertMLPOptions {
+  ExpertMLPOptions(int64_t hidden_size, int64_t ffn_hidden_size)
+      : hidden_size_(hidden_size), ffn_hidden_size_(ffn_hidden_size) {}
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(int64_t, ffn_hidden_size);
+  TORCH_ARG(Activation, activation) = Activation::kGelu;
+  TORCH_ARG(bool, bias) = true;
+};
+
+class ExpertMLPImpl : public torch::nn::Cloneable<ExpertMLPImpl> {
+ public:
+  explicit ExpertMLPImpl(const ExpertMLPOptions& options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+
+  ExpertMLPOptions options;
+  torch::nn::Linear fc1{nullptr};  // [F (SwiGLU: 2F, gate then up), H]
+  torch::nn::Linear fc2{nullptr};  // [H, F]
+};
+TORCH_MODULE(ExpertMLP);
+
+class ExpertsImpl : public torch::nn::Module, public LocalExperts {
+ public:
+  ExpertsImpl(const torch::nn::AnyModule& expert, int64_t num_local_experts);
+  at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& counts) override;
+  int64_t num_local_experts() const override { return static_cast<int64_t>(experts.size()); }
+
+  std::vector<torch::nn::AnyModule> experts;  // what forward calls
+  torch::nn::ModuleList deepspeed_experts;    // the same modules, for their names
+};
+TORCH_MODULE(Experts);
+
+struct GroupedMLPOptions {
+  GroupedMLPOptions(int64_t num_local_experts, int64_t hidden_size, int64_t ffn_hidden_size)
+      : num_local_experts_(num_local_experts),
+        hidden_size_(hidden_size),
+        ffn_hidden_size_(ffn_hidden_size) {}
+  TORCH_ARG(int64_t, num_local_experts);
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(int64_t, ffn_hidden_size);
+  TORCH_ARG(Activation, activation) = Activation::kGelu;
+};
+
+class GroupedMLPImpl : public torch::nn::Module, public LocalExperts {
+ public:
+  explicit GroupedMLPImpl(const GroupedMLPOptions& options);
+  at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& counts) override;
+  int64_t num_local_experts() const override { return options.num_local_experts(); }
+
+  GroupedMLPOptions options;
+  at::Tensor weight1;  // [E, H, F] (SwiGLU: [E, H, 2F]); each expert's init as nn.Linear's
+  at::Tensor weight2;  // [E, F, H]
+};
+TORCH_MODULE(GroupedMLP);
+
+// The activation between the two products (SwiGLU: silu(gate) * up over the halves of x).
+at::Tensor apply_activation(const at::Tensor& x, Activation activation);
+
+}  // namespace dscpp::nn::moe

@@ -1,0 +1,132 @@
+// The MoE layer: see moe.h.
+#include "dscpp/nn/moe/moe.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <utility>
+
+#include "dscpp/error.h"
+#include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/linear.h"
+
+namespace dscpp::nn::moe {
+
+namespace {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw dscpp::Error("MoE: " + what);
+}
+
+TopKGateOptions gate_options(const MoEOptions& o) {
+  return TopKGateOptions(o.hidden_size(), o.num_experts())
+      .k(o.k())
+      .capacity_factor(o.capacity_factor())
+      .eval_capacity_factor(o.eval_capacity_factor())
+      .min_capacity(o.min_capacity())
+      .noisy_gate_policy(o.noisy_gate_policy())
+      .drop_tokens(o.drop_tokens())
+      .use_rts(o.use_rts())
+      .top2_2nd_expert_sampling(o.top2_2nd_expert_sampling())
+      .score_function(o.score_function())
+      .topk_scaling_factor(o.topk_scaling_factor())
+      .z_loss_coeff(o.z_loss_coeff())
+      .seq_aux_loss_coeff(o.seq_aux_loss_coeff())
+      .num_groups(o.num_groups() > 0 ? o.num_groups() : o.ep_size())
+      .group_topk(o.group_topk())
+      .enable_expert_bias(o.enable_expert_bias())
+      .bias_update_rate(o.bias_update_rate());
+}
+
+}  // namespace
+
+MOELayerImpl::MOELayerImpl(TopKGate gate_, std::shared_ptr<torch::nn::Module> experts_,
+                           std::unique_ptr<TokenDispatcher> dispatcher_)
+    : dispatcher(std::move(dispatcher_)) {
+  gate = register_module("gate", std::move(gate_));
+  experts = register_module("experts", std::move(experts_));
+  local_experts = dynamic_cast<LocalExperts*>(experts.get());
+  check(local_experts != nullptr, "the experts module must implement LocalExperts");
+  check(dispatcher != nullptr, "no token dispatcher");
+}
+
+std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, int64_t seq_length,
+                                                     const at::Tensor& expert_tokens,
+                                                     const at::Tensor& used_token) {
+  Routing routing = gate->forward(tokens, seq_length, used_token);
+  ExpertInput in = dispatcher->dispatch(expert_tokens.defined() ? expert_tokens : tokens, routing);
+  at::Tensor out = local_experts->run_experts(in.rows, in.counts);
+  return {dispatcher->combine(out), std::move(routing)};
+}
+
+MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
+  const MoEOptions& o = options;
+  check(o.hidden_size() > 0, "hidden_size must be positive");
+  check(o.ep_size() >= 1 && o.num_experts() % o.ep_size() == 0,
+        "num_experts (" + std::to_string(o.num_experts()) + ") must be divisible by ep_size (" +
+            std::to_string(o.ep_size()) + ")");
+  check(o.ep_size() == 1, "ep_size = " + std::to_string(o.ep_size()) +
+                              " > 1: expert parallelism: see the dispatcher (not in yet)");
+  check(o.latent_size() >= 0, "latent_size must be >= 0");
+  const int64_t width = o.latent_size() > 0 ? o.latent_size() : o.hidden_size();
+  const int64_t local = o.num_experts() / o.ep_size();
+
+  std::shared_ptr<torch::nn::Module> experts;
+  if (!o.expert().is_empty()) {
+    experts = Experts(o.expert(), local).ptr();
+  } else {
+    check(o.ffn_hidden_size() > 0,
+          "no expert module and no ffn_hidden_size for the grouped experts");
+    experts =
+        GroupedMLP(GroupedMLPOptions(local, width, o.ffn_hidden_size()).activation(o.activation()))
+            .ptr();
+  }
+  deepspeed_moe = register_module(
+      "deepspeed_moe",
+      MOELayer(TopKGate(gate_options(o)), experts, std::make_unique<LocalTokenDispatcher>()));
+  if (o.use_residual()) {
+    check(!o.expert().is_empty(), "use_residual needs the expert module (its dense MLP)");
+    mlp = o.expert();
+    register_module("mlp", mlp.ptr());
+    coefficient = register_module("coefficient", torch::nn::Linear(o.hidden_size(), 2));
+  }
+  if (!o.shared_expert().is_empty()) {
+    shared_experts = o.shared_expert();
+    register_module("shared_experts", shared_experts.ptr());
+  }
+  if (o.latent_size() > 0) {
+    latent_down = register_module(
+        "latent_down",
+        torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), width).bias(false)));
+    latent_up = register_module(
+        "latent_up",
+        torch::nn::Linear(torch::nn::LinearOptions(width, o.hidden_size()).bias(false)));
+  }
+}
+
+MoEOutput MoEImpl::forward(const at::Tensor& hidden_states, const at::Tensor& used_token) {
+  const int64_t h = options.hidden_size();
+  check(hidden_states.dim() >= 1 && hidden_states.size(-1) == h,
+        "hidden_states must end in hidden_size " + std::to_string(h));
+  at::Tensor tokens = hidden_states.reshape({-1, h});
+  const int64_t seq_length = hidden_states.dim() == 3 ? hidden_states.size(1) : 0;
+  at::Tensor expert_tokens;
+  if (latent_down) expert_tokens = nn::linear(tokens, latent_down->weight);
+  auto [combined, routing] =
+      deepspeed_moe->forward(tokens, seq_length, expert_tokens,
+                             used_token.defined() ? used_token.reshape({-1}) : used_token);
+  if (latent_up) combined = nn::linear(combined, latent_up->weight);
+  at::Tensor output = combined.reshape(hidden_states.sizes());
+  if (!shared_experts.is_empty()) output = output + shared_experts.forward(hidden_states);
+  if (options.use_residual()) {
+    at::Tensor out_mlp = mlp.forward(hidden_states);
+    at::Tensor coef =
+        at::softmax(nn::linear(hidden_states, coefficient->weight, coefficient->bias), -1);
+    output = output * coef.narrow(-1, 0, 1) + out_mlp * coef.narrow(-1, 1, 1);
+  }
+  if (routing.z_loss.defined()) add_aux_loss(routing.z_loss);
+  if (routing.seq_aux_loss.defined()) add_aux_loss(routing.seq_aux_loss);
+  return {output, routing.l_aux, routing.exp_counts};
+}
+
+}  // namespace dscpp::nn::moe

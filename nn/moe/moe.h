@@ -1,0 +1,106 @@
+// DeepSpeed's MoE layer (deepspeed/moe/layer.py) on one expert-parallel rank: router (TopKGate),
+// token dispatcher and experts, each replaceable (Megatron-Core's split), under DeepSpeed's
+// module names (deepspeed_moe.gate.wg.weight, deepspeed_moe.experts.deepspeed_experts.<i>.*,
+// mlp.*, coefficient.*), so its state dict reads like DeepSpeed's.
+//
+// forward(hidden_states [..., H]) returns (output [..., H], l_aux, exp_counts) as DeepSpeed:
+// l_aux unscaled (the caller adds coeff · l_aux to its loss); the router's z-loss and
+// sequence-wise aux loss, which carry their own coefficients, go to nn::add_aux_loss (the
+// caller runs the layer under an AuxLossScope). A [B, T, H] input is B sequences of T tokens.
+//
+// The experts: clones of `expert` (any Cloneable module, DeepSpeed's API) or, without one, a
+// GroupedMLP of ffn_hidden_size. Beside them: use_residual (Residual MoE: output·c0 + mlp(x)·c1,
+// c = softmax(coefficient(x)), mlp the given expert itself), shared_expert (added to the routed
+// output) and latent_size (LatentMoE: the router sees x, the experts work on latent_down(x) and
+// the combined output is latent_up'ed back to H). ep_size > 1 is refused by name until the
+// expert-parallel dispatcher is in.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+
+#include "dscpp/nn/moe/experts.h"
+#include "dscpp/nn/moe/router.h"
+#include "dscpp/nn/moe/token_dispatcher.h"
+
+namespace dscpp::nn::moe {
+
+struct MoEOptions {
+  explicit MoEOptions(int64_t hidden_size) : hidden_size_(hidden_size) {}
+  // DeepSpeed's MoE arguments and defaults.
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(torch::nn::AnyModule, expert);  // empty: a GroupedMLP of ffn_hidden_size
+  TORCH_ARG(int64_t, num_experts) = 1;
+  TORCH_ARG(int64_t, ep_size) = 1;
+  TORCH_ARG(int64_t, k) = 1;
+  TORCH_ARG(double, capacity_factor) = 1.0;  // 0: dropless
+  TORCH_ARG(double, eval_capacity_factor) = 1.0;
+  TORCH_ARG(int64_t, min_capacity) = 4;
+  TORCH_ARG(std::string, noisy_gate_policy) = "";  // None, Jitter, RSample
+  TORCH_ARG(bool, drop_tokens) = true;
+  TORCH_ARG(bool, use_rts) = true;
+  TORCH_ARG(bool, use_residual) = false;
+  TORCH_ARG(bool, top2_2nd_expert_sampling) = true;
+  // Current models (router.h says what each does).
+  TORCH_ARG(ScoreFunction, score_function) = ScoreFunction::kSoftmax;
+  TORCH_ARG(double, topk_scaling_factor) = 1.0;
+  TORCH_ARG(double, z_loss_coeff) = 0.0;
+  TORCH_ARG(double, seq_aux_loss_coeff) = 0.0;
+  TORCH_ARG(int64_t, num_groups) = 0;  // device-limited routing's groups; 0: ep_size
+  TORCH_ARG(int64_t, group_topk) = 0;  // 0: unlimited
+  TORCH_ARG(bool, enable_expert_bias) = false;
+  TORCH_ARG(double, bias_update_rate) = 1e-3;
+  TORCH_ARG(int64_t, ffn_hidden_size) = 0;  // the GroupedMLP experts' width
+  TORCH_ARG(Activation, activation) = Activation::kGelu;
+  TORCH_ARG(torch::nn::AnyModule, shared_expert);  // empty: none
+  TORCH_ARG(int64_t, latent_size) = 0;             // 0: the experts work in hidden_size
+};
+
+struct MoEOutput {
+  at::Tensor output;
+  at::Tensor l_aux;
+  at::Tensor exp_counts;
+};
+
+// DeepSpeed's MOELayer: gate, dispatcher, experts on [S, H] tokens.
+class MOELayerImpl : public torch::nn::Module {
+ public:
+  MOELayerImpl(TopKGate gate, std::shared_ptr<torch::nn::Module> experts,
+               std::unique_ptr<TokenDispatcher> dispatcher);
+  // tokens [S, H] -> ([S, H'], the routing). expert_tokens: what is dispatched (LatentMoE:
+  // the down-projected tokens); undefined: `tokens` itself.
+  std::pair<at::Tensor, Routing> forward(const at::Tensor& tokens, int64_t seq_length = 0,
+                                         const at::Tensor& expert_tokens = {},
+                                         const at::Tensor& used_token = {});
+
+  TopKGate gate{nullptr};
+  std::shared_ptr<torch::nn::Module> experts;
+  LocalExperts* local_experts = nullptr;
+  std::unique_ptr<TokenDispatcher> dispatcher;
+};
+TORCH_MODULE(MOELayer);
+
+class MoEImpl : public torch::nn::Module {
+ public:
+  explicit MoEImpl(const MoEOptions& options);
+  // used_token (DeepSpeed's, k = 1 only): [...] over hidden_states' tokens, 0 for a token
+  // that is neither counted nor routed.
+  MoEOutput forward(const at::Tensor& hidden_states, const at::Tensor& used_token = {});
+
+  MoEOptions options;
+  MOELayer deepspeed_moe{nullptr};
+  torch::nn::AnyModule mlp;                // use_residual
+  torch::nn::Linear coefficient{nullptr};  // use_residual: [2, H]
+  torch::nn::AnyModule shared_experts;
+  torch::nn::Linear latent_down{nullptr}, latent_up{nullptr};  // latent_size
+};
+TORCH_MODULE(MoE);
+
+}  // namespace dscpp::nn::moe
