@@ -153,9 +153,11 @@ def check_param_nvme(got, path, n, buffer_count, buffer_size, max_in_cpu, layere
 
 def param_cases(r, args, report):
     """offload_param nvme (stage 3) against no offload; then its checkpoint; then a bad path."""
-    # Gathering that releases each layer after use and prefetches little: more reads, and
-    # reads ahead given up.
-    tight = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1500}
+    # Gathering that releases each layer after use and prefetches little (more reads, reads
+    # ahead given up), with the small parameters persistent (their chunks refreshed from a swap
+    # buffer at every step).
+    tight = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1500,
+             "stage3_param_persistence_threshold": 100}
     if args.full:
         # (The transformer stops at 2 ranks: at 4 its re-lay changes the partition's size, which
         # the optimizer refuses to re-seat, with or without offload.)
