@@ -41,9 +41,6 @@ const char* kWandb = "Weights & Biases needs its Python service: not implemented
 const char* kOffloadTest = "engine.OffloadMatchesNoOffload";
 const char* kNvmeTest = "engine.NvmeOffloadMatchesNoOffload";
 const char* kNvmeFile = "NvmeFile.RoundTripInBlockSizePiecesThroughAShallowQueue";
-// The parameters' NVMe offload keeps the 16-bit partition in host memory (device cpu's).
-const char* kParamNvme =
-    "offload_param device nvme keeps the 16-bit partition in host memory, as device cpu does";
 const char* kRemoved = "removed from DeepSpeed in 0.19; ignoring it would train another model";
 const char* kOn = R"({"enabled": true})";
 
@@ -140,12 +137,10 @@ const std::vector<KeyFate> kTable = {
       "the CPU optimizer takes the rank's intra-op threads (OMP_NUM_THREADS)", "0.5"),
     A("zero_optimization.offload_param", kOffloadTest),
     A("zero_optimization.offload_param.device", kOffloadTest),
-    N("zero_optimization.offload_param.nvme_path", kParamNvme, R"("/x")"),
-    U("zero_optimization.offload_param.buffer_count",
-      "zero/param_store.cpp: staging buffers on the device for the gathers"),
-    U("zero_optimization.offload_param.buffer_size",
-      "zero/param_store.cpp: elements of each staging buffer"),
-    N("zero_optimization.offload_param.max_in_cpu", kParamNvme, "1000", "1000000000"),
+    A("zero_optimization.offload_param.nvme_path", kNvmeTest),
+    A("zero_optimization.offload_param.buffer_count", kNvmeTest),
+    A("zero_optimization.offload_param.buffer_size", kNvmeTest),
+    A("zero_optimization.offload_param.max_in_cpu", kNvmeTest),
     U("zero_optimization.offload_param.pin_memory",
       "zero/param_store.cpp: the host partition is page-locked where a GPU is"),
     A("zero_optimization.cpu_offload", kOffloadTest),

@@ -120,6 +120,15 @@ void LayerGather::use(int position) {
   for (int b : need) zero_.start_gather(b);
   prefetch(position);
   for (int b : need) zero_.finish_gather(b);
+  read_ahead(position);
+}
+
+void LayerGather::read_ahead(int position) {
+  if (!zero_.swaps_params()) return;
+  // Across the phases too: a read waits for no other rank.
+  for (int q = position + 1; q <= last_position(); ++q)
+    for (int b : layer_buckets_[layer_at(q)])
+      if (!zero_.read_ahead(b)) return;
 }
 
 void LayerGather::prefetch(int position) {
@@ -137,7 +146,7 @@ void LayerGather::prefetch(int position) {
       if (std::find(current.begin(), current.end(), b) != current.end()) continue;
       const int64_t n = bucket_numel(b);
       if (in_flight + n > options_.prefetch_bucket_size ||
-          zero_.live_numel() + n > options_.max_live_parameters)
+          zero_.live_numel() + n > options_.max_live_parameters || !zero_.can_gather_now(b))
         return;
       zero_.start_gather(b);
       in_flight += n;

@@ -12,6 +12,10 @@
 // measured along it (without the backward half when autograd is off). Live elements never
 // exceed max_live_parameters plus one layer: prefetches stay within max_live, and a layer's
 // own gather first releases buckets kept for reuse.
+//
+// Parameter NVMe offload: after each use, the chunks of the next buckets in the step's order
+// that are at rest are read from their files ahead, while swap buffers are free; a prefetch
+// stops at a bucket whose gather would have to wait for a buffer.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +57,7 @@ class LayerGather : public nn::LayerHooks {
   // After the layer at `position` has run: releases buckets not reused soon.
   void done(int position);
   void prefetch(int position);
+  void read_ahead(int position);
   // The next position after `position` that uses bucket b, or -1.
   int next_use(int bucket, int position) const;
   int64_t bucket_numel(int bucket) const;

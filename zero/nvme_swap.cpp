@@ -19,17 +19,40 @@ namespace {
 
 constexpr int64_t kElement = sizeof(float);
 
-void check_path(const NvmeOptions& o) {
-  const std::string where = fmt::format("{} '{}'", o.key, o.path);
-  if (o.path.empty()) throw Error(o.key + ": NVMe offload needs a path, none given");
+}  // namespace
+
+void check_nvme_path(const std::string& path, const std::string& key) {
+  const std::string where = fmt::format("{} '{}'", key, path);
+  if (path.empty()) throw Error(key + ": NVMe offload needs a path, none given");
   std::error_code ec;
-  const auto st = fs::status(o.path, ec);
+  const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st)) throw Error(where + ": does not exist");
   if (!fs::is_directory(st)) throw Error(where + ": is not a directory");
-  if (::access(o.path.c_str(), W_OK | X_OK) != 0) throw Error(where + ": is not writable");
+  if (::access(path.c_str(), W_OK | X_OK) != 0) throw Error(where + ": is not writable");
 }
 
-}  // namespace
+std::string make_swap_folder(const std::string& path, const std::string& key,
+                             const std::vector<std::string>& parts) {
+  check_nvme_path(path, key);
+  fs::path folder(path);
+  for (const std::string& part : parts) {
+    folder /= part;
+    std::error_code ec;
+    if (fs::is_directory(folder, ec)) continue;
+    if (!fs::create_directory(folder, ec) && !fs::is_directory(folder))
+      throw Error(fmt::format("{} '{}': cannot make the swap folder '{}': {}", key, path,
+                              folder.string(), ec.message()));
+  }
+  return folder.string();
+}
+
+void remove_swap_folder(const std::string& folder, int levels) {
+  fs::path f(folder);
+  for (int up = 0; up <= levels; ++up, f = f.parent_path()) {
+    std::error_code ec;
+    if (!fs::remove(f, ec)) break;
+  }
+}
 
 NvmeSwapper::NvmeSwapper(const NvmeOptions& options, int64_t numel)
     : options_(options), numel_(numel) {
@@ -38,19 +61,10 @@ NvmeSwapper::NvmeSwapper(const NvmeOptions& options, int64_t numel)
         fmt::format("zero_optimization.offload_optimizer.buffer_count: NVMe offload "
                     "needs at least 1 buffer, found {}",
                     options_.buffer_count));
-  check_path(options_);
   // DeepSpeed's layout: nvme_path/zero_stage_<s>/optimizer/rank<r>.
-  fs::path folder(options_.path);
-  for (const std::string& part : {fmt::format("zero_stage_{}", options_.stage),
-                                  std::string("optimizer"), fmt::format("rank{}", options_.rank)}) {
-    folder /= part;
-    std::error_code ec;
-    if (fs::is_directory(folder, ec)) continue;
-    if (!fs::create_directory(folder, ec) && !fs::is_directory(folder))
-      throw Error(fmt::format("{} '{}': cannot make the swap folder '{}': {}", options_.key,
-                              options_.path, folder.string(), ec.message()));
-  }
-  folder_ = folder.string();
+  folder_ = make_swap_folder(options_.path, options_.key,
+                             {fmt::format("zero_stage_{}", options_.stage), "optimizer",
+                              fmt::format("rank{}", options_.rank)});
 }
 
 NvmeSwapper::~NvmeSwapper() {
@@ -60,14 +74,8 @@ NvmeSwapper::~NvmeSwapper() {
   }
   slots_.clear();
   files_.clear();  // each file removes itself
-  // The rank's folder, then optimizer/ and zero_stage_<s>/ where they are empty (fs::remove
-  // leaves a folder that is not: another rank's may still be beside ours; the last to go
-  // removes them, whoever made them).
-  fs::path folder(folder_);
-  for (int up = 0; up < 3; ++up, folder = folder.parent_path()) {
-    std::error_code ec;
-    if (!fs::remove(folder, ec)) break;
-  }
+  // The rank's folder, then optimizer/ and zero_stage_<s>/ where they are empty.
+  remove_swap_folder(folder_, 2);
 }
 
 void NvmeSwapper::add(const std::string& name, float value) {

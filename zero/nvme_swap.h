@@ -34,6 +34,16 @@ struct NvmeOptions {
   AioOptions aio;
 };
 
+// The swap folders both swappers share. check_nvme_path: nvme_path exists, is a directory
+// and is writable (else an Error naming `key` and the path). make_swap_folder: nvme_path/parts...
+// made where missing (an Error naming the folder where that fails); returns it.
+// remove_swap_folder: the folder, then each of its `levels` parents where empty (another rank's
+// folder may still be beside ours: the last to go removes them, whoever made them).
+void check_nvme_path(const std::string& path, const std::string& key);
+std::string make_swap_folder(const std::string& path, const std::string& key,
+                             const std::vector<std::string>& parts);
+void remove_swap_folder(const std::string& folder, int levels);
+
 class NvmeSwapper {
  public:
   // Checks nvme_path (exists, a directory, writable: else an Error naming it) and makes the

@@ -10,6 +10,16 @@
 
 namespace dscpp::zero {
 
+namespace {
+
+// Bucket b's chunk of a partition laid out by `l`.
+at::Tensor chunk_in(const FlatLayout& l, const at::Tensor& partition, int b) {
+  const auto& bucket = l.buckets.at(b);
+  return partition.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk);
+}
+
+}  // namespace
+
 ParamStore::ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
                        std::shared_ptr<comm::ProcessGroup> group, ParamOffloadOptions offload)
     : layout_(layout), group_(std::move(group)), params_(std::move(params)), offload_(offload) {
@@ -32,23 +42,106 @@ ParamStore::ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
 
 void ParamStore::keep_only_partition(const at::Tensor& master) {
   device_options_ = flat_params_.options();
+  buckets16_.resize(layout_.buckets.size());
   if (offload_.enabled) {
-    // Parameter offload: in host memory, page-locked where a GPU copies from it.
-    const bool pin = offload_.pin_memory && !flat_params_.device().is_cpu();
-    part16_ = at::empty({master.numel()},
-                        at::TensorOptions().dtype(flat_params_.scalar_type()).pinned_memory(pin));
-    part16_.copy_(master);
+    keep_partition16(master);
   } else {
     // On the parameters' device (an offloaded master is on the host).
     part16_ = master.to(flat_params_.device(), flat_params_.scalar_type());
   }
-  buckets16_.resize(layout_.buckets.size());
   for (auto& p : params_) p.set_data(at::empty({0}, device_options_));
   flat_params_ = at::Tensor();
 }
 
+void ParamStore::keep_partition16(const at::Tensor& values) {
+  // Parameter offload: in host memory, page-locked where a GPU copies from it.
+  const bool pin = offload_.pin_memory && !device_options_.device().is_cpu();
+  int64_t resident = layout_.partition;
+  if (offload_.nvme.enabled) {
+    // The buckets from the partition's start that fit in max_in_cpu stay in memory, the
+    // others go to files (the old files go first: the new ones take their names).
+    std::vector<int64_t> chunks;
+    std::vector<bool> in_file;
+    int64_t kept = 0;
+    for (const auto& bucket : layout_.buckets) {
+      const bool swap =
+          (!in_file.empty() && in_file.back()) || kept + bucket.chunk > offload_.nvme.max_in_cpu;
+      if (!swap) kept += bucket.chunk;
+      chunks.push_back(bucket.chunk);
+      in_file.push_back(swap);
+    }
+    resident = kept;
+    swap_holders_.clear();
+    swap_.reset();
+    swap_ = std::make_unique<ParamSwapper>(offload_.nvme, device_options_.dtype().toScalarType(),
+                                           std::move(chunks), std::move(in_file));
+  }
+  part16_ = at::empty(
+      {resident},
+      at::TensorOptions().dtype(device_options_.dtype().toScalarType()).pinned_memory(pin));
+  part16_.copy_(values.narrow(0, 0, resident));
+  for (int b = 0; b < static_cast<int>(layout_.buckets.size()); ++b)
+    if (swapped(b)) store_chunk(b, partition_chunk(values, b));
+}
+
+void ParamStore::store_chunk(int b, const at::Tensor& values) {
+  if (!swapped(b)) {
+    partition_chunk(part16_, b).copy_(values);
+    return;
+  }
+  if (!swap_->has_buffer(b)) make_room();
+  at::Tensor t = swap_->stage_write(b);
+  if (t.data_ptr() != values.data_ptr()) t.copy_(values);
+  swap_->write(b);
+}
+
+void ParamStore::read_partition16(const FlatLayout& l, at::Tensor& into) {
+  into.narrow(0, 0, part16_.numel()).copy_(part16_);
+  for (int b = 0; b < static_cast<int>(l.buckets.size()); ++b) {
+    if (!swapped(b)) continue;
+    if (!swap_->has_buffer(b)) make_room();
+    chunk_in(l, into, b).copy_(swap_->acquire(b));
+    swap_->let_go(b);
+  }
+}
+
+void ParamStore::make_room() {
+  while (!swap_->buffer_available()) {
+    if (swap_holders_.empty())
+      throw Error("offload_param: no NVMe swap buffer is free and no gather holds one");
+    finish_gather(swap_holders_.front());
+  }
+}
+
+bool ParamStore::read_ahead(int b) {
+  if (!swapped(b) || buckets16_.at(b).state != BucketState::kRest) return true;
+  return swap_->read_ahead(b);
+}
+
+bool ParamStore::can_gather_now(int b) const {
+  return !swapped(b) || swap_->has_buffer(b) || swap_->buffer_available();
+}
+
+at::Tensor ParamStore::swap_up(const at::Tensor& host, at::Tensor& holder) {
+  // On the CPU the swap buffer is the gather's input itself; on a GPU the copy up waits, so
+  // that the buffer may take another chunk as soon as it is let go.
+  if (device_options_.device().is_cpu()) return host;
+  return bring_up(host, holder, /*blocking=*/true);
+}
+
 void ParamStore::relayout(const FlatLayout& old) {
   wait_all_published();
+  if (partitioned() && swap_) {
+    // NVMe: the whole partition passes through memory once (the files are laid out anew).
+    at::Tensor whole = at::empty({old.partition}, part16_.options());
+    read_partition16(old, whole);
+    at::Tensor moved =
+        relay_partition(old, layout_, whole.to(device_options_.device()), chunk_rank(), *group_);
+    whole = at::Tensor();
+    buckets16_.assign(layout_.buckets.size(), Gathered{});
+    keep_partition16(moved);
+    return;
+  }
   if (partitioned()) {
     // An offloaded partition travels through the training device, where collectives run;
     // one partition alone (a group of one) is permuted where it lies, in its own buffer.
@@ -92,7 +185,12 @@ at::Tensor ParamStore::partition_chunk(const at::Tensor& partition, int b) const
 }
 
 at::Tensor ParamStore::chunk_destination(int b) {
-  // (a host partition on a GPU: the update writes on the device, publish_bucket copies down)
+  // (a host partition on a GPU: the update writes on the device, publish_bucket copies down;
+  // NVMe on the CPU: into the swap buffer the write goes from)
+  if (partitioned() && swapped(b) && device_options_.device().is_cpu()) {
+    if (!swap_->has_buffer(b)) make_room();
+    return swap_->stage_write(b);
+  }
   if (partitioned())
     return part16_.device() == device_options_.device()
                ? partition_chunk(part16_, b)
@@ -117,6 +215,21 @@ comm::Work ParamStore::gather_chunks(at::Tensor whole, const at::Tensor& mine) {
 }
 
 comm::Work ParamStore::publish_bucket(int b, const at::Tensor& chunk16) {
+  if (partitioned() && swapped(b)) {
+    // NVMe: the chunk goes to its file, through a swap buffer (a gathered bucket is refreshed
+    // from it first).
+    Gathered& g = buckets16_.at(b);
+    if (g.state != BucketState::kRest) finish_gather(b);
+    if (!swap_->has_buffer(b)) make_room();
+    at::Tensor mine = swap_->stage_write(b);
+    if (mine.data_ptr() != chunk16.data_ptr()) mine.copy_(chunk16);
+    if (g.state != BucketState::kRest) {
+      gather_chunks(g.buffer, swap_up(mine, g.staging)).wait();
+      give_back(g.staging);
+    }
+    swap_->write(b);
+    return comm::Work();
+  }
   if (partitioned()) {
     // Only this rank's 16-bit chunk changes; the next gather spreads it. A bucket gathered
     // now (persistent, or inside a GatheredParameters scope) is refreshed in place.
@@ -152,6 +265,10 @@ void ParamStore::publish(const at::Tensor& master) {
 void ParamStore::copy_partition_into(at::Tensor& master) {
   wait_all_published();
   // Stage 3: the 16-bit partition is the parameters' truth.
+  if (partitioned() && swap_) {
+    read_partition16(layout_, master);
+    return;
+  }
   if (partitioned()) {
     master.copy_(part16_);
     return;
@@ -206,7 +323,20 @@ void ParamStore::start_gather(int b) {
   if (g.state != BucketState::kRest) return;
   const auto& bucket = layout_.buckets[b];
   g.buffer = at::empty({bucket.end - bucket.begin}, device_options_);
-  g.work = gather_chunks(g.buffer, bring_up(partition_chunk(part16_, b), g.staging));
+  at::Tensor mine;
+  if (swapped(b)) {
+    if (!swap_->has_buffer(b)) make_room();
+    mine = swap_up(swap_->acquire(b), g.staging);
+    if (device_options_.device().is_cpu()) {
+      g.swap_held = true;  // until the all-gather has read it
+      swap_holders_.push_back(b);
+    } else {
+      swap_->let_go(b);
+    }
+  } else {
+    mine = bring_up(partition_chunk(part16_, b), g.staging);
+  }
+  g.work = gather_chunks(g.buffer, mine);
   g.state = BucketState::kInFlight;
   if (!g.persistent) {
     live_ += g.buffer.numel();
@@ -223,6 +353,7 @@ void ParamStore::finish_gather(int b) {
   g.work.wait();
   g.work = comm::Work();
   give_back(g.staging);
+  let_go_swap(b);
   const auto& bucket = layout_.buckets[b];
   for (int i : bucket.params) {
     const auto& lp = layout_.params[i];
@@ -240,6 +371,7 @@ void ParamStore::release_bucket(int b) {
   if (g.state == BucketState::kInFlight) g.work.wait();  // a collective in flight keeps its buffer
   g.work = comm::Work();
   give_back(g.staging);
+  let_go_swap(b);
   // A parameter at rest is an empty tensor of its dtype and device, as in DeepSpeed; the
   // bucket's buffer is freed with the last view of it.
   for (int i : layout_.buckets[b].params) params_[i].set_data(at::empty({0}, device_options_));
@@ -268,6 +400,7 @@ void ParamStore::release() {
   if (!partitioned()) return;
   for (size_t b = 0; b < buckets16_.size(); ++b)
     if (!buckets16_[b].persistent) release_bucket(static_cast<int>(b));
+  if (swap_) swap_->drop_reads_ahead();  // (reads ahead for uses that did not come)
 }
 
 void ParamStore::scatter_gathered_from(int src_rank, at::Tensor& master) {
@@ -281,12 +414,20 @@ void ParamStore::scatter_gathered_from(int src_rank, at::Tensor& master) {
     if (group_->size() > 1) group_->broadcast(g.buffer, src_rank).wait();
     const auto& bucket = layout_.buckets[b];
     at::Tensor mine = g.buffer.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk);
-    partition_chunk(part16_, static_cast<int>(b)).copy_(mine);
+    store_chunk(static_cast<int>(b), mine);
     partition_chunk(master, static_cast<int>(b)).copy_(mine);
   }
 }
 
-at::Tensor ParamStore::bring_up(const at::Tensor& chunk, at::Tensor& holder) {
+void ParamStore::let_go_swap(int b) {
+  Gathered& g = buckets16_.at(b);
+  if (!g.swap_held) return;
+  g.swap_held = false;
+  swap_->let_go(b);
+  swap_holders_.erase(std::find(swap_holders_.begin(), swap_holders_.end(), b));
+}
+
+at::Tensor ParamStore::bring_up(const at::Tensor& chunk, at::Tensor& holder, bool blocking) {
   if (!offload_.enabled) return chunk;
   const int64_t n = chunk.numel();
   int k = -1;
@@ -311,7 +452,7 @@ at::Tensor ParamStore::bring_up(const at::Tensor& chunk, at::Tensor& holder) {
   }
   // Non-blocking from page-locked memory: the copy is queued before the collective on the
   // current stream, which the collective waits for.
-  up.copy_(chunk, /*non_blocking=*/!up.is_cpu());
+  up.copy_(chunk, /*non_blocking=*/!up.is_cpu() && !blocking);
   holder = k >= 0 ? staging_pool_[k] : up;
   return up;
 }

@@ -9,11 +9,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <deque>
 #include <memory>
 #include <vector>
 
 #include "dscpp/comm/process_group.h"
 #include "dscpp/zero/flat_layout.h"
+#include "dscpp/zero/param_swap.h"
 
 namespace dscpp::zero {
 
@@ -22,11 +24,17 @@ namespace dscpp::zero {
 // up to the training device only for its all-gather, through one of buffer_count staging
 // buffers of buffer_size elements (a chunk larger than that gets a buffer of its own for that
 // gather); the staging buffer is free again once the gather is done.
+// With nvme (offload_param.device = "nvme", ZeRO-Infinity): the chunks of the buckets past the
+// partition's first max_in_cpu elements live in files instead (zero/param_swap.h), read into
+// one of nvme.buffer_count host buffers for their gather (ahead of it, where LayerGather asks),
+// and written back from one at the publish; the rest stays in host memory as above. When every
+// buffer is held by a gather in flight, a new gather first finishes the oldest of those.
 struct ParamOffloadOptions {
   bool enabled = false;
   bool pin_memory = true;           // only where a GPU is
   int64_t buffer_count = 5;         // staging buffers on the training device
   int64_t buffer_size = 100000000;  // elements each
+  ParamNvmeOptions nvme;
 };
 
 class ParamStore {
@@ -83,12 +91,21 @@ class ParamStore {
   BucketState bucket_state(int b) const;
   void make_persistent(int b);
   bool persistent(int b) const;
+  // Parameter NVMe offload: issues bucket b's read ahead of its gather if a buffer is free
+  // (false: none is; true: issued, or nothing to read). can_gather_now: b's gather would not
+  // have to finish another one first to get a buffer.
+  bool read_ahead(int b);
+  bool can_gather_now(int b) const;
+  ParamSwapper* swapper() { return swap_.get(); }
+  // Elements of the 16-bit partition in host memory for good (all of it without NVMe).
+  int64_t resident16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
   int64_t live_numel() const { return live_; }
   int64_t peak_live_numel() const { return peak_live_; }
   // While gathered: every rank takes rank src's values into its partition, 16-bit and `master`.
   void scatter_gathered_from(int src_rank, at::Tensor& master);
   int64_t params_numel_held() const;
-  int64_t partition16_numel() const { return part16_.defined() ? part16_.numel() : 0; }
+  // This rank's 16-bit partition, wherever it lives (memory, or files and memory).
+  int64_t partition16_numel() const { return partitioned() ? layout_.partition : 0; }
   // Where the 16-bit partition lives (the host with parameter offload).
   c10::Device partition16_device() const {
     return part16_.defined() ? part16_.device() : c10::Device(c10::kCPU);
@@ -108,15 +125,30 @@ class ParamStore {
   at::Tensor partition_chunk(const at::Tensor& partition, int b) const;
   // Parameter offload: a copy of host chunk `chunk` on the training device, in a staging
   // buffer (kept in `holder` until the gather using it is done), or the chunk itself.
-  at::Tensor bring_up(const at::Tensor& chunk, at::Tensor& holder);
+  at::Tensor bring_up(const at::Tensor& chunk, at::Tensor& holder, bool blocking = false);
   void give_back(at::Tensor& holder);  // the staging buffer back to the pool
+  // Parameter NVMe offload.
+  bool swapped(int b) const { return swap_ && swap_->swapped(b); }
+  // Until a buffer is available: finishes the oldest gather in flight that holds one.
+  void make_room();
+  // The 16-bit partition laid out by `l` (the swapper's) into `into` (any type and device),
+  // read from memory and files; and the other way, values (laid out by layout_) kept in
+  // host memory and files made for layout_ (parameter offload).
+  void read_partition16(const FlatLayout& l, at::Tensor& into);
+  void keep_partition16(const at::Tensor& values);
+  // b's chunk written from `values` (any device and type) to where it lives.
+  void store_chunk(int b, const at::Tensor& values);
+  // A swap buffer as a gather's input on the training device (through a staging buffer on a GPU).
+  at::Tensor swap_up(const at::Tensor& host, at::Tensor& holder);
+  void let_go_swap(int b);  // the gather of b lets its swap buffer go
 
   const FlatLayout& layout_;
   std::shared_ptr<comm::ProcessGroup> group_;
   std::vector<at::Tensor> params_;
   std::vector<std::vector<int64_t>> param_shapes_;
   at::Tensor flat_params_;  // stages 0-2
-  at::Tensor part16_;       // stage 3: this rank's 16-bit chunks, laid out as its partition
+  at::Tensor part16_;       // stage 3: this rank's 16-bit chunks, laid out as its partition (NVMe:
+                            // its head, the buckets kept in memory)
   at::TensorOptions device_options_;  // the training device and type (stage 3's buffers)
   ParamOffloadOptions offload_;
   std::vector<at::Tensor> staging_pool_;  // every staging buffer made (parameter offload)
@@ -127,12 +159,15 @@ class ParamStore {
     bool persistent = false;
     at::Tensor buffer;  // the whole bucket while in flight or gathered
     comm::Work work;
-    at::Tensor staging;  // parameter offload: the staging buffer this gather's chunk came up in
+    at::Tensor staging;      // parameter offload: the staging buffer this gather's chunk came up in
+    bool swap_held = false;  // NVMe: the gather holds the chunk's swap buffer
   };
   std::vector<Gathered> buckets16_;
   int64_t live_ = 0, peak_live_ = 0;
   int64_t gathers_ = 0;
-  std::vector<comm::Work> published_;  // per bucket: its deferred all-gather, until waited for
+  std::unique_ptr<ParamSwapper> swap_;  // parameter NVMe offload
+  std::deque<int> swap_holders_;        // buckets whose gather in flight holds a swap buffer
+  std::vector<comm::Work> published_;   // per bucket: its deferred all-gather, until waited for
   int pending_publishes_ = 0;
 };
 

@@ -175,6 +175,12 @@ class ZeroOptimizer {
   // it.
   void make_persistent(int bucket) { store_->make_persistent(bucket); }
   bool persistent(int bucket) const { return store_->persistent(bucket); }
+  // Parameter NVMe offload (zero/param_swap.h): a bucket's read from its file issued ahead of
+  // its gather where a swap buffer is free (false: none is), and whether its gather could
+  // start without finishing another first. Without NVMe: true, nothing to read.
+  bool read_ahead(int bucket) { return store_->read_ahead(bucket); }
+  bool can_gather_now(int bucket) const { return store_->can_gather_now(bucket); }
+  bool swaps_params() { return store_->swapper() != nullptr; }
   // Elements of 16-bit parameter buffers gathered or in flight now, and their
   // peak since construction, persistent buckets left out (DeepSpeed's live
   // parameters).

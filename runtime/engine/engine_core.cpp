@@ -38,12 +38,8 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
   if (z.offload_optimizer && z.offload_optimizer->device != "none" && z.stage == 0)
     gaps.push_back("'zero_optimization.offload_optimizer' (device " + z.offload_optimizer->device +
                    (z.stage == 0 ? ", at stage 0: offload needs ZeRO stage 1-3" : "") + ")");
-  // The parameters' offload to the CPU is acted on at stage 3 (zero/param_store.h); the
-  // config reader announces it at stages 0-2.
-  if (z.offload_param && z.offload_param->device == "nvme" && z.stage == 3)
-    gaps.push_back(
-        "'zero_optimization.offload_param' (device nvme: the 16-bit partition is kept in "
-        "pinned host memory, as with device cpu, not in files under nvme_path)");
+  // The parameters' offload to the CPU or NVMe is acted on at stage 3 (zero/param_store.h,
+  // zero/param_swap.h); the config reader announces it at stages 0-2.
   if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads)
     gaps.push_back("'fp16.fp16_master_weights_and_grads'");
   if (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads)
@@ -310,13 +306,27 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
                             "\"zero_force_ds_cpu_optimizer\": false to step it with generic "
                             "tensor operations on the CPU");
   }
-  // device nvme: the parameters are kept on the host as with cpu (engine_gaps says so).
   if (const auto& op = z.offload_param;
       op && (op->device == "cpu" || op->device == "nvme") && z.stage == 3) {
     zo.offload_param.enabled = true;
     zo.offload_param.pin_memory = op->pin_memory;
     zo.offload_param.buffer_count = op->buffer_count;
     zo.offload_param.buffer_size = op->buffer_size;
+    if (op->device == "nvme") {
+      // ZeRO-Infinity: the 16-bit chunks past max_in_cpu in files under nvme_path
+      // (zero/param_swap.h), through buffer_count host buffers of buffer_size elements.
+      auto& nv = zo.offload_param.nvme;
+      nv.enabled = true;
+      nv.path = op->nvme_path.value_or("");
+      nv.rank = comm::read_dist_env().rank;
+      nv.buffer_count = op->buffer_count;
+      nv.buffer_size = op->buffer_size;
+      nv.max_in_cpu = op->max_in_cpu;
+      nv.pin_memory = op->pin_memory && device_.is_cuda();
+      nv.aio.block_size = config_.aio.block_size;
+      nv.aio.queue_depth = config_.aio.queue_depth;
+      nv.aio.single_submit = config_.aio.single_submit;
+    }
   }
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);

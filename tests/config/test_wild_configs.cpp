@@ -40,8 +40,8 @@ json hf_auto_values(int64_t world) {
 
 // What the engine does with the offload a loaded config asks for (engine_core.cpp): the
 // optimizer's offload to the CPU or to NVMe (ZeRO-Infinity's swap files) is acted on at
-// stages 1-3, the parameters' to the CPU at stage 3; the parameters' to NVMe (kept in host
-// memory), parameter offload at stages 0-2, and the optimizer's at stage 0, are announced.
+// stages 1-3, the parameters' to the CPU or to NVMe at stage 3; parameter offload at stages
+// 0-2, and the optimizer's at stage 0, are announced.
 // Empty: the config asks for none.
 json offload_fate(const dscpp::DSConfig& c) {
   json fate = json::object();
@@ -49,7 +49,7 @@ json offload_fate(const dscpp::DSConfig& c) {
   if (z.offload_optimizer && z.offload_optimizer->device != "none")
     fate["optimizer"] = z.stage >= 1 && z.stage <= 3 ? "acted on" : "announced";
   if (z.offload_param && z.offload_param->device != "none")
-    fate["param"] = z.offload_param->device == "cpu" && z.stage == 3 ? "acted on" : "announced";
+    fate["param"] = z.stage == 3 ? "acted on" : "announced";
   return fate;
 }
 

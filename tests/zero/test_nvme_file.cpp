@@ -2,11 +2,16 @@
 // directory: io_uring round trips in block_size pieces through a queue shallower than the
 // request, a short read and a kernel error (ENOSPC from /dev/full) surfaced as errors naming
 // the file, nvme_path checks naming the path, and the pipelined swapper (reads ahead, writes
-// behind) keeping every element, in DeepSpeed's folder, removed at the end.
+// behind) keeping every element, in DeepSpeed's folder, removed at the end. The parameter
+// swapper (zero/param_swap.h): chunks through at most buffer_count buffers, reads ahead, a
+// write's buffer serving the next read, giving up reads ahead when buffers run short, and a
+// file too large for what the disk allows as an error naming it.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <filesystem>
 #include <fstream>
@@ -15,12 +20,15 @@
 #include "dscpp/error.h"
 #include "dscpp/zero/nvme_file.h"
 #include "dscpp/zero/nvme_swap.h"
+#include "dscpp/zero/param_swap.h"
 
 namespace fs = std::filesystem;
 using dscpp::zero::AioOptions;
 using dscpp::zero::NvmeFile;
 using dscpp::zero::NvmeOptions;
 using dscpp::zero::NvmeSwapper;
+using dscpp::zero::ParamNvmeOptions;
+using dscpp::zero::ParamSwapper;
 
 namespace {
 
@@ -178,5 +186,113 @@ TEST(NvmeSwapper, PipelinedStepKeepsEveryElementInDeepSpeedsFolder) {
     // The files and the folders made for them are gone; nvme_path itself stays.
     EXPECT_TRUE(fs::is_empty(dir));
   }
+  fs::remove_all(dir);
+}
+
+TEST(ParamSwapper, ChunksGoThroughAtMostBufferCountBuffersInDeepSpeedsFolder) {
+  const fs::path dir = temp_dir();
+  ParamNvmeOptions o;
+  o.path = dir.string();
+  o.rank = 1;
+  o.buffer_count = 2;
+  o.buffer_size = 300;
+  o.aio.block_size = 256;  // several pieces per chunk
+  o.aio.queue_depth = 2;
+  const std::vector<int64_t> chunks = {100, 300, 40, 200, 120};
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  auto values = [&](int b, int version) { return at::arange(chunks[b], bf16) + 100 * b + version; };
+  {
+    // Bucket 0 stays in memory (ParamStore's max_in_cpu): no file.
+    ParamSwapper s(o, at::kBFloat16, chunks, {false, true, true, true, true});
+    const fs::path folder = dir / "zero_stage_3" / "bfloat16params" / "rank1";
+    EXPECT_EQ(s.folder(), folder.string());
+    EXPECT_FALSE(fs::exists(folder / "0_param.tensor.swp"));
+    for (int b = 1; b < 5; ++b) {
+      EXPECT_EQ(fs::file_size(folder / (std::to_string(b) + "_param.tensor.swp")),
+                static_cast<uintmax_t>(chunks[b] * 2));
+      s.stage_write(b).copy_(values(b, 0));
+      s.write(b);  // the oldest write is waited for when a third buffer is wanted
+      EXPECT_LE(s.buffers_in_use(), 2);
+    }
+    EXPECT_EQ(s.bytes_on_disk(), (300 + 40 + 200 + 120) * 2);
+    s.wait_writes();
+    EXPECT_EQ(s.buffers_in_use(), 0);
+    // Two reads ahead take both buffers; a third finds none free and issues nothing.
+    EXPECT_TRUE(s.read_ahead(1));
+    EXPECT_TRUE(s.read_ahead(2));
+    EXPECT_FALSE(s.read_ahead(3));
+    EXPECT_FALSE(s.has_buffer(3));
+    EXPECT_TRUE(at::equal(s.acquire(1), values(1, 0)));
+    EXPECT_EQ(s.reads_ahead_used(), 1);
+    // Bucket 4 is wanted while 1 is held: the read ahead of 2 (not acquired) is given up.
+    EXPECT_TRUE(s.buffer_available());
+    EXPECT_TRUE(at::equal(s.acquire(4), values(4, 0)));
+    EXPECT_FALSE(s.has_buffer(2));
+    // Both held by gathers: nothing more without a let_go.
+    EXPECT_FALSE(s.buffer_available());
+    EXPECT_NE(error_of([&] { s.acquire(3); }).find("held by gathers"), std::string::npos);
+    s.let_go(1);
+    s.let_go(4);
+    // An update written, then read at once: its buffer serves the read.
+    s.stage_write(3).copy_(values(3, 7));
+    s.write(3);
+    const int64_t reads = s.reads();
+    EXPECT_TRUE(s.read_ahead(3));
+    EXPECT_EQ(s.reads(), reads);
+    EXPECT_TRUE(at::equal(s.acquire(3), values(3, 7)));
+    s.let_go(3);
+    // And from the file once the buffer has gone to others.
+    s.acquire(1);
+    s.acquire(2);
+    s.let_go(1);
+    s.let_go(2);
+    EXPECT_TRUE(at::equal(s.acquire(3), values(3, 7)));
+    s.let_go(3);
+    EXPECT_EQ(s.peak_buffers_in_use(), 2);
+    EXPECT_EQ(s.buffer_numel(), 2 * 300);  // as large as the largest swapped chunk
+    EXPECT_EQ(s.writes(), 5);
+  }
+  // The files and the folders made for them are gone; nvme_path itself stays.
+  EXPECT_TRUE(fs::is_empty(dir));
+  // A chunk larger than buffer_size is refused by name.
+  o.buffer_size = 200;
+  const std::string err = error_of([&] {
+    ParamSwapper s(o, at::kBFloat16, chunks, {true, true, true, true, true});
+  });
+  EXPECT_NE(err.find("zero_optimization.offload_param.buffer_size: 200 elements"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("raise buffer_size to at least 300"), std::string::npos) << err;
+  EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+TEST(ParamSwapper, AFileTheDiskCannotHoldIsAnErrorNamingIt) {
+  const fs::path dir = temp_dir();
+  ParamNvmeOptions o;
+  o.path = dir.string();
+  // Files may grow to 1000 bytes (as a disk with 1000 bytes free); the chunk needs 4000.
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 1000;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string err = error_of([&] {
+    ParamSwapper s(o, at::kFloat, {100, 1000}, {false, true});
+  });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  const std::string file =
+      (dir / "zero_stage_3" / "float32params" / "rank0" / "1_param.tensor.swp");
+  EXPECT_NE(err.find("'" + file + "': cannot reserve 4000 bytes"), std::string::npos) << err;
+  EXPECT_TRUE(fs::is_empty(dir));  // nothing left behind
+  // A nvme_path that cannot be written: its key and path named.
+  o.path = "/proc";
+  const std::string perr = error_of([&] { ParamSwapper s(o, at::kFloat, {10}, {true}); });
+  EXPECT_NE(perr.find("zero_optimization.offload_param.nvme_path '/proc': cannot make the swap "
+                      "folder"),
+            std::string::npos)
+      << perr;
   fs::remove_all(dir);
 }

@@ -166,6 +166,22 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
   result["partition16_device"] = zo.param_store().partition16_device().str();
   result["staged_gathers"] = zo.param_store().staged_gathers();
   result["staging_buffers"] = zo.param_store().staging_buffers();
+  // Parameter NVMe offload: the swap folder, its files' sizes, what stays in memory (the
+  // swapper's own accounting), and its reads (ahead of their gathers) and writes.
+  if (auto* ps = zo.param_store().swapper()) {
+    result["param_nvme_folder"] = ps->folder();
+    result["param_nvme_bytes"] = ps->bytes_on_disk();
+    result["param_nvme_buffer_numel"] = ps->buffer_numel();
+    result["param_nvme_peak_buffers"] = ps->peak_buffers_in_use();
+    result["param_nvme_reads"] = ps->reads();
+    result["param_nvme_reads_ahead_used"] = ps->reads_ahead_used();
+    result["param_nvme_writes"] = ps->writes();
+    result["param_resident"] = zo.param_store().resident16_numel();
+    json files = json::object();
+    for (const auto& e : std::filesystem::directory_iterator(ps->folder()))
+      files[e.path().filename().string()] = std::filesystem::file_size(e.path());
+    result["param_nvme_files"] = files;
+  }
   {
     dscpp::zero::GatheredParameters gathered(zo);
     result["params"] = flat_params(*model);

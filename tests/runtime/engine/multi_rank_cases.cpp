@@ -5,7 +5,9 @@
 //  - checkpoint.tag_validation: ranks saving under different tags fail together with "FAIL"
 //    (no rank left waiting), and save with a warning under "WARN";
 //  - save_16bit_model at stage 3: refused (false, no file) without
-//    stage3_gather_16bit_weights_on_model_save; with it, the file holds the gathered weights.
+//    stage3_gather_16bit_weights_on_model_save; with it, the file holds the gathered weights;
+//  - the modifier rank's change with the parameters in NVMe swap files (offload_param nvme):
+//    it reaches every rank's swapped chunks.
 // Exits 0 when every check holds on this rank; prints what failed otherwise.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -123,6 +125,27 @@ int main() try {
       check(t.scalar_type() == at::kBFloat16 && at::equal(t, p.detach().cpu()),
             std::string("the saved ") + name + " is the gathered bf16 value", rank);
     }
+  }
+  {
+    const auto swap = dir / "nvme";
+    std::filesystem::create_directories(swap);
+    group.barrier().wait();
+    torch::nn::Linear net3(4, 3);
+    json cfg3 = config(3, "FAIL");
+    cfg3["zero_optimization"]["offload_param"] = {
+        {"device", "nvme"}, {"nvme_path", swap.string()}, {"buffer_count", 1}, {"max_in_cpu", 0}};
+    auto engine3 = dscpp::initialize(net3, cfg3, same_group);
+    auto& zo3 = engine3.core().zero_optimizer();
+    check(zo3.param_store().swapper() != nullptr && zo3.param_store().resident16_numel() == 0,
+          "offload_param nvme keeps the chunks in files", rank);
+    {
+      auto edit = engine3.gathered_parameters({net3->weight, net3->bias}, /*modifier_rank=*/1);
+      at::NoGradGuard no_grad;
+      if (rank == 1) net3->bias.fill_(0.25);
+    }
+    dscpp::zero::GatheredParameters all(zo3);
+    check(at::all(net3->bias == 0.25).item<bool>(), "rank 1's change reached the swap files", rank);
+    check(same_everywhere(group, net3->weight.detach().clone()), "swapped weights agree", rank);
   }
   group.barrier().wait();
   if (rank == 0) std::filesystem::remove_all(dir);
