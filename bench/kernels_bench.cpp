@@ -323,7 +323,7 @@ void bench_grouped_mm(const Options& o, const at::TensorOptions& opts, cudaStrea
         (void)torch::autograd::grad({y}, {rows, w}, {grad});
       },
       o, stream);
-  const double diff = (grouped.to(at::kFloat) - loop.to(at::kFloat)).abs().max().item<double>();
+  const double diff = grouped.to(at::kFloat).sub(loop.to(at::kFloat)).abs().max().item<double>();
   fmt::print("  {:<34} {:>9} {:>9}\n", "", "ms", "TFLOP/s");
   fmt::print("  {:<34} {:>9.3f} {:>9.0f}\n", "grouped_mm", g_ms, tflops(g_ms));
   fmt::print("  {:<34} {:>9.3f} {:>9.0f}\n", "loop of products", l_ms, tflops(l_ms));
