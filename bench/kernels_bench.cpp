@@ -12,12 +12,16 @@
 // cross-entropy, each variant's peak allocation in one forward + backward above what was
 // allocated before it. For add_layer_norm also the backward alone (autograd on a kept graph)
 // and GB/s from each variant's own bytes moved.
+// grouped_mm: the local experts' grouped GEMM against its loop and one dense product.
 //   kernels_bench [--tokens 8192] [--ffn 8192] [--hidden 2048] [--vocab 50304] [--gelu tanh|none]
-//                 [--iters 20] [--warmup 5] [--device 0]
+//                 [--iters 20] [--warmup 5] [--device 0] [--experts 64] [--moe-rows 65536]
+//                 [--moe-ffn 1024]
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/layer_norm.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -43,6 +47,7 @@
 #include "bench/bench_util.h"
 #include "dscpp/ops/fused_ops.h"
 #include "dscpp/ops/kernel_launch.h"
+#include "dscpp/ops/grouped_mm.h"
 #include "dscpp/ops/ops_impl.h"
 
 namespace {
@@ -58,6 +63,9 @@ struct Options {
   int iters = 20;
   int warmup = 5;
   int device = 0;
+  int64_t experts = 64;      // grouped_mm: local experts,
+  int64_t moe_rows = 65536;  // routed token rows (split evenly),
+  int64_t moe_ffn = 1024;    // hidden -> moe_ffn (DESIGN's "Experts" shapes)
 };
 
 // The median over `iters` calls of fn's GPU time, each call between its own pair of events
@@ -339,6 +347,49 @@ void bench_cross_entropy(const Options& o, const at::TensorOptions& opts, cudaSt
       pf, pe, 2 * nv / (1 << 30));
 }
 
+// ops::grouped_mm (ATen's _grouped_mm) against the loop of products it replaces and against
+// one dense product of the same FLOPs: [moe_rows, hidden] in `experts` equal groups times
+// [experts, hidden, moe_ffn], bf16. Also forward + backward through autograd, and the largest
+// difference to the loop (DESIGN measured bit-equal).
+void bench_grouped_mm(const Options& o, const at::TensorOptions& opts, cudaStream_t stream) {
+  const auto bf16 = opts.dtype(at::kBFloat16);
+  const int64_t per = o.moe_rows / o.experts, rows_n = per * o.experts;
+  const at::Tensor rows = at::randn({rows_n, o.hidden}, bf16).requires_grad_();
+  const at::Tensor w =
+      at::randn({o.experts, o.hidden, o.moe_ffn}, bf16).mul_(0.02).requires_grad_();
+  const at::Tensor counts = at::full({o.experts}, per, opts.dtype(at::kLong));
+  const at::Tensor dense_w = at::randn({o.hidden, o.moe_ffn}, bf16);
+  const at::Tensor grad = at::randn({rows_n, o.moe_ffn}, bf16);
+  const double flop = 2.0 * static_cast<double>(rows_n) * o.hidden * o.moe_ffn;
+  auto tflops = [&](double ms) { return flop / (ms * 1e-3) / 1e12; };
+  fmt::print("grouped_mm: {} experts x {} rows, [{}] -> [{}] bf16 ({}: {})\n", o.experts, per,
+             o.hidden, o.moe_ffn, "ATen's grouped path",
+             dscpp::ops::grouped_mm_uses_aten(rows, w) ? "yes" : "no, the loop");
+  at::Tensor grouped, loop;
+  double g_ms = 0, l_ms = 0, d_ms = 0, gb_ms = 0;
+  {
+    const c10::NoGradGuard no_grad;
+    g_ms = median_ms([&] { grouped = dscpp::ops::grouped_mm(rows, w, counts); }, o, stream);
+    l_ms = median_ms([&] { loop = dscpp::ops::grouped_mm_loop(rows, w, counts); }, o, stream);
+    d_ms = median_ms([&] { (void)at::mm(rows, dense_w); }, o, stream);
+  }
+  gb_ms = median_ms(
+      [&] {
+        at::Tensor y = dscpp::ops::grouped_mm(rows, w, counts);
+        (void)torch::autograd::grad({y}, {rows, w}, {grad});
+      },
+      o, stream);
+  const double diff = grouped.to(at::kFloat).sub(loop.to(at::kFloat)).abs().max().item<double>();
+  fmt::print("  {:<34} {:>9} {:>9}\n", "", "ms", "TFLOP/s");
+  fmt::print("  {:<34} {:>9.3f} {:>9.0f}\n", "grouped_mm", g_ms, tflops(g_ms));
+  fmt::print("  {:<34} {:>9.3f} {:>9.0f}\n", "loop of products", l_ms, tflops(l_ms));
+  fmt::print("  {:<34} {:>9.3f} {:>9.0f}\n", "one dense product, same FLOPs", d_ms, tflops(d_ms));
+  fmt::print("  {:<34} {:>9.3f} {:>9.0f}\n", "grouped_mm forward+backward", gb_ms,
+             3 * tflops(gb_ms));
+  fmt::print("  grouped vs loop: {:.2f}x the speed, largest difference {:g}; vs dense {:.2f}x\n",
+             l_ms / g_ms, diff, d_ms / g_ms);
+}
+
 int run(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -359,16 +410,25 @@ int run(int argc, char** argv) {
       o.warmup = static_cast<int>(parse_int(v, "--warmup"));
     else if (a == "--device")
       o.device = static_cast<int>(parse_int(v, "--device"));
+    else if (a == "--experts")
+      o.experts = parse_int(v, "--experts");
+    else if (a == "--moe-rows")
+      o.moe_rows = parse_int(v, "--moe-rows");
+    else if (a == "--moe-ffn")
+      o.moe_ffn = parse_int(v, "--moe-ffn");
     else if (a == "--gelu" && (std::string(v) == "tanh" || std::string(v) == "none"))
       o.tanh = std::string(v) == "tanh";
     else
       throw std::invalid_argument(
           "unknown option or value: " + a + " " + v +
           " (expected --tokens, --ffn, --hidden, --vocab, --gelu tanh|none, "
-          "--iters, --warmup, --device)");
+          "--iters, --warmup, --device, --experts, --moe-rows, --moe-ffn)");
   }
-  if (o.tokens < 1 || o.ffn < 1 || o.hidden < 1 || o.vocab < 1 || o.iters < 1)
-    throw std::invalid_argument("--tokens, --ffn, --hidden, --vocab and --iters must be >= 1");
+  if (o.tokens < 1 || o.ffn < 1 || o.hidden < 1 || o.vocab < 1 || o.iters < 1 || o.experts < 1 ||
+      o.moe_rows < o.experts || o.moe_ffn < 1)
+    throw std::invalid_argument(
+        "--tokens, --ffn, --hidden, --vocab, --iters, --experts, --moe-ffn must be >= 1 and "
+        "--moe-rows >= --experts");
   if (c10::cuda::device_count() <= o.device)
     throw std::runtime_error(fmt::format("no CUDA device {}", o.device));
 
@@ -384,6 +444,7 @@ int run(int argc, char** argv) {
   bench_bias_gelu(o, opts, stream);
   bench_cross_entropy(o, opts, stream);
   bench_add_layer_norm(o, opts, stream);
+  bench_grouped_mm(o, opts, stream);
   return 0;
 }
 

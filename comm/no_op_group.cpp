@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "dscpp/comm/backend.h"
@@ -65,9 +66,22 @@ class NoOpBackend final : public c10d::Backend {
     return done();
   }
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>&, std::vector<int64_t>&,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions&) override {
-    chunk_of(output, getSize(), getRank()).copy_(chunk_of(input, getSize(), getRank()));
+    if (output_splits.empty()) {
+      chunk_of(output, getSize(), getRank()).copy_(chunk_of(input, getSize(), getRank()));
+      return done();
+    }
+    // Variable sizes: this rank's own rows (to itself) land in their place.
+    auto offset = [&](const std::vector<int64_t>& splits) {
+      int64_t o = 0;
+      for (int k = 0; k < getRank(); ++k) o += splits[k];
+      return o;
+    };
+    int64_t rows = std::min(output_splits[getRank()], input_splits[getRank()]);
+    output.narrow(0, offset(output_splits), rows)
+        .copy_(input.narrow(0, offset(input_splits), rows));
     return done();
   }
   // Point to point: nothing is sent, and a receive leaves its tensor as it was.

@@ -4,6 +4,7 @@
 
 #include <ATen/Functions.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
@@ -279,6 +280,43 @@ Work ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input) {
     w.state_->keep_alive = {output, in};
     std::vector<int64_t> even;  // empty split sizes: equal chunks
     w.state_->work = backend_->backend->alltoall_base(output, in, even, even, opts);
+  });
+}
+
+Work ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input,
+                              const std::vector<int64_t>& output_splits,
+                              const std::vector<int64_t>& input_splits) {
+  auto check = [&](const char* which, const at::Tensor& t, const std::vector<int64_t>& splits) {
+    int64_t sum = 0;
+    bool negative = false;
+    for (int64_t s : splits) {
+      sum += s;
+      negative = negative || s < 0;
+    }
+    if (static_cast<int>(splits.size()) != size() || negative || t.dim() == 0 || sum != t.size(0))
+      throw CommError(fmt::format(
+          "all_to_all on group '{}' (rank {} of {}): {} splits [{}] must be {} sizes >= 0 "
+          "summing to the {}'s first dimension ({})",
+          name_, rank_, size(), which, fmt::join(splits, ", "), size(), which,
+          t.dim() == 0 ? 0 : t.size(0)));
+  };
+  check("output", output, output_splits);
+  check("input", input, input_splits);
+  if (output.dim() != input.dim() || output.sizes().slice(1) != input.sizes().slice(1) ||
+      output.scalar_type() != input.scalar_type())
+    throw CommError(
+        fmt::format("all_to_all on group '{}': input and output must have the same dtype and "
+                    "the same sizes after the first dimension",
+                    name_));
+  if (!output.is_contiguous())
+    throw CommError(fmt::format("all_to_all on group '{}': the output must be contiguous", name_));
+  return issue("all_to_all", [&](Work& w) {
+    c10d::AllToAllOptions opts;
+    opts.timeout = timeout_;
+    at::Tensor in = input.contiguous();
+    w.state_->keep_alive = {output, in};
+    std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
+    w.state_->work = backend_->backend->alltoall_base(output, in, out_splits, in_splits, opts);
   });
 }
 

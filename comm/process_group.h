@@ -92,6 +92,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::vector<Work> batch_isend_irecv(std::vector<P2POp>& ops);
   // input and output hold size() equal chunks; chunk j of rank i goes to chunk i of rank j.
   Work all_to_all(at::Tensor& output, const at::Tensor& input);
+  // Variable sizes (PyTorch's all_to_all_single with split sizes), along dim 0: rows
+  // [offset_j, offset_j + input_splits[j]) of input go to rank j; output holds, in rank order,
+  // output_splits[i] rows from rank i. Rank i's input_splits[j] must equal rank j's
+  // output_splits[i] (exchange the counts first); splits may be zero. Each list has size()
+  // entries summing to its tensor's first dimension (a CommError otherwise).
+  Work all_to_all(at::Tensor& output, const at::Tensor& input,
+                  const std::vector<int64_t>& output_splits,
+                  const std::vector<int64_t>& input_splits);
   Work barrier();
 
   // What this process has issued on this group so far, per op name ("all_reduce",

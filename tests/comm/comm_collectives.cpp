@@ -149,6 +149,37 @@ TEST_P(Collectives, AllToAllTransposesChunks) {
     expect_equal(out.slice(0, i * c, (i + 1) * c), at::full({c}, i * n + r, opts));
 }
 
+TEST_P(Collectives, AllToAllWithSplitsMovesUnevenAndEmptyRows) {
+  // s(i, j) rows of width 2 go from rank i to rank j: rank 0 receives nothing, the last rank
+  // sends nothing, others uneven; row k of that block holds (i*n + j)*3 + k (exact in bf16).
+  auto s = [&](int i, int j) -> int64_t {
+    return (j == 0 || i == n - 1) ? 0 : (i + 2 * j) % 3 + (i == j);
+  };
+  auto block = [&](int i, int j) {
+    return at::arange(s(i, j), at::kFloat).add((i * n + j) * 3).unsqueeze(1).expand({-1, 2});
+  };
+  std::vector<int64_t> in_splits, out_splits;
+  std::vector<at::Tensor> sent, want;
+  for (int k = 0; k < n; ++k) {
+    in_splits.push_back(s(r, k));
+    out_splits.push_back(s(k, r));
+    sent.push_back(block(r, k));
+    want.push_back(block(k, r));
+  }
+  at::Tensor in = at::cat(sent).to(opts);
+  at::Tensor out = at::full({at::cat(want).size(0), 2}, -1, opts);
+  world->all_to_all(out, in, out_splits, in_splits).wait();
+  expect_equal(out, at::cat(want).to(opts));
+  // The counts themselves, as the dispatcher exchanges them first: an even int64 all_to_all.
+  at::Tensor counts = at::tensor(in_splits, at::kLong).to(device), got = at::empty_like(counts);
+  world->all_to_all(got, counts).wait();
+  EXPECT_TRUE(at::equal(got.cpu(), at::tensor(out_splits, at::kLong)));
+  std::vector<int64_t> wrong = in_splits;
+  wrong[0] += 1;
+  EXPECT_THROW(world->all_to_all(out, in, out_splits, wrong), dscpp::comm::CommError);
+  EXPECT_THROW(world->all_to_all(out, in, out_splits, {in.size(0)}), dscpp::comm::CommError);
+}
+
 TEST_P(Collectives, SubGroupsReduceAmongTheirOwnRanks) {
   std::vector<int> evens, odds;
   for (int k = 0; k < n; ++k) (k % 2 ? odds : evens).push_back(k);

@@ -1,0 +1,148 @@
+// grouped_mm: ATen's _grouped_mm where its stride rule holds, a loop of products elsewhere,
+// both behind one autograd Function.
+#include "dscpp/ops/autograd_function.h"  // first: see there
+
+#include "dscpp/ops/grouped_mm.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dscpp/error.h"
+
+namespace dscpp::ops {
+
+namespace {
+
+void check_args(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& counts) {
+  if (!rows.defined() || !weights.defined() || !counts.defined() || rows.dim() != 2 ||
+      weights.dim() != 3 || counts.dim() != 1 || rows.size(1) != weights.size(1) ||
+      counts.size(0) != weights.size(0) || counts.scalar_type() != at::kLong)
+    throw dscpp::Error(fmt::format(
+        "grouped_mm: expected rows [N, in], weights [E, in, out] and int64 counts [E], got "
+        "rows [{}], weights [{}], counts [{}] of {}",
+        fmt::join(rows.sizes(), ", "), fmt::join(weights.sizes(), ", "),
+        fmt::join(counts.sizes(), ", "),
+        counts.defined() ? c10::toString(counts.scalar_type()) : "none"));
+  if (rows.scalar_type() != weights.scalar_type() || rows.device() != weights.device())
+    throw dscpp::Error(
+        fmt::format("grouped_mm: rows ({}, {}) and weights ({}, {}) must share a "
+                    "dtype and a device",
+                    c10::toString(rows.scalar_type()), rows.device().str(),
+                    c10::toString(weights.scalar_type()), weights.device().str()));
+}
+
+std::vector<int64_t> host_counts(const at::Tensor& counts, int64_t n) {
+  at::Tensor c = counts.to(at::kCPU).contiguous();
+  std::vector<int64_t> v(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  int64_t sum = 0;
+  bool negative = false;
+  for (int64_t x : v) {
+    sum += x;
+    negative = negative || x < 0;
+  }
+  if (negative || sum != n)
+    throw dscpp::Error(fmt::format("grouped_mm: counts [{}] must be >= 0 and sum to the {} rows",
+                                   fmt::join(v, ", "), n));
+  return v;
+}
+
+bool aligned(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+at::Tensor offsets(const at::Tensor& counts, const at::Device& device) {
+  return counts.to(device).cumsum(0).to(at::kInt);
+}
+
+// out[rows of e] = a[rows of e] @ b[e]: b [E, k, n].
+at::Tensor loop_forward(const at::Tensor& a, const at::Tensor& b, const std::vector<int64_t>& c) {
+  at::Tensor out = at::empty({a.size(0), b.size(2)}, a.options());
+  int64_t o = 0;
+  for (size_t e = 0; e < c.size(); ++e) {
+    if (c[e] > 0) {
+      at::Tensor block = out.narrow(0, o, c[e]);
+      at::mm_out(block, a.narrow(0, o, c[e]), b[e]);
+    }
+    o += c[e];
+  }
+  return out;
+}
+
+// dw[e] = a[rows of e]^T @ g[rows of e].
+at::Tensor loop_weight_grad(const at::Tensor& a, const at::Tensor& g,
+                            const std::vector<int64_t>& c) {
+  at::Tensor dw = at::zeros({static_cast<int64_t>(c.size()), a.size(1), g.size(1)}, a.options());
+  int64_t o = 0;
+  for (size_t e = 0; e < c.size(); ++e) {
+    if (c[e] > 0) {
+      at::Tensor block = dw[e];
+      at::mm_out(block, a.narrow(0, o, c[e]).t(), g.narrow(0, o, c[e]));
+    }
+    o += c[e];
+  }
+  return dw;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class GroupedMm : public torch::autograd::Function<GroupedMm> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& weights,
+                            const at::Tensor& counts) {
+    const at::Tensor r = rows.contiguous(), w = weights.contiguous();
+    const bool aten = grouped_mm_uses_aten(r, w);
+    ctx->saved_data["aten"] = aten;
+    ctx->save_for_backward({r, w, counts});
+    // On the host the counts are checked (free there); on a device that would be a wait.
+    if (aten && !r.is_cpu()) return at::_grouped_mm(r, w, offsets(counts, r.device()));
+    const auto c = host_counts(counts, r.size(0));
+    if (aten) return at::_grouped_mm(r, w, offsets(counts, r.device()));
+    return loop_forward(r, w, c);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &rows = saved[0], &weights = saved[1], &counts = saved[2];
+    const at::Tensor g = grads[0].contiguous();
+    at::Tensor d_rows, d_weights;
+    if (ctx->saved_data["aten"].toBool() && aligned(g)) {
+      const at::Tensor offs = offsets(counts, rows.device());
+      if (ctx->needs_input_grad(0)) d_rows = at::_grouped_mm(g, weights.transpose(1, 2), offs);
+      if (ctx->needs_input_grad(1)) d_weights = at::_grouped_mm(rows.t(), g, offs);
+    } else {
+      const auto c = host_counts(counts, rows.size(0));
+      if (ctx->needs_input_grad(0)) d_rows = loop_forward(g, weights.transpose(1, 2), c);
+      if (ctx->needs_input_grad(1)) d_weights = loop_weight_grad(rows, g, c);
+    }
+    return {d_rows, d_weights, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool grouped_mm_uses_aten(const at::Tensor& rows, const at::Tensor& weights) {
+  const auto dt = rows.scalar_type();
+  if (dt != weights.scalar_type() || (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf))
+    return false;
+  const int64_t per16 = 16 / static_cast<int64_t>(rows.element_size());
+  return rows.size(1) % per16 == 0 && weights.size(2) % per16 == 0 && rows.is_contiguous() &&
+         weights.is_contiguous() && aligned(rows) && aligned(weights);
+}
+
+at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& counts) {
+  check_args(rows, weights, counts);
+  return GroupedMm::apply(rows, weights, counts);
+}
+
+at::Tensor grouped_mm_loop(const at::Tensor& rows, const at::Tensor& weights,
+                           const at::Tensor& counts) {
+  check_args(rows, weights, counts);
+  return loop_forward(rows.contiguous(), weights.contiguous(), host_counts(counts, rows.size(0)));
+}
+
+}  // namespace dscpp::ops
