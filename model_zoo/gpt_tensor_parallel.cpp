@@ -201,8 +201,8 @@ TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr grou
 at::Tensor TensorParallelGPTImpl::forward(const at::Tensor& input_ids) {
   at::Tensor x = to_block_layout(embedding(input_ids), config_, group_);
   for (auto& block : block_list_) x = block(x);
-  return tensor_parallel_gpt_logits(final_norm(x), embedding->word->weight, head.get(), config_,
-                                    group_);
+  return tensor_parallel_gpt_logits(final_norm(x), embedding->word->weight,
+                                    head ? head.get() : nullptr, config_, group_);
 }
 
 nn::ColumnParallelLinear untied_parallel_head(const GPTConfig& c, nn::GroupPtr group) {
