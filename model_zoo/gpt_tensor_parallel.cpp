@@ -184,27 +184,11 @@ std::map<std::string, nn::TensorParallelAttr> TensorParallelGPTImpl::tensor_para
 TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group)
     : config_(std::move(config)), group_(std::move(group)) {
   config_.validate();
-  const int t = nn::tensor_model_parallel_size(group_);
-  if (config_.parallelism.tensor_model_parallel_size != t)
-    throw ConfigError("parallelism.tensor_model_parallel_size",
-                      fmt::format("expected {} (the size of the model-parallel group given), "
-                                  "found {}",
-                                  t, config_.parallelism.tensor_model_parallel_size));
-  if (config_.parallelism.sequence_parallel && t == 1)
-    throw ConfigError("parallelism.sequence_parallel",
-                      "expected false with tensor_model_parallel_size 1 (sequence parallelism "
-                      "splits the sequence across the tensor-parallel ranks), found true");
-  if (config_.parallelism.sequence_parallel && config_.seq_length % t != 0)
-    throw ConfigError("seq_length", fmt::format("expected a multiple of the tensor-parallel "
-                                                "degree {} (sequence parallelism), found {}",
-                                                t, config_.seq_length));
+  validate_tensor_parallel(config_, nn::tensor_model_parallel_size(group_));
   if (config_.checkpoint_activations)
     throw ConfigError("checkpoint_activations",
-                      "expected false (TensorParallelGPT does not checkpoint its blocks yet), "
-                      "found true");
-  check_divides(config_.num_attention_heads, "num_attention_heads", t);
-  check_divides(config_.ffn_size(), "ffn_hidden_size", t);
-  check_divides(config_.vocab_size, "vocab_size", t);
+                      "expected false (TensorParallelGPT does not checkpoint its blocks yet; "
+                      "its LayerSpec form, tensor_parallel_gpt_layer_specs, does), found true");
   embedding = register_module("embedding", TensorParallelGPTEmbedding(config_, group_));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
@@ -213,44 +197,83 @@ TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr grou
   }
   final_norm = register_module("final_norm", make_layer_norm(config_));
   if (!config_.tie_word_embeddings)
-    head = register_module(
-        "head", nn::ColumnParallelLinear(linear_options(config_, config_.hidden_size,
-                                                        config_.vocab_size, config_.init_method_std)
-                                             .bias(false),
-                                         group_));
+    head = register_module("head", untied_parallel_head(config_, group_));
 }
 
 at::Tensor TensorParallelGPTImpl::forward(const at::Tensor& input_ids) {
-  const bool sp = config_.parallelism.sequence_parallel;
-  at::Tensor x = embedding(input_ids);
-  if (sp) {
-    // Into the sequence-parallel layout [S/t, B, h]: each rank keeps its 1/t of the sequence
-    // (the gradient all-gathered back, so the embeddings' gradients are whole on every rank).
-    x = nn::scatter_to_sequence_parallel_region(x.transpose(0, 1).contiguous(), group_);
-  }
+  at::Tensor x = to_block_layout(embedding(input_ids), config_, group_);
   for (auto& block : block_list_) x = block(x);
-  x = final_norm(x);
+  return tensor_parallel_gpt_logits(final_norm(x), embedding->word->weight,
+                                    head ? head.get() : nullptr, config_, group_);
+}
+
+nn::ColumnParallelLinear untied_parallel_head(const GPTConfig& c, nn::GroupPtr group) {
+  return nn::ColumnParallelLinear(
+      linear_options(c, c.hidden_size, c.vocab_size, c.init_method_std).bias(false),
+      std::move(group));
+}
+
+void validate_tensor_parallel(const GPTConfig& c, int t) {
+  if (c.parallelism.tensor_model_parallel_size != t)
+    throw ConfigError("parallelism.tensor_model_parallel_size",
+                      fmt::format("expected {} (the size of the model-parallel group given), "
+                                  "found {}",
+                                  t, c.parallelism.tensor_model_parallel_size));
+  if (c.parallelism.sequence_parallel && t == 1)
+    throw ConfigError("parallelism.sequence_parallel",
+                      "expected false with tensor_model_parallel_size 1 (sequence parallelism "
+                      "splits the sequence across the tensor-parallel ranks), found true");
+  if (c.parallelism.sequence_parallel && c.seq_length % t != 0)
+    throw ConfigError("seq_length", fmt::format("expected a multiple of the tensor-parallel "
+                                                "degree {} (sequence parallelism), found {}",
+                                                t, c.seq_length));
+  check_divides(c.num_attention_heads, "num_attention_heads", t);
+  check_divides(c.ffn_size(), "ffn_hidden_size", t);
+  check_divides(c.vocab_size, "vocab_size", t);
+}
+
+at::Tensor to_block_layout(const at::Tensor& embedded, const GPTConfig& config,
+                           const nn::GroupPtr& group) {
+  if (!config.parallelism.sequence_parallel) return embedded;
+  return nn::scatter_to_sequence_parallel_region(embedded.transpose(0, 1).contiguous(), group);
+}
+
+at::Tensor tensor_parallel_gpt_logits(const at::Tensor& x, const at::Tensor& word_weight,
+                                      nn::ColumnParallelLinearImpl* head, const GPTConfig& config,
+                                      const nn::GroupPtr& group) {
+  const bool sp = config.parallelism.sequence_parallel;
   at::Tensor logits;
   if (head) {
-    logits = head(x).first;  // with sp: all-gathers x itself
-  } else if (config_.parallelism.async_tensor_model_parallel_allreduce) {
+    logits = head->forward(x).first;  // with sp: all-gathers x itself
+  } else if (config.parallelism.async_tensor_model_parallel_allreduce) {
     // The tied head as a column-parallel product: its backward overlaps x's gradient
     // reduction (and, with sp, x's all-gather again) with the weight-gradient product.
     logits = nn::linear_with_async_communication(
-        x, embedding->word->weight, {}, group_, sp,
-        config_.parallelism.tp_comm_overlap ? config_.parallelism.tp_comm_overlap_num_splits : 1);
+        x, word_weight, {}, group, sp,
+        config.parallelism.tp_comm_overlap ? config.parallelism.tp_comm_overlap_num_splits : 1);
   } else if (sp) {
     // The tied head on the whole sequence: x all-gathered, its gradient (a partial sum over
     // the vocabulary shards) reduce-scattered back.
-    logits = nn::linear(nn::gather_from_sequence_parallel_region(x, group_, true),
-                        embedding->word->weight);
+    logits = nn::linear(nn::gather_from_sequence_parallel_region(x, group, true), word_weight);
   } else {
     // The tied head: this rank's vocabulary rows; x enters the region whole, so its gradient
     // (a partial sum over the vocabulary shards) is all-reduced.
-    logits =
-        nn::linear(nn::copy_to_tensor_model_parallel_region(x, group_), embedding->word->weight);
+    logits = nn::linear(nn::copy_to_tensor_model_parallel_region(x, group), word_weight);
   }
   return sp ? logits.transpose(0, 1) : logits;  // [B, S, V/t]
+}
+
+SequenceParallelLayerNormImpl::SequenceParallelLayerNormImpl(const GPTConfig& c, bool sp)
+    : torch::nn::LayerNormImpl(
+          torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layernorm_epsilon)),
+      sequence_parallel(sp) {}
+
+std::map<std::string, nn::TensorParallelAttr>
+SequenceParallelLayerNormImpl::tensor_parallel_attributes() const {
+  if (!sequence_parallel) return {};
+  nn::TensorParallelAttr attr;
+  attr.sequence_parallel = true;
+  return {{"weight", attr}, {"bias", attr}};
 }
 
 at::Tensor TensorParallelGPTImpl::loss(const at::Tensor& logits_parallel,

@@ -22,8 +22,8 @@
 // fork) see only it; the column-parallel linears all-gather it, the row-parallel ones
 // reduce-scatter into it. The LayerNorm parameters are marked sequence_parallel (their
 // gradients are partial per rank: the engine sums them over the model group). Same numbers as
-// without it. Not here: activation checkpointing (a ConfigError when asked for), the LayerSpec
-// form.
+// without it. Not here: activation checkpointing in the module form (a ConfigError when asked
+// for; the LayerSpec form, gpt_tensor_parallel_specs.h, checkpoints each block).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -115,5 +115,36 @@ struct TensorParallelGPTImpl : torch::nn::Module, nn::TensorParallelModule {
   std::vector<TensorParallelGPTBlock> block_list_;
 };
 TORCH_MODULE(TensorParallelGPT);
+
+// The pieces TensorParallelGPT and its LayerSpec form (gpt_tensor_parallel_specs.h) share.
+
+// ConfigError unless `config` can be cut over t ranks: its tensor_model_parallel_size is t,
+// the heads, FFN width and vocabulary divide by t, and with sequence parallelism t > 1 and
+// the sequence divides by t.
+void validate_tensor_parallel(const GPTConfig& config, int t);
+
+// The embedding's output [B,S,h] in the blocks' layout: with sequence parallelism this rank's
+// [S/t,B,h] (the gradient all-gathered back, so the embeddings' gradients are whole on every
+// rank); without, x itself.
+at::Tensor to_block_layout(const at::Tensor& embedded, const GPTConfig& config,
+                           const nn::GroupPtr& group);
+
+// The untied head: a ColumnParallelLinear [V/t, h] without bias, GPT's initialisation.
+nn::ColumnParallelLinear untied_parallel_head(const GPTConfig& config, nn::GroupPtr group);
+
+// The head on the final LayerNorm's output x (the blocks' layout): this rank's logits
+// [B,S,V/t]. head: the untied ColumnParallelLinear [V/t, h], or null for the tied head, the
+// product with this rank's vocabulary rows `word_weight`.
+at::Tensor tensor_parallel_gpt_logits(const at::Tensor& x, const at::Tensor& word_weight,
+                                      nn::ColumnParallelLinearImpl* head, const GPTConfig& config,
+                                      const nn::GroupPtr& group);
+
+// A LayerNorm whose parameters are sequence_parallel when `sequence_parallel` (it then sees a
+// sequence shard: the LayerSpec form's final_norm; parameters "weight" and "bias").
+struct SequenceParallelLayerNormImpl : torch::nn::LayerNormImpl, nn::TensorParallelModule {
+  SequenceParallelLayerNormImpl(const GPTConfig& config, bool sequence_parallel);
+  std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;
+  bool sequence_parallel = false;
+};
 
 }  // namespace dscpp::model_zoo

@@ -6,12 +6,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
-#include "dscpp/nn/linear.h"
-#include "dscpp/nn/linear_async_communication.h"
-#include "dscpp/nn/normal_init.h"
-#include "dscpp/nn/tensor_parallel_mappings.h"
+#include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/vocab_parallel_cross_entropy.h"
 
 namespace dscpp::model_zoo {
@@ -19,80 +15,61 @@ namespace dscpp::model_zoo {
 std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& config,
                                                            nn::GroupPtr group) {
   config.validate();
-  const int t = nn::tensor_model_parallel_size(group);
-  if (config.parallelism.tensor_model_parallel_size != t)
-    throw ConfigError("parallelism.tensor_model_parallel_size",
-                      fmt::format("expected {} (the size of the model-parallel group given), "
-                                  "found {}",
-                                  t, config.parallelism.tensor_model_parallel_size));
-  if (config.parallelism.sequence_parallel)
-    throw ConfigError("parallelism.sequence_parallel",
-                      "expected false on a pipeline (the tensor-parallel GPT's LayerSpecs do not "
-                      "split the sequence yet), found true");
-  if (config.checkpoint_activations)
-    throw ConfigError("checkpoint_activations",
-                      "expected false (the tensor-parallel GPT does not checkpoint its blocks "
-                      "yet; PipelineOptions::activation_checkpoint_interval does), found true");
+  validate_tensor_parallel(config, nn::tensor_model_parallel_size(group));
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
+  // With sequence parallelism the activation between layers (and between stages) is this
+  // rank's [S/t, B, h] from the embedding's scatter to the head's gather: each model rank
+  // sends its shard to the same model rank of the next stage.
   auto build_embedding = [config, group] {
     return TensorParallelGPTEmbedding(config, group).ptr();
   };
   specs.push_back({"embedding", build_embedding,
-                   [](torch::nn::Module& m, const at::Tensor& ids) {
-                     return static_cast<TensorParallelGPTEmbeddingImpl&>(m).forward(ids);
+                   [config, group](torch::nn::Module& m, const at::Tensor& ids) {
+                     return to_block_layout(
+                         static_cast<TensorParallelGPTEmbeddingImpl&>(m).forward(ids), config,
+                         group);
                    },
                    tied ? "embedding" : "",
                    tied ? std::vector<std::string>{"word.weight"} : std::vector<std::string>{}});
+  // checkpoint_activations: each block is its own checkpointed segment, as gpt_layer_specs'
+  // (the recompute restores the RNG tracker's states too, so split-region dropout agrees).
+  const bool checkpointed = config.checkpoint_activations;
   for (int64_t i = 0; i < config.num_layers; ++i)
     specs.push_back({fmt::format("blocks.{}", i),
                      [config, group] { return TensorParallelGPTBlock(config, group).ptr(); },
-                     [](torch::nn::Module& m, const at::Tensor& x) {
-                       return static_cast<TensorParallelGPTBlockImpl&>(m).forward(x);
+                     [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
+                       auto& block = static_cast<TensorParallelGPTBlockImpl&>(m);
+                       if (!checkpointed) return block.forward(x);
+                       return activation_checkpointing::checkpoint(
+                           [&block](const at::Tensor& in) { return block.forward(in); }, x);
                      },
                      "",
                      {}});
+  const bool sp = config.parallelism.sequence_parallel;
   specs.push_back(
       {"final_norm",
-       [config] {
-         return torch::nn::LayerNorm(
-                    torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layernorm_epsilon))
-             .ptr();
-       },
+       [config, sp] { return std::make_shared<SequenceParallelLayerNormImpl>(config, sp); },
        [](torch::nn::Module& m, const at::Tensor& x) {
-         return static_cast<torch::nn::LayerNormImpl&>(m).forward(x);
+         return static_cast<SequenceParallelLayerNormImpl&>(m).forward(x);
        },
        "",
        {}});
   if (tied) {
-    // This rank's vocabulary rows; x enters the region whole, so its gradient (a partial sum
-    // over the vocabulary shards) is all-reduced.
-    specs.push_back(
-        {"head",
-         build_embedding,
-         [group, async = config.parallelism.async_tensor_model_parallel_allreduce](
-             torch::nn::Module& m, const at::Tensor& x) {
-           auto& e = static_cast<TensorParallelGPTEmbeddingImpl&>(m);
-           if (async)
-             return nn::linear_with_async_communication(x, e.word->weight, {}, group, false);
-           return nn::linear(nn::copy_to_tensor_model_parallel_region(x, group), e.word->weight);
-         },
-         "embedding",
-         {"word.weight"}});
+    specs.push_back({"head",
+                     build_embedding,
+                     [config, group](torch::nn::Module& m, const at::Tensor& x) {
+                       auto& e = static_cast<TensorParallelGPTEmbeddingImpl&>(m);
+                       return tensor_parallel_gpt_logits(x, e.word->weight, nullptr, config, group);
+                     },
+                     "embedding",
+                     {"word.weight"}});
   } else {
     specs.push_back({"head",
-                     [config, group] {
-                       return nn::ColumnParallelLinear(
-                                  nn::ParallelLinearOptions(config.hidden_size, config.vocab_size)
-                                      .bias(false)
-                                      .init_method(nn::init_method_normal(config.init_method_std))
-                                      .async_tensor_model_parallel_allreduce(
-                                          config.parallelism.async_tensor_model_parallel_allreduce),
-                                  group)
-                           .ptr();
-                     },
-                     [](torch::nn::Module& m, const at::Tensor& x) {
-                       return static_cast<nn::ColumnParallelLinearImpl&>(m).forward(x).first;
+                     [config, group] { return untied_parallel_head(config, group).ptr(); },
+                     [config, group](torch::nn::Module& m, const at::Tensor& x) {
+                       return tensor_parallel_gpt_logits(
+                           x, {}, &static_cast<nn::ColumnParallelLinearImpl&>(m), config, group);
                      },
                      "",
                      {}});

@@ -9,7 +9,12 @@
 // A layer built after the same seed draws the same master weights as gpt_layer_specs' and
 // keeps its slice, so a pipeline seeded per layer starts from the one-rank model's weights.
 // Each layer's output is this rank's logits [B,S,V/t] on the last; tensor_parallel_gpt_loss is
-// the loss_fn. Not here: sequence parallelism and checkpoint_activations (ConfigError).
+// the loss_fn. With parallelism.sequence_parallel the activations from the embedding's output
+// to the final norm's are TensorParallelGPT's [S/t,B,h] (what a stage sends to the same model
+// rank of the next: 1/t of the whole), final_norm's parameters are sequence_parallel (the
+// engine sums their gradients over the model group) and the head all-gathers its input.
+// checkpoint_activations: each block a checkpointed segment (nn/activation_checkpointing.h,
+// which restores the model-parallel RNG tracker's states for the recompute).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,8 +28,8 @@
 namespace dscpp::model_zoo {
 
 // group: the model-parallel group of config.parallelism.tensor_model_parallel_size ranks (null
-// for 1). ConfigError for another degree, sequence_parallel or checkpoint_activations; the
-// layers throw TensorParallelError for sizes that do not divide by t.
+// for 1). ConfigError for another degree or sizes that do not divide by t
+// (validate_tensor_parallel).
 std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& config,
                                                            nn::GroupPtr group);
 

@@ -15,8 +15,11 @@
 
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <utility>
+
+#include "dscpp/nn/rng_tracker.h"
 
 namespace dscpp::activation_checkpointing {
 
@@ -25,10 +28,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Random-number states of the CPU and of the accelerator devices a checkpoint may draw on.
+// Random-number states of the CPU and of the accelerator devices a checkpoint may draw on, and
+// the model-parallel RNG tracker's named states (dropout in a tensor-parallel region draws
+// under its fork: Megatron's CheckpointFunction restores them too).
 struct RngStates {
   at::Tensor cpu;
   std::vector<std::pair<at::Device, at::Tensor>> devices;
+  std::map<std::string, at::Tensor> tracker;
 };
 
 at::Tensor get_rng_state(const at::Device& device) {
@@ -65,12 +71,14 @@ RngStates capture(const std::vector<at::Device>& devices) {
   RngStates s;
   s.cpu = get_rng_state(at::Device(at::kCPU));
   for (const auto& d : devices) s.devices.emplace_back(d, get_rng_state(d));
+  s.tracker = nn::get_cuda_rng_tracker().get_states();
   return s;
 }
 
 void restore(const RngStates& s) {
   set_rng_state(at::Device(at::kCPU), s.cpu);
   for (const auto& [device, state] : s.devices) set_rng_state(device, state);
+  nn::get_cuda_rng_tracker().set_states(s.tracker);
 }
 
 void synchronize(const std::vector<at::Device>& devices) {

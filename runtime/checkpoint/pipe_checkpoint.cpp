@@ -226,9 +226,10 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
     std::vector<std::string> names;
     for (int m = 0; m < T; ++m) {
       const size_t k = static_cast<size_t>(s * T + m);
-      for (auto& p :
-           consolidate_params(ck.models[k], ck.model_paths[k], shard_module[k],
-                              [&](int r) { return find_pipe_zero_states(dir, tag, r, s, m, T); })) {
+      for (auto& p : consolidate_params(
+               ck.models[k], ck.model_paths[k], shard_module[k],
+               [&](int r) { return find_pipe_zero_states(dir, tag, r, s, m, T); },
+               k == 0 ? &ck.optimizer_state : nullptr)) {
         if (m == 0) names.push_back(p.name);
         by_rank[static_cast<size_t>(m)][p.name] = std::move(p);
       }
@@ -261,7 +262,9 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
         u.states[state] = merge(name, st);
       }
       u.step = p0.step;
-      u.partition = ParamPartition::whole(u.fp32.sizes().vec());
+      auto part = parts.find(name);
+      u.partition =
+          part != parts.end() ? part->second : ParamPartition::whole(u.fp32.sizes().vec());
       ck.params.push_back(std::move(u));
     }
   }

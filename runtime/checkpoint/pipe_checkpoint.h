@@ -47,7 +47,10 @@ struct PipeCheckpoint {
   std::vector<std::string> model_paths;  // per saved (stage, model rank): stage * t + model
   std::vector<PyValue> models;           // the same order
   PyValue module;                        // name -> tensor, by layer index, the first holder's
-  std::vector<UniversalParam> params;    // the trainable ones, each once (its first stage's)
+  std::vector<UniversalParam> params;    // the trainable ones, each once (its first stage's),
+                                         // whole; partition: how the save cut it
+  PyValue optimizer_state;               // the optimizer's settings (stage 0, model rank 0's):
+                                         // what a universal zero/optimizer_state.pt holds
 };
 
 // Reads <dir>/<tag>/ of a pipeline checkpoint. Refuses, naming the file: a missing stage's

@@ -32,6 +32,10 @@ PyValue state_file(const at::Tensor& t, const ParamPartition& part) {
   PyValue d = PyValue::dict();
   d.set("param", PyValue(t.detach().contiguous().to(at::kFloat).cpu()));
   d.set("cat_dim", PyValue(part.partition_dim.value_or(0)));
+  // A fused tensor of equal sub-parts (QKV): DeepSpeed's loader cuts each on its own.
+  const auto& sub = part.sub_param_sizes;
+  if (sub.size() > 1 && std::all_of(sub.begin(), sub.end(), [&](int64_t n) { return n == sub[0]; }))
+    d.set("param_n_sub_params", PyValue(static_cast<int64_t>(part.sub_param_sizes.size())));
   d.set("dscpp_partition", part.to_py());
   return d;
 }

@@ -132,6 +132,36 @@ void tensor_parallel_params(const std::string& dir, const std::string& tag,
   module = std::move(whole);
 }
 
+// A pipeline or 3D checkpoint (pipe_checkpoint.h reads it whole: every stage's layer files,
+// each split tensor merged over the model ranks): the one-rank model's module and parameters,
+// each with how the save cut it. The model states are stage 0's (model rank 0's), made the
+// whole model's: param_shapes lists every parameter, the per-stage entries (dscpp_pipe,
+// dscpp_tensor_parallel, and the RNG states of stage 0's ranks) go, since the folder is no
+// longer cut by stage or model rank.
+void pipe_params(const std::string& dir, const std::string& tag, UniversalCheckpoint& ck,
+                 PyValue& module) {
+  PipeCheckpoint pipe = read_pipe_checkpoint(dir, tag);
+  ck.model =
+      without(pipe.models.at(0), {"dscpp_pipe", "dscpp_tensor_parallel", "dscpp_rng_states"});
+  PyValue shapes = PyValue::ordered_dict();
+  for (const UniversalParam& p : pipe.params) {
+    PyValue dims = PyValue::list();
+    for (int64_t d : p.fp32.sizes()) dims.append(PyValue(d));
+    shapes.set(PyValue(p.name), std::move(dims));
+  }
+  PyValue groups = PyValue::list();
+  groups.append(std::move(shapes));
+  ck.model.set("param_shapes", std::move(groups));
+  ck.model.set("mp_world_size", PyValue(1));
+  PyValue dims = PyValue::dict();
+  dims.set(PyValue("pp_degree"), PyValue(1));
+  dims.set(PyValue("tp_degree"), PyValue(1));
+  ck.model.set("checkpoint_parallel_dimensions", std::move(dims));
+  ck.params = std::move(pipe.params);
+  ck.optimizer_state = std::move(pipe.optimizer_state);
+  module = std::move(pipe.module);
+}
+
 }  // namespace
 
 std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::string& path,
@@ -279,18 +309,18 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
                           model_states_path(dir, tag) + ")");
   UniversalCheckpoint ck;
   ck.model = load_torch_file(path);
-  if (is_pipe_checkpoint(ck.model))
-    throw CheckpointError("'" + path +
-                          "' is a pipeline checkpoint (layer files per stage): to_universal "
-                          "converts the plain engine's checkpoints only; zero_to_fp32 "
-                          "consolidates pipeline and 3D ones, and any layout loads them");
-  PyValue module = need(ck.model, "module", path);
-  if (ck.model.find(PyValue("dscpp_tensor_parallel"))) {
-    tensor_parallel_params(dir, tag, path, ck, module);
+  PyValue module;
+  if (is_pipe_checkpoint(ck.model)) {
+    pipe_params(dir, tag, ck, module);
   } else {
-    ck.params = consolidate_params(
-        ck.model, path, module, [&](int r) { return find_zero_states(dir, tag, r); },
-        &ck.optimizer_state);
+    module = need(ck.model, "module", path);
+    if (ck.model.find(PyValue("dscpp_tensor_parallel"))) {
+      tensor_parallel_params(dir, tag, path, ck, module);
+    } else {
+      ck.params = consolidate_params(
+          ck.model, path, module, [&](int r) { return find_zero_states(dir, tag, r); },
+          &ck.optimizer_state);
+    }
   }
 
   // The model states: a whole module (stage 3's holds no partitioned parameter), and

@@ -407,9 +407,14 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       if (universal) {
         // As DeepSpeed: the weights come from zero/ (the module is not read), the buffers,
         // which zero/ does not hold, from the model states where they are.
+        // A tensor-parallel engine (plain or a pipeline's) cuts its shard of each split tensor.
+        std::map<std::string, checkpoint::ParamPartition> parts;
+        if (tensor_parallel_size() > 1)
+          parts = engine_checkpoint::partitions_of(tensor_parallel_info());
         engine_checkpoint::load_universal_partition(
             *zero_, param_names_, result.path,
-            options.load_optimizer_states && !options.load_module_only);
+            options.load_optimizer_states && !options.load_module_only,
+            tensor_parallel_size() > 1 ? &parts : nullptr, tensor_parallel_rank());
         const PyValue* module = model.find(PyValue("module"));
         for (const auto& [name, b] : named_buffers_()) {
           const PyValue* v = module && module->is_dict() ? module->find(PyValue(name)) : nullptr;

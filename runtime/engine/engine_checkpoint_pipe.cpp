@@ -38,12 +38,7 @@ void EngineCore::load_pipe_checkpoint(const std::string& dir, const std::string&
   // its own shard of each split tensor, by its own partition metadata (tp_reshape.h).
   const int t = tensor_parallel_size(), me = tensor_parallel_rank();
   if (t > 1) {
-    std::map<std::string, checkpoint::ParamPartition> parts;
-    const PyValue info = tensor_parallel_info();
-    const PyValue& pp = info.at(PyValue("partitions"));
-    for (size_t i = 0; i < pp.size(); ++i)
-      parts[pp.keys()[i].as_string()] =
-          checkpoint::ParamPartition::from_py(pp.values()[i], pp.keys()[i].as_string());
+    const auto parts = engine_checkpoint::partitions_of(tensor_parallel_info());
     auto cut = [&](const std::string& name, const at::Tensor& whole) {
       auto it = parts.find(name);
       if (it == parts.end() || !it->second.partition_dim) return whole;

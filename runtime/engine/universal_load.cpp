@@ -7,20 +7,48 @@
 #include <map>
 
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/tp_reshape.h"
 #include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 
 namespace dscpp::engine_checkpoint {
 
+std::map<std::string, checkpoint::ParamPartition> partitions_of(const checkpoint::PyValue& info) {
+  std::map<std::string, checkpoint::ParamPartition> parts;
+  const checkpoint::PyValue* pp =
+      info.is_dict() ? info.find(checkpoint::PyValue("partitions")) : nullptr;
+  if (!pp || !pp->is_dict()) throw CheckpointError("tensor-parallel metadata without 'partitions'");
+  for (size_t i = 0; i < pp->size(); ++i)
+    parts[pp->keys()[i].as_string()] =
+        checkpoint::ParamPartition::from_py(pp->values()[i], pp->keys()[i].as_string());
+  return parts;
+}
+
 void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
-                              const std::string& tag_dir, bool load_optimizer_states) {
+                              const std::string& tag_dir, bool load_optimizer_states,
+                              const std::map<std::string, checkpoint::ParamPartition>* tp_parts,
+                              int tp_rank) {
   if (names.size() != zero.layout().params.size())
     throw CheckpointError(fmt::format("load_universal: {} parameter names for {} parameters",
                                       names.size(), zero.layout().params.size()));
   load_whole_params(
       zero,
       [&](size_t i) {
-        return checkpoint::read_universal_param(tag_dir, names[i], zero.param_shape(i));
+        const checkpoint::ParamPartition* part = nullptr;
+        if (tp_parts) {
+          auto it = tp_parts->find(names[i]);
+          if (it != tp_parts->end() && it->second.partition_dim) part = &it->second;
+        }
+        if (!part) return checkpoint::read_universal_param(tag_dir, names[i], zero.param_shape(i));
+        // A split parameter: the file's whole tensor, this rank's shard of it.
+        checkpoint::UniversalParam p =
+            checkpoint::read_universal_param(tag_dir, names[i], part->logical_shape);
+        const std::string where = checkpoint::universal_param_dir(tag_dir, names[i]);
+        p.fp32 = checkpoint::tp_shard(p.fp32, *part, tp_rank, where);
+        for (auto& [state, value] : p.states)
+          value = checkpoint::tp_shard(value, *part, tp_rank, where);
+        p.partition = checkpoint::ParamPartition::whole(p.fp32.sizes().vec());
+        return p;
       },
       [&](size_t i) { return checkpoint::universal_param_dir(tag_dir, names[i]); },
       load_optimizer_states);

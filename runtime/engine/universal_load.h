@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,16 +16,22 @@ namespace dscpp::engine_checkpoint {
 
 // Reads <tag_dir>/zero/<name>/ for every trainable parameter (names: ZeRO's order) into this
 // rank's fp32 master partition and, when load_optimizer_states, every state ZeRO's optimizer
-// keeps and its step. The checkpoint's partition metadata must describe the whole tensor that
-// the model holds (tensor-parallel slicing is not implemented yet). Throws CheckpointError
-// naming the file. No communication.
+// keeps and its step. Each file holds the whole (logical) tensor: without `tp_parts` it must
+// be the model's shape; with them (a tensor-parallel engine: this engine's partition metadata
+// by name, tp_rank its model rank) it must be the logical shape, and this rank's shard is cut
+// from it (tp_reshape.h). Throws CheckpointError naming the file. No communication.
 // The same from whole tensors however found: param(i) gives parameter i's (ZeRO's order), where(i)
 // names its source in errors.
 void load_whole_params(zero::ZeroOptimizer& zero,
                        const std::function<checkpoint::UniversalParam(size_t)>& param,
                        const std::function<std::string(size_t)>& where, bool load_optimizer_states);
 
-void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
-                              const std::string& tag_dir, bool load_optimizer_states);
+// The partitions entry of a tensor_parallel_info() / dscpp_tensor_parallel dict, by name.
+std::map<std::string, checkpoint::ParamPartition> partitions_of(const checkpoint::PyValue& info);
+
+void load_universal_partition(
+    zero::ZeroOptimizer& zero, const std::vector<std::string>& names, const std::string& tag_dir,
+    bool load_optimizer_states,
+    const std::map<std::string, checkpoint::ParamPartition>* tp_parts = nullptr, int tp_rank = 0);
 
 }  // namespace dscpp::engine_checkpoint

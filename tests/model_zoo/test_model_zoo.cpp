@@ -25,6 +25,7 @@
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/layer_module.h"
+#include "dscpp/nn/rng_tracker.h"
 #include "tests/cpu_bytes_counter.h"
 #include "tests/gpu_skip.h"
 
@@ -513,6 +514,37 @@ TEST(ActivationCheckpointing, AnyFunctionOfSeveralTensors) {
   };
   auto plain = run(false), ckpt = run(true);
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ckpt[i])) << i;
+}
+
+// Dropout in a tensor-parallel region draws under the model-parallel RNG tracker's fork: the
+// recompute must draw the forward's mask from the tracker's stream too, and leave the tracker
+// where the plain run leaves it.
+TEST(ActivationCheckpointing, RecomputeRestoresTheModelParallelRngTracker) {
+  at::manual_seed(0);
+  at::Tensor w = at::randn({6, 6}).requires_grad_();
+  at::Tensor x = at::randn({4, 6}).requires_grad_();
+  auto fn = [w](const at::Tensor& in) {
+    at::Tensor h = at::tanh(in.matmul(w));
+    auto fork = dscpp::nn::get_cuda_rng_tracker().fork();
+    return at::dropout(h, 0.5, true);
+  };
+  auto run = [&](bool checkpointed) {
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+    dscpp::nn::model_parallel_cuda_manual_seed(5, 1);
+    at::Tensor out = checkpointed ? ac::checkpoint(fn, x) : fn(x);
+    // Between forward and backward the tracker's stream moves on (other layers draw).
+    {
+      auto fork = dscpp::nn::get_cuda_rng_tracker().fork();
+      (void)at::rand({7});
+    }
+    (out.pow(2) * at::arange(6, at::kFloat)).sum().backward();
+    auto fork = dscpp::nn::get_cuda_rng_tracker().fork();
+    return std::vector<at::Tensor>{out.detach(), w.grad().clone(), x.grad().clone(), at::rand({3})};
+  };
+  auto plain = run(false), ckpt = run(true);
+  const char* what[] = {"output", "w.grad", "x.grad", "the tracker's next draw"};
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ckpt[i])) << what[i];
 }
 
 TEST(ActivationCheckpointing, RefusesAutogradGradAndNamesWhatItIgnores) {

@@ -15,8 +15,16 @@ embedding and head; fp32, SGD with momentum, clipping 1.0), STEPS steps of globa
 - jobs at (1, 2, 4) (and with --full (2, 1, 4), ZeRO 0 and 2 sources) load it and continue as
   the one-rank engine does (1e-5), each split weight reassembled from its model ranks' shards;
 - tools/zero_to_fp32 and the folder's zero_to_fp32.py consolidate it into the one-rank model's
-  state dict: the weights the one-rank engine holds right after loading, bit for bit.
-Default: two 8-rank launches and two one-rank runs; --full (ctest label pipe_matrix) more."""
+  state dict: the weights the one-rank engine holds right after loading, bit for bit;
+- tools/to_universal converts it into DeepSpeed's universal layout (zero/<name>/fp32.pt,
+  exp_avg... with the whole shape, {"param", "cat_dim"}, each split tensor's dscpp_partition):
+  the files open with torch.load(weights_only=True) and hold the one-rank engine's loaded
+  weights bit for bit; the one-rank engine (checkpoint.load_universal) loads it and continues
+  as the one-rank reference does, and a (2, 2, 2) pipeline (each rank cutting its shard of the
+  whole tensors) as the one-rank engine does; with --full, DeepSpeed's own reader
+  (load_hp_checkpoint_state, ds_universal_reader.py) cuts each model rank's shard of every
+  parameter as the (2, 2, 2) run held it.
+Default: two 8-rank launches and three one-rank runs; --full (ctest label pipe_matrix) more."""
 import argparse
 import json
 import os
@@ -77,6 +85,7 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", required=True)
+    ap.add_argument("--to-universal", required=True)
     ap.add_argument("--port", type=int, default=29890)
     ap.add_argument("--full", action="store_true")
     args = ap.parse_args()
@@ -104,12 +113,16 @@ def main():
     ck = {z: os.path.join(work, f"ck_z{z}") for z in zs}
     # 1. Save at (2, 2, 2).
     launch(8, "pipe", [case(f"save_z{z}", 2, 2, 2, z, save_dir=ck[z], save_at=SAVE_AT) for z in zs])
+    # to_universal beside it (ck/<tag>_universal, ck/latest_universal).
+    for z in zs:
+        run([args.to_universal, "--input_folder", ck[z]])
     # 2. Load at (2, 2, 2) (bit-exact) and at other layouts of 8 ranks, in one launch.
     targets = [(1, 2, 4)] + ([(2, 1, 4)] if args.full else [])
     loads = []
     for z in zs:
         loads.append(case(f"resume_z{z}", 2, 2, 2, z, load_dir=ck[z]))
         loads += [case(f"t{t}_p{p}_d{d}_from_z{z}", t, p, d, z, load_dir=ck[z]) for t, p, d in targets]
+        loads.append(case(f"t2_p2_d2_universal_z{z}", 2, 2, 2, z, load_dir=ck[z], universal=True))
     launch(8, "pipe", loads)
     for z in zs:
         first_losses, first_params = merged(out, case(f"save_z{z}", 2, 2, 2, z))
@@ -163,6 +176,76 @@ def main():
         same = list(theirs) == list(sd) and all(torch.equal(theirs[k], sd[k]) for k in sd)
         verdict(f"the folder's zero_to_fp32.py on (2,2,2) z{z} = tools/zero_to_fp32",
                 [] if same else [f"keys or values differ ({len(theirs)} and {len(sd)} tensors)"])
+        # 5. to_universal: DeepSpeed's file layout, the whole tensors, loadable anywhere.
+        errors = []
+        with open(os.path.join(ck[z], "latest_universal")) as f:
+            utag = os.path.join(ck[z], f.read().strip())
+        for k, v in one["loaded_params"].items():
+            pdir = os.path.join(utag, "zero", k)
+            d = torch.load(os.path.join(pdir, "fp32.pt"), weights_only=True)
+            if set(d) < {"param", "cat_dim"} or d["param"].flatten().double().tolist() != v:
+                errors.append(f"{k}/fp32.pt is not the loaded weight")
+            mom = os.path.join(pdir, "momentum_buffer.pt")
+            if os.path.exists(mom) and torch.load(mom, weights_only=True)["param"].shape != d["param"].shape:
+                errors.append(f"{k}/momentum_buffer.pt has another shape")
+        qkv = torch.load(os.path.join(utag, "zero", "blocks.0.attn.qkv.weight", "fp32.pt"),
+                         weights_only=True)["dscpp_partition"]
+        if qkv["partition_dim"] != 0 or qkv["tp_degree"] != 2 or len(qkv["sub_param_sizes"] or []) != 3:
+            errors.append(f"qkv's dscpp_partition is {qkv}")
+        torch.load(os.path.join(utag, "mp_rank_00_model_states.pt"), weights_only=True)
+        verdict(f"to_universal of (2,2,2) z{z}: DeepSpeed's universal files, whole tensors", errors)
+        # DeepSpeed's own reader (load_hp_checkpoint_state) cuts each model rank's shard of
+        # the whole tensors as the (2,2,2) run held them: pieces r, r+t, ... of dim's t*stride.
+        errors = []
+        checked = 0
+        for s_ in range(2 if args.full else 0):  # importing DeepSpeed costs ~20 s: --full only
+            from ds_universal_reader import ds_shard
+            for m in range(2):
+                with open(os.path.join(out, f"resume_z{z}.stage{s_}.model{m}.json")) as f:
+                    r = json.load(f)
+                for name, shape in r["shapes"].items():
+                    whole = torch.load(os.path.join(utag, "zero", name, "fp32.pt"),
+                                       weights_only=True)["param"]
+                    tp = r["tp"].get(name)
+                    if tp:
+                        pieces = torch.chunk(whole, 2 * tp[1], dim=tp[0])
+                        want = torch.cat([pieces[k] for k in range(m, 2 * tp[1], 2)], dim=tp[0])
+                    else:
+                        want = whole
+                    got, states = ds_shard(utag, name, shape, m, 2)
+                    if not torch.equal(got, want):
+                        errors.append(f"{name} model rank {m}: DeepSpeed's shard differs")
+                    if z >= 1 and "momentum_buffer" not in states:
+                        errors.append(f"{name}: DeepSpeed read no momentum_buffer")
+                    checked += 1
+        if checked == 0 and args.full:
+            errors.append("no parameter checked")
+        if args.full:
+            verdict(f"DeepSpeed's universal reader on to_universal of (2,2,2) z{z}: each model "
+                    f"rank's shard ({checked} parameters)", errors)
+        launch(1, "single", [case(f"single_universal_z{z}", 1, 1, 1, 0, m=1, load_dir=ck[z],
+                                  universal=True)])
+        with open(os.path.join(out, f"single_universal_z{z}.json")) as f:
+            uni = json.load(f)
+        errors = []
+        if uni["start"] != SAVE_AT:
+            errors.append(f"starts at step {uni['start']}")
+        e = rel_err(uni["losses"], ref["losses"][SAVE_AT:])
+        if e > TOL:
+            errors.append(f"losses differ from the reference's by {e:.1e}")
+        worst = max(rel_err(uni["params"][k], ref["params"][k]) for k in ref["params"])
+        if worst > TOL:
+            errors.append(f"weights differ from the reference's by {worst:.1e}")
+        verdict(f"universal of (2,2,2) z{z} loaded by the one-rank engine = the one-rank run", errors)
+        losses, params = merged(out, case(f"t2_p2_d2_universal_z{z}", 2, 2, 2, z))
+        errors = []
+        e = rel_err(losses, one["losses"])
+        if e > TOL:
+            errors.append(f"losses differ from the one-rank engine's by {e:.1e}")
+        worst = max(rel_err(params[k], one["params"][k]) for k in one["params"])
+        if worst > TOL or set(params) != set(one["params"]):
+            errors.append(f"weights differ from the one-rank engine's by {worst:.1e}")
+        verdict(f"universal of (2,2,2) z{z} loaded at (2,2,2) = the one-rank engine", errors)
     print(f"{len(failures)} failed")
     if not failures:
         shutil.rmtree(work, ignore_errors=True)

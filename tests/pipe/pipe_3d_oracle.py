@@ -11,9 +11,11 @@ the tied head's gradients summed per model rank, the norm over pipe and model. E
 give the reference's losses, grad norms and weights (relative 1e-5; each split weight
 reassembled from its model ranks' shards by its partition dim and stride), and each rank must
 hold 1/t of its stage's split parameters and no other stage's layers (1/(t*p) of the layers).
-Default: one launch of 8 ranks (2 x 2 x 2, ZeRO 1 and 2, gradient accumulation); --full: the
-grid p x t x d in {(2,2,1), (2,2,2), (4,2,1), (2,1,2), (1,2,4)} x ZeRO 0-2 x micro-batches
-{1, 2, 4} (ctest label pipe_matrix). Prints one line per case and `N passed, M failed`."""
+Default: one launch of 8 ranks (2 x 2 x 2, ZeRO 1 and 2, gradient accumulation; the second
+case with sequence parallelism and checkpoint_activations on); --full: the grid p x t x d in
+{(2,2,1), (2,2,2), (4,2,1), (2,1,2), (1,2,4)} x ZeRO 0-2 x micro-batches {1, 2, 4}, and on the
+layouts with t > 1 sequence parallelism (ZeRO 0-2), checkpointing, and both (ctest label
+pipe_matrix). Prints one line per case and `N passed, M failed`."""
 import argparse
 import json
 import os
@@ -40,11 +42,18 @@ def run(cmd, timeout=900):
                            f"{p.stdout[-3000:]}{p.stderr[-3000:]}")
 
 
-def make_case(p, t, d, m, z):
-    return {"name": f"gpt3d_p{p}_t{t}_d{d}_m{m}_z{z}", "stages": p, "model": t,
+def make_case(p, t, d, m, z, flags=""):
+    """flags: "sp" (sequence parallelism), "ck" (checkpoint_activations), "sp_ck" or ""."""
+    case = {"name": f"gpt3d_p{p}_t{t}_d{d}_m{m}_z{z}" + (f"_{flags}" if flags else ""),
+            "stages": p, "model": t,
             "config": {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // (m * d),
                        "gradient_accumulation_steps": m,
                        "zero_optimization": {"stage": z, "reduce_bucket_size": 3000}}}
+    if "sp" in flags.split("_"):
+        case["sp"] = True
+    if "ck" in flags.split("_"):
+        case["checkpoint_activations"] = True
+    return case
 
 
 def result_path(out, case, s, m):
@@ -122,13 +131,25 @@ def check(case, ref, out):
 
 
 def covering():
-    return [(2, 2, 2, 2, 1), (2, 2, 2, 4, 2)]
+    # One launch of 8 ranks: sequence parallelism and checkpoint_activations on in the second.
+    return [(2, 2, 2, 2, 1, ""), (2, 2, 2, 4, 2, "sp_ck")]
 
 
 def full():
     layouts = [(2, 2, 1), (2, 2, 2), (4, 2, 1), (2, 1, 2), (1, 2, 4)]
-    return [(p, t, d, m, z) for (p, t, d) in layouts for z in (0, 1, 2) for m in (1, 2, 4)
-            if GLOBAL_BATCH % (m * d) == 0]
+    plain = [(p, t, d, m, z, "") for (p, t, d) in layouts for z in (0, 1, 2) for m in (1, 2, 4)
+             if GLOBAL_BATCH % (m * d) == 0]
+    # Sequence parallelism and checkpointing on the layouts with a model axis (t2p2d1 among
+    # them, on 4 ranks): sp at every ZeRO stage, ck alone, both with accumulation.
+    extra = []
+    for (p, t, d) in layouts:
+        if t == 1:
+            continue
+        extra += [(p, t, d, 2, z, "sp") for z in (0, 1, 2)]
+        extra += [(p, t, d, 1, 1, "ck"), (p, t, d, 4, 2, "sp_ck")]
+    # checkpoint_activations without a model axis (the one-rank GPT's LayerSpecs).
+    extra += [(2, 1, 2, 2, 1, "ck")]
+    return plain + extra
 
 
 def main():
@@ -138,7 +159,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--port", type=int, default=29820)
-    ap.add_argument("--cases", default="", help="p,t,d,m,z;... in place of the default set")
+    ap.add_argument("--cases", default="",
+                    help="p,t,d,m,z[,flags];... in place of the default set (flags: sp, ck, sp_ck)")
     args = ap.parse_args()
     out = tempfile.mkdtemp()
     run([args.train, "--mode", "reference", "--model", "gpt3d", "--steps", str(args.steps),
@@ -146,7 +168,11 @@ def main():
     with open(os.path.join(out, "reference.json")) as f:
         ref = json.load(f)
     by_world = {}
-    chosen = [tuple(int(x) for x in c.split(",")) for c in args.cases.split(";") if c]
+    chosen = []
+    for c in args.cases.split(";"):
+        if c:
+            f = c.split(",")
+            chosen.append(tuple(int(x) for x in f[:5]) + ((f[5] if len(f) > 5 else ""),))
     for c in chosen or (full() if args.full else covering()):
         by_world.setdefault(c[0] * c[1] * c[2], []).append(c)
     passed = failed = 0
@@ -162,7 +188,7 @@ def main():
             launch_error = str(e)
             print(f"launch of {world} ranks failed: {launch_error[-2500:]}")
         port += 1
-        for (p, t, d, m, z), c in zip(combos, cases):
+        for (p, t, d, m, z, _), c in zip(combos, cases):
             c.update(data=d, zero=z)
             if not all(os.path.exists(result_path(out, c, s, r)) for s in range(p)
                        for r in range(t)):

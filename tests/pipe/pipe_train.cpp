@@ -98,26 +98,34 @@ dscpp::model_zoo::GPTConfig gpt_config() {
 
 // "gpt3d": the tiny GPT of issue 19's 3D tests (hidden 64, 4 heads, 4 layers), whole on one
 // rank or tensor-parallel over a model group.
-dscpp::model_zoo::GPTConfig gpt3d_config(int t = 1) {
+// A case's "sp" and "checkpoint_activations" turn on sequence parallelism and per-block
+// activation checkpointing (the same numbers: the reference has neither).
+dscpp::model_zoo::GPTConfig gpt3d_config(int t = 1, bool sp = false, bool checkpointed = false) {
   dscpp::model_zoo::GPTConfig c = gpt_config();
   c.vocab_size = 64;
   c.hidden_size = 64;
   c.num_layers = 4;
   c.num_attention_heads = 4;
   c.parallelism.tensor_model_parallel_size = t;
+  c.parallelism.sequence_parallel = sp;
+  c.checkpoint_activations = checkpointed;
   return c;
 }
 
 using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
 
-// model_group: the tensor-parallel group of a "gpt3d" case (null: the one-rank GPT).
-std::vector<LayerSpec> specs_of(const std::string& model, const GroupPtr& model_group = nullptr) {
+// model_group: the tensor-parallel group of a "gpt3d" case (null: the one-rank GPT); c: the
+// case (its "sp" and "checkpoint_activations").
+std::vector<LayerSpec> specs_of(const std::string& model, const GroupPtr& model_group = nullptr,
+                                const json& c = json::object()) {
   if (model == "mlp") return mlp_specs();
   if (model == "tuple") return tuple_specs();
   if (model == "gpt3d") {
-    if (!model_group) return dscpp::model_zoo::gpt_layer_specs(gpt3d_config());
-    return dscpp::model_zoo::tensor_parallel_gpt_layer_specs(gpt3d_config(model_group->size()),
-                                                             model_group);
+    const bool sp = c.value("sp", false), checkpointed = c.value("checkpoint_activations", false);
+    if (!model_group)
+      return dscpp::model_zoo::gpt_layer_specs(gpt3d_config(1, false, checkpointed));
+    return dscpp::model_zoo::tensor_parallel_gpt_layer_specs(
+        gpt3d_config(model_group->size(), sp, checkpointed), model_group);
   }
   return dscpp::model_zoo::gpt_layer_specs(gpt_config());
 }
@@ -261,11 +269,12 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
       .loss_fn(dscpp::pipe::loss_of([model, model_group](const at::Tensor& o, const at::Tensor& l) {
         return loss_of(model, o, l, model_group);
       }));
-  dscpp::pipe::PipelineModule module(specs_of(model, model_group), options);
+  dscpp::pipe::PipelineModule module(specs_of(model, model_group, c), options);
   json cfg = c["config"];
   cfg["train_batch_size"] = kGlobalBatch;
   cfg["gradient_clipping"] = 1.0;
   cfg["optimizer"] = optimizer_config(model);
+  if (c.value("universal", false)) cfg["checkpoint"] = {{"load_universal", true}};
   auto engine = dscpp::initialize(module, cfg);
   const int64_t mb = engine.train_micro_batch_size_per_gpu();
   const int d = engine.module().data_parallel_id(), n = engine.module().data_parallel_size();
@@ -479,6 +488,8 @@ int single(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const std::s
   cfg["gradient_accumulation_steps"] = 1;
   cfg["gradient_clipping"] = 1.0;
   cfg["optimizer"] = optimizer_config(model);
+  // "universal": the load_dir's latest_universal (tools/to_universal's output) is loaded.
+  if (c.value("universal", false)) cfg["checkpoint"] = {{"load_universal", true}};
   auto stage = module.stage_module();
   auto engine = dscpp::initialize(stage, cfg);
   auto params = [&] {
