@@ -297,6 +297,8 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                      "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
                      "{:.1f} s; {}\n",
                      built_s, init_s, peak_memory(engine.device()))
+              << "[train_gpt] engine buffers: "
+              << dscpp::zero::describe(engine.core().memory_breakdown()) << "\n"
               << std::flush;
 
   auto save = [&](int64_t step) {

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <utility>
 
@@ -40,9 +41,35 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
   }
 }
 
-void GradBuckets::set_partition(at::Tensor partition, bool fresh) {
+void GradBuckets::set_partition(at::Tensor partition, bool fresh, bool on_host) {
   partition_ = std::move(partition);
   fresh_ = fresh;
+  host_ = on_host;
+  const c10::Device device = grad_options_.device();
+  if (host_ && !device.is_cpu() && !copy_stream_) {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    copy_stream_ = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+  }
+}
+
+int64_t GradBuckets::in_flight_bytes() const {
+  int64_t n = 0;
+  for (const auto& t : storage_) n += bytes_of(t);
+  for (size_t b = 0; b < results_.size(); ++b) {
+    const at::Tensor& r = results_[b];
+    // (a direct reduction writes the partition, a flat bucket is the flat buffer's)
+    if (!r.defined() || direct_[b] || (flat_grads_.defined() && r.is_alias_of(flat_grads_)))
+      continue;
+    n += bytes_of(r);
+  }
+  for (const auto& l : landing_)
+    if (!(flat_grads_.defined() && l.device.is_alias_of(flat_grads_))) n += bytes_of(l.device);
+  return n;
+}
+
+void GradBuckets::add_memory(MemoryBreakdown& m) const {
+  if (flat_grads_.defined()) m.push_back({"grads16.flat", bytes_of(flat_grads_), true});
+  m.push_back({"reduce_buckets", in_flight_bytes(), true});
 }
 
 std::vector<int> GradBuckets::ready_order() const {
@@ -118,6 +145,7 @@ void GradBuckets::mark_ready(int param) {
       if (!store.defined()) {
         const auto& b = layout_.buckets[lp.bucket];
         store = at::empty({b.end - b.begin}, grad_options_);
+        note_in_flight();
       }
       const int64_t offset = lp.offset - layout_.buckets[lp.bucket].begin;
       store.slice(0, offset, offset + lp.numel).copy_(grad.reshape({-1}));
@@ -169,13 +197,15 @@ void GradBuckets::launch(int b) {
   if (pre != 1.0) data.mul_(pre);
   if (options_.scatter && options_.use_reduce_scatter) {
     // Into a 16-bit partition that holds nothing yet, the collective writes the sums itself.
-    direct_[b] = fresh_ && overwrites_partition();
+    // (a host partition takes the sums through a copy: start_landing)
+    direct_[b] = fresh_ && overwrites_partition() && !host_;
     results_[b] = direct_[b] ? target(b) : at::empty({bucket.chunk}, data.options());
     works_[b] = group_->reduce_scatter(results_[b], data, comm::ReduceOp::kSum);
   } else {
     results_[b] = data;
     works_[b] = group_->all_reduce(results_[b], comm::ReduceOp::kSum);
   }
+  note_in_flight();
   if (!options_.overlap_comm) works_[b].wait();
   // Double buffering, as DeepSpeed's two ipg buffers: at most kInFlight reductions
   // outstanding. The backends hold a collective's input until its work is waited on (NCCL's
@@ -193,7 +223,9 @@ void GradBuckets::complete(int b) {
     const int64_t r = group_->rank();
     source = source.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk);
   }
-  if (!direct_[b]) {  // (a direct reduction is in place already)
+  if (host_) {
+    start_landing(b, source);
+  } else if (!direct_[b]) {  // (a direct reduction is in place already)
     at::NoGradGuard no_grad;
     at::Tensor into = target(b);
     const double post = post_scale();
@@ -207,7 +239,56 @@ void GradBuckets::complete(int b) {
   works_[b] = comm::Work();
   results_[b] = at::Tensor();
   direct_[b] = 0;
-  if (on_complete_) on_complete_(b);
+  if (!host_ && on_complete_) on_complete_(b);  // (a host partition's: when it has landed)
+}
+
+void GradBuckets::start_landing(int b, const at::Tensor& source) {
+  // One copy down in flight while the next bucket's reduction completes: the host waits for
+  // the one before it only.
+  while (!landing_.empty()) land();
+  at::NoGradGuard no_grad;
+  Landing l{b, source, at::Tensor(), false, std::nullopt};
+  at::Tensor into = target(b);
+  // The sums of a 16-bit partition that holds nothing yet go straight into it.
+  l.straight = fresh_ && overwrites_partition() && source.scalar_type() == into.scalar_type();
+  const bool gpu = copy_stream_.has_value();
+  l.host = l.straight ? into
+                      : at::empty({source.numel()}, source.options().device(at::kCPU).pinned_memory(
+                                                        gpu && into.is_pinned()));
+  if (!gpu) {
+    l.host.copy_(source);
+  } else {
+    c10::impl::VirtualGuardImpl impl(source.device().type());
+    const c10::Stream compute = impl.getStream(source.device());
+    c10::Event reduced(source.device().type());
+    reduced.record(compute);  // after the reduction (the current stream waited for it)
+    reduced.block(*copy_stream_);
+    const c10::Stream previous = impl.exchangeStream(*copy_stream_);
+    l.host.copy_(source, /*non_blocking=*/true);
+    impl.exchangeStream(previous);
+    l.event.emplace(source.device().type());
+    l.event->record(*copy_stream_);
+  }
+  landing_.push_back(std::move(l));
+  note_in_flight();
+}
+
+void GradBuckets::land() {
+  Landing l = std::move(landing_.front());
+  landing_.pop_front();
+  if (l.event) l.event->synchronize();
+  l.device = at::Tensor();  // (held until its copy was done: no stream owns it)
+  if (!l.straight) {
+    at::NoGradGuard no_grad;
+    at::Tensor into = target(l.bucket);
+    const double post = post_scale();
+    // (a mixed-type in-place add widens as it reads: no temporary of the chunk's size)
+    if (raw() || post == 1.0)
+      into.add_(l.host);
+    else
+      into.add_(l.host, post);
+  }
+  if (on_complete_) on_complete_(l.bucket);
 }
 
 void GradBuckets::finish() {
@@ -217,6 +298,7 @@ void GradBuckets::finish() {
   for (auto& p : pending_) p = 0;
   launch_ready();
   while (next_complete_ < static_cast<int>(layout_.buckets.size())) complete(next_complete_++);
+  while (!landing_.empty()) land();
   issued_early_ = 0;
   for (int calls : ready_at_launch_) issued_early_ += calls < ready_calls_;
   // The reduced 16-bit gradients are in the partition now: start the next window empty.

@@ -18,10 +18,21 @@
 // its collective is issued. Only buckets in flight hold 16-bit gradients.
 // With overlap_comm the collectives run while backward goes on (on CUDA, on NCCL's own
 // stream behind an event); without it each one is waited for as it is issued.
+//
+// A partition in host memory (ZeRO-Offload, MasterPartition::grads_on_host): each reduced chunk
+// leaves the device as soon as its reduction is complete, on a copy stream into page-locked
+// memory (straight into the partition when the sums overwrite it, else into a staging chunk
+// that the host then adds in), so no gradient partition is kept on the device; a bucket counts
+// as complete (on_complete) once its chunk is in the host partition. A CPU run takes the same
+// steps with plain copies.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 
+#include <algorithm>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -29,6 +40,7 @@
 
 #include "dscpp/comm/process_group.h"
 #include "dscpp/zero/flat_layout.h"
+#include "dscpp/zero/memory_breakdown.h"
 
 namespace dscpp::zero {
 
@@ -63,7 +75,8 @@ class GradBuckets {
   // the 16-bit type. The partition counts as empty until finish(); after the step zeroes
   // it, cleared() says so again (a reduction may then overwrite it instead of adding).
   // fresh: whether it holds nothing yet (false: a re-lay carried reduced gradients over).
-  void set_partition(at::Tensor partition, bool fresh = true);
+  // on_host: the partition is in host memory (see above), whatever the device of a CPU run.
+  void set_partition(at::Tensor partition, bool fresh = true, bool on_host = false);
   void cleared() { fresh_ = true; }
   bool fresh() const { return fresh_; }
   const at::Tensor& flat_grads() const { return flat_grads_; }  // stages 0-1
@@ -86,11 +99,21 @@ class GradBuckets {
   // Of the buckets the last finished backward reduced, how many were issued while gradients
   // were still to come (the reductions that overlap backward, with overlap_comm).
   int issued_during_backward() const { return issued_early_; }
+  // The buffers held now (grads16.flat; the buckets in flight: reduce_buckets), and the most
+  // bytes the buckets in flight held at once since construction (on the device).
+  void add_memory(MemoryBreakdown& m) const;
+  int64_t peak_in_flight_bytes() const { return peak_in_flight_; }
 
  private:
   void launch_ready();
   void launch(int bucket);
   void complete(int bucket);  // waits for its reduction and adds it into the partition
+  // A host partition: bucket b's reduced chunk `source` starts down (after the landings of the
+  // ones before it but one); land() waits for the oldest and adds it in.
+  void start_landing(int b, const at::Tensor& source);
+  void land();
+  int64_t in_flight_bytes() const;
+  void note_in_flight() { peak_in_flight_ = std::max(peak_in_flight_, in_flight_bytes()); }
   bool per_bucket() const { return !flat_grads_.defined(); }
   bool raw() const { return partition_.scalar_type() != at::kFloat; }
   double post_scale() const;           // the averaging after the sum
@@ -122,6 +145,16 @@ class GradBuckets {
   std::vector<int> ready_at_launch_;  // per bucket: ready_calls_ when it was issued
   int issued_early_ = 0;
   std::function<void(int)> on_complete_;
+  bool host_ = false;  // the partition is in host memory
+  struct Landing {
+    int bucket;
+    at::Tensor device, host;          // the reduced chunk, and where it lands
+    bool straight;                    // host is the partition's own slice (nothing to add)
+    std::optional<c10::Event> event;  // its copy down (a GPU)
+  };
+  std::deque<Landing> landing_;
+  std::optional<c10::Stream> copy_stream_;
+  int64_t peak_in_flight_ = 0;
 };
 
 }  // namespace dscpp::zero

@@ -26,14 +26,22 @@ int64_t HostShare::host_begin(int64_t partition) const {
 MasterPartition::MasterPartition(const FlatLayout& layout, at::TensorOptions options,
                                  std::unique_ptr<optim::Optimizer> optimizer,
                                  at::ScalarType grad_dtype, bool on_host, HostShare share,
-                                 const NvmeOptions* nvme)
+                                 const NvmeOptions* nvme, bool grads_on_host, bool pin_grads)
     : layout_(layout),
       host_begin_(on_host ? share.host_begin(layout.partition) : layout.partition),
-      grads_(at::zeros({layout.partition}, options.dtype(grad_dtype))),
       optimizer_(std::move(optimizer)) {
   const int64_t n = layout.partition;
   const auto host = at::TensorOptions().dtype(at::kFloat);
   const auto dev = options.dtype(at::kFloat);
+  offloaded_ = on_host;
+  grads_on_host_ = on_host && host_begin_ == 0 && grads_on_host;
+  pin_grads_ = grads_on_host_ && pin_grads;
+  if (grads_on_host_) {
+    grads_ = at::empty({n}, host.dtype(grad_dtype).pinned_memory(pin_grads_));
+    grads_.zero_();
+  } else {
+    grads_ = at::zeros({n}, options.dtype(grad_dtype));
+  }
   if (on_host && nvme && nvme->enabled) {
     if (host_begin_ != 0)
       throw Error("NVMe offload: partial offload (offload_optimizer.ratio < 1) is for device cpu");
@@ -157,7 +165,7 @@ void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)
     if (g.numel() == grads_.numel()) {
       grads_.copy_(g);
     } else {
-      grads_ = g;
+      replace_grads(g);
     }
     return;
   }
@@ -173,7 +181,7 @@ void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)
     if (moved.numel() == grads_.numel()) {
       grads_.copy_(moved);
     } else {
-      grads_ = moved;
+      replace_grads(moved);
     }
     return;
   }
@@ -189,6 +197,7 @@ void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)
     if (moved.numel() == whole_.numel()) {
       load_state_partition(name, moved);  // into the state tensors themselves
     } else {
+      moved = moved.to(whole_.device());
       for (int g = 0; g < optimizer_->num_shards(); ++g) {
         const auto& gr = layout_.groups[g];
         optimizer_->state(g)[name] = moved.slice(0, gr.part_begin, gr.part_end);
@@ -200,16 +209,44 @@ void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)
     if (moved.numel() == buffer.numel()) {
       buffer.copy_(moved);
     } else {
-      buffer = moved;
+      buffer = moved.to(buffer.device());
     }
   };
   move_buffer(whole_);
   primary_ = whole_;
-  move_buffer(grads_);
+  at::Tensor moved_grads = relay(grads_);
+  if (moved_grads.numel() == grads_.numel()) {
+    grads_.copy_(moved_grads);
+  } else {
+    replace_grads(moved_grads);
+  }
   for (int g = 0; g < optimizer_->num_shards(); ++g) {
     const auto& gr = layout_.groups[g];
     optimizer_->reseat_shard(g, whole_.slice(0, gr.part_begin, gr.part_end));
   }
+}
+
+void MasterPartition::replace_grads(const at::Tensor& g) {
+  if (grads_on_host_) {
+    grads_ = at::empty({g.numel()}, g.options().device(at::kCPU).pinned_memory(pin_grads_));
+    grads_.copy_(g);
+  } else {
+    grads_ = g.to(grads_.device());
+  }
+}
+
+void MasterPartition::add_memory(MemoryBreakdown& m) const {
+  m.push_back({"grad_partition", bytes_of(grads_), !grads_on_host_});
+  // Partial offload: the head on the device, the tail (primary_) on the host.
+  m.push_back({"fp32_master", bytes_of(primary_), !offloaded_});
+  if (device_.defined()) m.push_back({"fp32_master", bytes_of(device_), true});
+  auto add_states = [&](optim::Optimizer& opt, bool on_device) {
+    for (int g = 0; g < opt.num_shards(); ++g)
+      for (const auto& [name, t] : opt.state(g))
+        m.push_back({"optimizer." + name, bytes_of(t), on_device});
+  };
+  add_states(*optimizer_, !offloaded_);
+  if (device_opt_) add_states(*device_opt_, true);
 }
 
 at::Tensor MasterPartition::local_sumsq() const {
@@ -220,7 +257,7 @@ void MasterPartition::apply_scale(const at::Tensor& scale) {
   bool all_fuse = optimizer_->fuses_grad_scale();
   if (device_opt_) all_fuse = all_fuse && device_opt_->fuses_grad_scale();
   scaled_in_place_ = !all_fuse && grads_.scalar_type() == at::kFloat;
-  if (scaled_in_place_) grads_.mul_(scale);
+  if (scaled_in_place_) grads_.mul_(scale.to(grads_.device()));
 }
 
 std::pair<at::Tensor, at::Tensor> MasterPartition::as_taken(at::Tensor grad,

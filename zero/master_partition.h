@@ -25,6 +25,7 @@
 
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/zero/flat_layout.h"
+#include "dscpp/zero/memory_breakdown.h"
 #include "dscpp/zero/nvme_swap.h"
 
 namespace dscpp::zero {
@@ -45,16 +46,21 @@ class MasterPartition {
   // gradient partition's type (fp32, or the 16-bit training type). on_host: the master (and so
   // the optimizer state) in host memory, the gradient partition on options' device (offload),
   // all of it or the share `share` says. nvme (with on_host, the whole share): the host part
-  // in files instead (an elementwise optimizer only). The layout must outlive it.
+  // in files instead (an elementwise optimizer only). grads_on_host (with on_host, the whole
+  // partition there): the gradient partition in host memory too (page-locked with pin_grads),
+  // where the reductions land bucket by bucket (GradBuckets), as DeepSpeed's ZeRO-Offload keeps
+  // no gradient partition on the device. The layout must outlive it.
   MasterPartition(const FlatLayout& layout, at::TensorOptions options,
                   std::unique_ptr<optim::Optimizer> optimizer, at::ScalarType grad_dtype,
-                  bool on_host = false, HostShare share = {}, const NvmeOptions* nvme = nullptr);
+                  bool on_host = false, HostShare share = {}, const NvmeOptions* nvme = nullptr,
+                  bool grads_on_host = false, bool pin_grads = false);
   // One optimizer shard per parameter group (group_options[g] over the optimizer's
   // defaults). Separate from construction so that stage 3 can release its 16-bit model before
   // the optimizer state exists.
   void add_shards(const std::vector<optim::Hyper>& group_options);
   // After the layout changed (the re-lay after the first backward): relay(t) gives a tensor
-  // laid out as the old partition laid out as the new one. The master, the gradient partition
+  // laid out as the old partition laid out as the new one, on t's device or on the host (the
+  // buffers are copied into their own places). The master, the gradient partition
   // and every optimizer state of the partition's size move; the shards follow.
   void relayout(const std::function<at::Tensor(const at::Tensor&)>& relay);
 
@@ -69,6 +75,10 @@ class MasterPartition {
   at::TensorOptions options() const { return primary_.options(); }
   const at::Tensor& grads() const { return grads_; }
   at::Tensor& grads() { return grads_; }
+  bool grads_on_host() const { return grads_on_host_; }
+  // Every buffer this part holds (memory_breakdown.h's names: grad_partition, fp32_master,
+  // optimizer.<state>).
+  void add_memory(MemoryBreakdown& m) const;
   optim::Optimizer& optimizer() { return *optimizer_; }
 
   // This rank's part of the global sum of squares: one pass over the gradient partition (a
@@ -136,6 +146,9 @@ class MasterPartition {
   std::unique_ptr<optim::Optimizer> optimizer_;   // over primary_
   std::unique_ptr<optim::Optimizer> device_opt_;  // partial offload: over device_
   bool scaled_in_place_ = false;
+  bool grads_on_host_ = false, pin_grads_ = false;
+  bool offloaded_ = false;                  // the master (its host share) off the device
+  void replace_grads(const at::Tensor& g);  // a re-lay's new gradient partition, in its place
   std::unique_ptr<NvmeSwapper> swap_;  // NVMe offload: where primary_'s values are  // this step's
                                        // apply_scale multiplied the partition
 };

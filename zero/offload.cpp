@@ -120,6 +120,13 @@ OffloadStepper::OffloadStepper(const FlatLayout& layout, c10::Device device,
 
 OffloadStepper::~OffloadStepper() = default;
 
+int64_t OffloadStepper::staging_bytes() const {
+  if (!transfers_) return 0;
+  int64_t n = 0;
+  for (const auto& s : transfers_->slots) n += s.grad.nbytes() + s.copy.nbytes();
+  return n;
+}
+
 void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order,
                           const at::Tensor& scale,
                           const std::function<at::Tensor(int)>& destination,
@@ -168,7 +175,10 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
   }
   master.plan_pieces(ranges);
   t.begin();
-  if (!host_pieces.empty()) t.down(t.slots[0], grad_of(pieces[host_pieces[0]]));
+  // A host gradient partition (GradBuckets landed it there): read where it is, nothing comes
+  // down.
+  const bool grads_on_host = master.grads().is_cpu();
+  if (!host_pieces.empty() && !grads_on_host) t.down(t.slots[0], grad_of(pieces[host_pieces[0]]));
   size_t k = 0;  // host pieces done
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
@@ -181,13 +191,14 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
     }
     auto& slot = t.slots[k % 2];
     // The next host piece comes down while this one is updated.
-    if (k + 1 < host_pieces.size())
+    if (k + 1 < host_pieces.size() && !grads_on_host)
       t.down(t.slots[(k + 1) % 2], grad_of(pieces[host_pieces[k + 1]]));
     ++k;
     t.wait_down(slot);
     t.wait_up(slot);
     at::Tensor copy = slot.copy.narrow(0, 0, p.length);
-    master.update_piece(p.bucket, p.offset, slot.grad.narrow(0, 0, p.length), host_scale, copy);
+    const at::Tensor grad = grads_on_host ? grad_of(p) : slot.grad.narrow(0, 0, p.length);
+    master.update_piece(p.bucket, p.offset, grad, host_scale, copy);
     t.up(slot, dst, p.length);
     // (a bucket's device pieces come first: its last piece is a host one if any is)
     if (last_of_bucket) {

@@ -30,6 +30,11 @@ struct OffloadOptions {
   // offload_optimizer.device = "nvme" (ZeRO-Infinity): the host part in files, swapped in
   // per piece (zero/nvme_swap.h, through MasterPartition).
   NvmeOptions nvme;
+  // The gradient partition in host memory too (with ratio 1), the reduced buckets copied down
+  // as they complete (GradBuckets), as DeepSpeed's ZeRO-Offload keeps no gradient partition on
+  // the device. false: on the device, for whoever runs collectives over it (tensor
+  // parallelism's and a pipeline's tied-weight reductions).
+  bool host_gradients = true;
 };
 
 class OffloadStepper {
@@ -50,6 +55,7 @@ class OffloadStepper {
 
   // Elements each staging slot holds (the largest piece of the last step).
   int64_t piece_numel() const { return piece_; }
+  int64_t staging_bytes() const;  // the staging slots (host memory)
 
  private:
   struct Transfers;  // the staging slots, and the copy stream and events where the device has them

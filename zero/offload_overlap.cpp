@@ -151,10 +151,14 @@ struct OffloadOverlap::Worker {
       Slot& s = slots[next_slot];
       next_slot ^= 1;
       if (s.up) s.up->synchronize();  // its last copy up has left
-      at::Tensor host_grad = s.grad.narrow(0, 0, len), host_copy = s.copy.narrow(0, 0, len);
-      host_grad.copy_(grad, /*non_blocking=*/true);
-      record(s.down, *copy_stream);
-      s.down->synchronize();
+      at::Tensor host_copy = s.copy.narrow(0, 0, len);
+      at::Tensor host_grad = grad;  // a host gradient partition: landed there already
+      if (!grad.is_cpu()) {
+        host_grad = s.grad.narrow(0, 0, len);
+        host_grad.copy_(grad, /*non_blocking=*/true);
+        record(s.down, *copy_stream);
+        s.down->synchronize();
+      }
       master->update_piece(b, o, host_grad, scale, host_copy);
       out.copy_(host_copy, /*non_blocking=*/true);
       record(s.up, *copy_stream);
@@ -180,6 +184,14 @@ OffloadOverlap::OffloadOverlap(const FlatLayout& layout, c10::Device device,
 }
 
 OffloadOverlap::~OffloadOverlap() = default;
+
+int64_t OffloadOverlap::staging_bytes() const {
+  if (!worker_) return 0;
+  int64_t n = 0;
+  for (const auto& s : worker_->slots)
+    n += (s.grad.defined() ? s.grad.nbytes() : 0) + (s.copy.defined() ? s.copy.nbytes() : 0);
+  return n;
+}
 
 void OffloadOverlap::begin(MasterPartition& master, at::Tensor scale,
                            std::vector<at::Tensor> destinations) {

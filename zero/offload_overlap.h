@@ -50,6 +50,7 @@ class OffloadOverlap {
   // Since construction: bucket updates that started before backward_ended(), and steps run.
   int64_t started_during_backward() const { return started_early_; }
   int64_t steps() const { return steps_; }
+  int64_t staging_bytes() const;  // the staging slots (host memory)
 
  private:
   struct Worker;  // the thread, its queue, the staging slots and the copy stream

@@ -40,6 +40,19 @@ ParamStore::ParamStore(std::vector<at::Tensor> params, const FlatLayout& layout,
   if (group_->size() > 1) group_->broadcast(flat_params_, 0).wait();
 }
 
+void ParamStore::add_memory(MemoryBreakdown& m) const {
+  if (flat_params_.defined()) m.push_back({"params16.flat", bytes_of(flat_params_), true});
+  if (part16_.defined()) m.push_back({"params16.partition", bytes_of(part16_), !offload_.enabled});
+  int64_t persistent = 0, gathered = 0, staging = 0;
+  for (const auto& g : buckets16_) (g.persistent ? persistent : gathered) += bytes_of(g.buffer);
+  for (const auto& t : staging_pool_) staging += bytes_of(t);
+  if (part16_.defined()) {
+    m.push_back({"params16.persistent", persistent, true});
+    m.push_back({"params16.gathered", gathered, true});
+  }
+  if (offload_.enabled) m.push_back({"params16.staging", staging, true});
+}
+
 void ParamStore::keep_only_partition(const at::Tensor& master) {
   device_options_ = flat_params_.options();
   buckets16_.resize(layout_.buckets.size());
@@ -136,38 +149,22 @@ void ParamStore::relayout(const FlatLayout& old) {
     at::Tensor whole = at::empty({old.partition}, part16_.options());
     read_partition16(old, whole);
     at::Tensor moved =
-        relay_partition(old, layout_, whole.to(device_options_.device()), chunk_rank(), *group_);
+        relay_partition(old, layout_, whole, chunk_rank(), *group_, device_options_.device());
     whole = at::Tensor();
     buckets16_.assign(layout_.buckets.size(), Gathered{});
     keep_partition16(moved);
     return;
   }
+  // (an offloaded partition is on the host already; one on the device goes through the host,
+  // its chunks through the device a bucket at a time, where collectives run)
   if (partitioned()) {
-    // An offloaded partition travels through the training device, where collectives run;
-    // one partition alone (a group of one) is permuted where it lies, in its own buffer.
-    const bool offloaded = part16_.device() != device_options_.device();
-    const bool away = offloaded && layout_.world_size > 1;
-    at::Tensor moved = relay_partition(
-        old, layout_, away ? part16_.to(device_options_.device()) : part16_, chunk_rank(), *group_);
-    if (offloaded && moved.numel() == part16_.numel()) {
-      part16_.copy_(moved);  // (keeps the pinned buffer)
-    } else if (away) {
-      part16_ = at::empty({moved.numel()}, part16_.options());
-      part16_.copy_(moved);
-    } else {
-      part16_ = moved;
-    }
+    relay_in_place(old, layout_, part16_, /*partition=*/true, chunk_rank(), *group_,
+                   device_options_.device());
     buckets16_.assign(layout_.buckets.size(), Gathered{});
     return;
   }
-  // In place where the size stays: one re-laid copy at a time.
-  at::Tensor moved = relay_flat(old, layout_, flat_params_);
-  if (moved.numel() == flat_params_.numel()) {
-    flat_params_.copy_(moved);
-  } else {
-    flat_params_ = moved;
-  }
-  moved = at::Tensor();
+  relay_in_place(old, layout_, flat_params_, /*partition=*/false, chunk_rank(), *group_,
+                 flat_params_.device());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& lp = layout_.params[i];
     params_[i].set_data(

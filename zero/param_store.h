@@ -15,6 +15,7 @@
 
 #include "dscpp/comm/process_group.h"
 #include "dscpp/zero/flat_layout.h"
+#include "dscpp/zero/memory_breakdown.h"
 #include "dscpp/zero/param_swap.h"
 
 namespace dscpp::zero {
@@ -115,6 +116,10 @@ class ParamStore {
   int64_t staged_gathers() const { return staged_gathers_; }
   int staging_buffers() const { return static_cast<int>(staging_pool_.size()); }
   int64_t gathers() const { return gathers_; }
+  // Its buffers (memory_breakdown.h): params16.flat (stages 0-2), params16.partition (stage
+  // 3; the host with parameter offload), params16.persistent, params16.gathered (stage 3's
+  // buckets gathered or in flight now, persistent ones left out), params16.staging.
+  void add_memory(MemoryBreakdown& m) const;
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<int64_t>& param_shape(size_t i) const { return param_shapes_.at(i); }
 

@@ -3,33 +3,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "dscpp/error.h"
 
 namespace dscpp::zero {
-
-namespace {
-
-// The whole flat buffer of layout l from every rank's partition (all[r]: rank r's).
-at::Tensor flat_from_partitions(const FlatLayout& l, const at::Tensor& all) {
-  at::Tensor flat = at::zeros({l.total}, all.options());
-  for (const auto& b : l.buckets)
-    for (int r = 0; r < l.world_size; ++r)
-      flat.slice(0, b.begin + r * b.chunk, b.begin + (r + 1) * b.chunk)
-          .copy_(all[r].slice(0, b.part_offset, b.part_offset + b.chunk));
-  return flat;
-}
-
-at::Tensor partition_of(const FlatLayout& l, const at::Tensor& flat, int rank) {
-  at::Tensor part = at::empty({l.partition}, flat.options());
-  for (const auto& b : l.buckets)
-    part.slice(0, b.part_offset, b.part_offset + b.chunk)
-        .copy_(flat.slice(0, b.begin + rank * b.chunk, b.begin + (rank + 1) * b.chunk));
-  return part;
-}
-
-}  // namespace
 
 at::Tensor relay_flat(const FlatLayout& from, const FlatLayout& to, const at::Tensor& flat) {
   if (from.params.size() != to.params.size() || flat.numel() != from.total)
@@ -46,14 +25,51 @@ at::Tensor relay_flat(const FlatLayout& from, const FlatLayout& to, const at::Te
 }
 
 at::Tensor relay_partition(const FlatLayout& from, const FlatLayout& to, const at::Tensor& part,
-                           int rank, comm::ProcessGroup& group) {
+                           int rank, comm::ProcessGroup& group, c10::Device collective_device) {
   if (from.world_size != to.world_size)
     throw Error("relay_partition: layouts of different world sizes");
   if (from.world_size == 1) return relay_flat(from, to, part);
-  at::Tensor all = at::empty({from.world_size * from.partition}, part.options());
-  group.all_gather(all, part.contiguous()).wait();
-  return partition_of(
-      to, relay_flat(from, to, flat_from_partitions(from, all.view({from.world_size, -1}))), rank);
+  const int world = from.world_size;
+  at::Tensor out = at::zeros({to.partition}, part.options());
+  for (const auto& ob : from.buckets) {
+    if (ob.chunk == 0) continue;  // (alike on every rank: the layout is)
+    // The old bucket whole, from every rank's chunk of it.
+    at::Tensor mine =
+        part.slice(0, ob.part_offset, ob.part_offset + ob.chunk).to(collective_device).contiguous();
+    at::Tensor whole = at::empty({world * ob.chunk}, mine.options());
+    group.all_gather(whole, mine).wait();
+    if (whole.device() != out.device()) whole = whole.to(out.device());
+    // Each of its parameters' elements that fall in this rank's chunk of their new bucket.
+    for (int i : ob.params) {
+      const auto& a = from.params[i];
+      const auto& n = to.params[i];
+      const auto& nb = to.buckets[n.bucket];
+      const int64_t chunk_begin = nb.begin + rank * nb.chunk;
+      const int64_t lo = std::max(n.offset, chunk_begin);
+      const int64_t hi = std::min(n.offset + n.numel, chunk_begin + nb.chunk);
+      if (lo >= hi) continue;
+      const int64_t src = a.offset - ob.begin + (lo - n.offset);
+      out.slice(0, nb.part_offset + lo - chunk_begin, nb.part_offset + hi - chunk_begin)
+          .copy_(whole.slice(0, src, src + hi - lo));
+    }
+  }
+  return out;
+}
+
+void relay_in_place(const FlatLayout& from, const FlatLayout& to, at::Tensor& t, bool partition,
+                    int rank, comm::ProcessGroup& group, c10::Device collective_device) {
+  const at::Tensor source = t.is_cpu() ? t : t.cpu();
+  at::Tensor moved = partition ? relay_partition(from, to, source, rank, group, collective_device)
+                               : relay_flat(from, to, source);
+  // A host buffer takes the new tensor (it may be shared: stage 3's fp32 partition is its
+  // 16-bit one on a CPU run in fp32, and is re-laid by its owner).
+  if (t.is_cpu()) {
+    t = moved;
+  } else if (moved.numel() == t.numel()) {
+    t.copy_(moved);
+  } else {
+    t = moved.to(t.device());
+  }
 }
 
 }  // namespace dscpp::zero

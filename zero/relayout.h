@@ -14,10 +14,21 @@ namespace dscpp::zero {
 // A flat buffer of layout `from` (from.total elements) laid out as `to`. No communication.
 at::Tensor relay_flat(const FlatLayout& from, const FlatLayout& to, const at::Tensor& flat);
 
-// Rank `rank`'s partition of `from` (from.partition elements) as its partition of `to`.
-// Collective over `group` when the layouts have more than one partition (every rank calls
-// it with its own partition); a local permutation otherwise.
+// Rank `rank`'s partition of `from` (from.partition elements) as its partition of `to`, on
+// part's device. Collective over `group` when the layouts have more than one partition (every
+// rank calls it with its own partition): one old bucket at a time is all-gathered on
+// `collective_device` (where the group's collectives run), so that device holds at most one
+// bucket beyond its own buffers whatever part's size and place (an offloaded fp32 master of
+// billions of elements goes through it a bucket at a time). A local permutation otherwise.
 at::Tensor relay_partition(const FlatLayout& from, const FlatLayout& to, const at::Tensor& part,
-                           int rank, comm::ProcessGroup& group);
+                           int rank, comm::ProcessGroup& group, c10::Device collective_device);
+
+// Buffer t (a flat buffer of `from` when !partition, else this rank's partition) re-laid:
+// a host buffer becomes a new tensor; one on an accelerator is written in place where the
+// size stays, else replaced by a new tensor of its type there. A
+// buffer on an accelerator is re-laid in host memory and copied back, so the accelerator never
+// holds a second copy of it (a 16-bit model, or its gradient partition, sized to fit).
+void relay_in_place(const FlatLayout& from, const FlatLayout& to, at::Tensor& t, bool partition,
+                    int rank, comm::ProcessGroup& group, c10::Device collective_device);
 
 }  // namespace dscpp::zero

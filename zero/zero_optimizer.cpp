@@ -47,7 +47,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   master_ = std::make_unique<MasterPartition>(
       layout_, opts, std::move(optimizer), options_.grad_dtype, options_.offload.enabled,
       HostShare{options_.offload.ratio, options_.offload.sub_group_size},
-      options_.offload.nvme.enabled ? &options_.offload.nvme : nullptr);
+      options_.offload.nvme.enabled ? &options_.offload.nvme : nullptr,
+      options_.offload.enabled && options_.offload.host_gradients,
+      options_.offload.pin_memory && !opts.device().is_cpu());
   if (options_.offload.enabled)
     offload_ = std::make_unique<OffloadStepper>(layout_, opts.device(), options_.grad_dtype,
                                                 opts.dtype().toScalarType(), options_.offload);
@@ -78,7 +80,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // 16-bit model and it are never held at once (a model sized for stage 3 would
   // not fit).
   if (options_.stage >= 3) store_->keep_only_partition(master_->whole());
-  buckets_->set_partition(master_->grads());
+  buckets_->set_partition(master_->grads(), true, master_->grads_on_host());
   master_->add_shards(options_.group_options);
   // The update overlaps backward only where its scale is known before backward (no clipping,
   // no overflow check: neither waits for the global norm), at stages 1-2, with overlap_comm
@@ -98,6 +100,17 @@ ZeroOptimizer::~ZeroOptimizer() {
   } catch (...) {  // a failed collective has been reported by whoever waited on
                    // it first
   }
+}
+
+MemoryBreakdown ZeroOptimizer::memory_breakdown() const {
+  MemoryBreakdown m;
+  store_->add_memory(m);
+  buckets_->add_memory(m);
+  master_->add_memory(m);
+  const int64_t staging =
+      (offload_ ? offload_->staging_bytes() : 0) + (overlap_ ? overlap_->staging_bytes() : 0);
+  if (offload_) m.push_back({"offload.staging", staging, false});
+  return m;
 }
 
 void ZeroOptimizer::arm_overlapped_step(double loss_scale) {
@@ -157,25 +170,23 @@ void ZeroOptimizer::relay_from_first_backward() {
   layout_ = std::move(fresh);
   store_->relayout(old);
   const int rank = store_->chunk_rank();
-  // An offloaded master's buffers are on the host. One partition (a data group of one) is
-  // permuted where it lies: through the device, a 4.64 B model's fp32 buffer and its re-laid
-  // copy held 37 GB of GPU memory in the first step (measured on an H200, 52 GiB peak against
-  // 21.7 GiB in later steps). Otherwise they travel through the training device, where the
-  // collectives run, one at a time.
+  // Every buffer is re-laid in host memory, its chunks through the training device a bucket at
+  // a time (where the collectives run): the device never holds a second copy of a buffer (at
+  // 4.64 B parameters an offloaded fp32 master and its re-laid copy on the device were 35 GiB,
+  // the run's peak), and the master's are on the host already with offload.
   const c10::Device device = param_options_.device();
   master_->relayout([&](const at::Tensor& t) {
-    if (t.device() == device || layout_.world_size == 1)
-      return relay_partition(old, layout_, t, rank, *group_);
-    return relay_partition(old, layout_, t.to(device), rank, *group_).to(t.device());
+    return relay_partition(old, layout_, t.is_cpu() ? t : t.cpu(), rank, *group_, device);
   });
   // The gradient buckets start over on the new layout, with the gradients of this backward
   // (accumulated in the flat buffer, or reduced into the partition) carried over.
   at::Tensor flat_grads = buckets_->flat_grads();
-  if (flat_grads.defined()) flat_grads = relay_flat(old, layout_, flat_grads);
+  if (flat_grads.defined())
+    relay_in_place(old, layout_, flat_grads, /*partition=*/false, rank, *group_, device);
   const bool fresh_partition = buckets_->fresh();
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, store_->params(), param_options_,
                                            group_, reduce_options_);
-  buckets_->set_partition(master_->grads(), fresh_partition);
+  buckets_->set_partition(master_->grads(), fresh_partition, master_->grads_on_host());
 }
 
 StepResult ZeroOptimizer::step(double loss_scale) {
@@ -187,7 +198,8 @@ StepResult ZeroOptimizer::step(double loss_scale) {
   // The global sum of squares carries both verdicts: the norm, and the overflow
   // check (an inf or NaN anywhere makes it non-finite on every rank; DeepSpeed
   // tests a sum the same way).
-  at::Tensor stats = master_->local_sumsq();
+  // (on the training device, where the collectives run: a host gradient partition's sum too)
+  at::Tensor stats = master_->local_sumsq().to(param_options_.device());
   if (options_.reduce_sumsq_across) options_.reduce_sumsq_across(stats);
   if (options_.stage >= 1 && group_->size() > 1)
     group_->all_reduce(stats, comm::ReduceOp::kSum).wait();

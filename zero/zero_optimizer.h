@@ -215,6 +215,11 @@ class ZeroOptimizer {
   const std::vector<int64_t>& param_shape(size_t i) const { return store_->param_shape(i); }
   int stage() const { return options_.stage; }
   bool offloaded() const { return offload_ != nullptr; }
+  // Every buffer the three parts hold now, by name (zero/memory_breakdown.h): params16.*,
+  // grads16.flat, reduce_buckets, grad_partition, fp32_master, optimizer.<state>,
+  // offload.staging. The reduce buckets' peak since construction: reduce_buckets_peak().
+  MemoryBreakdown memory_breakdown() const;
+  int64_t reduce_buckets_peak() const { return buckets_->peak_in_flight_bytes(); }
 
  private:
   // Stages 1-2 with an elementwise optimizer: the update and the publish,

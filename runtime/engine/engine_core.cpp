@@ -279,6 +279,9 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     zo.offload.enabled = true;
     zo.offload.pin_memory = oo->pin_memory;
     zo.offload.sub_group_size = z.sub_group_size;
+    // The gradient partition on the host too, unless collectives run over it (a pipeline's
+    // tied weights and norm, tensor parallelism's sequence-parallel sums).
+    zo.offload.host_gradients = !reduce_sumsq_across_ && tensor_parallel_size() <= 1;
     // Partial offload is stage 3's (DeepSpeed's stages 1-2 never read ratio: the config
     // reader announces it there).
     if (z.stage == 3) zo.offload.ratio = oo->ratio;
@@ -349,6 +352,10 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     scheduler_ = client_.lr_scheduler(*opt);
   }
   last_log_ = last_step_end_ = std::chrono::steady_clock::now();
+}
+
+zero::MemoryBreakdown EngineCore::memory_breakdown() const {
+  return zero_->memory_breakdown();
 }
 
 bool EngineCore::is_gradient_accumulation_boundary() const {

@@ -18,6 +18,7 @@
 #include "dscpp/config/ds_config.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
 #include "dscpp/runtime/monitor/event.h"
+#include "dscpp/zero/memory_breakdown.h"
 
 namespace torch::nn {
 class Module;
@@ -225,6 +226,9 @@ class EngineCore {
     return tp_attrs_;
   }
   zero::ZeroOptimizer& zero_optimizer() { return *zero_; }
+  // Every buffer the engine allocates for training, by name and where a GPU run keeps it
+  // (ZeRO's parts: zero/memory_breakdown.h, zero_optimizer.h), at this moment.
+  zero::MemoryBreakdown memory_breakdown() const;
   // Stage 3 by layer: the coordinator (nullptr otherwise).
   zero::LayerGather* layer_gather() { return layer_gather_.get(); }
   optim::LRScheduler* lr_scheduler() { return scheduler_.get(); }

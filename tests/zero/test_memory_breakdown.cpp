@@ -1,0 +1,149 @@
+// ZeRO's own accounting of its buffers (ZeroOptimizer::memory_breakdown, what the engine and
+// train_gpt report) against the ZeRO paper's model-state formulas, by hand, for N parameters
+// in bf16 over W ranks (a no-op group of W: the layout and partitions of W ranks in one
+// process), Adam (two fp32 states): 2N of 16-bit parameters (2N / W at stage 3), 2N of 16-bit
+// gradients at stage 1 (accumulated whole), a gradient partition of 2N / W (bf16) or 4N / W
+// (fp32), 4N / W of fp32 master and 8N / W of Adam state. With offload_optimizer everything
+// but the parameters (and stage 1's flat gradients) is on the host, as DeepSpeed's
+// ZeRO-Offload keeps it; with offload_param too, nothing stays on the device at rest. After a
+// step, the reduce buckets in flight held at most a few buckets at once, never a whole
+// gradient buffer.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "dscpp/comm/no_op_group.h"
+#include "dscpp/config/ds_config.h"
+#include "dscpp/optim/optimizer.h"
+#include "dscpp/zero/zero_optimizer.h"
+
+namespace {
+
+using dscpp::zero::bytes_named;
+using dscpp::zero::MemoryBreakdown;
+using dscpp::zero::total_bytes;
+using dscpp::zero::ZeroOptimizer;
+using dscpp::zero::ZeroOptions;
+
+constexpr int64_t kParams = 15, kEach = 64, N = kParams * kEach;  // multiples of W * 8: no padding
+
+struct Case {
+  int stage;
+  int world;
+  bool offload, offload_param;
+  at::ScalarType grad_dtype;
+};
+
+std::string name(const Case& c) {
+  return "stage " + std::to_string(c.stage) + " world " + std::to_string(c.world) +
+         (c.offload ? " offload" : "") + (c.offload_param ? " offload_param" : "") + " grads " +
+         c10::toString(c.grad_dtype);
+}
+
+struct Trainer {
+  std::vector<at::Tensor> params;
+  std::unique_ptr<ZeroOptimizer> zero;
+};
+
+Trainer make(const Case& c) {
+  at::manual_seed(3);
+  Trainer r;
+  for (int i = 0; i < kParams; ++i)
+    r.params.push_back(at::randn({kEach}).to(at::kBFloat16).requires_grad_());
+  ZeroOptions o;
+  o.stage = c.stage;
+  o.reduce_bucket_size = kEach;  // one parameter a bucket: 15 buckets
+  o.grad_dtype = c.grad_dtype;
+  o.offload.enabled = c.offload;
+  o.offload_param.enabled = c.offload_param;
+  dscpp::OptimizerConfig oc;
+  oc.type = "Adam";
+  oc.params = {{"lr", 0.01}};
+  auto opt = dscpp::optim::make_optimizer(oc);
+  opt->set_cpu_kernels(c.offload);
+  r.zero = std::make_unique<ZeroOptimizer>(r.params, std::move(opt),
+                                           dscpp::comm::make_no_op_group(0, c.world), o);
+  return r;
+}
+
+void step(Trainer& r) {
+  r.zero->gather();
+  r.zero->begin_backward(true);
+  at::Tensor loss = at::zeros({}, at::kFloat);
+  for (size_t i = 0; i < r.params.size(); ++i)
+    loss = loss + (r.params[i].to(at::kFloat) * (1.0 + i)).sin().sum();
+  loss.backward();
+  r.zero->end_backward();
+  r.zero->release();
+  r.zero->step(1.0);
+}
+
+// The hand formula: name -> (bytes, on the device).
+std::map<std::string, std::pair<int64_t, bool>> expected(const Case& c) {
+  const int64_t W = c.world, g = c.grad_dtype == at::kFloat ? 4 : 2;
+  const bool host = c.offload;
+  std::map<std::string, std::pair<int64_t, bool>> e;
+  if (c.stage < 3) e["params16.flat"] = {2 * N, true};
+  if (c.stage == 3) e["params16.partition"] = {2 * N / W, !c.offload_param};
+  if (c.stage == 1) e["grads16.flat"] = {2 * N, true};
+  e["grad_partition"] = {g * N / W, !host};
+  e["fp32_master"] = {4 * N / W, !host};
+  e["optimizer.exp_avg"] = {4 * N / W, !host};
+  e["optimizer.exp_avg_sq"] = {4 * N / W, !host};
+  return e;
+}
+
+void check(const MemoryBreakdown& m, const Case& c, const char* when) {
+  const auto e = expected(c);
+  int64_t device = 0, host = 0;
+  for (const auto& [n, v] : e) {
+    EXPECT_EQ(bytes_named(m, n), v.first) << name(c) << " " << when << ": " << n;
+    (v.second ? device : host) += v.first;
+  }
+  for (const auto& i : m) {
+    // (the staging buffers: offload.staging on the host, params16.staging on the device,
+    // made as the steps need them, checked below)
+    if (i.bytes == 0 || i.name == "offload.staging" || i.name == "params16.staging") continue;
+    auto it = e.find(i.name);
+    ASSERT_NE(it, e.end()) << name(c) << " " << when << ": unexpected buffer " << i.name;
+    EXPECT_EQ(i.on_device, it->second.second) << name(c) << " " << when << ": " << i.name;
+  }
+  EXPECT_EQ(total_bytes(m, true) - bytes_named(m, "params16.staging"), device)
+      << name(c) << " " << when;
+  // The host: the formula, plus the offloaded step's two staging slots.
+  EXPECT_EQ(total_bytes(m, false) - bytes_named(m, "offload.staging"), host)
+      << name(c) << " " << when;
+}
+
+TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffload) {
+  std::vector<Case> cases;
+  for (int stage : {1, 2, 3})
+    for (int world : {1, 4})
+      for (bool offload : {false, true})
+        cases.push_back({stage, world, offload, false, at::kBFloat16});
+  cases.push_back({2, 4, true, false, at::kFloat});  // an fp32 partition (accumulation)
+  cases.push_back({2, 1, false, false, at::kFloat});
+  cases.push_back({3, 4, true, true, at::kBFloat16});  // both offloads: nothing on the device
+  for (const Case& c : cases) {
+    Trainer r = make(c);
+    check(r.zero->memory_breakdown(), c, "at start");
+    step(r);
+    step(r);
+    const MemoryBreakdown after = r.zero->memory_breakdown();
+    check(after, c, "after two steps");
+    EXPECT_EQ(bytes_named(after, "reduce_buckets"), 0) << name(c) << ": buckets at rest";
+    // Stages 2-3 keep no whole 16-bit gradient buffer: a bucket is 128 bytes here (its
+    // storage, its reduced chunk, the copy down of a host partition), at most two in flight
+    // and one being filled.
+    if (c.stage >= 2) {
+      const int64_t bucket = kEach * 2;
+      EXPECT_GT(r.zero->reduce_buckets_peak(), 0) << name(c);
+      EXPECT_LE(r.zero->reduce_buckets_peak(), 6 * bucket) << name(c);
+      EXPECT_LT(6 * bucket, 2 * N);  // (the bound means something)
+    }
+    if (c.offload) EXPECT_GT(bytes_named(after, "offload.staging"), 0) << name(c);
+    if (c.offload && c.stage == 2)
+      EXPECT_EQ(total_bytes(after, true), 2 * N) << name(c) << ": DeepSpeed's 16-bit params only";
+  }
+}
+
+}  // namespace
