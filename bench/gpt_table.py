@@ -117,12 +117,14 @@ def read_rows(logdir):
                 row["torch_adam"], row["expandable"] = m.group(3) == "t", m.group(4) == "e"
         elif name.startswith("d"):
             row["r"] = parse_dscpp(text)
-            m = re.match(r"d(\d)x(\d+)([und]?)$", name)
+            m = re.match(r"d(\d)x(\d+)([undfg]?)$", name)
             if m:
                 row["stage"], row["gpus"] = int(m.group(1)), int(m.group(2))
                 row["unfused"] = m.group(3) == "u"  # bench/configs/gpt_1.3B_bench_unfused.json
                 row["no_comm"] = m.group(3) == "n"  # train_gpt --bench-no-comm: the bound
                 row["deferred"] = m.group(3) == "d"  # dscpp_deferred_allgather, LayerSpecs
+                row["fused_ln"] = m.group(3) == "f"  # gpt_1.3B_bench_fusedln.json
+                row["no_grad_fusion"] = m.group(3) == "g"  # gpt_1.3B_bench_nogradfusion.json
         elif name.startswith("pt_"):
             row["r"] = parse_pytorch(text)
             row["gpus"] = 1 if name.startswith("pt_single") else 2
@@ -135,7 +137,9 @@ def label(row):
     if n.startswith("d") and "stage" in row:
         return f"dscpp ZeRO-{row['stage']}" + (", fusions off" if row.get("unfused") else "") + \
             (", collectives off (bound)" if row.get("no_comm") else "") + \
-            (", deferred all-gathers" if row.get("deferred") else "")
+            (", deferred all-gathers" if row.get("deferred") else "") + \
+            (", residual add + LayerNorm fused" if row.get("fused_ln") else "") + \
+            (", gradient accumulation fusion off" if row.get("no_grad_fusion") else "")
     if "ds_stage" in row:
         return f"DeepSpeed ZeRO-{row['ds_stage']}, " + ("torch fused AdamW (torch_adam)" if row["torch_adam"]
                                                        else "its FusedAdam") + \
