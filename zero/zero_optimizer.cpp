@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "dscpp/error.h"
+#include "dscpp/nn/grad_destination.h"
 #include "dscpp/zero/grad_hooks.h"
 #include "dscpp/zero/relayout.h"
 #include "dscpp/zero/step_scale.h"
@@ -71,6 +72,12 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // Layouts by layer keep their order (see the header).
   relaid_ = params.empty() || !options_.unit_of.empty() || options_.defer_allgather;
   hooks_ = register_ready_hooks(params, [this](int i) { buckets_->mark_ready(i); });
+  // Gradient accumulation fusion: linears write their weight gradients into the buckets.
+  std::vector<nn::GradDestination> destinations;
+  for (int i = 0; i < static_cast<int>(params.size()); ++i)
+    destinations.push_back({[this, i](bool& accumulate) { return buckets_->slot(i, accumulate); },
+                            [this, i] { buckets_->written(i); }});
+  destinations_ = nn::register_grad_destinations(params, std::move(destinations));
   // Stage 3: this rank keeps only its 16-bit chunks; the parameters are
   // released until their buckets are gathered. After the hooks: autograd's
   // accumulator nodes record a parameter's shape when they are made, and must
@@ -169,8 +176,10 @@ void ZeroOptimizer::relay_from_first_backward() {
   at::Tensor flat_grads = buckets_->flat_grads();
   if (flat_grads.defined()) flat_grads = relay_flat(old, layout_, flat_grads);
   const bool fresh_partition = buckets_->fresh();
+  const int64_t copies = buckets_->copies();
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, store_->params(), param_options_,
                                            group_, reduce_options_);
+  buckets_->count_copies(copies);
   buckets_->set_partition(master_->grads(), fresh_partition);
 }
 
