@@ -144,8 +144,9 @@ at::Tensor GradBuckets::slot(int param, bool& accumulate) {
     accumulate = dirty_[param] != 0;
     return grad_views_[param];
   }
-  // Only while its bucket waits for this parameter (not after its launch).
-  if (!reducing_ || next_launch_ > lp.bucket) return {};
+  // Only while its bucket waits for this parameter (not after its launch), and in the whole
+  // parameter's shape (a stage-3 parameter released meanwhile has none).
+  if (!reducing_ || next_launch_ > lp.bucket || params_[param].numel() != lp.numel) return {};
   accumulate = written_[param] != 0;
   const int64_t offset = lp.offset - layout_.buckets[lp.bucket].begin;
   return storage(lp.bucket).slice(0, offset, offset + lp.numel).view(params_[param].sizes());
