@@ -84,6 +84,8 @@ void read_model_keys(Section& s, GPTConfig& c) {
       s.get_bool("cross_entropy_loss_fusion", c.cross_entropy_loss_fusion);
   c.residual_layernorm_fusion =
       s.get_bool("residual_layernorm_fusion", c.residual_layernorm_fusion);
+  c.gradient_accumulation_fusion =
+      s.get_bool("gradient_accumulation_fusion", c.gradient_accumulation_fusion);
 }
 
 std::string known_sections() {

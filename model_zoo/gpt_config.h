@@ -50,6 +50,11 @@ struct GPTConfig {
   // and backward (ops::add_layer_norm); false: the eager add, then torch's layer_norm. Off by
   // default: on the H200 its backward measured 0.46x the eager ops' speed (PERFORMANCE.md).
   bool residual_layernorm_fusion = false;
+  // Megatron's gradient_accumulation_fusion: the linears' weight-gradient products write into
+  // ZeRO's gradient buckets (nn/grad_destination.h); false: through autograd, then copied in.
+  // Process-wide: the program applies it (nn::set_gradient_accumulation_fusion). A runtime
+  // path only (the same gradients): not written by to_json().
+  bool gradient_accumulation_fusion = true;
   // The job's tensor, pipeline and data degrees (the `parallelism` object); all 1 when absent.
   ParallelismConfig parallelism;
   std::vector<std::string> warnings;  // unknown keys, when read with strict = false

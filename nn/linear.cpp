@@ -3,6 +3,8 @@
 
 #include "dscpp/nn/linear.h"
 
+#include "dscpp/nn/grad_destination.h"
+
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
@@ -31,7 +33,11 @@ variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bo
   at::Tensor g = grad.reshape({-1, grad.size(-1)});
   variable_list out(with_bias ? 3 : 2);
   if (ctx->needs_input_grad(0)) out[0] = at::mm(g, weight).view(x.sizes());
-  if (ctx->needs_input_grad(1)) out[1] = at::mm(g.t(), x.reshape({-1, x.size(-1)}));
+  if (ctx->needs_input_grad(1)) {
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    // Written into ZeRO's bucket when it gives a destination (nn/grad_destination.h).
+    if (!write_weight_grad(weight, g.t(), x2)) out[1] = at::mm(g.t(), x2);
+  }
   if (with_bias && ctx->needs_input_grad(2)) out[2] = g.sum(0);
   return out;
 }

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "dscpp/error.h"
@@ -20,6 +21,7 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
       grad_options_(grad_options),
       storage_(layout.buckets.size()),
       written_(layout.params.size(), 0),
+      dirty_(layout.params.size(), 1),
       group_(std::move(group)),
       options_(options),
       pending_(layout.buckets.size()),
@@ -39,6 +41,10 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
         flat_grads_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes()));
     params_[i].mutable_grad() = grad_views_.back();
   }
+  // A buffer that holds nothing yet may be overwritten by the first product into each view
+  // (a re-lay may carry gradients over).
+  if (!per_bucket() && !params_.empty() && flat_grads_.count_nonzero().item<int64_t>() == 0)
+    std::fill(dirty_.begin(), dirty_.end(), 0);
 }
 
 void GradBuckets::set_partition(at::Tensor partition, bool fresh, bool on_host) {
@@ -54,7 +60,8 @@ void GradBuckets::set_partition(at::Tensor partition, bool fresh, bool on_host) 
 
 int64_t GradBuckets::in_flight_bytes() const {
   int64_t n = 0;
-  for (const auto& t : storage_) n += bytes_of(t);
+  for (size_t b = 0; b < storage_.size(); ++b)
+    if (!in_partition(static_cast<int>(b))) n += bytes_of(storage_[b]);  // (else: the partition's)
   for (size_t b = 0; b < results_.size(); ++b) {
     const at::Tensor& r = results_[b];
     // (a direct reduction writes the partition, a flat bucket is the flat buffer's)
@@ -135,20 +142,21 @@ void GradBuckets::mark_ready(int param) {
     seen_order_.push_back(param);
   }
   ++ready_calls_;
+  if (!per_bucket()) dirty_[param] = 1;  // (autograd accumulates into the view)
   if (!reducing_) return;
   const auto& lp = layout_.params[param];
   if (per_bucket()) {
     at::Tensor& grad = params_[param].mutable_grad();
     if (grad.defined()) {
       at::NoGradGuard no_grad;
-      at::Tensor& store = storage_[lp.bucket];
-      if (!store.defined()) {
-        const auto& b = layout_.buckets[lp.bucket];
-        store = at::empty({b.end - b.begin}, grad_options_);
-        note_in_flight();
-      }
       const int64_t offset = lp.offset - layout_.buckets[lp.bucket].begin;
-      store.slice(0, offset, offset + lp.numel).copy_(grad.reshape({-1}));
+      at::Tensor into = storage(lp.bucket).slice(0, offset, offset + lp.numel);
+      // A product wrote part of it in place already (a tied weight): add autograd's part.
+      if (written_[param])
+        into.add_(grad.reshape({-1}));
+      else
+        into.copy_(grad.reshape({-1}));
+      ++copies_;
       written_[param] = 1;
       // The copy is the gradient now; autograd makes a fresh .grad next backward.
       grad.reset();
@@ -158,11 +166,50 @@ void GradBuckets::mark_ready(int param) {
   launch_ready();
 }
 
+at::Tensor GradBuckets::slot(int param, bool& accumulate) {
+  const auto& lp = layout_.params[param];
+  if (!per_bucket()) {
+    accumulate = dirty_[param] != 0;
+    return grad_views_[param];
+  }
+  // Only while its bucket waits for this parameter (not after its launch), and in the whole
+  // parameter's shape (a stage-3 parameter released meanwhile has none).
+  if (!reducing_ || next_launch_ > lp.bucket || params_[param].numel() != lp.numel) return {};
+  accumulate = written_[param] != 0;
+  const int64_t offset = lp.offset - layout_.buckets[lp.bucket].begin;
+  return storage(lp.bucket).slice(0, offset, offset + lp.numel).view(params_[param].sizes());
+}
+
+void GradBuckets::written(int param) {
+  if (per_bucket())
+    written_[param] = 1;
+  else
+    dirty_[param] = 1;
+}
+
+bool GradBuckets::in_partition(int b) const {
+  const auto& bucket = layout_.buckets[b];
+  return group_->size() == 1 && options_.scatter && options_.use_reduce_scatter && fresh_ &&
+         overwrites_partition() && bucket.chunk == bucket.end - bucket.begin &&
+         !options_.prescale_gradients && options_.gradient_predivide_factor == 1.0 &&
+         partition_.device() == grad_options_.device();
+}
+
+at::Tensor& GradBuckets::storage(int b) {
+  at::Tensor& store = storage_[b];
+  if (!store.defined()) {
+    const auto& bucket = layout_.buckets[b];
+    store = in_partition(b) ? target(b) : at::empty({bucket.end - bucket.begin}, grad_options_);
+    note_in_flight();
+  }
+  return store;
+}
+
 at::Tensor GradBuckets::bucket_data(int b) {
   const auto& bucket = layout_.buckets[b];
   at::Tensor& store = storage_[b];
   if (!store.defined()) {  // no gradient reached this bucket (unused parameters)
-    store = at::zeros({bucket.end - bucket.begin}, grad_options_);
+    storage(b).zero_();
   } else {
     int64_t end = bucket.begin;
     for (int i : bucket.params) {
@@ -195,7 +242,22 @@ void GradBuckets::launch(int b) {
   const double pre =
       options_.prescale_gradients ? 1.0 / n : 1.0 / options_.gradient_predivide_factor;
   if (pre != 1.0) data.mul_(pre);
-  if (options_.scatter && options_.use_reduce_scatter) {
+  if (n == 1) {
+    // One rank: the reduction is the identity. Into the partition directly where the
+    // collective would have written it (the storage may be that slice already).
+    direct_[b] =
+        options_.scatter && options_.use_reduce_scatter && fresh_ && overwrites_partition();
+    if (direct_[b]) {
+      at::Tensor into = target(b);
+      if (into.data_ptr() != data.data_ptr()) {
+        at::NoGradGuard no_grad;
+        into.copy_(data);
+      }
+    } else {
+      results_[b] = data;
+    }
+    works_[b] = comm::Work();
+  } else if (options_.scatter && options_.use_reduce_scatter) {
     // Into a 16-bit partition that holds nothing yet, the collective writes the sums itself.
     // (a host partition takes the sums through a copy: start_landing)
     direct_[b] = fresh_ && overwrites_partition() && !host_;
@@ -302,7 +364,10 @@ void GradBuckets::finish() {
   issued_early_ = 0;
   for (int calls : ready_at_launch_) issued_early_ += calls < ready_calls_;
   // The reduced 16-bit gradients are in the partition now: start the next window empty.
-  if (!per_bucket()) flat_grads_.zero_();
+  if (!per_bucket()) {
+    flat_grads_.zero_();
+    std::fill(dirty_.begin(), dirty_.end(), 0);
+  }
   reducing_ = false;
   fresh_ = false;
 }

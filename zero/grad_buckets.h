@@ -16,6 +16,12 @@
 // no whole buffer is kept: a bucket's storage is made when its first gradient arrives, each
 // gradient is copied in and the parameter's .grad dropped, and the storage goes as soon as
 // its collective is issued. Only buckets in flight hold 16-bit gradients.
+// Gradient accumulation fusion (nn/grad_destination.h): slot() gives a linear's weight-gradient
+// product its place in the buffer (the flat view, or the bucket's storage), so that the
+// gradient arrives in place and mark_ready copies nothing (copies() counts what it did copy).
+// With one rank in the group a reduction is the identity: none is issued, and where it would
+// write the partition directly (a fresh 16-bit one), the bucket's storage is that partition's
+// slice itself.
 // With overlap_comm the collectives run while backward goes on (on CUDA, on NCCL's own
 // stream behind an event); without it each one is waited for as it is issued.
 //
@@ -71,6 +77,13 @@ class GradBuckets {
   void begin(bool reduce);
   // Parameter i's gradient is complete for this backward.
   void mark_ready(int param);
+  // Where a product may write parameter i's gradient this backward (shaped as the parameter),
+  // and whether it must add to what is there; written(i) once it has. Undefined: nowhere.
+  at::Tensor slot(int param, bool& accumulate);
+  void written(int param);
+  // Gradients mark_ready copied (or added) from .grad into bucket storage, since construction.
+  int64_t copies() const { return copies_; }
+  void count_copies(int64_t n) { copies_ += n; }  // (a re-lay's new buckets carry the count on)
   // Where finish() adds: layout.partition elements (the whole buffer at stage 0), fp32 or
   // the 16-bit type. The partition counts as empty until finish(); after the step zeroes
   // it, cleared() says so again (a reduction may then overwrite it instead of adding).
@@ -116,9 +129,11 @@ class GradBuckets {
   void note_in_flight() { peak_in_flight_ = std::max(peak_in_flight_, in_flight_bytes()); }
   bool per_bucket() const { return !flat_grads_.defined(); }
   bool raw() const { return partition_.scalar_type() != at::kFloat; }
-  double post_scale() const;           // the averaging after the sum
-  at::Tensor target(int bucket);       // the bucket's share of the partition
-  at::Tensor bucket_data(int bucket);  // per-bucket mode: complete, padding and unused zeroed
+  double post_scale() const;            // the averaging after the sum
+  at::Tensor target(int bucket);        // the bucket's share of the partition
+  at::Tensor bucket_data(int bucket);   // per-bucket mode: complete, padding and unused zeroed
+  at::Tensor& storage(int bucket);      // per-bucket mode: made on first use
+  bool in_partition(int bucket) const;  // the bucket's storage is the partition's slice
 
   const FlatLayout& layout_;
   at::Tensor flat_grads_;
@@ -127,6 +142,8 @@ class GradBuckets {
   at::TensorOptions grad_options_;
   std::vector<at::Tensor> storage_;  // per bucket (per-bucket mode): until its launch
   std::vector<char> written_;        // per parameter (per-bucket mode): copied in this backward
+  std::vector<char> dirty_;          // per parameter (flat mode): its view may be nonzero
+  int64_t copies_ = 0;
   std::shared_ptr<comm::ProcessGroup> group_;
   ReduceOptions options_;
   bool reducing_ = false;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "dscpp/error.h"
+#include "dscpp/nn/grad_destination.h"
 #include "dscpp/zero/grad_hooks.h"
 #include "dscpp/zero/relayout.h"
 #include "dscpp/zero/step_scale.h"
@@ -73,6 +74,12 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // Layouts by layer keep their order (see the header).
   relaid_ = params.empty() || !options_.unit_of.empty() || options_.defer_allgather;
   hooks_ = register_ready_hooks(params, [this](int i) { buckets_->mark_ready(i); });
+  // Gradient accumulation fusion: linears write their weight gradients into the buckets.
+  std::vector<nn::GradDestination> destinations;
+  for (int i = 0; i < static_cast<int>(params.size()); ++i)
+    destinations.push_back({[this, i](bool& accumulate) { return buckets_->slot(i, accumulate); },
+                            [this, i] { buckets_->written(i); }});
+  destinations_ = nn::register_grad_destinations(params, std::move(destinations));
   // Stage 3: this rank keeps only its 16-bit chunks; the parameters are
   // released until their buckets are gathered. After the hooks: autograd's
   // accumulator nodes record a parameter's shape when they are made, and must
@@ -184,8 +191,10 @@ void ZeroOptimizer::relay_from_first_backward() {
   if (flat_grads.defined())
     relay_in_place(old, layout_, flat_grads, /*partition=*/false, rank, *group_, device);
   const bool fresh_partition = buckets_->fresh();
+  const int64_t copies = buckets_->copies();
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, store_->params(), param_options_,
                                            group_, reduce_options_);
+  buckets_->count_copies(copies);
   buckets_->set_partition(master_->grads(), fresh_partition, master_->grads_on_host());
 }
 

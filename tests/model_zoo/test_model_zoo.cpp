@@ -668,6 +668,17 @@ TEST(GPT, TrainsThroughTheEngineWithCheckpointing) {
   EXPECT_LT(last, first / 4) << "first loss " << first << ", last " << last;
 }
 
+// gradient_accumulation_fusion: on by default, read when off, and kept out of to_json (a
+// runtime path, not the model).
+TEST(GPTConfig, GradientAccumulationFusionKey) {
+  json j = small_json();
+  EXPECT_TRUE(mz::GPTConfig::from_json(j).gradient_accumulation_fusion);
+  j["gradient_accumulation_fusion"] = false;
+  const mz::GPTConfig off = mz::GPTConfig::from_json(j);
+  EXPECT_FALSE(off.gradient_accumulation_fusion);
+  EXPECT_FALSE(off.to_json().contains("gradient_accumulation_fusion"));
+}
+
 // residual_layernorm_fusion (ops::add_layer_norm in each block) against the eager add and
 // layer_norm: the same weights give the same loss and every parameter's gradient, in float64
 // (so only the order of float64 roundings differs), with dropout off.
