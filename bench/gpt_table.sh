@@ -11,6 +11,7 @@
 #   dSxN        dscpp train_gpt, ZeRO stage S (0-3), N GPUs (1, 2), --train-iters GPT_ITERS (20)
 #   dSxNu       the same with the model's fused kernels off (MODEL_CONFIG's _unfused twin)
 #   dSxNf       the same with the residual add + LayerNorm fused (MODEL_CONFIG's _fusedln twin)
+#   dSxNg       the same with gradient_accumulation_fusion off (MODEL_CONFIG's _nogradfusion twin)
 #   dSxNn       the same with ZeRO's collectives off (train_gpt --bench-no-comm: a no-op
 #               process group): the time bound
 #               for overlap_comm (wrong training, right step time)
@@ -72,11 +73,12 @@ row_cmd() {
   local row=$1 port=$2
   case "$row" in
     mm) need=1; cmd=("$py" bench/matmul_peak.py) ;;
-    d[0-3]x[12] | d[0-3]x[12]u | d[0-3]x[12]f | d[0-3]x[12]n | d2x[12]d)  # u: fused kernels off; f: add+LayerNorm fused; n: collectives off; d: deferred all-gathers
+    d[0-3]x[12] | d[0-3]x[12]u | d[0-3]x[12]f | d[0-3]x[12]g | d[0-3]x[12]n | d2x[12]d)  # u: fused kernels off; f: add+LayerNorm fused; g: gradient accumulation fusion off; n: collectives off; d: deferred all-gathers
       local stage=${row:1:1} n=${row:3:1} cfg mcfg=$model
       cfg=$(ds_config "$stage")
       [[ "$row" == *u ]] && mcfg=${model%.json}_unfused.json
       [[ "$row" == *f ]] && mcfg=${model%.json}_fusedln.json
+      [[ "$row" == *g ]] && mcfg=${model%.json}_nogradfusion.json
       local layered=() no_comm=()
       [[ "$row" == *d ]] && cfg=bench/configs/gpt_bf16_zero2_deferred.json && layered=(--layer-specs)
       need=$n
