@@ -207,7 +207,7 @@ TEST(MoeLayer, Refusals) {
     }
   };
   auto base = moe::MoEOptions(8).num_experts(4).ffn_hidden_size(8);
-  refuses(moe::MoEOptions(base).ep_size(2), "expert parallelism: see the dispatcher");
+  refuses(moe::MoEOptions(base).ep_size(2), "ep_size = 2 needs ep_group");
   refuses(moe::MoEOptions(base).ep_size(3), "divisible by ep_size");
   refuses(moe::MoEOptions(base).ffn_hidden_size(0), "ffn_hidden_size");
   refuses(moe::MoEOptions(base).use_residual(true), "use_residual");
