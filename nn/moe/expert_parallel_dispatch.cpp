@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <utility>
+
 namespace dscpp::nn::moe {
 
 namespace {
@@ -150,6 +152,25 @@ at::Tensor expert_parallel_combine(const at::Tensor& expert_rows, const ExpertPa
   at::Tensor source_major =
       transpose_chunks(expert_rows, transposed(d.by_source, ep, local), local, ep);
   return all_to_all_rows(source_major, d.send_splits, d.recv_splits, ep_group);
+}
+
+AllToAllTokenDispatcher::AllToAllTokenDispatcher(GroupPtr ep_group)
+    : ep_group_(std::move(ep_group)) {
+  if (!ep_group_) throw ExpertParallelError("AllToAllTokenDispatcher: no expert-parallel group");
+}
+
+ExpertInput AllToAllTokenDispatcher::dispatch(const at::Tensor& tokens, const Routing& routing) {
+  permuted_ = permute_tokens(tokens, routing);
+  dispatched_ = expert_parallel_dispatch(permuted_.rows, permuted_.counts, ep_group_);
+  return {dispatched_.rows, dispatched_.local_counts};
+}
+
+at::Tensor AllToAllTokenDispatcher::combine(const at::Tensor& expert_rows) {
+  at::Tensor rows = expert_parallel_combine(expert_rows, dispatched_, ep_group_);
+  at::Tensor out = unpermute_tokens(rows, permuted_);
+  permuted_ = {};
+  dispatched_ = {};
+  return out;
 }
 
 }  // namespace dscpp::nn::moe

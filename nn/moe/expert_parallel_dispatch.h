@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dscpp/comm/process_group.h"
+#include "dscpp/nn/moe/token_dispatcher.h"
 
 namespace dscpp::nn::moe {
 
@@ -50,5 +51,19 @@ at::Tensor expert_parallel_combine(const at::Tensor& expert_rows,
 // splits in forward; the reverse exchange of the gradient in backward).
 at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<int64_t>& output_splits,
                            const std::vector<int64_t>& input_splits, const GroupPtr& group);
+
+// tokens -> this rank's local experts' rows over ep_group (experts in contiguous blocks of
+// num_experts / group size) -> back to [S, H'] in combine.
+class AllToAllTokenDispatcher : public TokenDispatcher {
+ public:
+  explicit AllToAllTokenDispatcher(GroupPtr ep_group);
+  ExpertInput dispatch(const at::Tensor& tokens, const Routing& routing) override;
+  at::Tensor combine(const at::Tensor& expert_rows) override;
+
+ private:
+  GroupPtr ep_group_;
+  PermutedTokens permuted_;
+  ExpertParallelDispatch dispatched_;
+};
 
 }  // namespace dscpp::nn::moe

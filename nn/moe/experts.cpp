@@ -8,6 +8,7 @@
 
 #include "dscpp/error.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/ops/grouped_mm.h"
 
 namespace dscpp::nn::moe {
 
@@ -43,19 +44,6 @@ at::Tensor apply_activation(const at::Tensor& x, Activation activation) {
     }
   }
   throw dscpp::Error("MoE: unknown activation");
-}
-
-at::Tensor grouped_matmul(const at::Tensor& rows, const at::Tensor& weight,
-                          const at::Tensor& counts) {
-  std::vector<int64_t> n = host_counts(counts, weight.size(0), rows.size(0));
-  std::vector<at::Tensor> out;
-  int64_t begin = 0;
-  for (size_t e = 0; e < n.size(); ++e) {
-    out.push_back(at::mm(rows.narrow(0, begin, n[e]), weight[static_cast<int64_t>(e)]));
-    begin += n[e];
-  }
-  if (out.empty()) return rows.new_empty({0, weight.size(2)});
-  return at::cat(out, 0);
 }
 
 ExpertMLPImpl::ExpertMLPImpl(const ExpertMLPOptions& options_) : options(options_) {
@@ -116,8 +104,8 @@ GroupedMLPImpl::GroupedMLPImpl(const GroupedMLPOptions& options_) : options(opti
 }
 
 at::Tensor GroupedMLPImpl::run_experts(const at::Tensor& rows, const at::Tensor& counts) {
-  at::Tensor h = apply_activation(grouped_matmul(rows, weight1, counts), options.activation());
-  return grouped_matmul(h, weight2, counts);
+  at::Tensor h = apply_activation(ops::grouped_mm(rows, weight1, counts), options.activation());
+  return ops::grouped_mm(h, weight2, counts);
 }
 
 }  // namespace dscpp::nn::moe

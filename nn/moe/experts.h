@@ -4,7 +4,7 @@
 //   clones (module->clone(), DeepSpeed's deepcopy) of any Cloneable module [.., H] -> [.., H'],
 //   registered as deepspeed_experts.<i>, each run on its own rows.
 // - GroupedMLP: the weights of all experts stacked, weight1 [E, H, F] (SwiGLU: [E, H, 2F],
-//   gate then up) and weight2 [E, F, H'], products by grouped_matmul.
+//   gate then up) and weight2 [E, F, H'], products by ops::grouped_mm (one grouped GEMM).
 // ExpertMLP is the plain expert module (fc1, activation, fc2) for either use.
 #pragma once
 
@@ -22,11 +22,6 @@
 namespace dscpp::nn::moe {
 
 enum class Activation { kGelu, kRelu, kSilu, kSwiglu };  // GELU: the exact (erf) one
-
-// rows [sum(counts), in] · weight[e] [in, out] for each expert's block of rows: a loop over
-// experts for now (ops' grouped GEMM replaces it on the GPU). counts int64 [E].
-at::Tensor grouped_matmul(const at::Tensor& rows, const at::Tensor& weight,
-                          const at::Tensor& counts);
 
 // What the MoE layer calls on its experts.
 class LocalExperts {

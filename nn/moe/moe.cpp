@@ -65,8 +65,12 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
   check(o.ep_size() >= 1 && o.num_experts() % o.ep_size() == 0,
         "num_experts (" + std::to_string(o.num_experts()) + ") must be divisible by ep_size (" +
             std::to_string(o.ep_size()) + ")");
-  check(o.ep_size() == 1, "ep_size = " + std::to_string(o.ep_size()) +
-                              " > 1: expert parallelism: see the dispatcher (not in yet)");
+  if (o.ep_size() > 1 || o.ep_group())
+    check(o.ep_group() && o.ep_group()->size() == o.ep_size(),
+          "ep_size = " + std::to_string(o.ep_size()) + " needs ep_group, the expert-parallel " +
+              "group of ep_size ranks; got " +
+              (o.ep_group() ? "a group of " + std::to_string(o.ep_group()->size()) + " ranks"
+                            : std::string("none")));
   check(o.latent_size() >= 0, "latent_size must be >= 0");
   const int64_t width = o.latent_size() > 0 ? o.latent_size() : o.hidden_size();
   const int64_t local = o.num_experts() / o.ep_size();
@@ -81,9 +85,13 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
         GroupedMLP(GroupedMLPOptions(local, width, o.ffn_hidden_size()).activation(o.activation()))
             .ptr();
   }
+  std::unique_ptr<TokenDispatcher> dispatcher;
+  if (o.ep_size() > 1)
+    dispatcher = std::make_unique<AllToAllTokenDispatcher>(o.ep_group());
+  else
+    dispatcher = std::make_unique<LocalTokenDispatcher>();
   deepspeed_moe = register_module(
-      "deepspeed_moe",
-      MOELayer(TopKGate(gate_options(o)), experts, std::make_unique<LocalTokenDispatcher>()));
+      "deepspeed_moe", MOELayer(TopKGate(gate_options(o)), experts, std::move(dispatcher)));
   if (o.use_residual()) {
     check(!o.expert().is_empty(), "use_residual needs the expert module (its dense MLP)");
     mlp = o.expert();

@@ -12,8 +12,14 @@
 // GroupedMLP of ffn_hidden_size. Beside them: use_residual (Residual MoE: output·c0 + mlp(x)·c1,
 // c = softmax(coefficient(x)), mlp the given expert itself), shared_expert (added to the routed
 // output) and latent_size (LatentMoE: the router sees x, the experts work on latent_down(x) and
-// the combined output is latent_up'ed back to H). ep_size > 1 is refused by name until the
-// expert-parallel dispatcher is in.
+// the combined output is latent_up'ed back to H).
+//
+// Expert parallelism (ep_size > 1): ep_group is the expert-parallel group (ep_size ranks,
+// comm::new_expert_groups, DeepSpeed's groups for ep_size); this rank holds experts
+// [r*E_l, (r+1)*E_l), E_l = num_experts / ep_size, named locally 0..E_l-1 as DeepSpeed's;
+// tokens go permute -> all-to-all -> local experts -> all-to-all -> unpermute. The gate, the
+// capacity, l_aux and exp_counts are this rank's own (DeepSpeed). The caller reduces expert
+// gradients over the expert-data-parallel group and the rest over the data group.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,6 +32,7 @@
 #include <memory>
 #include <string>
 
+#include "dscpp/nn/moe/expert_parallel_dispatch.h"
 #include "dscpp/nn/moe/experts.h"
 #include "dscpp/nn/moe/router.h"
 #include "dscpp/nn/moe/token_dispatcher.h"
@@ -39,6 +46,7 @@ struct MoEOptions {
   TORCH_ARG(torch::nn::AnyModule, expert);  // empty: a GroupedMLP of ffn_hidden_size
   TORCH_ARG(int64_t, num_experts) = 1;
   TORCH_ARG(int64_t, ep_size) = 1;
+  TORCH_ARG(GroupPtr, ep_group);  // ep_size > 1: the expert-parallel group, of ep_size ranks
   TORCH_ARG(int64_t, k) = 1;
   TORCH_ARG(double, capacity_factor) = 1.0;  // 0: dropless
   TORCH_ARG(double, eval_capacity_factor) = 1.0;

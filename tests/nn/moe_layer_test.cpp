@@ -12,6 +12,7 @@
 #include "dscpp/error.h"
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/moe/moe.h"
+#include "dscpp/ops/grouped_mm.h"
 
 namespace moe = dscpp::nn::moe;
 using torch::nn::AnyModule;
@@ -88,6 +89,37 @@ TEST(MoeLayer, GroupedMlpEqualsEachExpertsProducts) {
       }
       EXPECT_LT(rel(out.narrow(0, i, 1), at::mm(hid, g->weight2[e])), 1e-12);
     }
+  }
+}
+
+// fp32 at aligned widths: ATen's grouped product (ops::grouped_mm), equal to the loop of
+// per-expert products in forward and in every gradient within 1e-6.
+TEST(MoeLayer, GroupedMlpThroughAtenGroupedMmEqualsTheLoop) {
+  at::manual_seed(13);
+  for (auto act : {moe::Activation::kGelu, moe::Activation::kSwiglu}) {
+    moe::GroupedMLP g(moe::GroupedMLPOptions(4, 8, 16).activation(act));
+    ASSERT_TRUE(dscpp::ops::grouped_mm_uses_aten(at::zeros({1, 8}), g->weight1));
+    std::vector<int64_t> n = {5, 0, 7, 3};
+    at::Tensor rows = at::randn({15, 8}).requires_grad_(true);
+    at::Tensor out = g->run_experts(rows, at::tensor(n));
+    at::Tensor w1 = g->weight1.detach().clone().requires_grad_(true);
+    at::Tensor w2 = g->weight2.detach().clone().requires_grad_(true);
+    at::Tensor r2 = rows.detach().clone().requires_grad_(true);
+    std::vector<at::Tensor> parts;
+    int64_t o = 0;
+    for (int64_t e = 0; e < 4; ++e) {
+      at::Tensor hid = moe::apply_activation(at::mm(r2.narrow(0, o, n[e]), w1[e]), act);
+      parts.push_back(at::mm(hid, w2[e]));
+      o += n[e];
+    }
+    at::Tensor ref = at::cat(parts, 0);
+    EXPECT_LT(rel(out, ref), 1e-6);
+    at::Tensor grad = at::randn_like(ref);
+    (out * grad).sum().backward();
+    (ref * grad).sum().backward();
+    EXPECT_LT(rel(rows.grad(), r2.grad()), 1e-6);
+    EXPECT_LT(rel(g->weight1.grad(), w1.grad()), 1e-6);
+    EXPECT_LT(rel(g->weight2.grad(), w2.grad()), 1e-6);
   }
 }
 
@@ -175,7 +207,7 @@ TEST(MoeLayer, Refusals) {
     }
   };
   auto base = moe::MoEOptions(8).num_experts(4).ffn_hidden_size(8);
-  refuses(moe::MoEOptions(base).ep_size(2), "expert parallelism: see the dispatcher");
+  refuses(moe::MoEOptions(base).ep_size(2), "ep_size = 2 needs ep_group");
   refuses(moe::MoEOptions(base).ep_size(3), "divisible by ep_size");
   refuses(moe::MoEOptions(base).ffn_hidden_size(0), "ffn_hidden_size");
   refuses(moe::MoEOptions(base).use_residual(true), "use_residual");
