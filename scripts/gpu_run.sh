@@ -34,6 +34,8 @@
 #   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
 #                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
 #                   (CUDA hidden: fp32 within 1e-6 of no offload) -> nvme_file.log, nvme_oracle.log
+#   GPU_CMAKE_ARGS  more CMake arguments for both builds (e.g. -DCMAKE_CXX_FLAGS=-Wno-error: g++ 13
+#                   there warns where clang++ here does not; the warnings stay in build.log)
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
 #   GPU_BASELINE=DIR  another source tree (the code before a change: `git archive COMMIT | tar x -C
 #                   .gpu/baseline`) is built too (train_gpt and the launcher), and bench/gpt_table.sh
@@ -72,7 +74,7 @@ configure() {
     -DDSCPP_PYTHON="$(command -v python3)" -DCMAKE_PREFIX_PATH="$deps/usr" \
     -DDSCPP_GLOO_INCLUDE="$deps/usr/include" \
     -DDSCPP_BOOST_PO_LIBRARY="$deps/usr/lib/x86_64-linux-gnu/libboost_program_options.so.1.74.0" \
-    -DDSCPP_BOOST_PO_INCLUDE="$deps/usr/include"
+    -DDSCPP_BOOST_PO_INCLUDE="$deps/usr/include" ${GPU_CMAKE_ARGS:-}
 }
 step configure configure
 # -k 0: one target that fails to build must not keep the others from being tested.
