@@ -34,7 +34,7 @@
 #   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
 #                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
 #                   (CUDA hidden: fp32 within 1e-6 of no offload) -> nvme_file.log, nvme_oracle.log
-#   GPU_CMAKE_ARGS  more CMake arguments for both builds (e.g. -DCMAKE_CXX_FLAGS=-Wno-error: g++ 13
+#   GPU_CMAKE_ARGS  more CMake arguments for both builds (e.g. -DDSCPP_WERROR=OFF: g++ 13
 #                   there warns where clang++ here does not; the warnings stay in build.log)
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
 #   GPU_BASELINE=DIR  another source tree (the code before a change: `git archive COMMIT | tar x -C

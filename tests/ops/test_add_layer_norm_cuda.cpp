@@ -93,9 +93,10 @@ TEST(AddLayerNormCuda, KernelsMatchFloat64ReferenceAndWriteEveryElement) {
           EXPECT_LT(rel_err(dx, ref.dx), d.tol) << "dx";
           EXPECT_LT(rel_err(dw, ref.dweight), d.tol) << "dweight";
           EXPECT_LT(rel_err(db, ref.dbias), d.tol) << "dbias";
-          if (n == 1 && d.type == at::kFloat)  // the LayerNorm's gradient is 0 there
+          if (n == 1 && d.type == at::kFloat) {  // the LayerNorm's gradient is 0 there
             EXPECT_TRUE(dx.cpu().equal(with_dh ? dh.cpu() : at::zeros({rows, n}, at::kFloat)))
                 << "hidden 1: dx is dh exactly";
+          }
         }
 }
 
