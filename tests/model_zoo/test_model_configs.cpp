@@ -225,7 +225,11 @@ TEST(ModelConfigs, CurrentModelBlockKeysDefaultToGPT2AndReadAsMegatronNamesThem)
     j.update(extra);
     return error_of([&] { mz::GPTConfig::from_json(j); });
   };
-  EXPECT_TRUE(has(error_with({{"normalization", "rmsnorm"}}), "normalization"));
+  json lower = base;  // choices read case-insensitively, as the config reader does for all
+  lower["normalization"] = "rmsnorm";
+  EXPECT_EQ(mz::GPTConfig::from_json(lower).normalization, "RMSNorm");
+  EXPECT_TRUE(has(error_with({{"normalization", "ScaleNorm"}}),
+                  "normalization: expected one of \"LayerNorm\", \"RMSNorm\""));
   EXPECT_TRUE(has(error_with({{"position_embedding_type", "alibi"}}), "position_embedding_type"));
   EXPECT_TRUE(has(error_with({{"num_query_groups", 3}}), "num_query_groups: expected a divisor"));
   EXPECT_TRUE(has(error_with({{"num_query_groups", 8}}), "num_query_groups"));
