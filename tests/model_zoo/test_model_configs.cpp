@@ -211,6 +211,10 @@ TEST(ModelConfigs, CurrentModelBlockKeysDefaultToGPT2AndReadAsMegatronNamesThem)
   EXPECT_FALSE(llama.add_bias_linear);
   EXPECT_FALSE(llama.tie_word_embeddings);
   EXPECT_EQ(llama.rotary_dim(), 32);
+  // Per block: RMSNorms 2 x 128, qkv (128 + 2 x 2 x 32) x 128, proj 128 x 128, fc 640 x 128,
+  // mlp.proj 128 x 320, no biases; no position table; the untied head 50304 x 128.
+  EXPECT_EQ(llama.num_parameters(), 2 * 50304 * 128 + 4 * 172288 + 128);  // 13.57 M
+  EXPECT_NEAR(llama.flops_per_token() / 1e9, 0.0822, 1e-4);
   EXPECT_EQ(llama.first_non_gpt2_block_key(), "normalization");
   EXPECT_EQ(mz::GPTConfig::from_json(llama.to_json()).to_json(), llama.to_json());
 

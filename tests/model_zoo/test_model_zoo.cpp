@@ -329,7 +329,7 @@ TEST(GPT, NumParametersIsTheModulesCount) {
     mz::GPT model(c);
     EXPECT_EQ(count_parameters(*model), c.num_parameters()) << "tied " << tied;
   }
-  for (const char* file : {"gpt_tiny.json", "gpt_125M.json"}) {
+  for (const char* file : {"gpt_tiny.json", "gpt_125M.json", "llama_tiny.json"}) {
     mz::GPTConfig c = mz::GPTConfig::from_file(shipped(file));
     mz::GPT model(c);
     EXPECT_EQ(count_parameters(*model), c.num_parameters()) << file;
