@@ -4,7 +4,8 @@ A tiny Llama-style model config (RMSNorm, rope, SwiGLU, grouped-query attention,
 bias, untied head under Megatron's key) trains on 2 data ranks at ZeRO 1, and at ZeRO 3 (the
 LayerSpec form), with the same losses, lr and grad norms as on one rank; on a pipeline of 2
 stages as on one rank with --seed-layers (the pipeline's weights); a tensor degree of 2 is
-refused naming the first key the tensor-parallel GPT lacks.
+refused naming the first key the tensor-parallel GPT lacks, and so is converting the model to
+Hugging Face's GPT-2 format (tools/convert_checkpoint --to hf).
 Last line: "N passed, M failed"; exits non-zero on any failure.
 """
 
@@ -49,6 +50,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train-gpt", required=True)
+    ap.add_argument("--convert", required=True)
     args = ap.parse_args()
     port = [34140]
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,6 +102,14 @@ def main():
         check("a tensor degree of 2 is refused by the first key it lacks",
               rc_t != 0 and "normalization: expected GPT-2's block" in log_t
               and 'does not implement normalization = "RMSNorm"' in log_t, log_t)
+        weights = os.path.join(tmp, "w.pt")
+        with open(weights, "wb") as f:
+            f.write(b"not read: the config is refused first")
+        p = subprocess.run([args.convert, "--to", "hf", "--input", weights, "--model-config", model,
+                            "--output", os.path.join(tmp, "hf")], capture_output=True, text=True)
+        check("convert_checkpoint --to hf refuses the blocks GPT-2's format lacks, by key",
+              p.returncode != 0 and 'normalization = "RMSNorm" has no place in Hugging Face\'s GPT-2'
+              in p.stderr and not os.path.exists(os.path.join(tmp, "hf")), p.stdout + p.stderr)
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
