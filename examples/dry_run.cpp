@@ -166,6 +166,11 @@ std::string format_dry_run(const DryRunPlan& r) {
       "activation memory per micro-batch per GPU (micro-batch {}, {} layers on a stage; "
       "Korthikanti et al. 2022, Table 2, 16-bit activations):\n",
       r.micro_batch_size, r.layers_per_stage);
+  // The paper's counts are of GPT-2's block; a current model's differ (e.g. SwiGLU's wider MLP
+  // input, GQA's narrower k and v), so the table is an estimate for it.
+  if (const std::string key = m.first_non_gpt2_block_key(); !key.empty())
+    out << fmt::format("  (counted for GPT-2's block; this model's {} differs: an estimate)\n",
+                       key);
   out << fmt::format("  {:<40} {:<26} {:>12} {:>14}\n", "", "per layer", "", "per micro-batch");
   for (const auto& row : r.activations)
     out << fmt::format("  {:<40} {:<26} {:>12} {:>14}{}\n", row.strategy, row.formula,

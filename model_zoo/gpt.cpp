@@ -10,7 +10,9 @@
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/silu.h>
 #include <fmt/format.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <array>
 #include <cmath>
@@ -47,12 +49,6 @@ torch::nn::Embedding make_embedding(int64_t rows, int64_t dim, double std) {
   return torch::nn::Embedding(torch::nn::EmbeddingOptions(rows, dim)._weight(weight));
 }
 
-torch::nn::LayerNorm make_layer_norm(const GPTConfig& c) {
-  // LibTorch's LayerNorm starts at weight 1, bias 0, as GPT-2 and Megatron do.
-  return torch::nn::LayerNorm(
-      torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layernorm_epsilon));
-}
-
 // Each residual branch's output adds to the stream once per block: scaling them keeps the
 // stream's variance independent of depth (GPT-2, Megatron's output_layer_init_method).
 double residual_std(const GPTConfig& c) {
@@ -78,8 +74,10 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 
 GPTEmbeddingImpl::GPTEmbeddingImpl(const GPTConfig& c) : dropout(c.hidden_dropout) {
   word = register_module("word", make_embedding(c.vocab_size, c.hidden_size, c.init_method_std));
-  position =
-      register_module("position", make_embedding(c.positions(), c.hidden_size, c.init_method_std));
+  if (c.position_embedding_type == "learned_absolute")
+    position = register_module("position",
+                               make_embedding(c.positions(), c.hidden_size, c.init_method_std));
+  max_positions = c.positions();
 }
 
 at::Tensor GPTEmbeddingImpl::forward(const at::Tensor& input_ids) {
@@ -88,16 +86,24 @@ at::Tensor GPTEmbeddingImpl::forward(const at::Tensor& input_ids) {
               "GPT: expected input_ids of shape [batch, seq] and dtype int64, got ",
               input_ids.sizes(), " ", input_ids.scalar_type());
   const int64_t seq = input_ids.size(1);
-  TORCH_CHECK(seq <= position->weight.size(0), "GPT: a sequence of ", seq,
-              " tokens is longer than max_position_embeddings (", position->weight.size(0), ")");
+  TORCH_CHECK(seq <= max_positions, "GPT: a sequence of ", seq,
+              " tokens is longer than max_position_embeddings (", max_positions, ")");
+  if (!position) return at::dropout(word(input_ids), dropout, is_training());  // rope
   at::Tensor positions = at::arange(seq, input_ids.options());
   return at::dropout(word(input_ids) + position(positions), dropout, is_training());
 }
 
 GPTAttentionImpl::GPTAttentionImpl(const GPTConfig& c)
-    : heads(c.num_attention_heads), dropout(c.attention_dropout) {
-  qkv = register_module("qkv", make_linear(c.hidden_size, 3 * c.hidden_size, c.init_method_std));
-  proj = register_module("proj", make_linear(c.hidden_size, c.hidden_size, residual_std(c)));
+    : heads(c.num_attention_heads),
+      groups(c.query_groups()),
+      rotary_dim(c.position_embedding_type == "rope" ? c.rotary_dim() : 0),
+      rotary_base(c.rotary_base),
+      dropout(c.attention_dropout) {
+  const int64_t rows = (heads + 2 * groups) * c.head_dim();
+  qkv = register_module("qkv",
+                        make_linear(c.hidden_size, rows, c.init_method_std, c.add_bias_linear));
+  proj = register_module(
+      "proj", make_linear(c.hidden_size, c.hidden_size, residual_std(c), c.add_bias_linear));
 }
 
 at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
@@ -105,21 +111,45 @@ at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
   // q, k and v as [B,heads,S,head_dim] views of the projection; their gradients land in one
   // contiguous buffer (ops::qkv_heads says why not view/permute/unbind).
-  auto qkv_heads = ops::qkv_heads(linear_of(qkv, x), heads);
-  at::Tensor y = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2],
-                                                  /*attn_mask=*/{}, is_training() ? dropout : 0.0,
-                                                  /*is_causal=*/true);
+  const at::Tensor projected = linear_of(qkv, x);
+  std::array<at::Tensor, 3> qkv_heads;
+  if (groups == heads) {
+    qkv_heads = ops::qkv_heads(projected, heads);
+  } else {
+    const int64_t d = hidden / heads;
+    auto part = [&](int64_t first_head, int64_t n) {
+      return projected.narrow(-1, first_head * d, n * d).view({batch, seq, n, d}).transpose(1, 2);
+    };
+    qkv_heads = {part(0, heads), part(heads, groups), part(heads + groups, groups)};
+  }
+  if (rotary_dim > 0) {
+    qkv_heads[0] = apply_rotary(qkv_heads[0], rotary_dim, rotary_base);
+    qkv_heads[1] = apply_rotary(qkv_heads[1], rotary_dim, rotary_base);
+  }
+  // enable_gqa: SDPA shares each k/v head among heads / groups consecutive query heads.
+  at::Tensor y = at::scaled_dot_product_attention(
+      qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/{}, is_training() ? dropout : 0.0,
+      /*is_causal=*/true, /*scale=*/std::nullopt, /*enable_gqa=*/groups != heads);
   return linear_of(proj, y.transpose(1, 2).reshape({batch, seq, hidden}));
 }
 
 GPTMLPImpl::GPTMLPImpl(const GPTConfig& c)
-    : approximate(c.gelu_approximation), fused(c.bias_gelu_fusion) {
-  fc = register_module("fc", make_linear(c.hidden_size, c.ffn_size(), c.init_method_std));
-  proj = register_module("proj", make_linear(c.ffn_size(), c.hidden_size, residual_std(c)));
+    : swiglu(c.swiglu),
+      approximate(c.gelu_approximation),
+      fused(c.bias_gelu_fusion && c.add_bias_linear) {
+  const int64_t f = c.ffn_size();
+  fc = register_module(
+      "fc", make_linear(c.hidden_size, swiglu ? 2 * f : f, c.init_method_std, c.add_bias_linear));
+  proj = register_module("proj", make_linear(f, c.hidden_size, residual_std(c), c.add_bias_linear));
 }
 
 at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
   nn::ModuleScope scope(*this);
+  if (swiglu) {
+    const at::Tensor y = linear_of(fc, x);
+    const int64_t f = y.size(-1) / 2;
+    return linear_of(proj, at::silu(y.narrow(-1, 0, f)) * y.narrow(-1, f, f));
+  }
   if (!fused) return linear_of(proj, at::gelu(linear_of(fc, x), approximate));
   return linear_of(proj,
                    ops::bias_gelu(nn::linear(x, fc->weight), fc->bias, approximate == "tanh"));
@@ -127,23 +157,25 @@ at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& c)
     : dropout(c.hidden_dropout), fused_add_norm(c.residual_layernorm_fusion) {
-  ln_1 = register_module("ln_1", make_layer_norm(c));
+  ln_1 = register_module("ln_1", make_norm(c));
   attn = register_module("attn", GPTAttention(c));
-  ln_2 = register_module("ln_2", make_layer_norm(c));
+  ln_2 = register_module("ln_2", make_norm(c));
   mlp = register_module("mlp", GPTMLP(c));
 }
 
 at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
   nn::ModuleScope scope(*this);
-  const at::Tensor branch = at::dropout(attn(ln_1(x)), dropout, is_training());
+  const at::Tensor branch = at::dropout(attn(apply_norm(*ln_1, x)), dropout, is_training());
   if (!fused_add_norm) {
     const at::Tensor h = x + branch;
-    return h + at::dropout(mlp(ln_2(h)), dropout, is_training());
+    return h + at::dropout(mlp(apply_norm(*ln_2, h)), dropout, is_training());
   }
   std::array<at::Tensor, 2> hy;  // {h, ln_2(h)}
   {
+    // GPTConfig::validate allows the fusion with LayerNorm only.
+    const auto& norm = static_cast<torch::nn::LayerNormImpl&>(*ln_2);
     nn::ModuleScope norm_scope(*ln_2);  // the profiler's tree keeps ln_2 (with the add in it)
-    hy = ops::add_layer_norm(x, branch, ln_2->weight, ln_2->bias, ln_2->options.eps());
+    hy = ops::add_layer_norm(x, branch, norm.weight, norm.bias, norm.options.eps());
   }
   return hy[0] + at::dropout(mlp(hy[1]), dropout, is_training());
 }
@@ -156,7 +188,7 @@ GPTImpl::GPTImpl(GPTConfig config) : config_(std::move(config)) {
     block_list_.emplace_back(config_);
     blocks->push_back(block_list_.back());
   }
-  final_norm = register_module("final_norm", make_layer_norm(config_));
+  final_norm = register_module("final_norm", make_norm(config_));
   if (!config_.tie_word_embeddings)
     head = register_module(
         "head", make_linear(config_.hidden_size, config_.vocab_size, config_.init_method_std,
@@ -185,7 +217,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& input_ids) {
   } else {
     for (auto& block : block_list_) x = block(x);
   }
-  x = final_norm(x);
+  x = apply_norm(*final_norm, x);
   return head ? linear_of(head, x) : tied_head(*embedding, x);
 }
 
@@ -246,10 +278,8 @@ std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config) {
                      {}});
   }
   specs.push_back({"final_norm",
-                   [config] { return make_layer_norm(config).ptr(); },
-                   [](torch::nn::Module& m, const at::Tensor& x) {
-                     return static_cast<torch::nn::LayerNormImpl&>(m).forward(x);
-                   },
+                   [config] { return make_norm(config); },
+                   [](torch::nn::Module& m, const at::Tensor& x) { return apply_norm(m, x); },
                    "",
                    {}});
   if (tied) {

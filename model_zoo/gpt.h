@@ -2,8 +2,11 @@
 // embeddings; pre-LayerNorm blocks of causal self-attention (fused scaled-dot-product
 // attention) and a GELU MLP, each added to the residual stream after dropout; a final
 // LayerNorm; an output head that multiplies by the token embedding (tied, the default) or has
-// its own weight. forward(input_ids [B,S] int64) gives logits [B,S,V] in the parameters' dtype;
-// loss() is the mean token cross entropy, computed in fp32.
+// its own weight. The current models' blocks, by GPTConfig's Megatron keys: RMSNorm for every
+// norm, rotary positions on q and k instead of the position table, a SwiGLU MLP, grouped-query
+// attention (k and v heads shared by consecutive groups of query heads), linears without bias.
+// forward(input_ids [B,S] int64) gives logits [B,S,V] in the parameters' dtype; loss() is the mean
+// token cross entropy, computed in fp32.
 //
 // Initialisation (GPT-2 / Megatron): every weight matrix and embedding ~ normal(0,
 // init_method_std), except the output projection of each residual branch (attention's proj,
@@ -21,10 +24,12 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dscpp/config/ds_config.h"
+#include "dscpp/model_zoo/gpt_blocks.h"
 #include "dscpp/model_zoo/gpt_config.h"
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/layer_spec.h"
@@ -47,8 +52,9 @@ struct GPTEmbeddingImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids);
 
   torch::nn::Embedding word{nullptr};      // [vocab_size, h]
-  torch::nn::Embedding position{nullptr};  // [max_position_embeddings, h]
+  torch::nn::Embedding position{nullptr};  // [max_position_embeddings, h]; none with rope
   double dropout = 0;                      // hidden_dropout
+  int64_t max_positions = 0;               // max_position_embeddings: the longest sequence
 };
 TORCH_MODULE(GPTEmbedding);
 
@@ -57,19 +63,26 @@ struct GPTAttentionImpl : torch::nn::Module {
   explicit GPTAttentionImpl(const GPTConfig& config);
   at::Tensor forward(const at::Tensor& x);
 
-  Linear qkv{nullptr};   // [3h, h]: the rows of q, then k, then v; head-major in each
+  // [(heads + 2 groups) d, h]: the rows of q (heads x d), then k, then v (groups x d each);
+  // head-major in each. Query head i attends with key/value head i / (heads / groups).
+  Linear qkv{nullptr};
   Linear proj{nullptr};  // [h, h]: the residual branch's output projection
   int64_t heads = 0;
+  int64_t groups = 0;      // num_query_groups
+  int64_t rotary_dim = 0;  // 0: no rope
+  double rotary_base = 10000;
   double dropout = 0;  // attention_dropout, on the attention probabilities
 };
 TORCH_MODULE(GPTAttention);
 
-// fc, GELU, proj: [B,S,h] -> [B,S,h] (before the residual dropout).
+// fc, GELU, proj: [B,S,h] -> [B,S,h] (before the residual dropout). swiglu: fc's output is
+// [gate, up] (Megatron's linear_fc1 layout) and the activation silu(gate) * up.
 struct GPTMLPImpl : torch::nn::Module {
   explicit GPTMLPImpl(const GPTConfig& config);
   at::Tensor forward(const at::Tensor& x);
 
-  Linear fc{nullptr};       // [ffn, h]
+  Linear fc{nullptr};  // [ffn, h]; swiglu: [2 ffn, h], the gate's rows first
+  bool swiglu = false;
   Linear proj{nullptr};     // [h, ffn]: the residual branch's output projection
   std::string approximate;  // at::gelu's: "tanh" or "none"
   bool fused = true;        // bias add and GELU in one kernel (bias_gelu_fusion)
@@ -84,9 +97,9 @@ struct GPTBlockImpl : torch::nn::Module {
   explicit GPTBlockImpl(const GPTConfig& config);
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::LayerNorm ln_1{nullptr};
+  std::shared_ptr<torch::nn::Module> ln_1;  // make_norm's: LayerNorm or RMSNorm
   GPTAttention attn{nullptr};
-  torch::nn::LayerNorm ln_2{nullptr};
+  std::shared_ptr<torch::nn::Module> ln_2;
   GPTMLP mlp{nullptr};
   double dropout = 0;          // hidden_dropout
   bool fused_add_norm = true;  // residual_layernorm_fusion
@@ -116,8 +129,8 @@ struct GPTImpl : torch::nn::Module {
   const GPTConfig& config() const { return config_; }
 
   GPTEmbedding embedding{nullptr};
-  torch::nn::ModuleList blocks{nullptr};  // of GPTBlock
-  torch::nn::LayerNorm final_norm{nullptr};
+  torch::nn::ModuleList blocks{nullptr};          // of GPTBlock
+  std::shared_ptr<torch::nn::Module> final_norm;  // make_norm's: LayerNorm or RMSNorm
   Linear head{nullptr};  // only when the embeddings are not tied: [V, h], no bias
 
  private:

@@ -69,14 +69,28 @@ void read_model_keys(Section& s, GPTConfig& c) {
         "required key missing: expected an integer >= 1 (or max_position_embeddings)");
   c.seq_length = seq ? *seq : *positions;
   c.max_position_embeddings = positions ? *positions : *seq;
-  c.ffn_hidden_size = s.get_int("ffn_hidden_size", 4 * c.hidden_size, 1, kMaxFfn);
+  c.swiglu = s.get_bool("swiglu", c.swiglu);
+  c.ffn_hidden_size = s.get_int("ffn_hidden_size", c.ffn_size(), 1, kMaxFfn);
+  c.normalization = s.get_choice("normalization", c.normalization, {"LayerNorm", "RMSNorm"});
+  c.position_embedding_type = s.get_choice("position_embedding_type", c.position_embedding_type,
+                                           {"learned_absolute", "rope"});
+  c.rotary_base = s.get_double("rotary_base", c.rotary_base, 0.0);
+  c.rotary_percent = s.get_double("rotary_percent", c.rotary_percent, 0.0, 1.0);
+  c.num_query_groups =
+      s.get_int("num_query_groups", c.num_attention_heads, 1, c.num_attention_heads);
+  c.add_bias_linear = s.get_bool("add_bias_linear", c.add_bias_linear);
   c.hidden_dropout = s.get_double("hidden_dropout", c.hidden_dropout, 0.0, 1.0);
   c.attention_dropout = s.get_double("attention_dropout", c.attention_dropout, 0.0, 1.0);
   c.layernorm_epsilon =
       s.get_double(spelling(s, {"layernorm_epsilon", "layer_norm_epsilon", "layer_norm_eps"}),
                    c.layernorm_epsilon, 0.0);
   c.init_method_std = s.get_double("init_method_std", c.init_method_std, 0.0);
-  c.tie_word_embeddings = s.get_bool("tie_word_embeddings", c.tie_word_embeddings);
+  // Hugging Face's tie_word_embeddings or Megatron's untie_embeddings_and_output_weights.
+  if (spelling(s, {"tie_word_embeddings", "untie_embeddings_and_output_weights"}) ==
+      "tie_word_embeddings")
+    c.tie_word_embeddings = s.get_bool("tie_word_embeddings", c.tie_word_embeddings);
+  else
+    c.tie_word_embeddings = !s.get_bool("untie_embeddings_and_output_weights", false);
   c.gelu_approximation = s.get_choice("gelu_approximation", c.gelu_approximation, {"tanh", "none"});
   c.checkpoint_activations = s.get_bool("checkpoint_activations", c.checkpoint_activations);
   c.bias_gelu_fusion = s.get_bool("bias_gelu_fusion", c.bias_gelu_fusion);
@@ -180,6 +194,13 @@ json GPTConfig::to_json() const {
           {"layernorm_epsilon", layernorm_epsilon},
           {"init_method_std", init_method_std},
           {"tie_word_embeddings", tie_word_embeddings},
+          {"normalization", normalization},
+          {"position_embedding_type", position_embedding_type},
+          {"rotary_base", rotary_base},
+          {"rotary_percent", rotary_percent},
+          {"swiglu", swiglu},
+          {"num_query_groups", query_groups()},
+          {"add_bias_linear", add_bias_linear},
           {"gelu_approximation", gelu_approximation},
           {"checkpoint_activations", checkpoint_activations},
           {"bias_gelu_fusion", bias_gelu_fusion},
@@ -201,6 +222,39 @@ void GPTConfig::validate() const {
     throw ConfigError("num_attention_heads",
                       fmt::format("expected a divisor of hidden_size ({}), found {}", hidden_size,
                                   num_attention_heads));
+  if (ffn_size() < 1)
+    throw ConfigError("ffn_hidden_size",
+                      fmt::format("expected an integer >= 1; the swiglu default int(4h * 2/3 / "
+                                  "64) * 64 is 0 for hidden_size {}: give ffn_hidden_size",
+                                  hidden_size));
+  if (query_groups() < 1 || num_attention_heads % query_groups() != 0)
+    throw ConfigError("num_query_groups",
+                      fmt::format("expected a divisor of num_attention_heads ({}), found {}",
+                                  num_attention_heads, query_groups()));
+  if (normalization != "LayerNorm" && normalization != "RMSNorm")
+    throw ConfigError("normalization", fmt::format("expected one of \"LayerNorm\", \"RMSNorm\", "
+                                                   "found \"{}\"",
+                                                   normalization));
+  if (position_embedding_type != "learned_absolute" && position_embedding_type != "rope")
+    throw ConfigError("position_embedding_type",
+                      fmt::format("expected one of \"learned_absolute\", \"rope\", found \"{}\"",
+                                  position_embedding_type));
+  if (position_embedding_type == "rope") {
+    if (!(rotary_base > 0.0))
+      throw ConfigError("rotary_base", fmt::format("expected a number > 0, found {}", rotary_base));
+    if (!(rotary_percent > 0.0 && rotary_percent <= 1.0))
+      throw ConfigError("rotary_percent",
+                        fmt::format("expected a number in (0, 1], found {}", rotary_percent));
+    if (rotary_dim() < 2 || rotary_dim() % 2 != 0)
+      throw ConfigError("rotary_percent",
+                        fmt::format("expected int(head_dim {} * rotary_percent) to be even and "
+                                    ">= 2 (rope rotates pairs of channels), found {}",
+                                    head_dim(), rotary_dim()));
+  }
+  if (residual_layernorm_fusion && normalization != "LayerNorm")
+    throw ConfigError("residual_layernorm_fusion",
+                      "expected false with normalization \"RMSNorm\" (the fused add and norm is "
+                      "a LayerNorm kernel; no RMSNorm one yet), found true");
   if (positions() < seq_length)
     throw ConfigError(
         "max_position_embeddings",
@@ -227,13 +281,31 @@ int64_t GPTConfig::padded_vocab_size(int64_t vocab, int64_t multiple) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
+int64_t GPTConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent);
+}
+
+std::string GPTConfig::first_non_gpt2_block_key() const {
+  if (normalization != "LayerNorm") return "normalization";
+  if (position_embedding_type != "learned_absolute") return "position_embedding_type";
+  if (swiglu) return "swiglu";
+  if (query_groups() != num_attention_heads) return "num_query_groups";
+  if (!add_bias_linear) return "add_bias_linear";
+  return "";
+}
+
 int64_t GPTConfig::num_parameters() const {
   const int64_t h = hidden_size, f = ffn_size(), v = vocab_size;
-  // Per block: two LayerNorms (2h each), qkv (3h*h + 3h), attention output (h*h + h),
-  // MLP in (h*f + f) and out (f*h + h).
-  const int64_t block = 4 * h * h + 2 * h * f + 9 * h + f;
-  const int64_t embeddings = v * h + positions() * h;
-  const int64_t final_norm = 2 * h;
+  const int64_t kv = 2 * query_groups() * head_dim();  // k and v rows of qkv
+  const int64_t norm = normalization == "RMSNorm" ? h : 2 * h;
+  const int64_t fc_rows = swiglu ? 2 * f : f;
+  const int64_t bias = add_bias_linear ? 1 : 0;
+  // Per block: two norms, qkv ((h + kv) x h), attention output (h x h), MLP in (fc_rows x h)
+  // and out (h x f), each linear with its bias when add_bias_linear.
+  const int64_t block =
+      2 * norm + (h + kv) * (h + bias) + h * (h + bias) + fc_rows * (h + bias) + h * (f + bias);
+  const int64_t embeddings = v * h + (position_embedding_type == "rope" ? 0 : positions() * h);
+  const int64_t final_norm = norm;
   const int64_t head = tie_word_embeddings ? 0 : v * h;
   return embeddings + num_layers * block + final_norm + head;
 }

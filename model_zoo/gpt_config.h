@@ -33,12 +33,21 @@ struct GPTConfig {
   int64_t max_position_embeddings = 0;  // rows of the position table; seq_length when absent
   int64_t vocab_size = 0;  // rows of the token embedding; GPT-2's padded (50304) when absent
   int64_t make_vocab_size_divisible_by = 128;  // the padding of the default vocab_size
-  int64_t ffn_hidden_size = 0;                 // MLP width; 4 * hidden_size when absent
+  int64_t ffn_hidden_size = 0;     // MLP width; 4 * hidden_size when absent (swiglu: see ffn_size)
   double hidden_dropout = 0.1;     // after the embeddings and each residual branch; 0: off
   double attention_dropout = 0.1;  // on the attention probabilities; 0: off
   double layernorm_epsilon = 1e-5;
-  double init_method_std = 0.02;            // std of the normal initialisation
-  bool tie_word_embeddings = true;          // the output head multiplies by the token embedding
+  double init_method_std = 0.02;    // std of the normal initialisation
+  bool tie_word_embeddings = true;  // the output head multiplies by the token embedding (Megatron:
+                                    // untie_embeddings_and_output_weights, its negation)
+  // Current-model blocks, with Megatron-LM's names; the defaults are GPT-2's blocks.
+  std::string normalization = "LayerNorm";                   // or "RMSNorm" (weight only, no bias)
+  std::string position_embedding_type = "learned_absolute";  // or "rope" (no position table)
+  double rotary_base = 10000;    // rope: inverse frequencies base^(-2i/rotary_dim)
+  double rotary_percent = 1.0;   // rope: rotary_dim = int(head_dim * rotary_percent), even
+  bool swiglu = false;           // MLP silu(x W_gate) * (x W_up): fc holds [gate; up], 2 x ffn rows
+  int64_t num_query_groups = 0;  // key/value heads (grouped-query attention); heads when absent
+  bool add_bias_linear = true;   // biases on qkv, proj, fc (false: Llama-style)
   std::string gelu_approximation = "tanh";  // "tanh" (GPT-2, the default) or "none" (exact erf)
   bool checkpoint_activations = false;      // checkpoint each transformer block (Megatron's flag)
   // Megatron's fusion flags: the MLP's bias add and GELU in one kernel, and the loss's
@@ -78,7 +87,21 @@ struct GPTConfig {
   void validate() const;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  int64_t ffn_size() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  // Megatron's default with swiglu: int(4h * 2/3 / 64) * 64, which keeps the two input
+  // projections near the 4h MLP's parameter count.
+  int64_t ffn_size() const {
+    if (ffn_hidden_size > 0) return ffn_hidden_size;
+    return swiglu ? 4 * hidden_size * 2 / 3 / 64 * 64 : 4 * hidden_size;
+  }
+  int64_t query_groups() const {
+    return num_query_groups > 0 ? num_query_groups : num_attention_heads;
+  }
+  // Even, at most head_dim: the leading channels of each head that rope rotates.
+  int64_t rotary_dim() const;
+  // The first key (in this list's order: normalization, position_embedding_type, swiglu,
+  // num_query_groups, add_bias_linear) whose value is not GPT-2's block; "" for a GPT-2 model.
+  // For the paths that implement only GPT-2's blocks, to refuse the others by name.
+  std::string first_non_gpt2_block_key() const;
   int64_t positions() const {
     return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
   }

@@ -214,6 +214,14 @@ nn::ColumnParallelLinear untied_parallel_head(const GPTConfig& c, nn::GroupPtr g
 }
 
 void validate_tensor_parallel(const GPTConfig& c, int t) {
+  const std::string block_key = c.first_non_gpt2_block_key();
+  if (!block_key.empty())
+    throw ConfigError(block_key, fmt::format("expected GPT-2's block (normalization LayerNorm, "
+                                             "learned_absolute positions, no swiglu, "
+                                             "num_query_groups = num_attention_heads, "
+                                             "add_bias_linear true): the tensor-parallel GPT "
+                                             "does not implement {} = {} yet",
+                                             block_key, c.to_json()[block_key].dump()));
   if (c.parallelism.tensor_model_parallel_size != t)
     throw ConfigError("parallelism.tensor_model_parallel_size",
                       fmt::format("expected {} (the size of the model-parallel group given), "

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 #include "dscpp/model_zoo/gpt_config.h"
@@ -154,6 +155,12 @@ const char* hf_dtype_name(at::ScalarType t) {
 void to_hf(const std::string& input, const std::string& model_config, const std::string& output,
            const std::string& dtype_name) {
   const GPTConfig c = GPTConfig::from_file(model_config);
+  // Hugging Face's GPT-2 layout has GPT-2's blocks only (a Llama-style model is another format).
+  if (const std::string key = c.first_non_gpt2_block_key(); !key.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: {} = {} has no place in Hugging Face's GPT-2 format (the one --to hf writes); "
+        "only GPT-2's blocks convert",
+        model_config, key, c.to_json()[key].dump()));
   const PyValue sd = fs::is_directory(input)
                          ? dscpp::checkpoint::get_fp32_state_dict_from_zero_checkpoint(input)
                          : dscpp::checkpoint::load_torch_file(input);

@@ -3,8 +3,10 @@
 gpt_export builds a GPT from a config, runs a forward and backward on a random batch and
 writes the weights, the batch, the logits, the loss and the gradients. This script rebuilds the
 model from the weights alone, in float64, with the formulas written out: LayerNorm from mean and
-variance, attention as softmax(q k^T / sqrt(d) + causal mask) v, GELU as its tanh or erf
-formula, cross entropy from log-softmax. Our fp32 logits, loss and every gradient must agree
+variance, RMSNorm as x * rsqrt(mean(x^2) + eps) * w, attention as softmax(q k^T / sqrt(d) +
+causal mask) v (grouped-query: each k/v head repeated for its group of query heads), rotary
+positions in Megatron's rotate-half form, GELU as its tanh or erf formula, SwiGLU as
+silu(x W_gate) * (x W_up), cross entropy from log-softmax. Our fp32 logits, loss and every gradient must agree
 with it to fp32 accuracy; the parameter names, shapes and count must be as documented.
 Last line: "N passed, M failed"; exits non-zero on any failure.
 """
@@ -38,6 +40,29 @@ def layer_norm(x, w, b, eps):
     return (x - mean) / torch.sqrt(var + eps) * w + b
 
 
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def norm(p, prefix, x, cfg):
+    eps = cfg.get("layernorm_epsilon", 1e-5)
+    if cfg.get("normalization", "LayerNorm") == "RMSNorm":
+        return rms_norm(x, p[prefix + ".weight"], eps)
+    return layer_norm(x, p[prefix + ".weight"], p[prefix + ".bias"], eps)
+
+
+def rotary(x, rot, base):
+    """x [B, heads, S, d]: Megatron's rotate-half rope on the first `rot` channels."""
+    seq = x.shape[2]
+    inv_freq = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], -1)
+    r, rest = x[..., :rot], x[..., rot:]
+    r1, r2 = r[..., : rot // 2], r[..., rot // 2:]
+    rotated = torch.cat([-r2, r1], -1)
+    return torch.cat([r * angles.cos() + rotated * angles.sin(), rest], -1)
+
+
 def gelu(x, approximation):
     if approximation == "tanh":
         return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
@@ -50,29 +75,48 @@ def linear(x, w, b=None):
 
 
 def reference_logits(p, cfg, ids):
-    """GPT-2 / Megatron decoder, pre-LayerNorm, from the weights `p` (name -> tensor)."""
+    """Pre-norm decoder (GPT-2 / Megatron, or Llama-style by the config), from the weights `p`."""
     h = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
+    groups = cfg.get("num_query_groups", heads)
     d = h // heads
-    eps = cfg.get("layernorm_epsilon", 1e-5)
     approx = cfg.get("gelu_approximation", "tanh")
+    rope = cfg.get("position_embedding_type", "learned_absolute") == "rope"
+    rot = int(d * cfg.get("rotary_percent", 1.0))
+    base = cfg.get("rotary_base", 10000.0)
+    bias = cfg.get("add_bias_linear", True)
     batch, seq = ids.shape
-    x = p["embedding.word.weight"][ids] + p["embedding.position.weight"][:seq]
+    x = p["embedding.word.weight"][ids]
+    if not rope:
+        x = x + p["embedding.position.weight"][:seq]
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+
+    def lin(x, name):
+        return linear(x, p[name + ".weight"], p[name + ".bias"] if bias else None)
+
     for i in range(cfg["num_layers"]):
         q = f"blocks.{i}."
-        a = layer_norm(x, p[q + "ln_1.weight"], p[q + "ln_1.bias"], eps)
-        qkv = linear(a, p[q + "attn.qkv.weight"], p[q + "attn.qkv.bias"])
-        split = [t.reshape(batch, seq, heads, d).transpose(1, 2) for t in qkv.split(h, dim=-1)]
-        scores = split[0] @ split[1].transpose(-1, -2) / math.sqrt(d)
+        a = norm(p, q + "ln_1", x, cfg)
+        qkv = lin(a, q + "attn.qkv")
+        parts = qkv.split([heads * d, groups * d, groups * d], dim=-1)
+        qh, kh, vh = [t.reshape(batch, seq, -1, d).transpose(1, 2) for t in parts]
+        if rope:
+            qh, kh = rotary(qh, rot, base), rotary(kh, rot, base)
+        kh = kh.repeat_interleave(heads // groups, dim=1)
+        vh = vh.repeat_interleave(heads // groups, dim=1)
+        scores = qh @ kh.transpose(-1, -2) / math.sqrt(d)
         scores = scores.masked_fill(~causal, float("-inf"))
-        y = (scores.softmax(-1) @ split[2]).transpose(1, 2).reshape(batch, seq, h)
-        x = x + linear(y, p[q + "attn.proj.weight"], p[q + "attn.proj.bias"])
-        m = layer_norm(x, p[q + "ln_2.weight"], p[q + "ln_2.bias"], eps)
-        m = gelu(linear(m, p[q + "mlp.fc.weight"], p[q + "mlp.fc.bias"]), approx)
-        x = x + linear(m, p[q + "mlp.proj.weight"], p[q + "mlp.proj.bias"])
-    x = layer_norm(x, p["final_norm.weight"], p["final_norm.bias"], eps)
-    tied = cfg.get("tie_word_embeddings", True)
+        y = (scores.softmax(-1) @ vh).transpose(1, 2).reshape(batch, seq, h)
+        x = x + lin(y, q + "attn.proj")
+        m = lin(norm(p, q + "ln_2", x, cfg), q + "mlp.fc")
+        if cfg.get("swiglu", False):
+            gate, up = m.chunk(2, dim=-1)
+            m = torch.nn.functional.silu(gate) * up
+        else:
+            m = gelu(m, approx)
+        x = x + lin(m, q + "mlp.proj")
+    x = norm(p, "final_norm", x, cfg)
+    tied = cfg.get("tie_word_embeddings", not cfg.get("untie_embeddings_and_output_weights", False))
     return linear(x, p["embedding.word.weight"] if tied else p["head.weight"])
 
 
@@ -82,12 +126,19 @@ def cross_entropy(logits, targets):
 
 
 def expected_names(cfg):
-    names = ["embedding.word.weight", "embedding.position.weight"]
+    names = ["embedding.word.weight"]
+    if cfg.get("position_embedding_type", "learned_absolute") != "rope":
+        names.append("embedding.position.weight")
+    norm_bias = cfg.get("normalization", "LayerNorm") == "LayerNorm"
+    linear_bias = cfg.get("add_bias_linear", True)
     for i in range(cfg["num_layers"]):
         for part in ["ln_1", "attn.qkv", "attn.proj", "ln_2", "mlp.fc", "mlp.proj"]:
-            names += [f"blocks.{i}.{part}.weight", f"blocks.{i}.{part}.bias"]
-    names += ["final_norm.weight", "final_norm.bias"]
-    if not cfg.get("tie_word_embeddings", True):
+            names.append(f"blocks.{i}.{part}.weight")
+            if norm_bias if part.startswith("ln_") else linear_bias:
+                names.append(f"blocks.{i}.{part}.bias")
+    names += ["final_norm.weight"] + (["final_norm.bias"] if norm_bias else [])
+    if not cfg.get("tie_word_embeddings",
+                   not cfg.get("untie_embeddings_and_output_weights", False)):
         names.append("head.weight")
     return names
 
@@ -111,13 +162,20 @@ def run_case(exe, name, options, workdir):
     check(name + " num_parameters", got["num_parameters"] == numel,
           f"{got['num_parameters']} vs {numel}")
     h, v = cfg["hidden_size"], cfg["vocab_size"]
-    ffn = cfg.get("ffn_hidden_size", 4 * h)
+    heads = cfg["num_attention_heads"]
+    kv = 2 * cfg.get("num_query_groups", heads) * (h // heads)
+    swiglu = cfg.get("swiglu", False)
+    # Megatron's FFN default: 4h, or with swiglu int(4h * 2/3 / 64) * 64.
+    ffn = cfg.get("ffn_hidden_size", int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
     check(name + " shapes",
-          state["blocks.0.attn.qkv.weight"].shape == (3 * h, h)
-          and state["blocks.0.mlp.fc.weight"].shape == (ffn, h)
+          state["blocks.0.attn.qkv.weight"].shape == (h + kv, h)
+          and state["blocks.0.mlp.fc.weight"].shape == ((2 if swiglu else 1) * ffn, h)
+          and state["blocks.0.mlp.proj.weight"].shape == (h, ffn)
           and state["embedding.word.weight"].shape == (v, h)
-          and state["embedding.position.weight"].shape
-          == (cfg.get("max_position_embeddings", cfg.get("seq_length")), h))
+          and ("embedding.position.weight" not in state
+               or state["embedding.position.weight"].shape
+               == (cfg.get("max_position_embeddings", cfg.get("seq_length")), h)),
+          f"{ {k: tuple(t.shape) for k, t in state.items() if k.startswith('blocks.0.')} }")
 
     params = {k: t.double().requires_grad_() for k, t in state.items()}
     logits = reference_logits(params, cfg, got["input_ids"])
@@ -148,6 +206,19 @@ def main():
         # Dropout configured but the model in eval mode: no dropout is applied.
         "eval_mode": dict(base, hidden_dropout=0.1, attention_dropout=0.1),
         "checkpointed": dict(base, checkpoint_activations=True, num_layers=3),
+        # The current models' blocks, one at a time, then all together (Llama-style).
+        "rmsnorm": dict(base, normalization="RMSNorm", layernorm_epsilon=1e-3),
+        "rope_partial": dict(base, position_embedding_type="rope", rotary_percent=0.5,
+                             rotary_base=500.0),
+        "rope": dict(base, position_embedding_type="rope"),
+        "swiglu_default_ffn": dict(base, hidden_size=96, swiglu=True),  # ffn int(256 / 64) * 64
+        "gqa": dict(base, num_query_groups=2),
+        "mqa_no_bias": dict(base, num_query_groups=1, add_bias_linear=False),
+        "untied_megatron_key": dict(base, untie_embeddings_and_output_weights=True),
+        "llama": dict(base, normalization="RMSNorm", position_embedding_type="rope",
+                      swiglu=True, ffn_hidden_size=128, num_query_groups=2,
+                      add_bias_linear=False, untie_embeddings_and_output_weights=True,
+                      checkpoint_activations=True),
     }
     with tempfile.TemporaryDirectory() as workdir:
         for name, cfg in cases.items():

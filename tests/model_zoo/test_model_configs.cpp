@@ -175,3 +175,72 @@ TEST(ModelConfigs, TheSeedsShippedYamlConfigsHaveTheirShapes) {
   // seed's name says 535B, but 12 L h^2 alone is 604 B for this shape; we count what it holds.
   EXPECT_EQ(big.num_parameters(), 605'083'934'720);
 }
+
+// The current models' blocks under Megatron's names: GPT-2's blocks when absent, Megatron's
+// swiglu FFN rule, both spellings of the untied head, and the refusals by name.
+TEST(ModelConfigs, CurrentModelBlockKeysDefaultToGPT2AndReadAsMegatronNamesThem) {
+  const json base = {
+      {"hidden_size", 96}, {"num_layers", 2}, {"num_attention_heads", 4}, {"seq_length", 16}};
+  mz::GPTConfig gpt2 = mz::GPTConfig::from_json(base);
+  EXPECT_EQ(gpt2.normalization, "LayerNorm");
+  EXPECT_EQ(gpt2.position_embedding_type, "learned_absolute");
+  EXPECT_EQ(gpt2.rotary_base, 10000.0);
+  EXPECT_EQ(gpt2.rotary_percent, 1.0);
+  EXPECT_FALSE(gpt2.swiglu);
+  EXPECT_EQ(gpt2.query_groups(), 4);
+  EXPECT_TRUE(gpt2.add_bias_linear);
+  EXPECT_TRUE(gpt2.tie_word_embeddings);
+  EXPECT_EQ(gpt2.first_non_gpt2_block_key(), "");
+  EXPECT_EQ(gpt2.ffn_size(), 384);
+
+  json sw = base;
+  sw["swiglu"] = true;
+  EXPECT_EQ(mz::GPTConfig::from_json(sw).ffn_size(), 256);  // int(4 * 96 * 2/3 / 64) * 64
+  sw["hidden_size"] = 4096;
+  sw["num_attention_heads"] = 32;
+  EXPECT_EQ(mz::GPTConfig::from_json(sw).ffn_size(), 10880);  // int(10922.67 / 64) * 64
+  sw["ffn_hidden_size"] = 11008;                              // Llama-2 7B's, as given
+  EXPECT_EQ(mz::GPTConfig::from_json(sw).ffn_size(), 11008);
+  // Round trip keeps every block key.
+  mz::GPTConfig llama = mz::GPTConfig::from_file(shipped("llama_tiny.json"));
+  EXPECT_EQ(llama.normalization, "RMSNorm");
+  EXPECT_EQ(llama.position_embedding_type, "rope");
+  EXPECT_TRUE(llama.swiglu);
+  EXPECT_EQ(llama.ffn_size(), 320);  // int(512 * 2/3 / 64) * 64
+  EXPECT_EQ(llama.query_groups(), 2);
+  EXPECT_FALSE(llama.add_bias_linear);
+  EXPECT_FALSE(llama.tie_word_embeddings);
+  EXPECT_EQ(llama.rotary_dim(), 32);
+  // Per block: RMSNorms 2 x 128, qkv (128 + 2 x 2 x 32) x 128, proj 128 x 128, fc 640 x 128,
+  // mlp.proj 128 x 320, no biases; no position table; the untied head 50304 x 128.
+  EXPECT_EQ(llama.num_parameters(), 2 * 50304 * 128 + 4 * 172288 + 128);  // 13.57 M
+  EXPECT_NEAR(llama.flops_per_token() / 1e9, 0.0822, 1e-4);
+  EXPECT_EQ(llama.first_non_gpt2_block_key(), "normalization");
+  EXPECT_EQ(mz::GPTConfig::from_json(llama.to_json()).to_json(), llama.to_json());
+
+  json untie = base;
+  untie["untie_embeddings_and_output_weights"] = true;
+  EXPECT_FALSE(mz::GPTConfig::from_json(untie).tie_word_embeddings);
+  untie["tie_word_embeddings"] = false;
+  EXPECT_TRUE(has(error_of([&] { mz::GPTConfig::from_json(untie); }), "give only one of them"));
+
+  auto error_with = [&](const json& extra) {
+    json j = base;
+    j.update(extra);
+    return error_of([&] { mz::GPTConfig::from_json(j); });
+  };
+  json lower = base;  // choices read case-insensitively, as the config reader does for all
+  lower["normalization"] = "rmsnorm";
+  EXPECT_EQ(mz::GPTConfig::from_json(lower).normalization, "RMSNorm");
+  EXPECT_TRUE(has(error_with({{"normalization", "ScaleNorm"}}),
+                  "normalization: expected one of \"LayerNorm\", \"RMSNorm\""));
+  EXPECT_TRUE(has(error_with({{"position_embedding_type", "alibi"}}), "position_embedding_type"));
+  EXPECT_TRUE(has(error_with({{"num_query_groups", 3}}), "num_query_groups: expected a divisor"));
+  EXPECT_TRUE(has(error_with({{"num_query_groups", 8}}), "num_query_groups"));
+  // head_dim 24 * 0.3 = 7.2 -> 7 channels: rope rotates pairs.
+  EXPECT_TRUE(has(error_with({{"position_embedding_type", "rope"}, {"rotary_percent", 0.3}}),
+                  "rotary_percent: expected int(head_dim 24 * rotary_percent) to be even"));
+  EXPECT_TRUE(has(error_with({{"swiglu", true}, {"hidden_size", 16}}), "ffn_hidden_size"));
+  EXPECT_TRUE(has(error_with({{"normalization", "RMSNorm"}, {"residual_layernorm_fusion", true}}),
+                  "residual_layernorm_fusion: expected false with normalization"));
+}

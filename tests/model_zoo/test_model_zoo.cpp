@@ -18,11 +18,13 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
 #include "dscpp/dscpp.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/nn/rng_tracker.h"
@@ -327,7 +329,7 @@ TEST(GPT, NumParametersIsTheModulesCount) {
     mz::GPT model(c);
     EXPECT_EQ(count_parameters(*model), c.num_parameters()) << "tied " << tied;
   }
-  for (const char* file : {"gpt_tiny.json", "gpt_125M.json"}) {
+  for (const char* file : {"gpt_tiny.json", "gpt_125M.json", "llama_tiny.json"}) {
     mz::GPTConfig c = mz::GPTConfig::from_file(shipped(file));
     mz::GPT model(c);
     EXPECT_EQ(count_parameters(*model), c.num_parameters()) << file;
@@ -460,6 +462,55 @@ TEST(GPT, LayerModuleHasTheModulesStateDictAndOutput) {
     Batch b = random_batch(c, 2, 9, 3);
     EXPECT_TRUE(at::equal(model->forward(b.ids), layered->forward(b.ids))) << "tied " << tied;
   }
+}
+
+// The current models' blocks (llama_tiny.json's kinds, at small_json's size): the LayerSpec form
+// builds the same modules, so it has GPT's state dict and output; the tensor-parallel GPT,
+// which has GPT-2's blocks only, refuses each of them by its key.
+TEST(GPT, LlamaStyleBlocksInTheLayerSpecFormAndRefusedByTensorParallel) {
+  json j = small_json();
+  j.update({{"normalization", "RMSNorm"},
+            {"position_embedding_type", "rope"},
+            {"swiglu", true},
+            {"ffn_hidden_size", 48},
+            {"num_query_groups", 2},
+            {"add_bias_linear", false},
+            {"untie_embeddings_and_output_weights", true}});
+  mz::GPTConfig c = mz::GPTConfig::from_json(j);
+  mz::GPT model(c);
+  EXPECT_EQ(count_parameters(*model), c.num_parameters());
+  dscpp::nn::LayerModule layered(mz::gpt_layer_specs(c));
+  std::map<std::string, at::Tensor> whole;
+  for (const auto& item : model->named_parameters()) whole[item.key()] = item.value();
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& item : layered->named_parameters()) {
+      ASSERT_TRUE(whole.count(item.key())) << item.key();
+      item.value().copy_(whole[item.key()]);
+    }
+  }
+  EXPECT_EQ(layered->named_parameters().size(), whole.size());
+  EXPECT_EQ(layered->layer_parameters().front(),
+            (std::vector<std::string>{"embedding.word.weight"}));  // rope: no position table
+  Batch b = random_batch(c, 2, 9, 3);
+  EXPECT_TRUE(at::equal(model->forward(b.ids), layered->forward(b.ids)));
+
+  const mz::GPTConfig gpt2 = small_config();
+  const mz::GPTConfig llama = c;
+  auto has = [](const std::string& m, const std::string& part) {
+    return m.find(part) != std::string::npos;
+  };
+  auto error_of = [](const std::function<void()>& f) { return config_error(f); };
+  json no_bias = small_json();
+
+  // The tensor-parallel GPT has GPT-2's blocks only: the others are refused by their key.
+  EXPECT_NO_THROW(mz::validate_tensor_parallel(gpt2, 1));
+  EXPECT_TRUE(has(error_of([&] { mz::validate_tensor_parallel(llama, 1); }),
+                  "normalization: expected GPT-2's block"));
+  no_bias["add_bias_linear"] = false;
+  EXPECT_TRUE(
+      has(error_of([&] { mz::validate_tensor_parallel(mz::GPTConfig::from_json(no_bias), 1); }),
+          "the tensor-parallel GPT does not implement add_bias_linear = false"));
 }
 
 // ---- activation checkpointing ----------------------------------------------------------------
