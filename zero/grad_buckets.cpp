@@ -189,10 +189,10 @@ void GradBuckets::written(int param) {
 
 bool GradBuckets::in_partition(int b) const {
   const auto& bucket = layout_.buckets[b];
-  return group_->size() == 1 && options_.scatter && options_.use_reduce_scatter && fresh_ &&
-         overwrites_partition() && bucket.chunk == bucket.end - bucket.begin &&
-         !options_.prescale_gradients && options_.gradient_predivide_factor == 1.0 &&
-         partition_.device() == grad_options_.device();
+  return partition_.defined() && !host_ && group_->size() == 1 && options_.scatter &&
+         options_.use_reduce_scatter && fresh_ && overwrites_partition() &&
+         bucket.chunk == bucket.end - bucket.begin && !options_.prescale_gradients &&
+         options_.gradient_predivide_factor == 1.0 && partition_.device() == grad_options_.device();
 }
 
 at::Tensor& GradBuckets::storage(int b) {
@@ -245,8 +245,9 @@ void GradBuckets::launch(int b) {
   if (n == 1) {
     // One rank: the reduction is the identity. Into the partition directly where the
     // collective would have written it (the storage may be that slice already).
-    direct_[b] =
-        options_.scatter && options_.use_reduce_scatter && fresh_ && overwrites_partition();
+    // (a host partition takes the sums through a copy: start_landing)
+    direct_[b] = options_.scatter && options_.use_reduce_scatter && fresh_ &&
+                 overwrites_partition() && !host_;
     if (direct_[b]) {
       at::Tensor into = target(b);
       if (into.data_ptr() != data.data_ptr()) {

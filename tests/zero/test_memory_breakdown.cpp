@@ -136,7 +136,13 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
     // and one being filled.
     if (c.stage >= 2) {
       const int64_t bucket = kEach * 2;
-      EXPECT_GT(r.zero->reduce_buckets_peak(), 0) << name(c);
+      // (one rank with a 16-bit partition on the device: the buckets are the partition's
+      // slices, written by the products themselves: nothing in flight beyond it)
+      const bool in_partition = c.world == 1 && !c.offload && c.grad_dtype == at::kBFloat16;
+      if (in_partition)
+        EXPECT_EQ(r.zero->reduce_buckets_peak(), 0) << name(c);
+      else
+        EXPECT_GT(r.zero->reduce_buckets_peak(), 0) << name(c);
       EXPECT_LE(r.zero->reduce_buckets_peak(), 6 * bucket) << name(c);
       EXPECT_LT(6 * bucket, 2 * N);  // (the bound means something)
     }
