@@ -46,8 +46,8 @@
 
 #include "bench/bench_util.h"
 #include "dscpp/ops/fused_ops.h"
-#include "dscpp/ops/kernel_launch.h"
 #include "dscpp/ops/grouped_mm.h"
+#include "dscpp/ops/kernel_launch.h"
 #include "dscpp/ops/ops_impl.h"
 
 namespace {
