@@ -1,0 +1,179 @@
+// Activation checkpointing on model_zoo's GPT and on any function: gradients bit for bit
+// against plain ones (dropout on and off), the model-parallel RNG tracker restored on
+// recompute, the refusals, and the peak memory it saves (CPU allocator events; CUDA caching
+// allocator stats in the CUDA build).
+
+#include "tests/model_zoo/gpt_test_util.h"
+
+using namespace gpt_test;
+
+TEST(ActivationCheckpointing, GPTGradientsAreBitIdentical) {
+  for (double dropout : {0.0, 0.1}) {
+    mz::GPTConfig c = small_config(dropout);
+    at::manual_seed(3);
+    mz::GPT model(c);
+    Batch b = random_batch(c, 4, 16, 4);
+    Step plain = train_step(model, b, 11);
+    auto expected = grads_of(*model);
+
+    dscpp::ActivationCheckpointingConfig one_each, two_segments, on_cpu;
+    two_segments.number_checkpoints = 2;
+    on_cpu.cpu_checkpointing = true;  // nothing to move for CPU tensors: the same result
+    for (const auto* section : {&one_each, &two_segments, &on_cpu}) {
+      model->enable_activation_checkpointing(*section);
+      Step ckpt = train_step(model, b, 11);
+      SCOPED_TRACE("dropout " + std::to_string(dropout) + ", segments " +
+                   std::to_string(model->activation_checkpointing_segments()));
+      EXPECT_TRUE(at::equal(plain.loss, ckpt.loss));
+      // The RNG continues as it would have: the next batch sees the same stream.
+      EXPECT_TRUE(at::equal(plain.rng_after, ckpt.rng_after));
+      expect_grads_identical(expected, grads_of(*model));
+    }
+    model->disable_activation_checkpointing();
+    if (dropout > 0) {
+      // Dropout was really on: another seed gives another loss.
+      EXPECT_FALSE(at::equal(plain.loss, train_step(model, b, 12).loss));
+    }
+  }
+}
+
+TEST(ActivationCheckpointing, AnyFunctionOfSeveralTensors) {
+  at::manual_seed(0);
+  at::Tensor w = at::randn({5, 5}).requires_grad_();
+  at::Tensor x = at::randn({3, 5}).requires_grad_();
+  at::Tensor y = at::randn({3, 5});  // needs no gradient
+  auto fn = [w](const std::vector<at::Tensor>& in) {
+    at::Tensor h = at::dropout(at::tanh(in[0].matmul(w)), 0.5, true) * in[1];
+    return std::vector<at::Tensor>{h.sum(1), h.argmax(1), h * 2};
+  };
+  auto run = [&](bool checkpointed) {
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+    at::manual_seed(9);
+    auto out = checkpointed ? ac::checkpoint(fn, {x, y}) : fn({x, y});
+    EXPECT_FALSE(out[1].requires_grad());  // integer output
+    (out[0].sum() + out[2].pow(2).sum()).backward();
+    return std::vector<at::Tensor>{out[0].detach(), w.grad().clone(), x.grad().clone()};
+  };
+  auto plain = run(false), ckpt = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ckpt[i])) << i;
+}
+
+// Dropout in a tensor-parallel region draws under the model-parallel RNG tracker's fork: the
+// recompute must draw the forward's mask from the tracker's stream too, and leave the tracker
+// where the plain run leaves it.
+TEST(ActivationCheckpointing, RecomputeRestoresTheModelParallelRngTracker) {
+  at::manual_seed(0);
+  at::Tensor w = at::randn({6, 6}).requires_grad_();
+  at::Tensor x = at::randn({4, 6}).requires_grad_();
+  auto fn = [w](const at::Tensor& in) {
+    at::Tensor h = at::tanh(in.matmul(w));
+    auto fork = dscpp::nn::get_cuda_rng_tracker().fork();
+    return at::dropout(h, 0.5, true);
+  };
+  auto run = [&](bool checkpointed) {
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+    dscpp::nn::model_parallel_cuda_manual_seed(5, 1);
+    at::Tensor out = checkpointed ? ac::checkpoint(fn, x) : fn(x);
+    // Between forward and backward the tracker's stream moves on (other layers draw).
+    {
+      auto fork = dscpp::nn::get_cuda_rng_tracker().fork();
+      (void)at::rand({7});
+    }
+    (out.pow(2) * at::arange(6, at::kFloat)).sum().backward();
+    auto fork = dscpp::nn::get_cuda_rng_tracker().fork();
+    return std::vector<at::Tensor>{out.detach(), w.grad().clone(), x.grad().clone(), at::rand({3})};
+  };
+  auto plain = run(false), ckpt = run(true);
+  const char* what[] = {"output", "w.grad", "x.grad", "the tracker's next draw"};
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ckpt[i])) << what[i];
+}
+
+TEST(ActivationCheckpointing, RefusesAutogradGradAndNamesWhatItIgnores) {
+  at::Tensor x = at::randn({4}).requires_grad_();
+  at::Tensor y = ac::checkpoint([](const at::Tensor& t) { return (t * t).sum(); }, x);
+  EXPECT_THROW(torch::autograd::grad({y}, {x}), c10::Error);
+
+  mz::GPT model(small_config());
+  dscpp::ActivationCheckpointingConfig section;
+  section.partition_activations = true;
+  section.contiguous_memory_optimization = true;
+  std::vector<std::string> notes = model->enable_activation_checkpointing(section);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[0].find("partition_activations"), std::string::npos);
+  EXPECT_NE(notes[1].find("contiguous_memory_optimization"), std::string::npos);
+  section = {};
+  section.number_checkpoints = 4;  // three blocks
+  std::string e = config_error([&] { model->enable_activation_checkpointing(section); });
+  EXPECT_NE(e.find("activation_checkpointing.number_checkpoints"), std::string::npos) << e;
+  // The GPT config's own switch.
+  json j = small_json();
+  j["checkpoint_activations"] = true;
+  EXPECT_EQ(mz::GPT(mz::GPTConfig::from_json(j))->activation_checkpointing_segments(), 3);
+}
+
+TEST(ActivationCheckpointing, PeakCpuMemoryDrops) {
+  mz::GPTConfig c = memory_config();
+  at::manual_seed(0);
+  mz::GPT model(c);
+  Batch b = random_batch(c, 8, c.seq_length, 1);
+  MemoryUse plain = cpu_memory_of_step(model, b);
+  model->enable_activation_checkpointing();
+  MemoryUse ckpt = cpu_memory_of_step(model, b);
+  const double mib = 1024.0 * 1024.0;
+  std::cout << "CPU bytes held after forward: " << plain.after_forward / mib << " MiB plain, "
+            << ckpt.after_forward / mib << " MiB checkpointed; peak " << plain.peak / mib
+            << " MiB plain, " << ckpt.peak / mib << " MiB checkpointed\n";
+  // Checkpointed, a forward keeps each block's input ([B,S,h]) instead of everything the
+  // block's backward needs (attention probabilities and dropout masks among them).
+  EXPECT_LT(ckpt.after_forward, plain.after_forward / 4);
+  EXPECT_LT(ckpt.peak, plain.peak / 2);
+}
+
+#if defined(DSCPP_CUDA)
+TEST(ActivationCheckpointing, PeakCudaMemoryDrops) {
+  DSCPP_SKIP_WITHOUT_CUDA();
+  const at::Device gpu(at::kCUDA, 0);
+  mz::GPTConfig c = memory_config();
+  at::manual_seed(0);
+  mz::GPT model(c);
+  model->to(gpu);
+  Batch b = random_batch(c, 8, c.seq_length, 1);
+  b.ids = b.ids.to(gpu);
+  b.targets = b.targets.to(gpu);
+  auto measure = [&](std::map<std::string, at::Tensor>* grads) {
+    zero_grads(*model);
+    at::accelerator::synchronizeDevice(0);
+    const int64_t base = at::accelerator::getDeviceStats(0).allocated_bytes[0].current;
+    at::accelerator::resetPeakStats(0);
+    at::manual_seed(7);
+    model->loss(model->forward(b.ids), b.targets).backward();
+    at::accelerator::synchronizeDevice(0);
+    *grads = grads_of(*model);
+    return at::accelerator::getDeviceStats(0).allocated_bytes[0].peak - base;
+  };
+  std::map<std::string, at::Tensor> plain_grads, ckpt_grads, host_grads;
+  // A first step allocates what stays for good (cuBLAS workspaces): not the model's peak.
+  measure(&plain_grads);
+  const int64_t plain = measure(&plain_grads);
+  model->enable_activation_checkpointing();
+  const int64_t ckpt = measure(&ckpt_grads);
+  dscpp::ActivationCheckpointingConfig on_cpu;
+  on_cpu.cpu_checkpointing = true;
+  model->enable_activation_checkpointing(on_cpu);
+  const int64_t host = measure(&host_grads);
+  std::cout << "CUDA peak above the weights: " << plain / 1048576.0 << " MiB plain, "
+            << ckpt / 1048576.0 << " MiB checkpointed, " << host / 1048576.0
+            << " MiB with cpu_checkpointing\n";
+  EXPECT_LT(ckpt, plain / 2);
+  EXPECT_LT(host, ckpt);
+  // GPU kernels may sum in a different order from run to run (atomics): close, not equal.
+  for (const auto& [name, g] : plain_grads) {
+    EXPECT_TRUE(at::allclose(g, ckpt_grads.at(name), 1e-4, 1e-6)) << name;
+    EXPECT_TRUE(at::allclose(g, host_grads.at(name), 1e-4, 1e-6)) << name;
+  }
+}
+#endif
+
+// ---- with the engine -------------------------------------------------------------------------
