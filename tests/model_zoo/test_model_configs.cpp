@@ -204,6 +204,7 @@ TEST(ModelConfigs, CurrentModelBlockKeysDefaultToGPT2AndReadAsMegatronNamesThem)
   // Round trip keeps every block key.
   mz::GPTConfig llama = mz::GPTConfig::from_file(shipped("llama_tiny.json"));
   EXPECT_EQ(llama.normalization, "RMSNorm");
+  EXPECT_FALSE(llama.residual_layernorm_fusion);  // the default with RMSNorm: no fused kernel
   EXPECT_EQ(llama.position_embedding_type, "rope");
   EXPECT_TRUE(llama.swiglu);
   EXPECT_EQ(llama.ffn_size(), 320);  // int(512 * 2/3 / 64) * 64

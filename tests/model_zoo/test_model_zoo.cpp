@@ -450,7 +450,7 @@ TEST(GPTConfig, GradientAccumulationFusionKey) {
 TEST(GPT, FusedResidualLayerNormEqualsEager) {
   json j = small_json();
   mz::GPTConfig eager_default = mz::GPTConfig::from_json(j);
-  ASSERT_FALSE(eager_default.residual_layernorm_fusion);  // the default
+  ASSERT_TRUE(eager_default.residual_layernorm_fusion);  // the default with LayerNorm
   j["residual_layernorm_fusion"] = true;
   mz::GPTConfig fused_cfg = mz::GPTConfig::from_json(j);
   j["residual_layernorm_fusion"] = false;
