@@ -34,6 +34,10 @@
 #   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
 #                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
 #                   (CUDA hidden: fp32 within 1e-6 of no offload) -> nvme_file.log, nvme_oracle.log
+#   GPU_MOE_KERNELS=1  the MoE permutation kernels: their CUDA tests (test_kernels_cuda's
+#                   MoePermuteKernels.*) and bench/moe_bench (the MoE layer at moe_1gpu's shape,
+#                   kernels against the ATen path, and the grouped GEMM's share) -> moe_kernels.log,
+#                   moe_bench.log; with GPU_TESTS=0 or quick it builds only those two
 #   GPU_CMAKE_ARGS  more CMake arguments for both builds (e.g. -DDSCPP_WERROR=OFF: g++ 13
 #                   there warns where clang++ here does not; the warnings stay in build.log)
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
@@ -84,6 +88,7 @@ targets=()
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 [ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train)
 [ "${GPU_NVME:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_nvme_file engine_train dscpp_launcher)
+[ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_kernels_cuda moe_bench)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 baseline_build() {
   (cd "$GPU_BASELINE" && configure && ninja -C build-cuda -j "$(nproc)" train_gpt dscpp_launcher)
@@ -134,6 +139,12 @@ fi
 if [ "$tests" != 0 ] && [ "$gpus" -ge 1 ] && [ -x ./build-cuda/tests/ops/test_kernels_cuda ]; then
   step kernels_cuda ./build-cuda/tests/ops/test_kernels_cuda
   step kernels_bench ./build-cuda/bench/kernels_bench
+fi
+# Issue 20's MoE permutation kernels: their tests, then the layer's timing (predictions in
+# bench/moe_bench.cpp's header).
+if [ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$gpus" -ge 1 ]; then
+  step moe_kernels ./build-cuda/tests/ops/test_kernels_cuda --gtest_filter='MoePermuteKernels.*'
+  step moe_bench ./build-cuda/bench/moe_bench
 fi
 # GPT 1.3B training throughput: dscpp's train_gpt beside plain PyTorch in the same call
 # (GPU.md: compare only figures of one call). Data: the fortunes corpus carried in .gpu/corpus.
@@ -283,6 +294,8 @@ grep -E "PASSED|FAILED" "$out/fused_adam_test.log" "$out/engine_cases.log" 2>/de
 tail -12 "$out/fused_adam.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/kernels_cuda.log" 2>/dev/null
 tail -40 "$out/kernels_bench.log" 2>/dev/null
+grep -E "PASSED|FAILED" "$out/moe_kernels.log" 2>/dev/null
+tail -12 "$out/moe_bench.log" 2>/dev/null
 grep -E "PASS|FAIL|passed" "$out/checkpoint_resume.log" 2>/dev/null
 grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
 grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
