@@ -165,10 +165,7 @@ const std::vector<std::string>& engine_state_keys() {
                                                 "dscpp_world_size",
                                                 "dscpp_global_steps",
                                                 "universal_checkpoint_info",
-                                                "dscpp_pipe",
-                                                "num_experts",
-                                                "ds_autoep_layers",
-                                                "dscpp_moe"};
+                                                "dscpp_pipe"};
   return keys;
 }
 
