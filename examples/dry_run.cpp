@@ -109,10 +109,21 @@ DryRunPlan plan_dry_run(const model_zoo::GPTConfig& model,
   r.zero_stage = zero_stage;
   const int64_t t = layout.tensor_model_parallel_size, p = layout.pipeline_model_parallel_size,
                 d = layout.data_parallel_size;
+  const int64_t ep = layout.expert_model_parallel_size;
   r.parameters = model.num_parameters();
-  r.parameters_per_gpu = static_cast<double>(r.parameters) / static_cast<double>(t * p);
+  r.active_parameters = model.active_parameters();
+  r.expert_parameters = model.routed_expert_parameters();
+  const double dense =
+      static_cast<double>(r.parameters - r.expert_parameters) / static_cast<double>(t * p);
+  r.expert_parameters_per_gpu =
+      static_cast<double>(r.expert_parameters) / static_cast<double>(t * p * ep);
+  r.parameters_per_gpu = dense + r.expert_parameters_per_gpu;
   for (int stage = 0; stage < 4; ++stage)
-    r.model_states_bytes[stage] = zero_model_states_bytes(r.parameters_per_gpu, d, stage);
+    r.model_states_bytes[stage] =
+        zero_model_states_bytes(dense, d, stage) +
+        (r.expert_parameters > 0
+             ? zero_model_states_bytes(r.expert_parameters_per_gpu, d / ep, stage)
+             : 0.0);
   r.layers_per_stage = (model.num_layers + p - 1) / p;
 
   const double s = static_cast<double>(model.seq_length), b = static_cast<double>(micro_batch_size),
@@ -152,11 +163,39 @@ std::string format_dry_run(const DryRunPlan& r) {
   out << fmt::format("parameters: {} ({:.2f} B); per GPU after the model split (/ t p = {}): {}\n",
                      grouped(r.parameters), static_cast<double>(r.parameters) / 1e9, t * p,
                      grouped(static_cast<int64_t>(std::llround(r.parameters_per_gpu))));
-  out << fmt::format("layout: tensor {} x pipeline {} x data {} = {} ranks{}\n", t, p, d, t * p * d,
-                     l.sequence_parallel ? ", sequence parallel" : "");
+  if (m.moe.enabled()) {
+    out << fmt::format(
+        "active parameters per token: {} ({:.2f} B): {} MoE layers of {} routed experts top-{}{}{}"
+        "\n",
+        grouped(r.active_parameters), static_cast<double>(r.active_parameters) / 1e9,
+        m.moe.num_moe_layers(), m.moe.num_experts, m.moe.moe_router_topk,
+        m.moe.moe_shared_expert_intermediate_size > 0
+            ? fmt::format(" + shared FFN {}", m.moe.moe_shared_expert_intermediate_size)
+            : std::string(),
+        m.moe.moe_latent_size > 0 ? fmt::format(", latent {}", m.moe.moe_latent_size)
+                                  : std::string());
+    out << fmt::format(
+        "routed experts: {} ({:.2f} B), split over expert degree {}: {} per GPU; the rest {} per "
+        "GPU\n",
+        grouped(r.expert_parameters), static_cast<double>(r.expert_parameters) / 1e9,
+        l.expert_model_parallel_size,
+        grouped(static_cast<int64_t>(std::llround(r.expert_parameters_per_gpu))),
+        grouped(static_cast<int64_t>(
+            std::llround(r.parameters_per_gpu - r.expert_parameters_per_gpu))));
+  }
+  out << fmt::format(
+      "layout: tensor {} x pipeline {} x data {} = {} ranks{}{}\n", t, p, d, t * p * d,
+      l.sequence_parallel ? ", sequence parallel" : "",
+      l.expert_model_parallel_size > 1
+          ? fmt::format(", experts over {} of the data ranks (expert-data "
+                        "degree {})",
+                        l.expert_model_parallel_size, d / l.expert_model_parallel_size)
+          : std::string());
   out << "model states per GPU (16-bit params + grads, fp32 master + Adam moments: 2 + 2 + 12 "
          "bytes/param, the ZeRO paper's; Psi = params per GPU, d = "
-      << d << "):\n";
+      << d
+      << (r.expert_parameters > 0 ? "; the experts' share over the expert-data degree d / ep" : "")
+      << "):\n";
   const char* formulas[4] = {"16 Psi", "4 Psi + 12 Psi/d", "2 Psi + 14 Psi/d", "16 Psi/d"};
   for (int stage = 0; stage < 4; ++stage)
     out << fmt::format("  ZeRO-{}  {:<18} {:>12}{}\n", stage, formulas[stage],

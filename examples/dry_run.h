@@ -21,6 +21,10 @@
 //   a micro-batch holds the layers of one stage, ceil(L / p) of them; under 1F1B the first
 //   stage holds p micro-batches at once. The embedding, the final LayerNorm and the loss
 //   (Korthikanti's section 4.3 extras) are left out.
+// - MoE (expert degree ep): the routed experts split over ep ranks of the data axis, so a GPU
+//   holds Psi_d = dense / (t p) and Psi_e = experts / (t p ep); their model states are ZeRO's
+//   over the data degree for Psi_d and over the expert-data degree d / ep for Psi_e (DeepSpeed
+//   partitions expert parameters over the expert-data-parallel group).
 // - The rank layout: DeepSpeed's topology pipe x data x model (comm::Topology; the model axis
 //   fastest, so a tensor-parallel group is consecutive ranks, inside a node).
 #pragma once
@@ -47,9 +51,12 @@ struct DryRunPlan {
   int64_t micro_batch_size = 1;
   int64_t zero_stage = -1;  // the ds_config's stage, -1 when no ds_config was read
   int64_t parameters = 0;
-  double parameters_per_gpu = 0;   // Psi = N / (t p)
-  double model_states_bytes[4]{};  // ZeRO stages 0..3, per GPU
-  int64_t layers_per_stage = 0;    // ceil(L / p)
+  int64_t active_parameters = 0;  // per token (GPTConfig::active_parameters); = parameters dense
+  int64_t expert_parameters = 0;  // the routed experts' (GPTConfig::routed_expert_parameters)
+  double parameters_per_gpu = 0;  // Psi = N / (t p); MoE: dense / (t p) + experts / (t p ep)
+  double expert_parameters_per_gpu = 0;  // Psi_e = experts / (t p ep), in parameters_per_gpu
+  double model_states_bytes[4]{};        // ZeRO stages 0..3, per GPU
+  int64_t layers_per_stage = 0;          // ceil(L / p)
   std::vector<ActivationRow> activations;
   std::vector<std::vector<int>> tensor_groups, pipeline_groups, data_groups;
 };

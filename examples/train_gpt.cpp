@@ -52,12 +52,14 @@
 #include "dscpp/dscpp.h"
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
+#include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/grad_destination.h"
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/monitor/monitor.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
 #include "gpt_flags.h"
+#include "moe_training.h"
 #include "train_gpt_pipeline.h"
 #ifdef DSCPP_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -211,7 +213,10 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                    "reductions and parameter all-gathers move no data, the model does not train "
                    "correctly, only the step time means something\n";
   }
+  // The data group's holder: the MoE expert biases sum their counts over it.
+  auto data_group = init.group ? init.group : dscpp::comm::init_distributed();
   auto engine = dscpp::initialize(model, ds_config, std::move(init));
+  dscpp::examples::MoETraining moe(cfg, *model, data_group);
   const double init_s = seconds_since(init_start);
   const int dp_rank = engine.global_rank(), world = engine.world_size();
   // The job's rank, for what one rank prints or profiles: with tensor parallelism t ranks share
@@ -278,29 +283,35 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                                                   : 0.0;
   const int64_t tokens_per_step = ds.train_batch_size * cfg.seq_length;
   if (rank == 0)
-    std::cout << fmt::format(
-                     "[train_gpt] GPT {:.2f}M parameters (L={} h={} heads={} seq={} vocab={}); {} "
-                     "ranks on {}, "
-                     "ZeRO stage {}, {}; global batch {} = {} x {} x {}; data {} tokens, {} "
-                     "batches per rank "
-                     "per epoch\n",
-                     cfg.num_parameters() / 1e6, cfg.num_layers, cfg.hidden_size,
-                     cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size, world * tp,
-                     engine.device().str(), engine.zero_optimization_stage(),
-                     at::toString(engine.dtype()), ds.train_batch_size, mb, ga, world,
-                     indexed->num_tokens(), loader.batches_per_epoch())
-              << (cfg.parallelism.tensor_model_parallel_size > 1
-                      ? fmt::format("[train_gpt] tensor parallel {} x data {}{}\n",
-                                    cfg.parallelism.tensor_model_parallel_size, world,
-                                    cfg.parallelism.sequence_parallel ? ", sequence parallel" : "")
-                      : std::string())
-              << fmt::format(
-                     "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
-                     "{:.1f} s; {}\n",
-                     built_s, init_s, peak_memory(engine.device()))
-              << "[train_gpt] engine buffers: "
-              << dscpp::zero::describe(engine.core().memory_breakdown()) << "\n"
-              << std::flush;
+    std::cout
+        << fmt::format(
+               "[train_gpt] GPT {:.2f}M parameters{} (L={} h={} heads={} seq={} vocab={}); {} "
+               "ranks on {}, "
+               "ZeRO stage {}, {}; global batch {} = {} x {} x {}; data {} tokens, {} "
+               "batches per rank "
+               "per epoch\n",
+               cfg.num_parameters() / 1e6,
+               cfg.moe.enabled()
+                   ? fmt::format(", {:.2f}M active ({} experts top-{} in {} MoE layers)",
+                                 cfg.active_parameters() / 1e6, cfg.moe.num_experts,
+                                 cfg.moe.moe_router_topk, cfg.moe.num_moe_layers())
+                   : std::string(),
+               cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length,
+               cfg.vocab_size, world * tp, engine.device().str(), engine.zero_optimization_stage(),
+               at::toString(engine.dtype()), ds.train_batch_size, mb, ga, world,
+               indexed->num_tokens(), loader.batches_per_epoch())
+        << (cfg.parallelism.tensor_model_parallel_size > 1
+                ? fmt::format("[train_gpt] tensor parallel {} x data {}{}\n",
+                              cfg.parallelism.tensor_model_parallel_size, world,
+                              cfg.parallelism.sequence_parallel ? ", sequence parallel" : "")
+                : std::string())
+        << fmt::format(
+               "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
+               "{:.1f} s; {}\n",
+               built_s, init_s, peak_memory(engine.device()))
+        << "[train_gpt] engine buffers: " << dscpp::zero::describe(engine.core().memory_breakdown())
+        << "\n"
+        << std::flush;
 
   auto save = [&](int64_t step) {
     auto client = dscpp::checkpoint::PyValue::dict();
@@ -338,14 +349,18 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
         auto batch = loader.next();
         at::Tensor input = to_device(batch->input, engine.device()),
                    target = to_device(batch->target, engine.device());
-        at::Tensor loss;
+        at::Tensor loss, total;
         {
           RECORD_USER_SCOPE("train_gpt::forward");
-          loss = loss_of(engine.module(), engine.forward(input), target, cfg);
+          // The MoE blocks' aux losses (scaled by their coefficients) join the loss here.
+          dscpp::nn::AuxLossScope aux;
+          total = loss = loss_of(engine.module(), engine.forward(input), target, cfg);
+          if (aux.sum().defined()) total = loss + aux.sum();
+          moe.add_aux(aux.sum(), ga);
         }
         {
           RECORD_USER_SCOPE("train_gpt::backward");
-          engine.backward(loss);
+          engine.backward(total);
         }
         {
           RECORD_USER_SCOPE("train_gpt::optimizer");
@@ -353,6 +368,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
         }
         interval_loss += loss.detach().to(at::kDouble) / ga;
       }
+      moe.after_boundary();  // the expert biases, from the global batch's routing
     }
     ++interval_steps;
     if (untimed) {
@@ -384,16 +400,18 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tokens_per_s = timed_steps * tokens_per_step / secs;
       const double tflops = tokens_per_s * flops_per_token / world / 1e12;
+      const std::string moe_fields = moe.interval_report(interval_steps);  // collective
       if (rank == 0)
         std::cout << fmt::format(
                          "[train_gpt] step {}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.3f} | "
                          "loss scale {:g} | {:.0f} tokens/s ({:.0f} per rank) | {:.3f} TFLOP/s per "
-                         "rank | MFU {} | {}\n",
+                         "rank | MFU {}{}{} | {}\n",
                          done, args.train_iters, l.item<double>(), engine.get_lr()[0],
                          engine.get_global_grad_norm(), engine.loss_scale(), tokens_per_s,
                          tokens_per_s / world, tflops,
                          peak > 0 ? fmt::format("{:.1f}%", 100 * tflops / peak)
                                   : std::string("n/a"),
+                         moe.active() ? " (active parameters)" : "", moe_fields,
                          peak_memory(engine.device()))
                   << std::flush;
       // What only the program knows, beside the engine's own events (docs/monitor.md).
@@ -502,6 +520,7 @@ int main(int argc, char** argv) {
     if (args.dry_run) return dscpp::examples::run_dry_run(args, launched ? world : 0, quiet);
     cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
     apply_tensor_flags(*cfg, args, world);
+    dscpp::examples::check_moe_job(*cfg, args);
     // A pipeline (train_gpt_pipeline.h) leaves world / (stages x tensor) ranks to data
     // parallelism, and runs tensor parallelism itself.
     const auto raw = dscpp::config::read_config(args.ds_config);
@@ -540,7 +559,10 @@ int main(int argc, char** argv) {
         specs = dscpp::examples::seeded_layer_specs(std::move(specs), args.seed);
       return train(args, *cfg, dscpp::nn::LayerModule(specs), ds_config);
     }
-    return train(args, *cfg, dscpp::model_zoo::GPT(*cfg), ds_config);
+    // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE layers.
+    return train(args, *cfg,
+                 dscpp::model_zoo::GPT(*cfg, dscpp::examples::expert_parallel_group(*cfg)),
+                 ds_config);
   } catch (const std::exception& e) {
     std::cerr << "train_gpt: " << e.what() << "\n";
     return 1;

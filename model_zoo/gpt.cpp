@@ -19,6 +19,7 @@
 #include <iostream>
 #include <utility>
 
+#include "dscpp/comm/process_group.h"
 #include "dscpp/config/config_error.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/module_scope.h"
@@ -155,12 +156,24 @@ at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
                    ops::bias_gelu(nn::linear(x, fc->weight), fc->bias, approximate == "tanh"));
 }
 
-GPTBlockImpl::GPTBlockImpl(const GPTConfig& c)
+GPTBlockImpl::GPTBlockImpl(const GPTConfig& c, int64_t layer,
+                           const std::shared_ptr<comm::ProcessGroup>& ep_group)
     : dropout(c.hidden_dropout), fused_add_norm(c.residual_layernorm_fusion) {
   ln_1 = register_module("ln_1", make_norm(c));
   attn = register_module("attn", GPTAttention(c));
   ln_2 = register_module("ln_2", make_norm(c));
-  mlp = register_module("mlp", GPTMLP(c));
+  if (c.moe.is_moe_layer(layer)) {
+    moe = register_module("mlp", make_moe_mlp(c, ep_group));
+    moe_l_aux_coeff = moe_l_aux_coeff_of(c);
+  } else {
+    mlp = register_module("mlp", GPTMLP(c));
+  }
+}
+
+at::Tensor GPTBlockImpl::run_mlp(const at::Tensor& x) {
+  if (!moe) return mlp(x);
+  nn::ModuleScope scope(*moe);
+  return run_moe_mlp(*moe, x, moe_l_aux_coeff, is_training(), moe_stats);
 }
 
 at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
@@ -168,7 +181,7 @@ at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
   const at::Tensor branch = at::dropout(attn(apply_norm(*ln_1, x)), dropout, is_training());
   if (!fused_add_norm) {
     const at::Tensor h = x + branch;
-    return h + at::dropout(mlp(apply_norm(*ln_2, h)), dropout, is_training());
+    return h + at::dropout(run_mlp(apply_norm(*ln_2, h)), dropout, is_training());
   }
   std::array<at::Tensor, 2> hy;  // {h, ln_2(h)}
   {
@@ -177,15 +190,24 @@ at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
     nn::ModuleScope norm_scope(*ln_2);  // the profiler's tree keeps ln_2 (with the add in it)
     hy = ops::add_layer_norm(x, branch, norm.weight, norm.bias, norm.options.eps());
   }
-  return hy[0] + at::dropout(mlp(hy[1]), dropout, is_training());
+  return hy[0] + at::dropout(run_mlp(hy[1]), dropout, is_training());
 }
 
-GPTImpl::GPTImpl(GPTConfig config) : config_(std::move(config)) {
+GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep_group)
+    : config_(std::move(config)) {
   config_.validate();
+  const int64_t ep = config_.parallelism.expert_model_parallel_size;
+  if (ep > 1 && (!ep_group || ep_group->size() != ep))
+    throw ConfigError("parallelism.expert_model_parallel_size",
+                      fmt::format("{}: the GPT needs the expert-parallel group of {} ranks "
+                                  "(comm::new_expert_groups), got {}",
+                                  ep, ep,
+                                  ep_group ? fmt::format("a group of {}", ep_group->size())
+                                           : std::string("none")));
   embedding = register_module("embedding", GPTEmbedding(config_));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    block_list_.emplace_back(config_);
+    block_list_.emplace_back(config_, i, ep > 1 ? ep_group : nullptr);
     blocks->push_back(block_list_.back());
   }
   final_norm = register_module("final_norm", make_norm(config_));
@@ -251,8 +273,25 @@ std::vector<std::string> GPTImpl::enable_activation_checkpointing(
   return notes;
 }
 
+std::vector<MoELayerStats> take_moe_stats(torch::nn::Module& root) {
+  std::vector<MoELayerStats> out;
+  for (const auto& m : root.modules()) {
+    auto* block = dynamic_cast<GPTBlockImpl*>(m.get());
+    if (!block || !block->moe) continue;
+    out.push_back(std::move(block->moe_stats));
+    block->moe_stats = MoELayerStats{};
+  }
+  return out;
+}
+
 std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config) {
   config.validate();
+  if (config.parallelism.expert_model_parallel_size > 1)
+    throw ConfigError("parallelism.expert_model_parallel_size",
+                      fmt::format("{}: the GPT's LayerSpec form (ZeRO stage 3, --layer-specs, a "
+                                  "pipeline) builds its MoE blocks without the expert-parallel "
+                                  "group: expected 1",
+                                  config.parallelism.expert_model_parallel_size));
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
   auto build_embedding = [config] { return GPTEmbedding(config).ptr(); };
@@ -267,7 +306,7 @@ std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config) {
   const bool checkpointed = config.checkpoint_activations;
   for (int64_t i = 0; i < config.num_layers; ++i) {
     specs.push_back({fmt::format("blocks.{}", i),
-                     [config] { return GPTBlock(config).ptr(); },
+                     [config, i] { return GPTBlock(config, i).ptr(); },
                      [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
                        auto& block = static_cast<GPTBlockImpl&>(m);
                        if (!checkpointed) return block.forward(x);

@@ -31,6 +31,7 @@
 #include "dscpp/config/ds_config.h"
 #include "dscpp/model_zoo/gpt_blocks.h"
 #include "dscpp/model_zoo/gpt_config.h"
+#include "dscpp/model_zoo/gpt_moe.h"
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/layer_spec.h"
 
@@ -93,21 +94,34 @@ TORCH_MODULE(GPTMLP);
 // first add and ln_2 are one op (ops::add_layer_norm). Only that add: the block's last add
 // feeds the next block's ln_1 across the block boundary, where one tensor passes (the
 // pipeline's LayerSpecs, activation checkpointing's unit), so it stays eager.
+// Block `layer` of an MoE config whose moe_layer_freq marks it runs the MoE layer
+// (gpt_moe.h) as its MLP, registered under the same name "mlp" (Megatron-DeepSpeed's
+// mlp.deepspeed_moe.*); `ep_group` is the expert-parallel group (null at degree 1).
 struct GPTBlockImpl : torch::nn::Module {
-  explicit GPTBlockImpl(const GPTConfig& config);
+  explicit GPTBlockImpl(const GPTConfig& config, int64_t layer = 0,
+                        const std::shared_ptr<comm::ProcessGroup>& ep_group = nullptr);
   at::Tensor forward(const at::Tensor& x);
 
   std::shared_ptr<torch::nn::Module> ln_1;  // make_norm's: LayerNorm or RMSNorm
   GPTAttention attn{nullptr};
   std::shared_ptr<torch::nn::Module> ln_2;
-  GPTMLP mlp{nullptr};
+  GPTMLP mlp{nullptr};         // a dense block's MLP; null in an MoE block
+  nn::moe::MoE moe{nullptr};   // an MoE block's MLP (registered as "mlp"); null when dense
+  double moe_l_aux_coeff = 0;  // moe_l_aux_coeff_of(config)
+  MoELayerStats moe_stats;     // an MoE block's routing since the last take_moe_stats
   double dropout = 0;          // hidden_dropout
   bool fused_add_norm = true;  // residual_layernorm_fusion
+
+ private:
+  at::Tensor run_mlp(const at::Tensor& x);
 };
 TORCH_MODULE(GPTBlock);
 
 struct GPTImpl : torch::nn::Module {
-  explicit GPTImpl(GPTConfig config);
+  // expert_parallel_group: an MoE config's expert-parallel group, of
+  // parallelism.expert_model_parallel_size ranks (comm::new_expert_groups); null at 1.
+  explicit GPTImpl(GPTConfig config,
+                   const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group = nullptr);
 
   // input_ids [B,S] int64 with S <= max_position_embeddings -> logits [B,S,vocab_size].
   at::Tensor forward(const at::Tensor& input_ids);
@@ -148,7 +162,13 @@ at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fu
 
 // The GPT of `config` as a list of layers (each block checkpointed when
 // config.checkpoint_activations); the head is tied to the embedding (tied_key
-// "embedding", weight "word.weight") when tie_word_embeddings is on.
+// "embedding", weight "word.weight") when tie_word_embeddings is on. An MoE config's blocks
+// are MoE where moe_layer_freq says, at expert degree 1 only (a ConfigError naming
+// parallelism.expert_model_parallel_size otherwise: the layers are built without groups).
 std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config);
+
+// The routing statistics of every MoE block under `root` (GPT, its LayerSpec form, ...), in
+// module order, each reset to empty after the take: the training log's.
+std::vector<MoELayerStats> take_moe_stats(torch::nn::Module& root);
 
 }  // namespace dscpp::model_zoo

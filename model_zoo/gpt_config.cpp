@@ -102,6 +102,7 @@ void read_model_keys(Section& s, GPTConfig& c) {
       s.get_bool("residual_layernorm_fusion", c.normalization == "LayerNorm");
   c.gradient_accumulation_fusion =
       s.get_bool("gradient_accumulation_fusion", c.gradient_accumulation_fusion);
+  read_moe_keys(s, c.num_layers, c.moe);
 }
 
 std::string known_sections() {
@@ -183,32 +184,34 @@ GPTConfig GPTConfig::from_file(const std::string& path, bool strict) {
 }
 
 json GPTConfig::to_json() const {
-  return {{"hidden_size", hidden_size},
-          {"num_layers", num_layers},
-          {"num_attention_heads", num_attention_heads},
-          {"seq_length", seq_length},
-          {"max_position_embeddings", positions()},
-          {"vocab_size", vocab_size},
-          {"make_vocab_size_divisible_by", make_vocab_size_divisible_by},
-          {"ffn_hidden_size", ffn_size()},
-          {"hidden_dropout", hidden_dropout},
-          {"attention_dropout", attention_dropout},
-          {"layernorm_epsilon", layernorm_epsilon},
-          {"init_method_std", init_method_std},
-          {"tie_word_embeddings", tie_word_embeddings},
-          {"normalization", normalization},
-          {"position_embedding_type", position_embedding_type},
-          {"rotary_base", rotary_base},
-          {"rotary_percent", rotary_percent},
-          {"swiglu", swiglu},
-          {"num_query_groups", query_groups()},
-          {"add_bias_linear", add_bias_linear},
-          {"gelu_approximation", gelu_approximation},
-          {"checkpoint_activations", checkpoint_activations},
-          {"bias_gelu_fusion", bias_gelu_fusion},
-          {"cross_entropy_loss_fusion", cross_entropy_loss_fusion},
-          {"residual_layernorm_fusion", residual_layernorm_fusion},
-          {"parallelism", parallelism.to_json()}};
+  json j = {{"hidden_size", hidden_size},
+            {"num_layers", num_layers},
+            {"num_attention_heads", num_attention_heads},
+            {"seq_length", seq_length},
+            {"max_position_embeddings", positions()},
+            {"vocab_size", vocab_size},
+            {"make_vocab_size_divisible_by", make_vocab_size_divisible_by},
+            {"ffn_hidden_size", ffn_size()},
+            {"hidden_dropout", hidden_dropout},
+            {"attention_dropout", attention_dropout},
+            {"layernorm_epsilon", layernorm_epsilon},
+            {"init_method_std", init_method_std},
+            {"tie_word_embeddings", tie_word_embeddings},
+            {"normalization", normalization},
+            {"position_embedding_type", position_embedding_type},
+            {"rotary_base", rotary_base},
+            {"rotary_percent", rotary_percent},
+            {"swiglu", swiglu},
+            {"num_query_groups", query_groups()},
+            {"add_bias_linear", add_bias_linear},
+            {"gelu_approximation", gelu_approximation},
+            {"checkpoint_activations", checkpoint_activations},
+            {"bias_gelu_fusion", bias_gelu_fusion},
+            {"cross_entropy_loss_fusion", cross_entropy_loss_fusion},
+            {"residual_layernorm_fusion", residual_layernorm_fusion},
+            {"parallelism", parallelism.to_json()}};
+  moe.to_json(j);
+  return j;
 }
 
 void GPTConfig::validate() const {
@@ -277,6 +280,43 @@ void GPTConfig::validate() const {
     throw ConfigError(
         "gelu_approximation",
         fmt::format("expected one of \"tanh\", \"none\", found \"{}\"", gelu_approximation));
+  validate_moe();
+}
+
+void GPTConfig::validate_moe() const {
+  moe.validate(num_layers);
+  const int64_t ep = parallelism.expert_model_parallel_size;
+  if (!moe.enabled()) {
+    if (ep > 1)
+      throw ConfigError("parallelism.expert_model_parallel_size",
+                        fmt::format("{} for a dense model: expected 1 (or give num_experts)", ep));
+    return;
+  }
+  // The bounds on each dimension keep a dense count inside int64; the experts multiply it.
+  const double expert_weights =
+      static_cast<double>(moe.num_moe_layers()) * static_cast<double>(moe.num_experts) * 3.0 *
+      static_cast<double>(moe.expert_width(hidden_size)) * static_cast<double>(moe_ffn_size());
+  if (expert_weights > 1e18)
+    throw ConfigError(
+        "num_experts",
+        fmt::format("{} experts of FFN {} in {} layers hold about {:.3g} "
+                    "parameters: more than the 10^18 this counts",
+                    moe.num_experts, moe_ffn_size(), moe.num_moe_layers(), expert_weights));
+  if (moe.num_experts % ep != 0)
+    throw ConfigError(
+        "parallelism.expert_model_parallel_size",
+        fmt::format("expected a divisor of num_experts ({}), found {}", moe.num_experts, ep));
+  if (!swiglu && gelu_approximation == "tanh")
+    throw ConfigError("gelu_approximation",
+                      "expected \"none\" with num_experts and no swiglu: the grouped experts' "
+                      "GELU is the exact one (Megatron's F.gelu), found \"tanh\" (the default)");
+  // The MoE layer's load-balancing losses reach backward through the aux-loss channel of the
+  // forward that made them; a checkpointed block's first forward keeps no graph, and its
+  // recomputation runs outside the loss's scope.
+  if (checkpoint_activations)
+    throw ConfigError("checkpoint_activations",
+                      "expected false with num_experts: activation checkpointing of MoE blocks "
+                      "is not implemented (their aux losses would lose their gradient)");
 }
 
 int64_t GPTConfig::padded_vocab_size(int64_t vocab, int64_t multiple) {
@@ -293,7 +333,39 @@ std::string GPTConfig::first_non_gpt2_block_key() const {
   if (swiglu) return "swiglu";
   if (query_groups() != num_attention_heads) return "num_query_groups";
   if (!add_bias_linear) return "add_bias_linear";
+  if (moe.enabled()) return "num_experts";
   return "";
+}
+
+namespace {
+
+// One MoE layer's parameters beside attention and the norms, with `experts` routed experts:
+// the router (E x h), the experts (GroupedMLP: width x fc rows and FFN x width each, no bias),
+// the shared expert (the model's MLP at its own FFN width, with bias when add_bias_linear)
+// and LatentMoE's two projections (h x latent each, no bias).
+int64_t moe_mlp_parameters(const GPTConfig& c, int64_t experts) {
+  const int64_t h = c.hidden_size, f = c.moe_ffn_size(), w = c.moe.expert_width(h);
+  const int64_t rows = c.swiglu ? 2 * f : f;
+  const int64_t bias = c.add_bias_linear ? 1 : 0;
+  const int64_t fs = c.moe.moe_shared_expert_intermediate_size;
+  const int64_t shared = fs > 0 ? (c.swiglu ? 2 * fs : fs) * (h + bias) + h * (fs + bias) : 0;
+  const int64_t latent = c.moe.moe_latent_size > 0 ? 2 * h * w : 0;
+  return c.moe.num_experts * h + experts * (w * rows + f * w) + shared + latent;
+}
+
+}  // namespace
+
+int64_t GPTConfig::routed_expert_parameters() const {
+  if (!moe.enabled()) return 0;
+  return moe.num_moe_layers() *
+         (moe_mlp_parameters(*this, moe.num_experts) - moe_mlp_parameters(*this, 0));
+}
+
+int64_t GPTConfig::active_parameters() const {
+  if (!moe.enabled()) return num_parameters();
+  const int64_t layers = moe.num_moe_layers();
+  return num_parameters() - layers * moe_mlp_parameters(*this, moe.num_experts) +
+         layers * moe_mlp_parameters(*this, moe.moe_router_topk);
 }
 
 int64_t GPTConfig::num_parameters() const {
@@ -304,17 +376,20 @@ int64_t GPTConfig::num_parameters() const {
   const int64_t bias = add_bias_linear ? 1 : 0;
   // Per block: two norms, qkv ((h + kv) x h), attention output (h x h), MLP in (fc_rows x h)
   // and out (h x f), each linear with its bias when add_bias_linear.
-  const int64_t block =
-      2 * norm + (h + kv) * (h + bias) + h * (h + bias) + fc_rows * (h + bias) + h * (f + bias);
+  const int64_t attention = 2 * norm + (h + kv) * (h + bias) + h * (h + bias);
+  const int64_t mlp = fc_rows * (h + bias) + h * (f + bias);
   const int64_t embeddings = v * h + (position_embedding_type == "rope" ? 0 : positions() * h);
   const int64_t final_norm = norm;
   const int64_t head = tie_word_embeddings ? 0 : v * h;
-  return embeddings + num_layers * block + final_norm + head;
+  const int64_t moe_layers = moe.num_moe_layers();
+  return embeddings + num_layers * attention + (num_layers - moe_layers) * mlp +
+         moe_layers * (moe.enabled() ? moe_mlp_parameters(*this, moe.num_experts) : 0) +
+         final_norm + head;
 }
 
 double GPTConfig::flops_per_token(int64_t seq) const {
   const double s = static_cast<double>(seq > 0 ? seq : seq_length);
-  return 6.0 * static_cast<double>(num_parameters()) +
+  return 6.0 * static_cast<double>(active_parameters()) +
          12.0 * static_cast<double>(num_layers) * static_cast<double>(hidden_size) * s;
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/model_zoo/moe_config.h"
 #include "dscpp/model_zoo/parallelism_config.h"
 
 namespace dscpp::model_zoo {
@@ -65,6 +66,9 @@ struct GPTConfig {
   // Process-wide: the program applies it (nn::set_gradient_accumulation_fusion). A runtime
   // path only (the same gradients): not written by to_json().
   bool gradient_accumulation_fusion = true;
+  // The mixture-of-experts keys (Megatron's num_experts, moe_*; moe_config.h); dense when
+  // num_experts is absent.
+  MoEConfig moe;
   // The job's tensor, pipeline and data degrees (the `parallelism` object); all 1 when absent.
   ParallelismConfig parallelism;
   std::vector<std::string> warnings;  // unknown keys, when read with strict = false
@@ -86,6 +90,8 @@ struct GPTConfig {
 
   // Throws ConfigError when the shape is inconsistent (from_json calls it).
   void validate() const;
+  // The MoE keys' checks against the rest of the model and the expert degree (validate's).
+  void validate_moe() const;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Megatron's default with swiglu: int(4h * 2/3 / 64) * 64, which keeps the two input
@@ -100,17 +106,31 @@ struct GPTConfig {
   // Even, at most head_dim: the leading channels of each head that rope rotates.
   int64_t rotary_dim() const;
   // The first key (in this list's order: normalization, position_embedding_type, swiglu,
-  // num_query_groups, add_bias_linear) whose value is not GPT-2's block; "" for a GPT-2 model.
+  // num_query_groups, add_bias_linear, num_experts) whose value is not GPT-2's block; "" for a
+  // GPT-2 model.
   // For the paths that implement only GPT-2's blocks, to refuse the others by name.
   std::string first_non_gpt2_block_key() const;
   int64_t positions() const {
     return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
   }
-  // Trainable parameters of GPT(config), tied weights counted once.
+  // The routed experts' FFN width (moe_ffn_hidden_size, or ffn_size()).
+  int64_t moe_ffn_size() const {
+    return moe.moe_ffn_hidden_size > 0 ? moe.moe_ffn_hidden_size : ffn_size();
+  }
+  // Trainable parameters of GPT(config), tied weights counted once; an MoE layer counts all
+  // its experts (the router's expert_bias is a buffer, not counted).
   int64_t num_parameters() const;
+  // The parameters one token's forward uses: num_parameters() with each MoE layer's routed
+  // experts counted moe_router_topk times instead of num_experts times (dropless routing;
+  // with a capacity factor dropped routes use fewer). Equal to num_parameters() when dense.
+  int64_t active_parameters() const;
+  // The routed experts' weights of every MoE layer (what expert parallelism splits): 0 when
+  // dense.
+  int64_t routed_expert_parameters() const;
   // Training FLOPs per token at `seq` (default seq_length): 6N for the forward and backward
-  // matrix products over all N parameters (the tied head's product counts through the
-  // embedding) plus 12 * L * h * seq for attention's scores and weighted sums (PaLM's
+  // matrix products over the N ACTIVE parameters (the tied head's product counts through the
+  // embedding; an MoE layer's router, its top-k experts, shared expert and latent
+  // projections) plus 12 * L * h * seq for attention's scores and weighted sums (PaLM's
   // formula, without activation recomputation).
   double flops_per_token(int64_t seq = 0) const;
 };

@@ -28,6 +28,7 @@ ParallelismConfig ParallelismConfig::from_json(const nlohmann::json& j, const st
       s.get_bool("async_tensor_model_parallel_allreduce", true);
   c.tp_comm_overlap = s.get_bool("tp_comm_overlap", false);
   c.tp_comm_overlap_num_splits = s.get_int("tp_comm_overlap_num_splits", 2, 1, kMaxDegree);
+  c.expert_model_parallel_size = s.get_int("expert_model_parallel_size", 1, 1, kMaxDegree);
   s.finish();
   if (c.tp_comm_overlap && !c.async_tensor_model_parallel_allreduce)
     throw ConfigError(path + ".tp_comm_overlap",
@@ -49,6 +50,7 @@ nlohmann::json ParallelismConfig::to_json() const {
   if (!async_tensor_model_parallel_allreduce) j["async_tensor_model_parallel_allreduce"] = false;
   if (tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (tp_comm_overlap_num_splits != 2) j["tp_comm_overlap_num_splits"] = tp_comm_overlap_num_splits;
+  if (expert_model_parallel_size != 1) j["expert_model_parallel_size"] = expert_model_parallel_size;
   return j;
 }
 
@@ -71,6 +73,12 @@ ParallelismConfig ParallelismConfig::resolve(int64_t world_size) const {
                     tensor_model_parallel_size, pipeline_model_parallel_size, data_parallel_size,
                     model * data_parallel_size, world_size));
   }
+  if (r.data_parallel_size % expert_model_parallel_size != 0)
+    throw ConfigError(
+        "parallelism.expert_model_parallel_size",
+        fmt::format("the experts split over ranks of the data axis: expected a divisor of the "
+                    "data degree ({}), found {}",
+                    r.data_parallel_size, expert_model_parallel_size));
   return r;
 }
 

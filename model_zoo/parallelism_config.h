@@ -23,6 +23,10 @@ struct ParallelismConfig {
   // same values to 1e-6 either way; off by default, as Megatron's.
   bool tp_comm_overlap = false;
   int64_t tp_comm_overlap_num_splits = 2;
+  // Megatron's: the routed experts of each MoE layer split over this many ranks of the data
+  // axis (DeepSpeed's ep_size; comm::new_expert_groups). Must divide the data degree and the
+  // model's num_experts; above 1 only for an MoE model.
+  int64_t expert_model_parallel_size = 1;
 
   // `j` is the `parallelism` object; `path` names it in errors ("parallelism").
   static ParallelismConfig from_json(const nlohmann::json& j, const std::string& path);

@@ -44,9 +44,10 @@ std::vector<int64_t> host_counts(const at::Tensor& counts, int64_t n) {
     sum += x;
     negative = negative || x < 0;
   }
-  if (negative || sum != n)
-    throw dscpp::Error(fmt::format("grouped_mm: counts [{}] must be >= 0 and sum to the {} rows",
-                                   fmt::join(v, ", "), n));
+  if (negative || sum > n)
+    throw dscpp::Error(
+        fmt::format("grouped_mm: counts [{}] must be >= 0 and sum to at most the {} rows",
+                    fmt::join(v, ", "), n));
   return v;
 }
 
@@ -69,6 +70,7 @@ at::Tensor loop_forward(const at::Tensor& a, const at::Tensor& b, const std::vec
     }
     o += c[e];
   }
+  if (o < a.size(0)) out.narrow(0, o, a.size(0) - o).zero_();  // padding rows
   return out;
 }
 

@@ -88,4 +88,38 @@ void launch_vocab_parallel_backward(const float* grad, const void* logits, const
                                     const float* sum_exp, DType dtype, void* dlogits,
                                     cudaStream_t stream);
 
+// MoE permutation (moe_permute.h). routes = S * k flat routes; route r's expert is
+// indices[r] when kept[r] and indices[r] in [0, experts), else it is not routed. Writes
+// counts[e] (kept routes per expert), route_dest[r] (its row: experts in order, within one by
+// r; -1 when not routed) and row_route[route_dest[r]] = r; row_route's other entries are left
+// as they are (the caller fills it with -1 first). experts <= 1024; routes < 2^31.
+// workspace: moe_permute_workspace(routes, experts) ints.
+int64_t moe_permute_workspace(int64_t routes, int64_t experts);
+void launch_moe_permute_routes(const int64_t* indices, const bool* kept, int64_t routes,
+                               int64_t experts, int* workspace, int64_t* counts,
+                               int64_t* route_dest, int64_t* row_route, cudaStream_t stream);
+
+// out[r] = tokens[row_route[r] / k] for r < rows (zero where row_route[r] < 0); rows of hidden
+// elements of element_size bytes (a plain copy: any dtype).
+void launch_moe_gather_rows(const void* tokens, const int64_t* row_route, int64_t rows,
+                            int64_t hidden, int64_t k, int64_t element_size, void* out,
+                            cudaStream_t stream);
+
+// out[s] = sum over j < k with 0 <= d = route_dest[s * k + j] < in_rows of
+// weights[s * k + j] * in[d] (weights null: 1), fp32 sums rounded once to dtype. in [in_rows,
+// hidden], out [tokens, hidden]. The unpermute's forward and the permute's backward.
+void launch_moe_combine(const void* in, const float* weights, const int64_t* route_dest,
+                        int64_t in_rows, int64_t tokens, int64_t hidden, int64_t k, DType dtype,
+                        void* out, cudaStream_t stream);
+
+// The unpermute's backward for rows r < rows of expert_rows [rows, hidden]: with
+// route = row_route[r] >= 0 and token = route / k, d_rows[r] = weights[route] * grad[token]
+// and d_weights[route] = <grad[token], expert_rows[r]> (fp32; d_weights null: not computed);
+// d_rows[r] = 0 where route < 0. grad [tokens, hidden]; d_weights' other entries are left as
+// they are (the caller zeroes it first).
+void launch_moe_unpermute_backward(const void* grad, const void* expert_rows, const float* weights,
+                                   const int64_t* row_route, int64_t rows, int64_t hidden,
+                                   int64_t k, DType dtype, void* d_rows, float* d_weights,
+                                   cudaStream_t stream);
+
 }  // namespace dscpp::ops::cuda

@@ -31,9 +31,16 @@
 #                   engine_train too
 #   GPU_67B=1       the 6.66 B GPT with activation checkpointing (bench/configs/gpt_6.7B_*):
 #                   GPU_67B_ROWS (default "d2x1 ds2x1te d3x1 ds3x1t") -> gpt_table_67b.md
+#   GPU_MOE=1       the MoE GPT that fills one H200 (model_zoo/configs/moe_1gpu.yaml, 6.92 B
+#                   parameters, 1.28 B active) in train_gpt, bf16 ZeRO-1, 8 x 2048 tokens a step
+#                   -> train_gpt_moe.log (tokens/s, MFU on active parameters, aux loss, balance)
 #   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
 #                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
 #                   (CUDA hidden: fp32 within 1e-6 of no offload) -> nvme_file.log, nvme_oracle.log
+#   GPU_MOE_KERNELS=1  the MoE permutation kernels: their CUDA tests (test_kernels_cuda's
+#                   MoePermuteKernels.*) and bench/moe_bench (the MoE layer at moe_1gpu's shape,
+#                   kernels against the ATen path, and the grouped GEMM's share) -> moe_kernels.log,
+#                   moe_bench.log; with GPU_TESTS=0 or quick it builds only those two
 #   GPU_CMAKE_ARGS  more CMake arguments for both builds (e.g. -DDSCPP_WERROR=OFF: g++ 13
 #                   there warns where clang++ here does not; the warnings stay in build.log)
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
@@ -84,6 +91,7 @@ targets=()
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 [ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train)
 [ "${GPU_NVME:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_nvme_file engine_train dscpp_launcher)
+[ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_kernels_cuda moe_bench)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 baseline_build() {
   (cd "$GPU_BASELINE" && configure && ninja -C build-cuda -j "$(nproc)" train_gpt dscpp_launcher)
@@ -134,6 +142,12 @@ fi
 if [ "$tests" != 0 ] && [ "$gpus" -ge 1 ] && [ -x ./build-cuda/tests/ops/test_kernels_cuda ]; then
   step kernels_cuda ./build-cuda/tests/ops/test_kernels_cuda
   step kernels_bench ./build-cuda/bench/kernels_bench
+fi
+# Issue 20's MoE permutation kernels: their tests, then the layer's timing (predictions in
+# bench/moe_bench.cpp's header).
+if [ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$gpus" -ge 1 ]; then
+  step moe_kernels ./build-cuda/tests/ops/test_kernels_cuda --gtest_filter='MoePermuteKernels.*'
+  step moe_bench ./build-cuda/bench/moe_bench
 fi
 # GPT 1.3B training throughput: dscpp's train_gpt beside plain PyTorch in the same call
 # (GPU.md: compare only figures of one call). Data: the fortunes corpus carried in .gpu/corpus.
@@ -190,16 +204,9 @@ if [ "${GPU_FLOPS:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_t
     --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
     --deepspeed_config bench/configs/gpt_bf16_zero2_flops.json --train-iters 8 --log-interval 4
 fi
-# Predicted (twelfth session, cpuadam: the step on LibTorch's OpenMP team instead of at::launch
-# tasks, constants hoisted out of the kernels' loops), 16 cores, against the eleventh session's
-# DeepSpeed 7,211 / 6,523 / 3,942 Melem/s at 1 M / 16 M / 67 M: 1 M ~9,500 (1.3x: no 0.3 ms of
-# task dispatch, each thread's 1 MB range stays in its core's L2 from step to step, and no Python
-# step overhead); 16 M ~6,700 (1.0-1.1x: both at the cache's bandwidth with the same 28 B); 67 M
-# ~4,000 (1.0x: DRAM-bound, same bytes); bf16 rows ~5% under the fp32 ones at 67 M (the copy's
-# 2 B read for ownership). "best" columns: the fastest of the 20 steps.
 if [ "${GPU_CPU_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/cpu_adam_bench ]; then
   step cpu_adam env TORCH_CUDA_ARCH_LIST=9.0 TORCH_EXTENSIONS_DIR="$PWD/build-cuda/torch_extensions" \
-    python3 bench/cpu_adam_bench.py --bench ./build-cuda/bench/cpu_adam_bench --threads "$(nproc)" --steps 20
+    python3 bench/cpu_adam_bench.py --bench ./build-cuda/bench/cpu_adam_bench --threads "$(nproc)"
 fi
 offload_rows() {
   local budget=0
@@ -250,6 +257,19 @@ if [ "${GPU_13B:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_tex
     step gpt13b_zero2 gpt13b "$out/gpt_13B_zero2.json"
   fi
 fi
+# GPU_MOE=1: the MoE GPT of one H200 (issue 20's row). 6.92 B parameters at 16 bytes each
+# (bf16 parameters and gradients, fp32 master and Adam) are 111 GB of model states; micro-batch
+# 1 x 2048 tokens, 8 micro-batches a step. MFU counts 6 x 1.28 B active parameters + attention
+# (12 L h s): 8.5 GFLOP per token. Predicted (moegpt, twelfth session): about 22,000 tokens/s,
+# 19% active MFU: the dispatch reads each layer's counts on the host and permutes with ATen's
+# sort/index ops, and the shared expert does not overlap the routed ones; issue 20 aims at 40%.
+if [ "${GPU_MOE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+  step train_gpt_moe timeout -k 10 900 ./build-cuda/launcher/dscpp --num_gpus 1 --master_port 29765 \
+    ./build-cuda/examples/train_gpt --model-config model_zoo/configs/moe_1gpu.yaml \
+    --train-data-path .gpu/corpus/fortunes_text_document \
+    --deepspeed_config bench/configs/moe_1gpu_bf16_zero1.json --train-iters "${GPU_MOE_ITERS:-12}" \
+    --log-interval 4
+fi
 # GPU_BIG=1: then a model sized to fit 2 H200s at stage 3 but not at stage 2 (GPU_BIG_MODEL,
 # default model_zoo/configs/gpt_17B.json, 17.26 B), at stage 3 and then at stage 2.
 if [ "${GPU_BIG:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
@@ -290,6 +310,8 @@ grep -E "PASSED|FAILED" "$out/fused_adam_test.log" "$out/engine_cases.log" 2>/de
 tail -12 "$out/fused_adam.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/kernels_cuda.log" 2>/dev/null
 tail -40 "$out/kernels_bench.log" 2>/dev/null
+grep -E "PASSED|FAILED" "$out/moe_kernels.log" 2>/dev/null
+tail -12 "$out/moe_bench.log" 2>/dev/null
 grep -E "PASS|FAIL|passed" "$out/checkpoint_resume.log" 2>/dev/null
 grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
 grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
@@ -304,7 +326,7 @@ for f in "$out"/profile_summary*.md; do
   [ -f "$f" ] && { echo "## $(basename "$f")"; grep -E "^# GPU|GPU span|s GPU work|exposed|compute stream" "$f"; }
 done
 [ -f "$out/memory_peak.md" ] && head -40 "$out/memory_peak.md"
-for f in "$out"/gpt13b_*.log "$out"/gptbig_*.log; do
+for f in "$out"/gpt13b_*.log "$out"/gptbig_*.log "$out"/train_gpt_moe.log; do
   [ -f "$f" ] && { echo "## $(basename "$f")"; grep -hE "train_gpt\] (GPT|start-up|step|memory)|out of memory|Error" "$f" | cut -c1-400; }
 done
 printf '%s\n' "${summary[@]}"

@@ -94,11 +94,13 @@ double GradBuckets::post_scale() const {
 bool GradBuckets::overwrites_partition() const {
   // The one rule for a reduction straight into the partition (launch() applies it to an empty
   // partition): every bucket is reduced by every backward (finish() issues the ones backward
-  // left), each by a reduce-scatter whose data is of the partition's type.
+  // left), each by a reduce-scatter whose data is of the partition's type; or, on one rank,
+  // stage 0's identity reduction of the whole bucket (an all-reduce over several ranks adds
+  // into the partition, which must then start at zero).
   const auto comm_type =
       options_.communication_data_type.value_or(grad_options_.dtype().toScalarType());
-  return raw() && options_.scatter && options_.use_reduce_scatter &&
-         comm_type == partition_.scalar_type() &&
+  const bool overwrites = options_.scatter ? options_.use_reduce_scatter : group_->size() == 1;
+  return raw() && overwrites && comm_type == partition_.scalar_type() &&
          grad_options_.dtype().toScalarType() == partition_.scalar_type();
 }
 
@@ -189,10 +191,10 @@ void GradBuckets::written(int param) {
 
 bool GradBuckets::in_partition(int b) const {
   const auto& bucket = layout_.buckets[b];
-  return partition_.defined() && !host_ && group_->size() == 1 && options_.scatter &&
-         options_.use_reduce_scatter && fresh_ && overwrites_partition() &&
-         bucket.chunk == bucket.end - bucket.begin && !options_.prescale_gradients &&
-         options_.gradient_predivide_factor == 1.0 && partition_.device() == grad_options_.device();
+  return partition_.defined() && !host_ && group_->size() == 1 && fresh_ &&
+         overwrites_partition() && bucket.chunk == bucket.end - bucket.begin &&
+         !options_.prescale_gradients && options_.gradient_predivide_factor == 1.0 &&
+         partition_.device() == grad_options_.device();
 }
 
 at::Tensor& GradBuckets::storage(int b) {
@@ -246,8 +248,7 @@ void GradBuckets::launch(int b) {
     // One rank: the reduction is the identity. Into the partition directly where the
     // collective would have written it (the storage may be that slice already).
     // (a host partition takes the sums through a copy: start_landing)
-    direct_[b] = options_.scatter && options_.use_reduce_scatter && fresh_ &&
-                 overwrites_partition() && !host_;
+    direct_[b] = fresh_ && overwrites_partition() && !host_;
     if (direct_[b]) {
       at::Tensor into = target(b);
       if (into.data_ptr() != data.data_ptr()) {

@@ -64,10 +64,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   ro.gradient_predivide_factor = options_.gradient_predivide_factor;
   ro.communication_data_type = options_.communication_data_type;
   // Stages 0-1 accumulate gradients over micro-steps in one flat buffer whose
-  // views are the parameters' .grad; stages 2-3 reduce every micro-step from
-  // per-bucket storage.
+  // views are the parameters' .grad; stages 2-3, and 0-1 without accumulation, reduce
+  // every micro-step from per-bucket storage.
   at::Tensor flat_grads;
-  if (options_.stage < 2) flat_grads = at::zeros({layout_.total}, opts);
+  if (options_.stage < 2 && options_.accumulates) flat_grads = at::zeros({layout_.total}, opts);
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, params, opts, group_, ro);
   reduce_options_ = ro;
   param_options_ = opts;

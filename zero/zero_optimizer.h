@@ -52,6 +52,12 @@ struct ZeroOptions {
   // them; half the memory, no rounding on top of the collective's; for no
   // accumulation or DeepSpeed's data_types.grad_accum_dtype in 16 bits).
   at::ScalarType grad_dtype = at::kFloat;
+  // Whether gradients accumulate over several micro-steps (gradient_accumulation_steps > 1).
+  // Without accumulation stages 0-1 need no flat gradient buffer beside the partition: each
+  // bucket is reduced from its own storage, as at stage 2, and one rank's stage 0 writes
+  // straight into the partition (a model's worth of 16-bit gradients less, and no add and
+  // zeroing each step).
+  bool accumulates = true;
   int64_t alignment = 8;  // elements; keeps every chunk 16-byte aligned in 16 bits
   // Parameter groups: each parameter's group (empty: one group) and each
   // group's optimizer settings over the optimizer's defaults (lr, weight_decay,

@@ -102,18 +102,21 @@ ExpertParallelDispatch expert_parallel_dispatch(const at::Tensor& rows, const at
   std::vector<int64_t> mine(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   bool negative = false;
   for (int64_t c : mine) negative = negative || c < 0;
-  if (negative || sum_of(mine) != rows.size(0))
-    throw ExpertParallelError(
-        fmt::format("expert-parallel dispatch: counts [{}] must be >= 0 and sum to the {} rows",
-                    fmt::join(mine, ", "), rows.size(0)));
+  const int64_t routed = sum_of(mine);
+  if (negative || routed > rows.size(0))
+    throw ExpertParallelError(fmt::format(
+        "expert-parallel dispatch: counts [{}] must be >= 0 and sum to at most the {} rows",
+        fmt::join(mine, ", "), rows.size(0)));
+  // Rows past the counts are the permutation's padding (its GPU path): not sent.
+  const at::Tensor sent_rows = rows.narrow(0, 0, routed);
 
   ExpertParallelDispatch d;
   d.num_local_experts = local;
   if (ep == 1) {
-    d.rows = rows;
+    d.rows = sent_rows;
     d.local_counts = host;
     d.by_source = mine;
-    d.send_splits = d.recv_splits = {rows.size(0)};
+    d.send_splits = d.recv_splits = {routed};
     return d;
   }
   // The counts first: chunk j of [ep, E_l] goes to rank j, so row i of what arrives is what
@@ -132,7 +135,7 @@ ExpertParallelDispatch expert_parallel_dispatch(const at::Tensor& rows, const at
     d.send_splits.push_back(s);
     d.recv_splits.push_back(g);
   }
-  at::Tensor arrived = all_to_all_rows(rows, d.recv_splits, d.send_splits, ep_group);
+  at::Tensor arrived = all_to_all_rows(sent_rows, d.recv_splits, d.send_splits, ep_group);
   d.rows = transpose_chunks(arrived, d.by_source, ep, local);  // source-major -> expert-major
   return d;
 }
@@ -161,7 +164,8 @@ AllToAllTokenDispatcher::AllToAllTokenDispatcher(GroupPtr ep_group)
 
 ExpertInput AllToAllTokenDispatcher::dispatch(const at::Tensor& tokens, const Routing& routing) {
   permuted_ = permute_tokens(tokens, routing);
-  dispatched_ = expert_parallel_dispatch(permuted_.rows, permuted_.counts, ep_group_);
+  dispatched_ =
+      expert_parallel_dispatch(permuted_.permutation.rows, permuted_.permutation.counts, ep_group_);
   return {dispatched_.rows, dispatched_.local_counts};
 }
 

@@ -1,6 +1,7 @@
 // The expert-parallel exchange between the permuted tokens and the local experts. Input: this
-// rank's routed rows sorted expert-major for the GLOBAL experts, [sum(counts), H], with counts
-// int64 [num_experts] (the dispatchers' hand-over format). The experts lie on the
+// rank's routed rows sorted expert-major for the GLOBAL experts, [N, H] with N >= sum(counts)
+// (rows past sum(counts) are padding, not sent), with counts int64 [num_experts] (the
+// dispatchers' hand-over format). The experts lie on the
 // expert-parallel group in contiguous blocks: group rank r owns experts [r*E_l, (r+1)*E_l),
 // E_l = num_experts / ep_size. dispatch first exchanges the counts (an all-to-all of the
 // [ep, E_l] counts), then the rows (a variable-size all-to-all), and regroups what arrived
@@ -42,7 +43,8 @@ struct ExpertParallelDispatch {
 ExpertParallelDispatch expert_parallel_dispatch(const at::Tensor& rows, const at::Tensor& counts,
                                                 const GroupPtr& ep_group);
 
-// expert_rows [sum(local_counts), H'] in dispatch's order -> [sum(counts), H'] on this rank.
+// expert_rows [sum(local_counts), H'] in dispatch's order -> [sum(counts), H'] on this rank
+// (no padding rows: unpermute_tokens takes that).
 at::Tensor expert_parallel_combine(const at::Tensor& expert_rows,
                                    const ExpertParallelDispatch& dispatched,
                                    const GroupPtr& ep_group);

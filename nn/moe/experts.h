@@ -1,5 +1,7 @@
-// The experts of one rank, run on the dispatcher's expert-major rows (rows [sum(counts), H],
-// counts int64 [num_local_experts]; token_dispatcher.h), as Megatron-Core's two kinds:
+// The experts of one rank, run on the dispatcher's expert-major rows (rows [N, H] with
+// N >= sum(counts), counts int64 [num_local_experts]; token_dispatcher.h), as Megatron-Core's
+// two kinds (Experts returns sum(counts) rows, reading the counts on the host; GroupedMLP
+// returns N, its rows past sum(counts) unspecified, and waits on nothing):
 // - Experts (DeepSpeed's Experts, Megatron's SequentialMLP): num_local_experts independent
 //   clones (module->clone(), DeepSpeed's deepcopy) of any Cloneable module [.., H] -> [.., H'],
 //   registered as deepspeed_experts.<i>, each run on its own rows.

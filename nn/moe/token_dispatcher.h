@@ -1,10 +1,14 @@
 // Token dispatch between the router and the experts (Megatron-Core's token dispatcher). The
 // hand-over format of every dispatcher is expert-major rows: the routed tokens sorted by
-// expert, [sum(counts), H], with counts int64 [experts]. permute_tokens makes it from the
-// tokens and their routing (kept routes only, each expert's rows in token order);
+// expert, [N, H] with N >= sum(counts), with counts int64 [experts]; rows past sum(counts) are
+// padding, which the experts may compute on or not and combine ignores. permute_tokens makes
+// it from the tokens and their routing (kept routes only, each expert's rows in token order);
 // unpermute_tokens weighs expert outputs by their combine weights and sums them back into
 // their tokens (dropped routes give zero; the residual path is the caller's). Both are
-// differentiable (index_select / index_add).
+// differentiable: ops::moe_permute / moe_unpermute (ops/moe_permute.h), CUDA kernels for
+// bf16/fp16/fp32 tokens on a GPU, where nothing waits on the host and N = S * k (the kept
+// routes' count is known there only on the device), ATen's index_select / index_add elsewhere,
+// where N = sum(counts).
 //
 // An expert-parallel dispatcher exchanges the permuted rows over its group (all-to-all by
 // counts: experts are laid on ranks in contiguous blocks) between the two; LocalTokenDispatcher
@@ -14,25 +18,27 @@
 #include <ATen/core/Tensor.h>
 
 #include "dscpp/nn/moe/router.h"
+#include "dscpp/ops/moe_permute.h"
 
 namespace dscpp::nn::moe {
 
 struct PermutedTokens {
-  at::Tensor rows;         // [R, H] the routed tokens, expert-major
-  at::Tensor counts;       // int64 [experts] rows per expert
-  at::Tensor token_index;  // int64 [R] the token each row came from
-  at::Tensor weights;      // fp32 [R] its combine weight
+  ops::MoePermutation permutation;  // rows [N, H] expert-major, counts int64 [experts], maps
+  at::Tensor weights;               // fp32 [S, k] the routing's combine weights
   int64_t num_tokens = 0;
 };
 
-PermutedTokens permute_tokens(const at::Tensor& tokens, const Routing& routing);
-// expert_rows [R, H'] in the permuted order -> [num_tokens, H'] in expert_rows' dtype (the
-// weighted sum accumulates in fp32, as DeepSpeed's _sparse_decode).
-at::Tensor unpermute_tokens(const at::Tensor& expert_rows, const PermutedTokens& permuted);
+// use_kernels false: the ATen path on every device (the comparison of tests and benchmarks).
+PermutedTokens permute_tokens(const at::Tensor& tokens, const Routing& routing,
+                              bool use_kernels = true);
+// expert_rows [N', H'] in the permuted order, sum(counts) <= N' <= N -> [num_tokens, H'] in
+// expert_rows' dtype (the weighted sum accumulates in fp32, as DeepSpeed's _sparse_decode).
+at::Tensor unpermute_tokens(const at::Tensor& expert_rows, const PermutedTokens& permuted,
+                            bool use_kernels = true);
 
 // Rows for this rank's local experts and their counts.
 struct ExpertInput {
-  at::Tensor rows;    // [sum(counts), H]
+  at::Tensor rows;    // [N, H], N >= sum(counts): rows past sum(counts) are padding
   at::Tensor counts;  // int64 [num_local_experts]
 };
 
@@ -41,16 +47,18 @@ class TokenDispatcher {
   virtual ~TokenDispatcher() = default;
   // tokens [S, H] and their routing -> the local experts' rows. Keeps what combine needs.
   virtual ExpertInput dispatch(const at::Tensor& tokens, const Routing& routing) = 0;
-  // The local experts' outputs (rows in dispatch's order) -> [S, H'].
+  // The local experts' outputs (rows in dispatch's order, at least sum(counts) of them) -> [S, H'].
   virtual at::Tensor combine(const at::Tensor& expert_rows) = 0;
 };
 
 class LocalTokenDispatcher : public TokenDispatcher {
  public:
+  explicit LocalTokenDispatcher(bool use_kernels = true) : use_kernels_(use_kernels) {}
   ExpertInput dispatch(const at::Tensor& tokens, const Routing& routing) override;
   at::Tensor combine(const at::Tensor& expert_rows) override;
 
  private:
+  bool use_kernels_;
   PermutedTokens permuted_;
 };
 

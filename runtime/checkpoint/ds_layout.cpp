@@ -165,7 +165,10 @@ const std::vector<std::string>& engine_state_keys() {
                                                 "dscpp_world_size",
                                                 "dscpp_global_steps",
                                                 "universal_checkpoint_info",
-                                                "dscpp_pipe"};
+                                                "dscpp_pipe",
+                                                "num_experts",
+                                                "ds_autoep_layers",
+                                                "dscpp_moe"};
   return keys;
 }
 

@@ -9,6 +9,7 @@
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/moe_layout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
@@ -110,6 +111,13 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
   }
   if (model.find(PyValue("dscpp_tensor_parallel")))
     return tensor_parallel_state_dict(dir, tag, model, path);
+  if (model.find(PyValue("num_experts"))) {
+    // MoE (moe_layout.h): the one-rank model's module, every global expert a local one.
+    auto files = ExpertFiles::of_model(dir, tag, model, path);
+    const auto one = one_rank_experts(experts_of_info(model, path));
+    files.check_model(one);
+    model.set(PyValue("module"), module_with_experts(need(model, "module", path), one, files));
+  }
   return zero_state_dict(dir, tag, model, path,
                          [&](int r) { return find_zero_states(dir, tag, r); });
 }

@@ -187,7 +187,31 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
         return _pipe_state_dict(folder, model_path, model)
     if "dscpp_tensor_parallel" in model:
         return _tp_state_dict(folder, model_path, model)
+    if "num_experts" in model:
+        model["module"] = _module_with_experts(folder, model_path, model)
     return _plain_state_dict(model, model_path, folder, lambda r: _zero_file(folder, r))
+
+
+def _module_with_experts(folder, model_path, model):
+    """A MoE checkpoint's module with every global expert, as the one-rank model names them:
+    clones as saved (deepspeed_experts.<E>), stacked weights (<name>.<E>) stacked on dim 0."""
+    module = collections.OrderedDict(model["module"])
+    stacked = collections.defaultdict(dict)
+    for layer, count in enumerate(model["num_experts"]):
+        for e in range(count):
+            path = os.path.join(folder, f"layer_{layer}_expert_{e}_mp_rank_00_model_states.pt")
+            if not os.path.isfile(path):
+                raise SystemExit(f"zero_to_fp32.py: '{model_path}' names {count} experts in MoE layer "
+                                 f"{layer}, but '{path}' is missing")
+            for key, t in _load(path).items():
+                head, _, tail = key.rpartition(".")
+                if "deepspeed_experts." not in key and tail == str(e):
+                    stacked[head][e] = t
+                else:
+                    module[key] = t
+    for name, parts in stacked.items():
+        module[name] = torch.stack([parts[e] for e in sorted(parts)])
+    return module
 
 
 def _plain_state_dict(model, model_path, folder, zero_file):

@@ -21,8 +21,10 @@
 #include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/moe_checkpoint.h"
 #include "dscpp/runtime/engine/universal_load.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
+#include "dscpp/runtime/profiler/engine_profiler.h"
 #include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp {
@@ -377,6 +379,13 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     result.path = checkpoint::tag_dir(load_dir, tag);
     // A universal checkpoint holds whole tensors (zero/<name>/): any stage, any ranks.
     const bool universal = config_.checkpoint.load_universal;
+    // MoE (moe_checkpoint.h): the module gets this rank's experts from their files; saved at
+    // another expert-parallel degree, the weights and optimizer state are re-selected.
+    const Experts experts = module_experts(flops_profiler_->module());
+    const PyValue saved_model = model;
+    const bool moe_relayout =
+        !universal && !experts.empty() && saved_ep_size(model) != experts.begin()->second.ep_size;
+    if (!universal) model = moe_model_view(load_dir, tag, model, path, experts);
     // A pipeline checkpoint (layer files, one model-states file per stage) is read whole and
     // this engine's part taken from it, onto any layout.
     if (!universal && checkpoint::is_pipe_checkpoint(model)) {
@@ -429,6 +438,15 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
           // loaded above
         } else if (other_params) {  // its partitions hold other parameters: the module's stand
           zero_->refresh_master_from_params();
+        } else if (moe_relayout) {
+          const ExpertRelayout relayout(load_dir, tag, saved_model, path);
+          load_whole_params(
+              *zero_, [&](size_t i) { return relayout.param(param_names_.at(i), experts); },
+              [&](size_t i) {
+                return fmt::format("MoE checkpoint '{}': parameter '{}'", result.path,
+                                   param_names_[i]);
+              },
+              options.load_optimizer_states);
         } else if (zero_->stage() == 0) {
           load_stage0_optimizer(model, path, options.load_optimizer_states);
         } else {

@@ -25,11 +25,14 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/moe_layout.h"
 #include "dscpp/runtime/checkpoint/recovery_script.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/moe_checkpoint.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
+#include "dscpp/runtime/profiler/engine_profiler.h"
 #include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp {
@@ -258,6 +261,18 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
                          "' is one the engine writes itself");
   }
   check_tag_agrees(tag);
+  // MoE: DeepSpeed's layout (runtime/checkpoint/moe_layout.h), expert tensors per global expert.
+  const Experts experts = module_experts(flops_profiler_->module());
+  const int64_t ep = experts.empty() ? 1 : experts.begin()->second.ep_size;
+  if (!experts.empty() && zero_->stage() >= 3)
+    throw dscpp::Error(
+        "save_checkpoint: a model with expert parameters at ZeRO stage 3 (DeepSpeed refuses "
+        "its MoE layers at stage 3 too)");
+  if (ep > 1)
+    throw dscpp::Error(fmt::format(
+        "save_checkpoint: expert parameters at ep_size {} need the expert-data ZeRO optimizer, "
+        "which this engine does not have yet",
+        ep));
   at::NoGradGuard no_grad;
   // The collective parts first, on every rank, before any file is touched.
   PyValue rng = gather_rng_states();
@@ -273,6 +288,13 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   try {
     checkpoint::make_tag_dir(save_dir, tag);
     const bool bf16 = dtype_ == at::kBFloat16;
+    // Each expert-parallel rank's experts, by its expert-data rank 0 (DeepSpeed's writer).
+    if (!experts.empty() && expert_data_rank(group_->rank(), ep) == 0) {
+      std::map<std::string, at::Tensor> values;
+      for (const auto& [name, p] : named_params_()) values.emplace(name, p);
+      checkpoint::save_expert_files(save_dir, tag, experts,
+                                    [&](const std::string& name) { return values.at(name); });
+    }
     if (zero_->stage() >= 1)
       checkpoint::save_torch_file(
           zero_file, ckpt_layout_.zero_states_path
@@ -286,6 +308,17 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
           checkpoint::zero_model_states_path(save_dir, tag, group_->rank()));
     } else if (group_->rank() == 0) {
       PyValue model = model_states(client_state, std::move(rng));
+      if (!experts.empty()) {
+        to_moe_model_states(model, experts);
+        // Stage 0: DeepSpeed's per-expert-parallel-rank optimizer file as well.
+        if (zero_->stage() == 0) {
+          PyValue expp = PyValue::dict();
+          expp.set(PyValue("optimizer"), model.at(PyValue("optimizer")));
+          checkpoint::save_torch_file(
+              bound(std::move(expp)),
+              checkpoint::expp_optim_states_path(save_dir, tag, group_->rank() % ep));
+        }
+      }
       if (ckpt_layout_.before_model_states) ckpt_layout_.before_model_states(save_dir, tag, model);
       checkpoint::save_torch_file(bound(std::move(model)),
                                   ckpt_layout_.model_states_path

@@ -234,6 +234,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   zo.check_overflow =
       config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
   zo.grad_dtype = gradient_partition_type();
+  zo.accumulates = gradient_accumulation_steps() > 1;
   zo.reduce_sumsq_across = reduce_sumsq_across_;
   if (tensor_parallel_size() > 1) {
     // Each parameter once: this rank's replicas taken out where it is not model rank 0, the

@@ -121,3 +121,24 @@ TEST(DryRun, LayoutErrorsShowTheArithmetic) {
   c.parallelism.pipeline_model_parallel_size = 32;
   EXPECT_TRUE(has(error(32), "32 pipeline stages for 24 layers")) << error(32);
 }
+
+TEST(DryRun, Marin535BCountsTotalAndActiveAndSplitsTheExperts) {
+  const mz::GPTConfig c = mz::GPTConfig::from_file(shipped("marin_535B_A23B.yaml"));
+  const ex::DryRunPlan r = ex::plan_dry_run(c, ex::resolve_layout(c, 0), 1, 1);
+  EXPECT_EQ(r.layout.expert_model_parallel_size, 64);
+  EXPECT_EQ(r.layout.data_parallel_size, 64);
+  EXPECT_EQ(r.parameters, 535'003'994'112);
+  EXPECT_EQ(r.active_parameters, 24'037'103'616);
+  // 48 layers x 384 experts x 3 x 3072 (latent) x 3072 (FFN).
+  EXPECT_EQ(r.expert_parameters, 521'838'526'464);
+  // Experts over t p ep = 8 x 64; the rest over t p = 8.
+  const double psi_e = 521'838'526'464.0 / 512, psi_d = (535'003'994'112.0 - 521'838'526'464.0) / 8;
+  EXPECT_DOUBLE_EQ(r.expert_parameters_per_gpu, psi_e);
+  EXPECT_DOUBLE_EQ(r.parameters_per_gpu, psi_d + psi_e);
+  // ZeRO-1: the dense states over d = 64, the experts' over d / ep = 1.
+  EXPECT_DOUBLE_EQ(r.model_states_bytes[1], 4 * psi_d + 12 * psi_d / 64 + 16 * psi_e);
+  const std::string text = ex::format_dry_run(r);
+  EXPECT_TRUE(has(text, "parameters: 535,003,994,112 (535.00 B)")) << text;
+  EXPECT_TRUE(has(text, "active parameters per token: 24,037,103,616 (24.04 B)")) << text;
+  EXPECT_TRUE(has(text, "experts over 64 of the data ranks")) << text;
+}

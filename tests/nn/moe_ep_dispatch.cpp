@@ -151,8 +151,13 @@ TEST(ExpertParallelDispatch, RefusesCountsThatDoNotFitTheGroup) {
   EXPECT_THROW(moe::expert_parallel_dispatch(rows, at::tensor({1, 1, 1}, at::kLong), world),
                moe::ExpertParallelError);  // 3 experts over the world: not a multiple
   std::vector<int64_t> c(2 * world->size(), 0);
+  c[0] = 4;
   EXPECT_THROW(moe::expert_parallel_dispatch(rows, at::tensor(c, at::kLong), world),
-               moe::ExpertParallelError);  // sums to 0, not 3
+               moe::ExpertParallelError);  // sums to 4, more than the 3 rows (fewer: padding)
+  c[0] = 2;
+  c[1] = -1;
+  EXPECT_THROW(moe::expert_parallel_dispatch(rows, at::tensor(c, at::kLong), world),
+               moe::ExpertParallelError);  // a negative count
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // ops::grouped_mm against float64 autograd of the loop of products (forward, d_rows,
 // d_weights), on ATen's grouped path (aligned fp32 and bf16) and on the loop (float64, widths
-// that break _grouped_mm's 16-byte stride rule), with empty groups and no rows at all.
+// that break _grouped_mm's 16-byte stride rule), with empty groups and no rows at all, and
+// padding rows past the counts.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cmath>
 #include <vector>
 
 #include "dscpp/error.h"
@@ -79,10 +81,35 @@ TEST(GroupedMm, MatchesTheLoopOfProductsWithItsGradients) {
   }
 }
 
+// Rows past sum(counts) (the MoE permutation's padding on a GPU) take no part: NaN there
+// changes neither the counted rows' outputs nor any gradient; their own d_rows are unspecified.
+TEST(GroupedMm, IgnoresPaddingRowsPastTheCounts) {
+  const std::vector<Case> cases = {{{3, 0, 5}, 8, 4, at::kFloat, true, 1e-6, 1e-6},
+                                   {{3, 0, 5}, 3, 5, at::kDouble, false, 1e-12, 1e-12}};
+  at::manual_seed(11);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c10::toString(c.dtype));
+    const int64_t n = 8, pad = 4;
+    at::Tensor counted = at::randn({n, c.in}).to(c.dtype);
+    at::Tensor rows =
+        at::cat({counted, at::full({pad, c.in}, NAN, counted.options())}).requires_grad_(true);
+    at::Tensor weights = at::randn({3, c.in, c.out}).to(c.dtype).requires_grad_(true);
+    at::Tensor grad = at::randn({n + pad, c.out}).to(c.dtype);
+    at::Tensor y = dscpp::ops::grouped_mm(rows, weights, at::tensor(c.counts, at::kLong));
+    ASSERT_EQ(y.size(0), n + pad);
+    auto g = torch::autograd::grad({y}, {rows, weights}, {grad});
+    auto want = reference(counted, weights, c.counts, grad.narrow(0, 0, n));
+    expect_close(y.narrow(0, 0, n), want[0], c, "output");
+    expect_close(g[0].narrow(0, 0, n), want[1], c, "d_rows");
+    expect_close(g[1], want[2], c, "d_weights");
+    if (!c.aten) EXPECT_EQ(y.narrow(0, n, pad).abs().max().item<double>(), 0.0);
+  }
+}
+
 TEST(GroupedMm, RefusesBadShapesAndCounts) {
   at::Tensor rows = at::randn({6, 8}), weights = at::randn({3, 8, 4});
-  EXPECT_THROW(dscpp::ops::grouped_mm(rows, weights, at::tensor({1, 2, 2}, at::kLong)),
-               dscpp::Error);  // sums to 5, not 6
+  EXPECT_THROW(dscpp::ops::grouped_mm(rows, weights, at::tensor({1, 2, 4}, at::kLong)),
+               dscpp::Error);  // sums to 7, more than the 6 rows
   EXPECT_THROW(dscpp::ops::grouped_mm(rows, weights, at::tensor({6, -1, 1}, at::kLong)),
                dscpp::Error);
   EXPECT_THROW(dscpp::ops::grouped_mm(rows, weights, at::tensor({3, 3}, at::kLong)),

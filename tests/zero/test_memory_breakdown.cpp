@@ -2,8 +2,9 @@
 // train_gpt report) against the ZeRO paper's model-state formulas, by hand, for N parameters
 // in bf16 over W ranks (a no-op group of W: the layout and partitions of W ranks in one
 // process), Adam (two fp32 states): 2N of 16-bit parameters (2N / W at stage 3), 2N of 16-bit
-// gradients at stage 1 (accumulated whole), a gradient partition of 2N / W (bf16) or 4N / W
-// (fp32), 4N / W of fp32 master and 8N / W of Adam state. With offload_optimizer everything
+// gradients at stages 0-1 when they accumulate (none without accumulation), a gradient
+// partition of 2N / W (bf16) or 4N / W (fp32), 4N / W of fp32 master and 8N / W of Adam state
+// (W = 1 at stage 0). With offload_optimizer everything
 // but the parameters (and stage 1's flat gradients) is on the host, as DeepSpeed's
 // ZeRO-Offload keeps it; with offload_param too, nothing stays on the device at rest. After a
 // step, the reduce buckets in flight held at most a few buckets at once, never a whole
@@ -31,12 +32,13 @@ struct Case {
   int world;
   bool offload, offload_param;
   at::ScalarType grad_dtype;
+  bool accumulates = true;  // gradient_accumulation_steps > 1: stages 0-1 keep a flat buffer
 };
 
 std::string name(const Case& c) {
   return "stage " + std::to_string(c.stage) + " world " + std::to_string(c.world) +
          (c.offload ? " offload" : "") + (c.offload_param ? " offload_param" : "") + " grads " +
-         c10::toString(c.grad_dtype);
+         c10::toString(c.grad_dtype) + (c.accumulates ? "" : " no accumulation");
 }
 
 struct Trainer {
@@ -53,6 +55,7 @@ Trainer make(const Case& c) {
   o.stage = c.stage;
   o.reduce_bucket_size = kEach;  // one parameter a bucket: 15 buckets
   o.grad_dtype = c.grad_dtype;
+  o.accumulates = c.accumulates;
   o.offload.enabled = c.offload;
   o.offload_param.enabled = c.offload_param;
   dscpp::OptimizerConfig oc;
@@ -79,12 +82,12 @@ void step(Trainer& r) {
 
 // The hand formula: name -> (bytes, on the device).
 std::map<std::string, std::pair<int64_t, bool>> expected(const Case& c) {
-  const int64_t W = c.world, g = c.grad_dtype == at::kFloat ? 4 : 2;
+  const int64_t W = c.stage == 0 ? 1 : c.world, g = c.grad_dtype == at::kFloat ? 4 : 2;
   const bool host = c.offload;
   std::map<std::string, std::pair<int64_t, bool>> e;
   if (c.stage < 3) e["params16.flat"] = {2 * N, true};
   if (c.stage == 3) e["params16.partition"] = {2 * N / W, !c.offload_param};
-  if (c.stage == 1) e["grads16.flat"] = {2 * N, true};
+  if (c.stage < 2 && c.accumulates) e["grads16.flat"] = {2 * N, true};
   e["grad_partition"] = {g * N / W, !host};
   e["fp32_master"] = {4 * N / W, !host};
   e["optimizer.exp_avg"] = {4 * N / W, !host};
@@ -123,6 +126,13 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
   cases.push_back({2, 4, true, false, at::kFloat});  // an fp32 partition (accumulation)
   cases.push_back({2, 1, false, false, at::kFloat});
   cases.push_back({3, 4, true, true, at::kBFloat16});  // both offloads: nothing on the device
+  // Stage 0 holds everything whole; without accumulation stages 0-1 keep no flat gradients.
+  for (int world : {1, 4}) {
+    cases.push_back({0, world, false, false, at::kBFloat16});
+    cases.push_back({0, world, false, false, at::kBFloat16, false});
+    cases.push_back({1, world, false, false, at::kBFloat16, false});
+  }
+  cases.push_back({1, 4, true, false, at::kBFloat16, false});
   for (const Case& c : cases) {
     Trainer r = make(c);
     check(r.zero->memory_breakdown(), c, "at start");
@@ -134,7 +144,7 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
     // Stages 2-3 keep no whole 16-bit gradient buffer: a bucket is 128 bytes here (its
     // storage, its reduced chunk, the copy down of a host partition), at most two in flight
     // and one being filled.
-    if (c.stage >= 2) {
+    if (c.stage >= 2 || !c.accumulates) {
       const int64_t bucket = kEach * 2;
       // (one rank with a 16-bit partition on the device: the buckets are the partition's
       // slices, written by the products themselves: nothing in flight beyond it)
@@ -147,6 +157,16 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
       EXPECT_LT(6 * bucket, 2 * N);  // (the bound means something)
     }
     if (c.offload) EXPECT_GT(bytes_named(after, "offload.staging"), 0) << name(c);
+    if (c.stage < 2 && !c.accumulates) {
+      // The same steps through the flat buffer (what accumulation uses) give the same bits.
+      Case flat = c;
+      flat.accumulates = true;
+      Trainer reference = make(flat);
+      step(reference);
+      step(reference);
+      for (size_t i = 0; i < r.params.size(); ++i)
+        EXPECT_TRUE(r.params[i].equal(reference.params[i])) << name(c) << ": parameter " << i;
+    }
     if (c.offload && c.stage == 2)
       EXPECT_EQ(total_bytes(after, true), 2 * N) << name(c) << ": DeepSpeed's 16-bit params only";
   }

@@ -1,0 +1,170 @@
+// The MoE layer on one GPU at moe_1gpu's shape (8192 tokens, hidden 2048, 64 experts, top-8,
+// expert FFN 1024, GELU, bf16): forward and forward + backward of the router, the dispatch, the
+// grouped experts and the combine, with the permutation kernels (ops/moe_permute.h) and with
+// the ATen path (index_select / index_add, one host synchronisation: nonzero), with token
+// dropping (capacity factor 1.0) and dropless; then the pieces: the grouped experts alone
+// (ops::grouped_mm twice, on the kernels' S * k rows) and permute + unpermute alone. Timed as
+// bench/kernels_bench.cpp times: CUDA events around each call, the median of --iters after
+// --warmup; leaf gradients reset every call.
+//   moe_bench [--tokens 8192] [--hidden 2048] [--experts 64] [--k 8] [--ffn 1024]
+//             [--iters 20] [--warmup 5]
+//
+// Predicted on one H200 (before the first run; bytes at about 3 TB/s, the grouped GEMM at
+// DESIGN.md's 0.41 ms a product): the grouped experts ~0.9 ms forward, ~2.6 ms forward +
+// backward (six products); permute + unpermute with the kernels ~0.2 ms forward, ~0.5 ms
+// forward + backward (S * k = 65,536 rows of 4 KiB written and read about four times), with
+// ATen ~1 ms and ~2.5 ms (fp32 copies of the rows, atomics in index_add, the nonzero wait);
+// the layer ~1.4 / ~3.5 ms with the kernels against ~2.2 / ~5.5 ms with ATen: the grouped
+// GEMM about 70% of the kernels' layer.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "dscpp/nn/moe/experts.h"
+#include "dscpp/nn/moe/moe.h"
+#include "dscpp/nn/moe/router.h"
+#include "dscpp/nn/moe/token_dispatcher.h"
+#include "dscpp/ops/moe_permute.h"
+
+namespace {
+
+namespace moe = dscpp::nn::moe;
+using dscpp::bench::parse_int;
+
+struct Options {
+  int64_t tokens = 8192, hidden = 2048, experts = 64, k = 8, ffn = 1024;
+  int iters = 20, warmup = 5;
+};
+
+double median_ms(const std::function<void()>& fn, const Options& o, cudaStream_t stream) {
+  for (int i = 0; i < o.warmup; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < o.iters; ++i) {
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    fn();
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+  }
+  std::nth_element(ms.begin(), ms.begin() + o.iters / 2, ms.end());
+  return ms[o.iters / 2];
+}
+
+// fn's forward alone (no grad) and forward + backward of sum(out * grad) into inputs.
+struct Pair {
+  double fwd, step;
+};
+
+Pair time_pair(const std::function<at::Tensor()>& fn, const std::vector<at::Tensor>& inputs,
+               const at::Tensor& grad, const Options& o, cudaStream_t stream) {
+  Pair p{};
+  {
+    const c10::NoGradGuard no_grad;
+    p.fwd = median_ms([&] { fn(); }, o, stream);
+  }
+  p.step = median_ms([&] { torch::autograd::grad({fn()}, inputs, {grad}); }, o, stream);
+  return p;
+}
+
+void row(const std::string& name, const Pair& p) {
+  fmt::print("  {:<46} {:>8.3f} {:>11.3f}\n", name, p.fwd, p.step);
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i];
+    const int64_t v = parse_int(argv[i + 1], argv[i]);
+    if (f == "--tokens")
+      o.tokens = v;
+    else if (f == "--hidden")
+      o.hidden = v;
+    else if (f == "--experts")
+      o.experts = v;
+    else if (f == "--k")
+      o.k = v;
+    else if (f == "--ffn")
+      o.ffn = v;
+    else if (f == "--iters")
+      o.iters = static_cast<int>(std::max<int64_t>(v, 1));
+    else if (f == "--warmup")
+      o.warmup = static_cast<int>(v);
+    else
+      throw std::invalid_argument("unknown flag " + f);
+  }
+  if (at::getNumGPUs() == 0) throw std::runtime_error("no CUDA device");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({o.tokens, o.hidden}, bf16).requires_grad_(true);
+  const at::Tensor grad = at::randn({o.tokens, o.hidden}, bf16);
+  fmt::print("MoE layer: {} tokens, hidden {}, {} experts, top-{}, expert FFN {}, GELU, bf16\n",
+             o.tokens, o.hidden, o.experts, o.k, o.ffn);
+  fmt::print("  {:<46} {:>8} {:>11}\n", "", "fwd ms", "fwd+bwd ms");
+
+  moe::GroupedMLP mlp(moe::GroupedMLPOptions(o.experts, o.hidden, o.ffn));
+  mlp->to(at::kCUDA, at::kBFloat16);
+  auto experts = std::static_pointer_cast<torch::nn::Module>(mlp.ptr());
+  for (const double factor : {1.0, 0.0}) {
+    moe::TopKGate gate(moe::TopKGateOptions(o.hidden, o.experts).k(o.k).capacity_factor(factor));
+    gate->to(at::kCUDA);
+    const std::vector<at::Tensor> inputs = {x, gate->wg->weight, mlp->weight1, mlp->weight2};
+    const std::string what = factor > 0 ? "capacity 1.0" : "dropless";
+    for (const bool kernels : {true, false}) {
+      moe::MOELayer layer(gate, experts, std::make_unique<moe::LocalTokenDispatcher>(kernels));
+      row(fmt::format("layer, {}, {}", what, kernels ? "kernels" : "ATen path"),
+          time_pair([&] { return layer->forward(x, 0).first; }, inputs, grad, o, stream));
+    }
+    // The pieces, on one routing of these tokens.
+    moe::Routing routing;
+    {
+      const c10::NoGradGuard no_grad;
+      routing = gate->forward(x.detach());
+    }
+    const at::Tensor w = routing.weights.detach().requires_grad_(true);
+    for (const bool kernels : {true, false}) {
+      row(fmt::format("permute + unpermute, {}, {}", what, kernels ? "kernels" : "ATen path"),
+          time_pair(
+              [&] {
+                const auto p =
+                    dscpp::ops::moe_permute(x, routing.indices, routing.kept, o.experts, kernels);
+                return dscpp::ops::moe_unpermute(p.rows, w, p, kernels);
+              },
+              {x, w}, grad, o, stream));
+    }
+    const auto p = dscpp::ops::moe_permute(x.detach(), routing.indices, routing.kept, o.experts);
+    const at::Tensor rows = p.rows.detach().requires_grad_(true);
+    const at::Tensor rows_grad = at::randn(rows.sizes(), bf16);
+    row(fmt::format("grouped experts alone, {} ({} rows)", what, rows.size(0)),
+        time_pair([&] { return mlp->run_experts(rows, p.counts); },
+                  {rows, mlp->weight1, mlp->weight2}, rows_grad, o, stream));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return dscpp::bench::main_of("moe_bench", run, argc, argv);
+}

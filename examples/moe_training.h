@@ -1,0 +1,57 @@
+// train_gpt's MoE pieces (issue 20): the expert-parallel groups of a job, the aux losses' and
+// expert biases' place in the training step, and the log's MoE fields.
+//
+// Per step: each micro-batch's forward runs under an nn::AuxLossScope and its sum (the MoE
+// blocks' coefficient-scaled aux, z and sequence losses) is added to the loss backward sees;
+// after the optimizer step at the accumulation boundary the expert biases move
+// (nn::moe::update_expert_biases over the data group: the counts of the whole global batch,
+// as Megatron sums tokens_per_expert over its data-parallel ranks).
+// Per log line: "aux loss" is the mean over the interval's micro-batches (and the data ranks)
+// of that scaled sum; "load balance" is max / mean tokens per expert of each MoE layer over
+// the interval's routes (summed over the data ranks), averaged over the layers, with the
+// worst layer's beside it (1.00: perfectly even).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "dscpp/comm/process_group.h"
+#include "dscpp/model_zoo/gpt_config.h"
+#include "gpt_flags.h"
+
+namespace dscpp::examples {
+
+// The expert-parallel group of this rank for a job of `world` ranks laid out as data x 1
+// (comm::new_expert_groups); null at expert degree 1. Every rank calls it.
+std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTConfig& config);
+
+// Throws FlagError when an MoE config asks for a layout train_gpt cannot train it on.
+void check_moe_job(const model_zoo::GPTConfig& config, const GptOptions& options);
+
+class MoETraining {
+ public:
+  // `data_group`: what the engine averages over; `model`: the trained module (GPT or its
+  // LayerSpec form). Inactive (every call a no-op) for a dense config.
+  MoETraining(const model_zoo::GPTConfig& config, torch::nn::Module& model,
+              std::shared_ptr<comm::ProcessGroup> data_group);
+  bool active() const { return active_; }
+  // One micro-batch's aux-loss sum (undefined: none), weighted 1 / gradient accumulation.
+  void add_aux(const at::Tensor& aux, int64_t accumulation);
+  // After the step at the accumulation boundary: the expert-bias update, when enabled.
+  void after_boundary();
+  // " | aux loss A | load balance B (worst C)" for `steps` optimizer steps, then resets.
+  // Collective over the data group: every rank calls it.
+  std::string interval_report(int64_t steps);
+
+ private:
+  bool active_ = false;
+  bool expert_bias_ = false;
+  torch::nn::Module* model_ = nullptr;
+  std::shared_ptr<comm::ProcessGroup> data_group_;
+  at::Tensor aux_;  // fp64 0-dim, the interval's sum
+};
+
+}  // namespace dscpp::examples

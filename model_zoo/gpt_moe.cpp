@@ -1,0 +1,96 @@
+// The MoE GPT's MLP: see gpt_moe.h.
+#include "dscpp/model_zoo/gpt_moe.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros.h>
+
+#include <cmath>
+
+#include "dscpp/model_zoo/gpt.h"
+#include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/normal_init.h"
+
+namespace dscpp::model_zoo {
+
+namespace moe = nn::moe;
+
+namespace {
+
+double residual_std(const GPTConfig& c) {
+  return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+}
+
+}  // namespace
+
+nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::ProcessGroup>& ep_group) {
+  const MoEConfig& m = c.moe;
+  const int64_t ep = c.parallelism.expert_model_parallel_size;
+  const bool dropless = !(m.moe_expert_capacity_factor > 0.0);
+  moe::MoEOptions o(c.hidden_size);
+  o.num_experts(m.num_experts)
+      .ep_size(ep)
+      .ep_group(ep > 1 ? ep_group : nullptr)
+      .k(m.moe_router_topk)
+      .capacity_factor(dropless ? 0.0 : m.moe_expert_capacity_factor)
+      .eval_capacity_factor(dropless ? 0.0 : m.moe_expert_capacity_factor)
+      .min_capacity(0)
+      .drop_tokens(!dropless)
+      .use_rts(false)
+      .top2_2nd_expert_sampling(false)
+      .score_function(m.moe_router_score_function == "sigmoid" ? moe::ScoreFunction::kSigmoid
+                                                               : moe::ScoreFunction::kSoftmax)
+      .topk_scaling_factor(m.moe_router_topk_scaling_factor)
+      .z_loss_coeff(m.moe_z_loss_coeff)
+      .seq_aux_loss_coeff(m.moe_router_load_balancing_type == "seq_aux_loss" ? m.moe_aux_loss_coeff
+                                                                             : 0.0)
+      .num_groups(m.moe_router_num_groups)
+      .group_topk(m.moe_router_group_topk)
+      .enable_expert_bias(m.moe_router_enable_expert_bias)
+      .bias_update_rate(m.moe_router_bias_update_rate)
+      .ffn_hidden_size(c.moe_ffn_size())
+      .activation(c.swiglu ? moe::Activation::kSwiglu : moe::Activation::kGelu)
+      .latent_size(m.moe_latent_size);
+  if (m.moe_shared_expert_intermediate_size > 0) {
+    GPTConfig shared = c;
+    shared.ffn_hidden_size = m.moe_shared_expert_intermediate_size;
+    o.shared_expert(torch::nn::AnyModule(GPTMLP(shared)));
+  }
+  moe::MoE layer(o);
+  // Megatron's initialisation in place of nn.Linear's (gpt_moe.h).
+  auto& inner = *layer->deepspeed_moe;
+  nn::normal_init(inner.gate->wg->weight, c.init_method_std);
+  auto* grouped = dynamic_cast<moe::GroupedMLPImpl*>(inner.experts.get());
+  nn::normal_init(grouped->weight1, c.init_method_std);
+  nn::normal_init(grouped->weight2, residual_std(c));
+  if (layer->latent_down) {
+    nn::normal_init(layer->latent_down->weight, c.init_method_std);
+    nn::normal_init(layer->latent_up->weight, residual_std(c));
+  }
+  return layer;
+}
+
+double moe_l_aux_coeff_of(const GPTConfig& c) {
+  return c.moe.moe_router_load_balancing_type == "aux_loss" ? c.moe.moe_aux_loss_coeff : 0.0;
+}
+
+at::Tensor run_moe_mlp(nn::moe::MoEImpl& layer, const at::Tensor& x, double l_aux_coeff,
+                       bool training, MoELayerStats& stats) {
+  moe::MoEOutput out = layer.forward(x);
+  if (training && l_aux_coeff > 0.0) nn::add_aux_loss(out.l_aux * l_aux_coeff);
+  if (training) {
+    at::NoGradGuard no_grad;
+    const at::Tensor counts = out.exp_counts.detach().to(at::kLong);
+    const at::Tensor l_aux = out.l_aux.detach().to(at::kFloat);
+    if (!stats.tokens_per_expert.defined()) {
+      stats.tokens_per_expert = counts.clone();
+      stats.l_aux = l_aux.clone();
+    } else {
+      stats.tokens_per_expert.add_(counts);
+      stats.l_aux.add_(l_aux);
+    }
+    ++stats.forwards;
+  }
+  return out.output;
+}
+
+}  // namespace dscpp::model_zoo

@@ -1,0 +1,135 @@
+"""train_gpt with the MoE GPT (issue 20), through the launcher on CPU ranks.
+
+model_zoo/configs/moe_tiny.yaml (hidden 64; MoE layers 0 and 2 of 4: 8 experts top-2, a shared
+expert, sigmoid scores with the expert bias, aux loss 0.01 and z-loss 1e-3) trains on 1 rank and
+on 2 data ranks at ZeRO 1, and on 2 ranks at ZeRO 3 (the LayerSpec form): the loss falls, each
+log line carries the aux loss, the load balance and MFU on active parameters, the first step's
+loss (before any update) is one rank's, and the expert biases saved in the checkpoint moved by
+whole multiples of moe_router_bias_update_rate, at most one per step. A tensor degree is
+refused naming the MoE model.
+Last line: "N passed, M failed"; exits non-zero on any failure.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "data"))
+import megatron_format  # noqa: E402
+
+passed = 0
+failed = 0
+STEPS = 8
+
+
+def check(name, cond, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL {name}\n{detail[-3000:]}")
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+    return path
+
+
+LINE = re.compile(r"\[train_gpt\] step (\d+)/\d+ \| loss (\S+) \|.*\| MFU (\S+) \(active parameters\)"
+                  r" \| aux loss (\S+) \| load balance (\S+) \(worst (\S+), max/mean tokens per "
+                  r"expert over 2 MoE layers\)")
+
+
+def lines(log):
+    """(step, loss, aux loss, mean balance, worst balance) of each step line."""
+    return [(int(m[1]), float(m[2]), float(m[4]), float(m[5]), float(m[6]))
+            for m in LINE.finditer(log)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launcher", required=True)
+    ap.add_argument("--train-gpt", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--port", type=int, default=34240)
+    args = ap.parse_args()
+    port = [args.port]
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "tokens")
+        megatron_format.write(prefix, [[[(7 * i + 3 * j) % 97 for j in range(130)]]
+                                       for i in range(24)], "uint16")
+
+        def ds(stage):
+            return write_json(os.path.join(tmp, f"ds{stage}.json"), {
+                "steps_per_print": 1 << 30, "zero_optimization": {"stage": stage},
+                "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+                "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.0}}})
+
+        def run(ranks, stage, *extra):
+            port[0] += 1
+            cmd = [args.launcher, "--num_gpus", str(ranks), "--master_port", str(port[0]),
+                   args.train_gpt, "--model-config", args.config, "--data-path", prefix,
+                   "--deepspeed_config", ds(stage), "--train-iters", str(STEPS),
+                   "--log-interval", "1", "--seed", "11", *extra]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+            return p.returncode, p.stdout + p.stderr
+
+        rc1, log1 = run(1, 1)
+        one = lines(log1)
+        check("one rank: 8 steps, each line with aux loss, load balance and active-parameter MFU",
+              rc1 == 0 and [l[0] for l in one] == list(range(1, STEPS + 1)), log1)
+        check("the start-up line counts total and active parameters",
+              "GPT 3.54M parameters, 3.39M active (8 experts top-2 in 2 MoE layers)" in log1, log1)
+        check("one rank: the loss falls", len(one) == STEPS and one[-1][1] < one[0][1] - 0.5, log1)
+        check("aux loss > 0 (coefficient 0.01 and z-loss on) and balance >= 1",
+              len(one) > 0 and all(l[2] > 0 and 1.0 <= l[3] <= l[4] <= 8.0 for l in one), log1)
+
+        save = os.path.join(tmp, "ckpt")
+        rc2, log2 = run(2, 1, "--save", save)
+        two = lines(log2)
+        check("2 data ranks at ZeRO 1: 8 steps; the first loss is one rank's",
+              rc2 == 0 and len(two) == STEPS and len(one) > 0
+              and abs(two[0][1] - one[0][1]) < 2e-5, log2 + "\n---\n" + log1)
+        check("2 data ranks: the loss falls", len(two) == STEPS and two[-1][1] < two[0][1] - 0.5,
+              log2)
+        # The expert biases in the checkpoint: rate x (a sum of signs), at most one per step.
+        probe = ("import torch,sys,glob\n"
+                 "f=glob.glob(sys.argv[1]+'/global_step*/mp_rank_00_model_states.pt')[0]\n"
+                 "sd=torch.load(f,weights_only=False)['module']\n"
+                 "for k in sorted(sd):\n"
+                 "  if k.endswith('expert_bias'): print(k, ' '.join(f'{v:.6f}' for v in sd[k].tolist()))\n")
+        p = subprocess.run([sys.executable, "-c", probe, save], capture_output=True, text=True)
+        biases = [[float(v) for v in line.split()[1:]] for line in p.stdout.splitlines()]
+        names = [line.split()[0] for line in p.stdout.splitlines()]
+        ok = (p.returncode == 0 and names == ["blocks.0.mlp.deepspeed_moe.gate.expert_bias",
+                                              "blocks.2.mlp.deepspeed_moe.gate.expert_bias"]
+              and all(len(b) == 8 for b in biases))
+        steps_of = [[v / 1e-3 for v in b] for b in biases]
+        ok = ok and all(abs(s - round(s)) < 1e-3 and abs(s) <= STEPS for b in steps_of for s in b)
+        ok = ok and any(abs(s) > 0.5 for b in steps_of for s in b)
+        check("the saved expert biases moved by whole steps of the update rate",
+              ok, p.stdout + p.stderr + log2)
+
+        rc3, log3 = run(2, 3)
+        three = lines(log3)
+        check("2 data ranks at ZeRO 3 (the LayerSpec form): trains with the MoE fields",
+              rc3 == 0 and len(three) == STEPS and three[-1][1] < three[0][1] - 0.5
+              and abs(three[0][1] - one[0][1]) < 2e-5, log3)
+
+        rc_t, log_t = run(2, 1, "--tensor-model-parallel-size", "2")
+        check("a tensor degree is refused naming the MoE model",
+              rc_t != 0 and "an MoE model (num_experts 8) trains with data and expert parallelism "
+              "only" in log_t, log_t)
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
