@@ -7,6 +7,7 @@
 #include <map>
 
 #include "dscpp/error.h"
+#include "dscpp/ops/sum_of_squares.h"
 
 namespace dscpp::zero {
 
@@ -250,7 +251,7 @@ void MasterPartition::add_memory(MemoryBreakdown& m) const {
 }
 
 at::Tensor MasterPartition::local_sumsq() const {
-  return at::linalg_vector_norm(grads_, 2, c10::nullopt, false, at::kFloat).square();
+  return ops::sum_of_squares(grads_);
 }
 
 void MasterPartition::apply_scale(const at::Tensor& scale) {
