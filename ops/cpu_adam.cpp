@@ -8,14 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
-#include <exception>
 #include <functional>
-#include <mutex>
 #include <string>
 
 #include "dscpp/error.h"
 #include "dscpp/ops/cpu_adam_kernels.h"
+#include "dscpp/ops/cpu_parallel.h"
 
 namespace dscpp::ops::cpu {
 namespace {
@@ -88,48 +86,12 @@ kernels::Arrays arrays(const StepTensors& t, const at::Tensor& s0, const at::Ten
   return a;
 }
 
-// The step split over LibTorch's intra-op thread count. The workers come from ATen's
-// inter-op pool (at::launch), not at::parallel_for: at::parallel_for is an inline template
-// whose OpenMP region compiles to a serial loop in a unit built without -fopenmp, and clang's
-// OpenMP runtime (libomp) is not the libgomp LibTorch ships with. Ranges are whole tiles, so
-// a thread's split never changes an element's arithmetic.
+// A step's ranges are whole tiles (cpu_adam_kernels_impl.h), so the split over threads never
+// changes an element's arithmetic; below kGrain elements a thread costs more than it saves.
+constexpr int64_t kTile = 1024, kGrain = 1 << 15;
+
 void parallel(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  constexpr int64_t kGrain = 1 << 15;  // below this a thread costs more than it saves
-  const int64_t workers =
-      std::clamp<int64_t>((n + kGrain - 1) / kGrain, 1, std::max(1, at::get_num_threads()));
-  if (workers == 1) {
-    fn(0, n);
-    return;
-  }
-  const int64_t chunk = ((n + workers - 1) / workers + 1023) / 1024 * 1024;
-  std::mutex mutex;
-  std::condition_variable done;
-  int64_t left = 0;
-  std::exception_ptr error;
-  auto run = [&](int64_t begin, int64_t end) {
-    try {
-      fn(begin, end);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
-  for (int64_t begin = chunk; begin < n; begin += chunk) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      ++left;
-    }
-    const int64_t end = std::min(n, begin + chunk);
-    at::launch([&, begin, end] {
-      run(begin, end);
-      std::lock_guard<std::mutex> lock(mutex);
-      if (--left == 0) done.notify_all();
-    });
-  }
-  run(0, std::min(n, chunk));
-  std::unique_lock<std::mutex> lock(mutex);
-  done.wait(lock, [&] { return left == 0; });
-  if (error) std::rethrow_exception(error);
+  parallel_ranges(n, kTile, kGrain, fn);
 }
 
 void run(kernels::Kernel k, const kernels::Arrays& a, const kernels::Scalars& s, int64_t n) {

@@ -204,9 +204,16 @@ if [ "${GPU_FLOPS:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_t
     --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
     --deepspeed_config bench/configs/gpt_bf16_zero2_flops.json --train-iters 8 --log-interval 4
 fi
+# Predicted (thirteenth session, cpuadam: the step on LibTorch's OpenMP team instead of at::launch
+# tasks, constants hoisted out of the kernels' loops), 16 cores, against the eleventh session's
+# DeepSpeed 7,211 / 6,523 / 3,942 Melem/s at 1 M / 16 M / 67 M: 1 M ~9,500 (1.3x: no 0.3 ms of
+# task dispatch, each thread's 1 MB range stays in its core's L2 from step to step, and no Python
+# step overhead); 16 M ~6,700 (1.0-1.1x: both at the cache's bandwidth with the same 28 B); 67 M
+# ~4,000 (1.0x: DRAM-bound, same bytes); bf16 rows ~5% under the fp32 ones at 67 M (the copy's
+# 2 B read for ownership). "best" columns: the fastest of the 20 steps.
 if [ "${GPU_CPU_ADAM:-0}" = 1 ] && [ -x ./build-cuda/bench/cpu_adam_bench ]; then
   step cpu_adam env TORCH_CUDA_ARCH_LIST=9.0 TORCH_EXTENSIONS_DIR="$PWD/build-cuda/torch_extensions" \
-    python3 bench/cpu_adam_bench.py --bench ./build-cuda/bench/cpu_adam_bench --threads "$(nproc)"
+    python3 bench/cpu_adam_bench.py --bench ./build-cuda/bench/cpu_adam_bench --threads "$(nproc)" --steps 20
 fi
 offload_rows() {
   local budget=0

@@ -10,11 +10,19 @@
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <mutex>
+#include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "dscpp/error.h"
 #include "dscpp/ops/cpu_adam.h"
+#include "dscpp/ops/cpu_parallel.h"
 
 namespace {
 
@@ -170,6 +178,51 @@ TEST(CpuAdam, ThreadsSplitTheRangeWithoutChangingABit) {
   EXPECT_TRUE(at::equal(one.p, two.p));
   EXPECT_TRUE(at::equal(one.m, two.m));
   EXPECT_TRUE(at::equal(one.v, two.v));
+}
+
+TEST(CpuParallel, RangesCoverEveryElementOnceInWholeBlocksOnSeveralThreads) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  constexpr int64_t n = 10 * 1024 + 5;
+  std::vector<int> hits(n, 0);
+  std::mutex mutex;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::set<std::thread::id> threads;
+  cpu::parallel_ranges(n, 1024, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) ++hits[i];
+    std::lock_guard<std::mutex> lock(mutex);
+    ranges.emplace_back(begin, end);
+    threads.insert(std::this_thread::get_id());
+  });
+  at::set_num_threads(before);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << i;
+  ASSERT_EQ(ranges.size(), 2u);
+  for (const auto& [begin, end] : ranges)
+    if (end != n) EXPECT_EQ(end % 1024, 0) << begin << "-" << end;
+  // Two threads where LibTorch's OpenMP team is there (one process-wide pool of them).
+  if (std::string(cpu::parallel_backend()) == "openmp") EXPECT_EQ(threads.size(), 2u);
+  // Below two grains the caller's thread alone.
+  int calls = 0;
+  cpu::parallel_ranges(100, 1, 64, [&](int64_t begin, int64_t end) {
+    ++calls;
+    EXPECT_EQ(begin, 0);
+    EXPECT_EQ(end, 100);
+  });
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(CpuParallel, ARangesExceptionReachesTheCaller) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(cpu::parallel_ranges(1 << 12, 1, 1,
+                                    [&](int64_t begin, int64_t) {
+                                      ++ran;
+                                      if (begin > 0) throw std::runtime_error("range failed");
+                                    }),
+               std::runtime_error);
+  at::set_num_threads(before);
+  EXPECT_GE(ran.load(), 1);
 }
 
 TEST(CpuAdam, ReportsTheInstructionSetItRunsWith) {
