@@ -87,7 +87,7 @@ std::vector<int> GradBuckets::ready_order() const {
 }
 
 double GradBuckets::post_scale() const {
-  const int n = group_->size();
+  const int n = averaged_over();
   return options_.prescale_gradients ? 1.0 : options_.gradient_predivide_factor / n;
 }
 
@@ -233,7 +233,7 @@ void GradBuckets::launch_ready() {
 
 void GradBuckets::launch(int b) {
   const auto& bucket = layout_.buckets[b];
-  const int n = group_->size();
+  const int n = group_->size(), averaged = averaged_over();
   ready_at_launch_[b] = ready_calls_;
   // Per-bucket storage is dropped here: the collective keeps it alive until it has run.
   at::Tensor data = per_bucket() ? bucket_data(b) : flat_grads_.slice(0, bucket.begin, bucket.end);
@@ -242,7 +242,7 @@ void GradBuckets::launch(int b) {
   // DeepSpeed's averaging: divide before the sum (prescale_gradients), or divide by the
   // predivide factor before and by world / factor after.
   const double pre =
-      options_.prescale_gradients ? 1.0 / n : 1.0 / options_.gradient_predivide_factor;
+      options_.prescale_gradients ? 1.0 / averaged : 1.0 / options_.gradient_predivide_factor;
   if (pre != 1.0) data.mul_(pre);
   if (n == 1) {
     // One rank: the reduction is the identity. Into the partition directly where the

@@ -60,6 +60,12 @@ struct ReduceOptions {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   std::optional<at::ScalarType> communication_data_type;  // unset: the gradients' type
+  // How many ranks' gradients the reduced sum is averaged over; 0: the group's size. Experts'
+  // gradients are summed over the expert-data group and averaged over the whole data group
+  // (DeepSpeed's _reduce_expert_gradients and its ZeRO 1-2: "to maintain the gradients value
+  // unaffected by ep_size"), since each expert's gradient already sums its expert-parallel
+  // group's tokens.
+  int average_over = 0;
 };
 
 class GradBuckets {
@@ -104,7 +110,8 @@ class GradBuckets {
   // Empty: none.
   void set_on_complete(std::function<void(int)> fn) { on_complete_ = std::move(fn); }
   // What the partition's values are still to be multiplied by to be averaged gradients: 1 for
-  // an fp32 partition, 1/world (DeepSpeed's post-division) for a 16-bit one.
+  // an fp32 partition, 1/world (DeepSpeed's post-division; world: average_over) for a 16-bit
+  // one.
   double deferred_scale() const;
   // The parameters in the order their gradients were first seen ready, since construction
   // (reduced or not); parameters never seen come last, in reverse registration order.
@@ -129,7 +136,10 @@ class GradBuckets {
   void note_in_flight() { peak_in_flight_ = std::max(peak_in_flight_, in_flight_bytes()); }
   bool per_bucket() const { return !flat_grads_.defined(); }
   bool raw() const { return partition_.scalar_type() != at::kFloat; }
-  double post_scale() const;            // the averaging after the sum
+  double post_scale() const;  // the averaging after the sum
+  int averaged_over() const {
+    return options_.average_over > 0 ? options_.average_over : group_->size();
+  }
   at::Tensor target(int bucket);        // the bucket's share of the partition
   at::Tensor bucket_data(int bucket);   // per-bucket mode: complete, padding and unused zeroed
   at::Tensor& storage(int bucket);      // per-bucket mode: made on first use

@@ -63,6 +63,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   ro.prescale_gradients = options_.prescale_gradients;
   ro.gradient_predivide_factor = options_.gradient_predivide_factor;
   ro.communication_data_type = options_.communication_data_type;
+  ro.average_over = options_.average_over;
   // Stages 0-1 accumulate gradients over micro-steps in one flat buffer whose
   // views are the parameters' .grad; stages 2-3, and 0-1 without accumulation, reduce
   // every micro-step from per-bucket storage.
@@ -198,7 +199,17 @@ void ZeroOptimizer::relay_from_first_backward() {
   buckets_->set_partition(master_->grads(), fresh_partition, master_->grads_on_host());
 }
 
-StepResult ZeroOptimizer::step(double loss_scale) {
+at::Tensor ZeroOptimizer::global_sumsq() {
+  at::NoGradGuard no_grad;
+  // (on the training device, where the collectives run: a host gradient partition's sum too)
+  at::Tensor stats = master_->local_sumsq().to(param_options_.device());
+  if (options_.reduce_sumsq_across) options_.reduce_sumsq_across(stats);
+  if (options_.stage >= 1 && group_->size() > 1)
+    group_->all_reduce(stats, comm::ReduceOp::kSum).wait();
+  return stats;
+}
+
+StepResult ZeroOptimizer::step(double loss_scale, at::Tensor global_sumsq) {
   // The update is arithmetic on buffers, never something autograd should
   // record.
   at::NoGradGuard no_grad;
@@ -207,11 +218,7 @@ StepResult ZeroOptimizer::step(double loss_scale) {
   // The global sum of squares carries both verdicts: the norm, and the overflow
   // check (an inf or NaN anywhere makes it non-finite on every rank; DeepSpeed
   // tests a sum the same way).
-  // (on the training device, where the collectives run: a host gradient partition's sum too)
-  at::Tensor stats = master_->local_sumsq().to(param_options_.device());
-  if (options_.reduce_sumsq_across) options_.reduce_sumsq_across(stats);
-  if (options_.stage >= 1 && group_->size() > 1)
-    group_->all_reduce(stats, comm::ReduceOp::kSum).wait();
+  at::Tensor stats = global_sumsq.defined() ? std::move(global_sumsq) : this->global_sumsq();
   StepScaleInputs in;
   in.loss_scale = loss_scale;
   // A 16-bit partition holds sums: the averaging rides on the norm and the

@@ -77,6 +77,10 @@ struct ZeroOptions {
   // data-parallel all-reduce, to add the other stages' (tied parameters counted once), so
   // that the norm, the clip and the overflow verdict are the whole model's. Empty: none.
   std::function<void(at::Tensor& local_sumsq)> reduce_sumsq_across;
+  // How many ranks the reduced gradients are averaged over (ReduceOptions::average_over); 0:
+  // the group's size. The engine's expert parameters: the data group's, over their expert-data
+  // group.
+  int average_over = 0;
   // ZeRO-Offload of the optimizer (stages 1-3): the master and the optimizer state on the
   // host, stepped there by the CPU optimizer (zero/offload.h). The optimizer should have its
   // CPU kernels on (Optimizer::set_cpu_kernels).
@@ -121,7 +125,18 @@ class ZeroOptimizer {
   }
   void end_backward();
   // At the accumulation boundary. loss_scale: what the loss was multiplied by.
-  StepResult step(double loss_scale);
+  StepResult step(double loss_scale) { return step(loss_scale, at::Tensor()); }
+  // The same with the global sum of squares given (undefined: global_sumsq()), where several
+  // optimizers share one norm, clip and overflow verdict (the engine's dense and expert
+  // parameters): each is stepped with the whole model's sum, in the same units (the same
+  // deferred_scale()).
+  StepResult step(double loss_scale, at::Tensor global_sumsq);
+  // The global sum of squares of the gradient partition as it is (scaled, and sums where
+  // deferred_scale() != 1): this rank's, reduce_sumsq_across's additions, summed over the
+  // group at stages 1-3. A 0-dim fp32 tensor on the training device. Collective.
+  at::Tensor global_sumsq();
+  // What the partition's values are still to be multiplied by to be averaged gradients.
+  double deferred_scale() const { return buckets_->deferred_scale(); }
 
   // The three parts.
   ParamStore& param_store() { return *store_; }

@@ -17,6 +17,7 @@ void add_experts(const MoEImpl& moe, int layer, const std::string& name,
   base.num_local_experts = moe.deepspeed_moe->local_experts->num_local_experts();
   base.ep_size = moe.options.ep_size();
   base.ep_rank = moe.options.ep_group() ? moe.options.ep_group()->rank() : 0;
+  base.ep_group = moe.options.ep_group();
   const std::string under = name + "deepspeed_moe.experts.";
   if (const auto* clones = dynamic_cast<const ExpertsImpl*>(experts.get())) {
     for (size_t i = 0; i < clones->deepspeed_experts->size(); ++i) {

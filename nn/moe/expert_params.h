@@ -14,7 +14,10 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+
+#include "dscpp/comm/process_group.h"
 
 namespace dscpp::nn::moe {
 
@@ -23,7 +26,8 @@ struct ExpertParam {
   int local_expert = -1;  // the clone's index; -1: stacked over the local experts on dim 0
   int64_t num_local_experts = 1;
   int64_t ep_size = 1;
-  int64_t ep_rank = 0;  // this rank's place in its expert-parallel group
+  int64_t ep_rank = 0;                           // this rank's place in its expert-parallel group
+  std::shared_ptr<comm::ProcessGroup> ep_group;  // the layer's expert-parallel group (ep_size > 1)
 };
 
 // Expert parameters by their state_dict names under `root` (with `prefix`: "prefix.name").

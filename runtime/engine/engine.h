@@ -15,6 +15,7 @@
 
 #include "dscpp/config/json_text.h"
 #include "dscpp/nn/layer_hooks.h"
+#include "dscpp/nn/moe/expert_params.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/zero/gathered_parameters.h"
@@ -161,6 +162,9 @@ Engine<ModuleHolder> initialize(ModuleHolder module, const nlohmann::json& confi
   if (args.model_group && args.model_group->size() > 1 && !args.tensor_parallel)
     args.tensor_parallel = std::make_shared<const std::map<std::string, nn::TensorParallelAttr>>(
         nn::tensor_parallel_attributes(*impl));
+  if (!args.expert_params)
+    args.expert_params = std::make_shared<const std::map<std::string, nn::moe::ExpertParam>>(
+        nn::moe::expert_parameters(*impl));
   auto core = std::make_shared<EngineCore>(cfg, std::move(args));
   core->attach([impl](at::ScalarType dtype, at::Device device) { impl->to(device, dtype); },
                [impl]() {

@@ -16,6 +16,7 @@
 #include "dscpp/error.h"
 #include "dscpp/optim/lr_schedules.h"
 #include "dscpp/optim/optimizer.h"
+#include "dscpp/runtime/engine/engine_experts.h"
 #include "dscpp/runtime/engine/tensor_parallel_grads.h"
 #include "dscpp/runtime/monitor/monitor.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
@@ -102,6 +103,8 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   client_.optimizer = std::move(args.optimizer);
   client_.param_groups = std::move(args.param_groups);
   client_.lr_scheduler = std::move(args.lr_scheduler);
+  client_.expert_params = std::move(args.expert_params);
+  client_.expert_data_group = std::move(args.expert_data_group);
   dtype_ = config_.fp16.enabled ? at::kHalf : config_.bf16.enabled ? at::kBFloat16 : at::kFloat;
   if (group_->backend_name() == "nccl") device_ = at::Device(at::kCUDA, local_rank_);
   scaler_ = std::make_unique<LossScaler>(config_.fp16);
@@ -335,8 +338,10 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
       nv.aio.single_submit = config_.aio.single_submit;
     }
   }
+  take_experts(params, zo);  // (a no-op without expert parameters of ep_size > 1)
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
+  if (experts_) build_experts(zo, *opt);
   if (tensor_parallel_size() > 1) {
     std::vector<nn::TensorParallelAttr> attrs;
     for (const auto& name : param_names_) {
@@ -403,6 +408,7 @@ void EngineCore::forward_begin() {
   // stages 1-2 with deferred all-gathers, its hooks wait for them layer by layer; any other
   // module waits for them all here).
   if (!layer_gather_ && !publish_waits_) zero_->gather();
+  if (experts_) experts_->forward_begin();        // (stage 3: gathered as a whole)
   flops_profiler_->forward_begin(global_steps_);  // last: it times the module's forward
 }
 
@@ -411,6 +417,7 @@ void EngineCore::forward_end() {
   if (publish_waits_) zero_->wait_all_published();
   // A forward without autograd (evaluation) has no backward to wait for.
   if (!at::GradMode::is_enabled()) layer_gather_ ? layer_gather_->end_step() : zero_->release();
+  if (experts_) experts_->forward_end(at::GradMode::is_enabled());
   if (config_.wall_clock_breakdown) timers_.forward += now_ms() - forward_start_;
   flops_profiler_->forward_end();
 }
@@ -422,6 +429,7 @@ void EngineCore::forward_failed() {
   flops_profiler_->forward_failed();
   for (size_t b = 0; b < rest_before_forward_.size(); ++b)
     if (rest_before_forward_[b]) zero_->release_bucket(static_cast<int>(b));
+  if (experts_) experts_->forward_failed();
 }
 
 void EngineCore::defer_error(const std::string& what) noexcept {
@@ -449,6 +457,9 @@ void EngineCore::backward(const at::Tensor& loss) {
   // gradients accumulate in the flat buffer and reduce once, at the boundary.
   if (boundary) zero_->arm_overlapped_step(scaler_->loss_scale());
   zero_->begin_backward(zero_optimization_stage() >= 2 || boundary);
+  if (experts_)
+    experts_->begin_backward(zero_optimization_stage() >= 2 || boundary, boundary,
+                             scaler_->loss_scale());
   if (monitor_->enabled() && group_->rank() == 0) {
     at::Tensor l = loss.detach().to(at::kDouble);
     loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
@@ -460,6 +471,7 @@ void EngineCore::backward(const at::Tensor& loss) {
   scaled.backward();
   const double t1 = timed ? now_ms() : 0;
   zero_->end_backward();
+  if (experts_) experts_->end_backward();
   // Stage 3: the gradients are reduced, the parameters go back to rest.
   layer_gather_ ? layer_gather_->end_step() : zero_->release();
   if (timed) {
@@ -475,9 +487,11 @@ void EngineCore::backward_from(const std::vector<at::Tensor>& outputs,
   const bool timed = config_.wall_clock_breakdown;
   const double t0 = timed ? now_ms() : 0;
   zero_->begin_backward(zero_optimization_stage() >= 2 || reduce);
+  if (experts_) experts_->begin_backward(zero_optimization_stage() >= 2 || reduce, false, 1.0);
   torch::autograd::backward(outputs, grads);
   const double t1 = timed ? now_ms() : 0;
   zero_->end_backward();
+  if (experts_) experts_->end_backward();
   if (timed) {
     const double t2 = now_ms();
     timers_.backward += t2 - t0;
@@ -493,7 +507,7 @@ void EngineCore::step() {
   const double t0 = config_.wall_clock_breakdown ? now_ms() : 0;
   flops_profiler_->step_begin();
   if (tp_grads_) tp_grads_->all_reduce_sequence_parallel();
-  zero::StepResult r = zero_->step(scaler_->loss_scale());
+  zero::StepResult r = step_optimizers();  // the dense step (and the experts')
   if (config_.wall_clock_breakdown) timers_.step += now_ms() - t0;
   step_applied_ = r.applied;
   if (r.applied) grad_norm_ = r.grad_norm;

@@ -34,12 +34,18 @@ namespace zero {
 class ZeroOptimizer;
 class LayerGather;
 class PublishWaits;
+struct ZeroOptions;
+struct StepResult;
 }  // namespace zero
 namespace nn {
 class Layered;
 struct TensorParallelAttr;
+namespace moe {
+struct ExpertParam;
+}
 }  // namespace nn
 class LossScaler;
+class EngineExperts;
 class TensorParallelGrads;
 namespace monitor {
 class MonitorMaster;
@@ -90,6 +96,13 @@ struct InitArgs {
   // With a model group: every trainable parameter's partition attributes by state_dict name;
   // null: initialize() reads them from the module (nn::tensor_parallel_attributes).
   std::shared_ptr<const std::map<std::string, nn::TensorParallelAttr>> tensor_parallel;
+  // Expert parallelism (runtime/engine/engine_experts.h): the expert parameters by state_dict
+  // name; null: initialize() reads them from the module (nn::moe::expert_parameters). Those of
+  // ep_size > 1 get their own ZeroOptimizer over the expert-data group.
+  std::shared_ptr<const std::map<std::string, nn::moe::ExpertParam>> expert_params;
+  // Their expert-data-parallel group (DeepSpeed's expert_data_parallel_group, of data / ep_size
+  // ranks); null: made from the MoE layers' expert-parallel groups inside `group`.
+  std::shared_ptr<comm::ProcessGroup> expert_data_group;
   bool strict_config = false;
   // Parameter groups; trainable parameters in none of them form one more group with the
   // config's settings. Empty: one group of every trainable parameter.
@@ -226,6 +239,12 @@ class EngineCore {
     return tp_attrs_;
   }
   zero::ZeroOptimizer& zero_optimizer() { return *zero_; }
+  // Expert parallelism (runtime/engine/engine_experts.h): the expert parameters' ZeroOptimizer
+  // (over the expert-data group; null without expert parameters of ep_size > 1), that group
+  // (null likewise), and the rest of what the engine knows of them (names, ep rank and size).
+  zero::ZeroOptimizer* expert_zero_optimizer();
+  const std::shared_ptr<comm::ProcessGroup>& expert_data_group() const;
+  EngineExperts* experts() { return experts_.get(); }
   // Every buffer the engine allocates for training, by name and where a GPU run keeps it
   // (ZeRO's parts: zero/memory_breakdown.h, zero_optimizer.h), at this moment.
   zero::MemoryBreakdown memory_breakdown() const;
@@ -235,6 +254,12 @@ class EngineCore {
 
  private:
   std::vector<std::vector<int>> layer_buckets() const;  // per layer, its parameters' buckets
+  // Expert parallelism (engine_experts.cpp): takes the experts out of params (and zo's lists)
+  // and adds their share to the dense norm; then, once the dense optimizer exists, builds
+  // theirs. step_optimizers: the dense step, and the experts' with the same sum of squares.
+  void take_experts(std::vector<at::Tensor>& params, zero::ZeroOptions& zo);
+  void build_experts(const zero::ZeroOptions& zo, const optim::Optimizer& dense);
+  zero::StepResult step_optimizers();
   void start_publish_waits();
   // The ZeRO gradient partition's type (DeepSpeed's data_types.grad_accum_dtype and our
   // default: the training type when nothing accumulates, fp32 otherwise).
@@ -324,6 +349,7 @@ class EngineCore {
   std::shared_ptr<comm::ProcessGroup> model_group_;       // InitArgs::model_group
   std::shared_ptr<const std::map<std::string, nn::TensorParallelAttr>> tp_attrs_;
   std::unique_ptr<TensorParallelGrads> tp_grads_;  // with a model group of size > 1
+  std::unique_ptr<EngineExperts> experts_;         // with expert parameters of ep_size > 1
   std::string deferred_error_;
 };
 

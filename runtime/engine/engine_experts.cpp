@@ -1,0 +1,231 @@
+// EngineExperts: see engine_experts.h.
+#include "dscpp/runtime/engine/engine_experts.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <set>
+
+#include "dscpp/config/ds_config.h"
+#include "dscpp/error.h"
+#include "dscpp/optim/optimizer.h"
+#include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/precision/loss_scaler.h"
+
+namespace dscpp {
+
+namespace {
+
+// The data-group ranks at the same place of their expert-parallel groups hold the same experts:
+// one expert-data group per place. Each rank's (ep_size, ep_rank, whether its expert-parallel
+// group lies inside the data group) gathered over the data group; every rank checks the same
+// gathered values, so they all throw alike or none does.
+std::shared_ptr<comm::ProcessGroup> make_expert_data_group(comm::ProcessGroup& data, int ep_size,
+                                                           int ep_rank,
+                                                           const comm::ProcessGroup* ep) {
+  std::set<int> members;
+  for (int r = 0; r < data.size(); ++r) members.insert(data.global_rank(r));
+  bool inside = ep != nullptr && ep->size() == ep_size;
+  for (int r = 0; inside && r < ep->size(); ++r) inside = members.count(ep->global_rank(r)) > 0;
+  at::Tensor mine = at::tensor({int64_t{ep_size}, int64_t{ep_rank}, int64_t{inside}}, at::kLong);
+  const bool cuda = data.backend_name() == "nccl";
+  if (cuda) mine = mine.cuda();
+  at::Tensor all = at::empty({data.size() * 3}, mine.options());
+  data.all_gather(all, mine).wait();
+  all = all.cpu().view({data.size(), 3});
+  std::vector<std::vector<int>> places(ep_size);
+  for (int r = 0; r < data.size(); ++r) {
+    const int64_t size = all[r][0].item<int64_t>(), place = all[r][1].item<int64_t>();
+    if (size != ep_size)
+      throw Error(fmt::format(
+          "initialize: the MoE layers' ep_size must be the same on every rank of the data group "
+          "'{}': rank {} has {}, rank {} has {}",
+          data.name(), data.rank(), ep_size, r, size));
+    if (all[r][2].item<int64_t>() == 0)
+      throw Error(fmt::format(
+          "initialize: the expert-parallel group of data rank {} (ep_size {}) does not lie inside "
+          "the engine's data group '{}': pass its expert-data group as "
+          "InitArgs::expert_data_group",
+          r, ep_size, data.name()));
+    places[place].push_back(r);
+  }
+  std::shared_ptr<comm::ProcessGroup> mine_group;
+  for (int p = 0; p < ep_size; ++p) {
+    if (static_cast<int>(places[p].size()) != data.size() / ep_size)
+      throw Error(fmt::format(
+          "initialize: the expert-parallel groups do not tile the data group '{}': {} ranks hold "
+          "expert-parallel place {} (expected {})",
+          data.name(), places[p].size(), p, data.size() / ep_size));
+    auto g = data.new_subgroup(places[p], fmt::format("expert_data_parallel_ep{}_{}", ep_size, p));
+    if (g) mine_group = g;
+  }
+  return mine_group;
+}
+
+}  // namespace
+
+std::unique_ptr<EngineExperts> EngineExperts::take(
+    const ExpertMap& experts, std::vector<at::Tensor>& params, std::vector<std::string>& names,
+    zero::ZeroOptions& zo, const std::shared_ptr<comm::ProcessGroup>& data_group,
+    std::shared_ptr<comm::ProcessGroup> expert_data_group, int tensor_parallel_size) {
+  auto out = std::unique_ptr<EngineExperts>(new EngineExperts());
+  std::vector<at::Tensor> dense;
+  std::vector<std::string> dense_names;
+  std::vector<int> dense_groups, dense_units;
+  const nn::moe::ExpertParam* first = nullptr;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = experts.find(names[i]);
+    // Experts at ep_size 1 are replicated over the data group like any dense parameter.
+    if (it == experts.end() || it->second.ep_size <= 1) {
+      dense.push_back(params[i]);
+      dense_names.push_back(names[i]);
+      if (!zo.group_of.empty()) dense_groups.push_back(zo.group_of[i]);
+      if (!zo.unit_of.empty()) dense_units.push_back(zo.unit_of[i]);
+      continue;
+    }
+    const auto& e = it->second;
+    if (!first) first = &e;
+    if (e.ep_size != first->ep_size || e.ep_rank != first->ep_rank)
+      throw Error(fmt::format(
+          "initialize: the engine takes one ep_size for all MoE layers with expert parallelism: "
+          "'{}' has ep_size {} (rank {}), '{}' ep_size {} (rank {})",
+          names[i], e.ep_size, e.ep_rank, out->names_.front(), first->ep_size, first->ep_rank));
+    out->params_.push_back(params[i]);
+    out->names_.push_back(names[i]);
+    out->info_.emplace(names[i], e);
+    if (!zo.group_of.empty()) out->group_of_.push_back(zo.group_of[i]);
+  }
+  if (!first) return nullptr;
+  if (tensor_parallel_size > 1)
+    throw Error(
+        "initialize: expert parallelism (ep_size > 1) with tensor parallelism is not supported "
+        "by the engine yet");
+  out->data_ = data_group;
+  out->ep_size_ = static_cast<int>(first->ep_size);
+  out->ep_rank_ = static_cast<int>(first->ep_rank);
+  out->ep_ = first->ep_group;
+  const int d = data_group->size();
+  if (d % out->ep_size_ != 0)
+    throw Error(fmt::format("initialize: ep_size {} must divide the data-parallel size {}",
+                            out->ep_size_, d));
+  if (expert_data_group) {
+    if (expert_data_group->size() != d / out->ep_size_)
+      throw Error(fmt::format(
+          "initialize: InitArgs::expert_data_group has {} ranks; with a data group of {} and "
+          "ep_size {} it must have {}",
+          expert_data_group->size(), d, out->ep_size_, d / out->ep_size_));
+    out->edp_ = std::move(expert_data_group);
+  } else {
+    out->edp_ = make_expert_data_group(*data_group, out->ep_size_, out->ep_rank_, out->ep_.get());
+  }
+  params = std::move(dense);
+  names = std::move(dense_names);
+  if (!zo.group_of.empty()) zo.group_of = std::move(dense_groups);
+  if (!zo.unit_of.empty()) zo.unit_of = std::move(dense_units);
+  return out;
+}
+
+void EngineExperts::build(const zero::ZeroOptions& zo, std::unique_ptr<optim::Optimizer> optimizer,
+                          const optim::Optimizer& dense) {
+  zero::ZeroOptions eo = zo;
+  eo.group_of = group_of_;
+  eo.unit_of.clear();                // gathered as a whole at stage 3
+  eo.defer_allgather = false;        // published at the step
+  eo.reduce_sumsq_across = nullptr;  // the dense optimizer's sum carries the experts' (add_sumsq)
+  eo.average_over = data_->size();
+  zero_ = std::make_unique<zero::ZeroOptimizer>(params_, std::move(optimizer), edp_, eo);
+  if (zero_->optimizer().num_shards() > dense.num_shards())
+    throw Error(fmt::format(
+        "initialize: parameter group {} holds only expert parameters (ep_size > 1); the engine "
+        "schedules the experts' groups through the dense ones: give that group a dense "
+        "parameter too, or merge it into another",
+        zero_->optimizer().num_shards() - 1));
+}
+
+void EngineExperts::add_sumsq(at::Tensor& dense_local_sumsq) {
+  at::Tensor mine = zero_->master().local_sumsq().to(dense_local_sumsq.options());
+  // Stage 0: each rank holds its experts' whole averaged gradients (its expert-data group's
+  // replicas agree), and the dense sum is not reduced further: the expert-parallel group's
+  // experts are summed here. Stages 1-3: the data group's all-reduce sums the partitions.
+  if (zero_->stage() == 0 && ep_ && ep_->size() > 1) ep_->all_reduce(mine).wait();
+  dense_local_sumsq = dense_local_sumsq + mine;
+}
+
+void EngineExperts::forward_begin() {
+  if (zero_->stage() != 3) return;
+  at_rest_before_forward_ = !zero_->gathered();
+  zero_->gather();
+}
+
+void EngineExperts::forward_end(bool grad_enabled) {
+  if (!grad_enabled) zero_->release();  // no backward to wait for
+}
+
+void EngineExperts::forward_failed() {
+  if (at_rest_before_forward_) zero_->release();
+  at_rest_before_forward_ = false;
+}
+
+void EngineExperts::begin_backward(bool reduce, bool boundary, double loss_scale) {
+  if (boundary) zero_->arm_overlapped_step(loss_scale);
+  zero_->begin_backward(reduce);
+}
+
+void EngineExperts::end_backward() {
+  zero_->end_backward();
+  zero_->release();  // stage 3: back to rest (a no-op at stages 0-2)
+  at_rest_before_forward_ = false;
+}
+
+zero::StepResult EngineExperts::step(double loss_scale, const at::Tensor& global_sumsq,
+                                     zero::ZeroOptimizer& dense) {
+  if (zero_->deferred_scale() != dense.deferred_scale())
+    throw Error("engine: the expert and dense gradient partitions are averaged differently");
+  optim::Optimizer& mine = zero_->optimizer();
+  for (int g = 0; g < mine.num_shards(); ++g) mine.copy_hyper(g, dense.optimizer(), g);
+  return zero_->step(loss_scale, global_sumsq);
+}
+
+// EngineCore's side (engine_core.h), here to keep engine_core.cpp to its one job.
+
+zero::ZeroOptimizer* EngineCore::expert_zero_optimizer() {
+  return experts_ ? &experts_->zero() : nullptr;
+}
+
+const std::shared_ptr<comm::ProcessGroup>& EngineCore::expert_data_group() const {
+  static const std::shared_ptr<comm::ProcessGroup> none;
+  return experts_ ? experts_->expert_data_group() : none;
+}
+
+void EngineCore::take_experts(std::vector<at::Tensor>& params, zero::ZeroOptions& zo) {
+  if (!client_.expert_params) return;
+  experts_ = EngineExperts::take(*client_.expert_params, params, param_names_, zo, group_,
+                                 client_.expert_data_group, tensor_parallel_size());
+  if (!experts_) return;
+  // The experts' share first (a local term at stages 1-3), then what the client adds (a
+  // pipeline's other stages, whose experts are counted by the same sums).
+  zo.reduce_sumsq_across = [this, across = zo.reduce_sumsq_across](at::Tensor& sumsq) {
+    experts_->add_sumsq(sumsq);
+    if (across) across(sumsq);
+  };
+}
+
+void EngineCore::build_experts(const zero::ZeroOptions& zo, const optim::Optimizer& dense) {
+  auto optimizer =
+      config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
+  if (!optimizer) throw Error("initialize: the client optimizer factory gave null");
+  optimizer->set_cpu_kernels(dense.cpu_kernels());
+  experts_->build(zo, std::move(optimizer), dense);
+}
+
+zero::StepResult EngineCore::step_optimizers() {
+  const double scale = scaler_->loss_scale();
+  if (!experts_) return zero_->step(scale);
+  // One sum for both: the dense one carries the experts' share (take_experts).
+  const at::Tensor sumsq = zero_->global_sumsq();
+  zero::StepResult r = zero_->step(scale, sumsq);
+  experts_->step(scale, sumsq, *zero_);
+  return r;
+}
+
+}  // namespace dscpp

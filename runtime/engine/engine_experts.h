@@ -1,0 +1,104 @@
+// Expert parameters in the engine's ZeRO. DeepSpeed makes its users split their parameter
+// groups (split_params_into_different_moe_groups_for_optimizer) so that ZeRO reduces and
+// partitions the experts over the expert-data-parallel group; here the engine finds them itself
+// (nn::moe::expert_parameters on the module: InitArgs::expert_params) and, where any has
+// ep_size > 1, gives them a second ZeroOptimizer of the same stage over the expert-data group,
+// the dense parameters keeping theirs over the data group. One mechanism for both: the same
+// ZeroOptimizer, buckets and partition code, with two differences of options.
+//   - Averaging: an expert's gradient already sums the tokens of its expert-parallel group, so
+//     the expert-data group's sum is divided by the whole data group's size (DeepSpeed's
+//     _reduce_expert_gradients and its ZeRO 1-2 divide by the data world, "to maintain the
+//     gradients value unaffected by ep_size"): ZeroOptions::average_over.
+//   - The norm: one for the whole model, each expert parameter counted once over the world.
+//     The dense optimizer's reduce_sumsq_across adds the experts' share before its data-group
+//     sum: at stages 1-3 this rank's expert partition (the partitions of an expert-data group
+//     cover its experts once, the expert-parallel groups' experts are disjoint, and together
+//     they make the data group), at stage 0 the sum of this rank's whole experts over its
+//     expert-parallel group (the dense sum is not reduced there). Both optimizers then step
+//     with that one sum (ZeroOptimizer::step(loss_scale, sumsq)): one clip, one overflow verdict,
+//     one loss scale. (DeepSpeed's ZeRO 1-2 instead averages the expert groups' norms over the
+//     expert-data group, which is not the model's norm: we take the exact one.)
+// The expert-data group: InitArgs::expert_data_group when given (its size must be the data
+// group's over ep_size), otherwise made here from the MoE layers' own expert-parallel groups:
+// the data-group ranks at the same place of their expert-parallel groups hold the same experts
+// (comm::new_expert_groups' layout, and any other that tiles the data group).
+// At stage 3 the experts are gathered as a whole around each forward and backward (not layer
+// by layer); with deferred all-gathers they publish at the step. The LR schedule drives the
+// dense optimizer; its groups' settings are copied into the experts' before each step.
+// Not yet: tensor parallelism with experts, several ep_size values in one model.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dscpp/comm/process_group.h"
+#include "dscpp/nn/moe/expert_params.h"
+#include "dscpp/zero/zero_optimizer.h"
+
+namespace dscpp {
+
+class EngineExperts {
+ public:
+  using ExpertMap = std::map<std::string, nn::moe::ExpertParam>;
+
+  // Takes the parameters of `experts` with ep_size > 1 out of params / names (in their order,
+  // and their entries out of zo.group_of and zo.unit_of); null when there are none (nothing
+  // changed then). data_group: the engine's; expert_data_group: InitArgs's (null: made from
+  // the layers' groups, collectively over data_group: every rank of it must have the same MoE
+  // layers).
+  static std::unique_ptr<EngineExperts> take(const ExpertMap& experts,
+                                             std::vector<at::Tensor>& params,
+                                             std::vector<std::string>& names, zero::ZeroOptions& zo,
+                                             const std::shared_ptr<comm::ProcessGroup>& data_group,
+                                             std::shared_ptr<comm::ProcessGroup> expert_data_group,
+                                             int tensor_parallel_size);
+
+  // The experts' ZeroOptimizer, over the expert-data group, with the dense one's options `zo`
+  // (after take: the dense ones) and an optimizer made alike. dense: the dense optimizer, which
+  // must have every parameter group the experts have (the schedule writes its groups).
+  void build(const zero::ZeroOptions& zo, std::unique_ptr<optim::Optimizer> optimizer,
+             const optim::Optimizer& dense);
+
+  // The experts' share of the whole model's sum of squares, added to the dense optimizer's
+  // local sum before its data-group all-reduce (see above). Collective over the
+  // expert-parallel group at stage 0.
+  void add_sumsq(at::Tensor& dense_local_sumsq);
+
+  // Around the engine's forward, backward and step (the dense calls' twins).
+  void forward_begin();
+  void forward_end(bool grad_enabled);
+  void forward_failed();
+  void begin_backward(bool reduce, bool boundary, double loss_scale);
+  void end_backward();
+  // With the whole model's sum of squares; dense: the dense ZeroOptimizer, whose groups'
+  // settings (the schedule's lr) the experts take first.
+  zero::StepResult step(double loss_scale, const at::Tensor& global_sumsq,
+                        zero::ZeroOptimizer& dense);
+
+  zero::ZeroOptimizer& zero() { return *zero_; }
+  const std::shared_ptr<comm::ProcessGroup>& expert_data_group() const { return edp_; }
+  // The MoE layers' expert-parallel group (the all-to-all), its size and this rank's place.
+  const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group() const { return ep_; }
+  int ep_size() const { return ep_size_; }
+  int ep_rank() const { return ep_rank_; }
+  // The expert parameters as the expert ZeroOptimizer holds them, by state_dict name, and
+  // what expert_parameters said of each.
+  const std::vector<std::string>& names() const { return names_; }
+  const ExpertMap& info() const { return info_; }
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  ExpertMap info_;
+  std::vector<int> group_of_;  // each expert parameter's group (empty: one)
+  std::shared_ptr<comm::ProcessGroup> data_, edp_, ep_;
+  int ep_size_ = 1, ep_rank_ = 0;
+  std::unique_ptr<zero::ZeroOptimizer> zero_;
+  bool at_rest_before_forward_ = false;  // stage 3: what forward_failed puts back
+};
+
+}  // namespace dscpp
