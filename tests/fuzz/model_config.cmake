@@ -6,6 +6,6 @@ set(mdir ${PROJECT_SOURCE_DIR}/model_zoo)
 dscpp_add_fuzzer(model_config
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_model_config.cpp ${cdir}/json_text.cpp
           ${cdir}/yaml_text.cpp ${cdir}/json_bounds.cpp ${cdir}/section.cpp
-          ${mdir}/gpt_config.cpp ${mdir}/parallelism_config.cpp
+          ${mdir}/gpt_config.cpp ${mdir}/moe_config.cpp ${mdir}/parallelism_config.cpp
   LAYERS config model_zoo
   LINK nlohmann_json::nlohmann_json fmt::fmt-header-only yaml-cpp)
