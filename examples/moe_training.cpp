@@ -12,12 +12,6 @@
 
 namespace dscpp::examples {
 
-namespace {
-// Set when the engine reduces expert gradients over the expert-data-parallel group
-// (InitArgs::expert_data_group); until then expert degrees above 1 are refused.
-constexpr bool kEngineReducesExpertGradients = false;
-}  // namespace
-
 std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTConfig& config) {
   const int ep = static_cast<int>(config.parallelism.expert_model_parallel_size);
   if (ep <= 1) return nullptr;
@@ -37,12 +31,6 @@ void check_moe_job(const model_zoo::GPTConfig& config, const GptOptions& options
         "train_gpt so far: expected tensor and pipeline degrees 1, found {} and {}",
         options.model_config, config.moe.num_experts, par.tensor_model_parallel_size,
         std::max(par.pipeline_model_parallel_size, options.pipeline_model_parallel_size)));
-  if (par.expert_model_parallel_size > 1 && !kEngineReducesExpertGradients)
-    throw FlagError(fmt::format(
-        "{}: parallelism.expert_model_parallel_size {}: this engine does not yet reduce expert "
-        "gradients over the expert-data-parallel group, so expert-parallel training would be "
-        "wrong; train at expert degree 1",
-        options.model_config, par.expert_model_parallel_size));
 }
 
 MoETraining::MoETraining(const model_zoo::GPTConfig& config, torch::nn::Module& model,

@@ -235,6 +235,21 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
   return r;
 }
 
+void TopKGateImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  // Module::to casts every buffer: keep the fp32 values (a cast back would keep bf16's rounding)
+  // and put them back on the new device. set_data keeps the registered buffer's identity (the
+  // state dict and the engine's buffer list hold this tensor), as Module::to does.
+  const at::Tensor keep = expert_bias.defined() ? expert_bias.detach().clone() : at::Tensor();
+  torch::nn::Module::to(device, dtype, non_blocking);
+  if (keep.defined()) expert_bias.set_data(keep.to(expert_bias.device()));
+}
+
+void TopKGateImpl::to(torch::Dtype dtype, bool non_blocking) {
+  const at::Tensor keep = expert_bias.defined() ? expert_bias.detach().clone() : at::Tensor();
+  torch::nn::Module::to(dtype, non_blocking);
+  if (keep.defined()) expert_bias.set_data(keep);
+}
+
 void TopKGateImpl::update_expert_bias(const std::shared_ptr<comm::ProcessGroup>& group) {
   if (!expert_bias.defined()) return;
   at::NoGradGuard no_grad;

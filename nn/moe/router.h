@@ -23,7 +23,10 @@
 // Bias-based balancing (enable_expert_bias): a per-expert fp32 buffer `expert_bias` (in the
 // state dict, never a parameter) added to the scores for selection only; training forwards
 // count the tokens per expert, and update_expert_bias() adds rate · sign(mean - count) from
-// those counts (summed over the given group first) and restarts the count.
+// those counts (summed over the given group first) and restarts the count. The buffer stays
+// fp32 when the module is cast to fp16/bf16 (as Megatron's router keeps it,
+// _maintain_float32_expert_bias): the update rate, 1e-3 by default, is below bf16's
+// resolution near 1 (2^-7), so a 16-bit bias would stop moving once it reached that size.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -93,6 +96,10 @@ class TopKGateImpl : public torch::nn::Module {
   void update_expert_bias(const std::shared_ptr<comm::ProcessGroup>& group = nullptr);
   // Tokens counted per expert since the last update (fp32 [E]).
   const at::Tensor& tokens_per_expert() const { return tokens_per_expert_; }
+  // Module::to, then expert_bias back to fp32 (a device move keeps it there).
+  using torch::nn::Module::to;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
 
   TopKGateOptions options;
   torch::nn::Linear wg{nullptr};  // [E, model_dim], no bias

@@ -10,6 +10,7 @@
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
 #include "dscpp/runtime/checkpoint/moe_layout.h"
+#include "dscpp/runtime/checkpoint/moe_relayout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
@@ -111,6 +112,31 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
   }
   if (model.find(PyValue("dscpp_tensor_parallel")))
     return tensor_parallel_state_dict(dir, tag, model, path);
+  if (model.find(PyValue("num_experts")) && moe_ep_size(model) > 1) {
+    // MoE at ep_size > 1 (moe_relayout.h): the dense group over the data ranks, each
+    // expert-parallel rank's experts over its expert-data ranks, as the one-rank model names
+    // them (every global expert a local one).
+    const ExpertRelayout relayout(dir, tag, model, path);
+    const auto one = one_rank_experts(experts_of_info(model, path));
+    ExpertFiles::of_model(dir, tag, model, path).check_model(one);
+    PyValue out = PyValue::ordered_dict();
+    const PyValue& module = need(model, "module", path);
+    for (size_t i = 0; i < module.size(); ++i) {
+      const std::string& name = module.keys()[i].as_string();
+      if (relayout.has(name)) {
+        out.set(PyValue(name), PyValue(relayout.param(name, {}).fp32));
+      } else if (module.values()[i].is_tensor()) {
+        const at::Tensor& t = module.values()[i].as_tensor();
+        out.set(PyValue(name), PyValue(t.is_floating_point() ? t.to(at::kFloat) : t));
+      }
+    }
+    for (const auto& [name, e] : one)
+      out.set(PyValue(name), PyValue(relayout.param(name, one).fp32));
+    if (const PyValue* shared = model.find(PyValue("shared_params")); shared && shared->is_dict())
+      for (size_t i = 0; i < shared->size(); ++i)
+        if (const PyValue* src = out.find(shared->values()[i])) out.set(shared->keys()[i], *src);
+    return out;
+  }
   if (model.find(PyValue("num_experts"))) {
     // MoE (moe_layout.h): the one-rank model's module, every global expert a local one.
     auto files = ExpertFiles::of_model(dir, tag, model, path);

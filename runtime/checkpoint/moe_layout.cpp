@@ -78,6 +78,11 @@ PyValue moe_info(const std::map<std::string, nn::moe::ExpertParam>& experts) {
   return info;
 }
 
+int64_t moe_ep_size(const PyValue& model) {
+  const PyValue* info = model.is_dict() ? model.find(PyValue("dscpp_moe")) : nullptr;
+  return info && info->is_dict() ? info->at(PyValue("ep_size")).as_int() : 1;
+}
+
 std::map<std::string, nn::moe::ExpertParam> experts_of_info(const PyValue& model,
                                                             const std::string& path) {
   const PyValue* info = model.is_dict() ? model.find(PyValue("dscpp_moe")) : nullptr;

@@ -50,6 +50,9 @@ std::vector<int64_t> num_experts_per_layer(const std::map<std::string, nn::moe::
 // expert parameter (local name) its layer, local expert (-1: stacked) and local count, so a
 // reader knows the saved naming without the saving model.
 PyValue moe_info(const std::map<std::string, nn::moe::ExpertParam>& experts);
+// The expert-parallel degree a model-states file was saved at (its dscpp_moe's ep_size; 1
+// without one).
+int64_t moe_ep_size(const PyValue& model);
 // The same read back (the ep_rank of each entry is 0: files are per global expert). A
 // checkpoint without `dscpp_moe` is DeepSpeed's: its expert map cannot be named, so throws.
 std::map<std::string, nn::moe::ExpertParam> experts_of_info(const PyValue& model,

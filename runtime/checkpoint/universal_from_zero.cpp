@@ -11,6 +11,7 @@
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/moe_layout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
@@ -167,16 +168,23 @@ void pipe_params(const std::string& dir, const std::string& tag, UniversalCheckp
 std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::string& path,
                                                const PyValue& module,
                                                const std::function<std::string(int)>& zero_file,
-                                               PyValue* optimizer_state) {
+                                               PyValue* optimizer_state, const ZeroGroup& which) {
   std::vector<UniversalParam> params;
   PyValue settings;
-  // The trainable parameters in ZeRO's (registration) order: param_shapes, one group.
+  // The trainable parameters in ZeRO's (registration) order: param_shapes, one group per
+  // ZeroOptimizer (two for a MoE checkpoint at ep_size > 1, moe_layout.h).
   const PyValue& shapes_v = need(model, "param_shapes", path);
-  if (!shapes_v.is_list() || shapes_v.size() != 1)
-    throw CheckpointError("'" + path +
-                          "': param_shapes is not one group's (a checkpoint of "
-                          "dscpp's engine holds exactly one)");
-  const PyValue& shapes = shapes_v.items()[0];
+  const size_t groups_expected = moe_ep_size(model) > 1 ? 2 : 1;
+  if (!shapes_v.is_list() || shapes_v.size() != groups_expected || which.group >= groups_expected)
+    throw CheckpointError(fmt::format(
+        "'{}': param_shapes is not {} group's (a checkpoint of dscpp's engine holds one, two "
+        "for a MoE one saved at ep_size > 1)",
+        path, groups_expected == 1 ? "one" : "two"));
+  const PyValue& shapes = shapes_v.items()[which.group];
+  // Stage 0: the group's entries in the optimizer state follow the earlier groups'.
+  int64_t first_index = 0;
+  for (size_t g = 0; g < which.group; ++g)
+    first_index += static_cast<int64_t>(shapes_v.items()[g].size());
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> dims;
   std::vector<int64_t> numels;
@@ -192,7 +200,8 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
     params[i].partition = ParamPartition::whole(dims[i]);
   }
 
-  const PyValue& optimizer = need(model, "optimizer", path);
+  const PyValue& optimizer =
+      which.stage0_optimizer ? *which.stage0_optimizer : need(model, "optimizer", path);
   if (!optimizer.is_none()) {
     // Stage 0: torch.optim's per-parameter state; fp32 weights beside it under 16-bit.
     // The message's text named first: g++ 13 takes a reference returned by a call with a
@@ -202,12 +211,18 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
     const PyValue* fp32 = optimizer.find(PyValue("dscpp_fp32_params"));
     for (size_t i = 0; i < names.size(); ++i) {
       UniversalParam& p = params[i];
+      const int64_t index = first_index + static_cast<int64_t>(i);
       if (fp32) {
-        p.fp32 = fp32->items().at(i).as_tensor().to(at::kFloat).reshape(dims[i]);
+        if (static_cast<size_t>(index) >= fp32->size())
+          throw CheckpointError(
+              fmt::format("'{}': dscpp_fp32_params has {} tensors, fewer than "
+                          "param_shapes names",
+                          where, fp32->size()));
+        p.fp32 = fp32->items().at(index).as_tensor().to(at::kFloat).reshape(dims[i]);
       } else {
         p.fp32 = need(module, names[i].c_str(), path + ": module").as_tensor().to(at::kFloat);
       }
-      const PyValue* entry = state.find(PyValue(static_cast<int64_t>(i)));
+      const PyValue* entry = state.find(PyValue(index));
       if (!entry) continue;  // never stepped
       for (size_t k = 0; k < entry->size(); ++k) {
         const std::string key = entry->keys()[k].as_string();
@@ -228,30 +243,35 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
     settings.set("overflow", PyValue(false));
     settings.set("ds_version", need(model, "ds_version", path));
   } else {
-    const int world = static_cast<int>(need(model, "dp_world_size", path).as_int());
+    const int world = which.partitions > 0
+                          ? which.partitions
+                          : static_cast<int>(need(model, "dp_world_size", path).as_int());
     if (world < 1) throw CheckpointError("'" + path + "': dp_world_size < 1");
     const SaveBinding binding = read_binding(model, path);
+    const size_t g = which.group;
     std::vector<at::Tensor> fp32(names.size());
     std::map<std::string, std::vector<at::Tensor>> states;
     for (size_t i = 0; i < names.size(); ++i) fp32[i] = at::zeros({numels[i]}, at::kFloat);
     for (int r = 0; r < world; ++r) {
-      const std::string zpath = zero_file(r);
+      const int rank = which.rank_of ? which.rank_of(r) : r;
+      const std::string zpath = zero_file(rank);
       PyValue z = load_torch_file(zpath);
-      check_partition_binding(binding, path, read_binding(z, zpath), zpath, r);
+      check_partition_binding(binding, path, read_binding(z, zpath), zpath, rank);
       const PyValue& osd = need(z, "optimizer_state_dict", zpath);
       const bool stage3 = osd.contains(PyValue("fp32_flat_groups"));
       std::vector<int64_t> paddings;
       if (const PyValue* pad = osd.find(PyValue("param_alignment_paddings")))
-        if (pad->is_list() && pad->size() == 1) paddings = pad->items()[0].as_ints();
+        if (pad->is_list() && pad->size() == groups_expected) paddings = pad->items()[g].as_ints();
       const DsLayout ds =
           stage3 ? DsLayout::build_stage3(numels, world) : DsLayout::build(numels, world, paddings);
       const PyValue& groups =
           need(osd, stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups", zpath);
-      if (!groups.is_list() || groups.size() != 1)
-        throw CheckpointError("'" + zpath + "' does not hold one parameter group");
+      if (!groups.is_list() || groups.size() != groups_expected)
+        throw CheckpointError(fmt::format("'{}' does not hold {} parameter group{}", zpath,
+                                          groups_expected, groups_expected == 1 ? "" : "s"));
       const PyValue& base =
           need(osd, stage3 ? "optimizer_state_dict" : "base_optimizer_state", zpath);
-      const PyValue* entry = need(base, "state", zpath).find(PyValue(0));
+      const PyValue* entry = need(base, "state", zpath).find(PyValue(static_cast<int64_t>(g)));
       // Each flat tensor of this file (the master weights, each state) into the parameters.
       auto scatter = [&](const at::Tensor& flat_in, std::vector<at::Tensor>& into,
                          const std::string& what) {
@@ -267,7 +287,7 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
               .copy_(flat.slice(0, s.at, s.at + s.count));
         }
       };
-      scatter(groups.items()[0].as_tensor(), fp32, "the fp32 partition");
+      scatter(groups.items()[g].as_tensor(), fp32, "the fp32 partition");
       if (r == 0) {
         std::set<std::string> drop = {"base_optimizer_state", "single_partition_of_fp32_groups",
                                       "fp32_flat_groups", "optimizer_state_dict",

@@ -25,10 +25,24 @@ namespace dscpp::checkpoint {
 // partition files (zero_file(r): data rank r's, r < dp_world_size), or at stage 0 from its
 // optimizer state (weights: dscpp_fp32_params, else module[name]). optimizer_state, when given,
 // receives the optimizer's settings (what zero/optimizer_state.pt holds).
+//
+// `which` picks one parameter group of a checkpoint that has two (a MoE one saved at ep_size > 1:
+// group 0 the dense parameters over the data ranks, group 1 each expert-parallel rank's experts
+// over its expert-data group; moe_relayout.h): its param_shapes entry, its entry in the ZeRO
+// files' group lists and base state, its partitions (partition k in zero_file(rank_of(k))'s
+// file), and at stage 0 the optimizer state dict holding it (its entries follow the earlier
+// groups' parameters).
+struct ZeroGroup {
+  size_t group = 0;
+  int partitions = 0;                         // 0: the model's dp_world_size
+  std::function<int(int)> rank_of;            // null: partition k is data rank k's file
+  const PyValue* stage0_optimizer = nullptr;  // null: the model's `optimizer`
+};
 std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::string& path,
                                                const PyValue& module,
                                                const std::function<std::string(int)>& zero_file,
-                                               PyValue* optimizer_state = nullptr);
+                                               PyValue* optimizer_state = nullptr,
+                                               const ZeroGroup& which = {});
 
 UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
                                                    const std::string& tag = "");

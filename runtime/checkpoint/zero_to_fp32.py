@@ -79,18 +79,77 @@ def _trainable_fp32(model, model_path, folder, zero_file):
                     fp32[name] = torch.cat([f[at:at + c] for f in flats])[:n].view(shape).clone()
                     at += c
             else:
-                # One flat buffer in param_shapes' order, rank r holding [r*P, (r+1)*P) without
-                # the padding past the end: the files end to end are the buffer.
-                flat = torch.cat(flats)
-                paddings = parts[0].get("param_alignment_paddings", [[0] * len(numels)])[g]
-                at = 0
-                for (name, shape), n, pad in zip(shapes.items(), numels, paddings):
-                    if at + n > flat.numel():
-                        raise ValueError(f"'{folder}': the partitions hold {flat.numel()} elements, "
-                                         "fewer than param_shapes needs")
-                    fp32[name] = flat[at:at + n].view(shape).clone()
-                    at += n + pad
+                fp32.update(_flat_group(parts, g, shapes, folder))
     return fp32
+
+
+def _flat_group(parts, g, shapes, folder):
+    """Group g of ZeRO 1-2 partitions (parts: the files' optimizer_state_dicts, partition
+    order): one flat buffer in param_shapes' order, partition r holding [r*P, (r+1)*P) without
+    the padding past the end, so the files end to end are the buffer."""
+    key = "single_partition_of_fp32_groups"
+    flat = torch.cat([p[key][g].float().flatten() for p in parts])
+    numels = [math.prod(s) for s in shapes.values()]
+    paddings = (parts[0].get("param_alignment_paddings") or [[0] * len(numels)] * (g + 1))[g]
+    fp32, at = {}, 0
+    for (name, shape), n, pad in zip(shapes.items(), numels, paddings):
+        if at + n > flat.numel():
+            raise ValueError(f"'{folder}': the partitions hold {flat.numel()} elements, "
+                             "fewer than param_shapes needs")
+        fp32[name] = flat[at:at + n].view(shape).clone()
+        at += n + pad
+    return fp32
+
+
+def _moe_ep_state_dict(folder, model_path, model):
+    """A MoE checkpoint saved at ep_size E > 1 (dscpp's runtime/checkpoint/moe_relayout.h):
+    param_shapes[0] the dense parameters, partitioned over the data ranks (group 0 of every
+    ZeRO file); param_shapes[1] expert-parallel rank 0's local expert names (every rank's are
+    alike), rank R's experts being group 1 of the files of data ranks R, R+E, ... (its
+    expert-data group). Stage 0: the dense fp32 copies in the model states' optimizer, rank R's
+    experts' after them in expp_rank_R's. Gives the one-rank model's names."""
+    info, world = model["dscpp_moe"], model["dp_world_size"]
+    ep, experts = info["ep_size"], info["expert_params"]
+    dense_shapes, expert_shapes = model["param_shapes"]
+    out = _module_with_experts(folder, model_path, model)  # every global expert, from its file
+    for k, t in list(out.items()):
+        if torch.is_tensor(t) and t.is_floating_point():
+            out[k] = t.float()
+    per_rank = []
+    if model["optimizer"] is not None:
+        masters = model["optimizer"].get("dscpp_fp32_params")
+        if masters is None:  # fp32 training: the module and the expert files are the weights
+            return out
+        out.update((name, t.float()) for name, t in zip(dense_shapes, masters))
+        for r in range(ep):
+            path = os.path.join(folder, f"expp_rank_{r}_mp_rank_00_optim_states.pt")
+            masters = _load(path)["optimizer"]["dscpp_fp32_params"][len(dense_shapes):]
+            per_rank.append({name: t.float() for name, t in zip(expert_shapes, masters)})
+    else:
+        parts = []
+        for r in range(world):
+            path = _zero_file(folder, r)
+            f = _load(path)
+            _check_binding(model, model_path, f, path, r)
+            parts.append(f["optimizer_state_dict"])
+        out.update(_flat_group(parts, 0, dense_shapes, folder))
+        for r in range(ep):
+            per_rank.append(_flat_group(parts[r::ep], 1, expert_shapes, folder))
+    # Local names to the one-rank model's: a clone's local id j of rank r is global r * n + j;
+    # a stacked weight's ranks end to end on dim 0.
+    for name, e in experts.items():
+        n, j = e["num_local_experts"], e["local_expert"]
+        if j < 0:
+            out[name] = torch.cat([per_rank[r][name] for r in range(ep)])
+            continue
+        local = f"deepspeed_experts.{j}."
+        head, _, tail = name.rpartition(local)
+        for r in range(ep):
+            out[f"{head}deepspeed_experts.{r * n + j}.{tail}"] = per_rank[r][name]
+    for alias, name in (model.get("shared_params") or {}).items():
+        if name in out:
+            out[alias] = out[name]
+    return out
 
 
 def _merge(shards, part):
@@ -187,6 +246,8 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
         return _pipe_state_dict(folder, model_path, model)
     if "dscpp_tensor_parallel" in model:
         return _tp_state_dict(folder, model_path, model)
+    if "num_experts" in model and (model.get("dscpp_moe") or {}).get("ep_size", 1) > 1:
+        return _moe_ep_state_dict(folder, model_path, model)
     if "num_experts" in model:
         model["module"] = _module_with_experts(folder, model_path, model)
     return _plain_state_dict(model, model_path, folder, lambda r: _zero_file(folder, r))

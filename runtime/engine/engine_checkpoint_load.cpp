@@ -16,11 +16,14 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/moe_layout.h"
+#include "dscpp/runtime/checkpoint/moe_relayout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/engine_experts.h"
 #include "dscpp/runtime/engine/moe_checkpoint.h"
 #include "dscpp/runtime/engine/universal_load.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
@@ -161,54 +164,123 @@ bool EngineCore::load_module(const PyValue& model, const std::string& path,
   return other_params;
 }
 
-void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& path,
-                                       bool load_optimizer_states) {
-  const PyValue& optimizer = need(model, "optimizer", path);
+namespace {
+
+// Stage 0: `zero`'s parameters (names: its order) from torch.optim's state dict `optimizer`,
+// where they are entries first.. (a MoE checkpoint's experts follow the dense parameters).
+void load_stage0(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
+                 const PyValue& optimizer, const std::string& path, int64_t first,
+                 bool load_optimizer_states) {
   if (optimizer.is_none())
     throw CheckpointError("'" + path + "' holds no optimizer state (a ZeRO stage 1-2 checkpoint?)");
-  const auto& layout = zero_->layout();
-  const auto& params = zero_->params();
+  const auto& layout = zero.layout();
+  const auto& params = zero.params();
   const PyValue* fp32 = optimizer.find(PyValue("dscpp_fp32_params"));
   if (fp32) {
-    if (!fp32->is_list() || fp32->size() != params.size())
+    if (!fp32->is_list() || fp32->size() < first + params.size())
       throw CheckpointError("'" + path + "': dscpp_fp32_params does not match the parameters");
-    at::Tensor master = zero_->master_partition();
+    at::Tensor master = zero.master_partition();
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& lp = layout.params[i];
       master.slice(0, lp.offset, lp.offset + lp.numel)
-          .copy_(fp32->items()[i].as_tensor().reshape({-1}));
+          .copy_(fp32->items()[first + i].as_tensor().reshape({-1}));
     }
-    zero_->set_master_partition(master);
+    zero.set_master_partition(master);
   } else {
-    zero_->refresh_master_from_params();
+    zero.refresh_master_from_params();
   }
   if (!load_optimizer_states) return;
   const std::string where = path + ": optimizer";
   const PyValue& state = need(optimizer, "state", where);
   int64_t step = 0;
   std::map<std::string, at::Tensor> parts;  // each state over the whole partition
-  for (const auto& name : zero_->state_names()) parts[name] = zero_->state_partition(name);
+  for (const auto& name : zero.state_names()) parts[name] = zero.state_partition(name);
   for (size_t i = 0; i < params.size(); ++i) {
-    const PyValue* entry = state.find(PyValue(static_cast<int64_t>(i)));
+    const int64_t index = first + static_cast<int64_t>(i);
+    const PyValue* entry = state.find(PyValue(index));
     if (!entry) {
       // torch.optim has no state for a parameter that never stepped: it keeps the zeros.
       continue;
     }
     const auto& lp = layout.params[i];
     for (auto& [name, t] : parts) {
-      const std::string entry_path = path + ": optimizer state " + std::to_string(i);
+      const std::string entry_path = path + ": optimizer state " + std::to_string(index);
       const PyValue& src = need(*entry, name.c_str(), entry_path);
       if (src.as_tensor().numel() != lp.numel)
         throw CheckpointError(
             fmt::format("'{}': optimizer state {} of parameter {} has {} "
                         "elements, the parameter {}",
-                        path, name, param_names_[i], src.as_tensor().numel(), lp.numel));
+                        path, name, names.at(i), src.as_tensor().numel(), lp.numel));
       t.slice(0, lp.offset, lp.offset + lp.numel).copy_(src.as_tensor().reshape({-1}));
     }
     if (const PyValue* s = entry->find(PyValue("step"))) step = step_of(*s);
   }
-  for (const auto& [name, t] : parts) zero_->load_state_partition(name, t);
-  zero_->set_step_count(step);
+  for (const auto& [name, t] : parts) zero.load_state_partition(name, t);
+  zero.set_step_count(step);
+}
+
+// Group g (of `groups`) of one saved ZeRO file, partition `part` of `count`, into what of it
+// `zero` holds: the fp32 master (written back at once) and, when `states` is given, each
+// optimizer state into (*states)[name] (the whole partition; the caller loads them after the
+// last file) and the step into *step.
+void load_zero_group(zero::ZeroOptimizer& zero, const PyValue& osd, const std::string& path,
+                     size_t g, size_t groups, int part, int count,
+                     std::map<std::string, at::Tensor>* states, int64_t* step) {
+  const int64_t stage = need(osd, "zero_stage", path).as_int();
+  const bool stage3 = stage >= 3;
+  std::vector<int64_t> paddings;
+  if (const PyValue* p = osd.find(PyValue("param_alignment_paddings")))
+    if (p->is_list() && p->size() == groups) paddings = p->items()[g].as_ints();
+  const auto ds = ds_layout(static_cast<int>(stage), numels_of(zero), count, paddings);
+  const int64_t held = ds.held(part);
+  const PyValue& flat =
+      need(osd, stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups", path);
+  if (!flat.is_list() || flat.size() != groups)
+    throw CheckpointError(fmt::format("'{}' holds {} parameter groups; this engine has {}", path,
+                                      flat.size(), groups));
+  const at::Tensor& fp32 = flat.items()[g].as_tensor();
+  if (fp32.numel() != held)
+    throw CheckpointError(
+        fmt::format("'{}' holds {} fp32 elements in group {}; partition {} of {} should hold {}",
+                    path, fp32.numel(), g, part, count, held));
+  const auto& layout = zero.layout();
+  const int me = zero.layout_rank();
+  at::Tensor master = zero.master_partition();
+  checkpoint::from_ds_partition(layout, me, ds, part, fp32, master);
+  zero.set_master_partition(master);
+  if (!states) return;
+  const PyValue& base = need(osd, stage3 ? "optimizer_state_dict" : "base_optimizer_state", path);
+  if (base.is_list())
+    throw CheckpointError("'" + path +
+                          "' is an elastic checkpoint (zero_optimization.elastic_checkpoint), "
+                          "which dscpp does not read");
+  const std::string base_path = path + ": base_optimizer_state";
+  const PyValue& state = need(base, "state", base_path);
+  const PyValue* entry = state.find(PyValue(static_cast<int64_t>(g)));
+  if (!entry) return;  // never stepped: zeros, as ours are
+  for (auto& [name, t] : *states) {
+    const at::Tensor& src = need(*entry, name.c_str(), base_path).as_tensor();
+    if (src.numel() < held)
+      throw CheckpointError(
+          fmt::format("'{}': optimizer state {} holds {} elements, fewer "
+                      "than the partition's {}",
+                      path, name, src.numel(), held));
+    checkpoint::from_ds_partition(layout, me, ds, part, src.reshape({-1}).slice(0, 0, held), t);
+  }
+  if (const PyValue* s = entry->find(PyValue("step"))) {
+    const int64_t st = step_of(*s);
+    if (*step >= 0 && st != *step)
+      throw CheckpointError(
+          fmt::format("'{}': step {} differs from other partitions' {}", path, st, *step));
+    *step = st;
+  }
+}
+
+}  // namespace
+
+void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& path,
+                                       bool load_optimizer_states) {
+  load_stage0(*zero_, param_names_, need(model, "optimizer", path), path, 0, load_optimizer_states);
 }
 
 void EngineCore::load_zero_partitions(const std::string& dir, const std::string& tag,
@@ -220,12 +292,24 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
   if (model_binding.rank > 0)
     throw CheckpointError(fmt::format("'{}' was written by rank {} (dscpp_rank), not rank 0",
                                       model_path, model_binding.rank));
-  const auto& layout = zero_->layout();
-  const int me = zero_->layout_rank();
-  const auto numels = numels_of(*zero_);
-  int64_t step = -1;
-  std::map<std::string, at::Tensor> parts;  // each state over the whole partition
-  for (const auto& name : zero_->state_names()) parts[name] = zero_->state_partition(name);
+  // A MoE checkpoint at ep_size > 1 (loaded at the same degree) holds the experts as group 1,
+  // partitioned over the expert-data group: the files of data ranks f with f % ep == this
+  // rank's expert-parallel rank hold its experts (moe_relayout.h).
+  EngineExperts* ex = experts();
+  const int ep = ex ? ex->ep_size() : 1;
+  const size_t groups = ep > 1 ? 2 : 1;
+  if (saved_world % ep != 0)
+    throw CheckpointError(fmt::format("'{}': dp_world_size {} is not a multiple of ep_size {}",
+                                      model_path, saved_world, ep));
+  struct Target {
+    zero::ZeroOptimizer* zero;
+    std::map<std::string, at::Tensor> parts;  // each state over the whole partition
+    int64_t step = -1;
+  };
+  std::vector<Target> targets = {{zero_.get(), {}, -1}};
+  if (ex) targets.push_back({&ex->zero(), {}, -1});
+  for (auto& t : targets)
+    for (const auto& name : t.zero->state_names()) t.parts[name] = t.zero->state_partition(name);
   for (int f = 0; f < saved_world; ++f) {
     const std::string path = checkpoint::find_zero_states(dir, tag, f);
     PyValue file = checkpoint::load_torch_file(path);
@@ -238,63 +322,26 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
           fmt::format("'{}' is a ZeRO stage {} checkpoint; this engine runs "
                       "stage {}",
                       path, stage, zero_->stage()));
-    const bool stage3 = stage >= 3;
     const PyValue& count_v = need(osd, "partition_count", path);
     const int64_t count = count_v.is_int()      ? count_v.as_int()
-                          : count_v.size() == 1 ? count_v.items()[0].as_int()
+                          : count_v.size() >= 1 ? count_v.items()[0].as_int()
                                                 : -1;
     if (count != saved_world)
       throw CheckpointError(fmt::format("'{}' was written by {} ranks, the model states say {}",
                                         path, count, saved_world));
-    std::vector<int64_t> paddings;
-    if (const PyValue* p = osd.find(PyValue("param_alignment_paddings")))
-      if (p->is_list() && p->size() == 1) paddings = p->items()[0].as_ints();
-    const auto ds = ds_layout(static_cast<int>(stage), numels, saved_world, paddings);
-    const int64_t held = ds.held(f);
-
-    const PyValue& groups =
-        need(osd, stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups", path);
-    if (!groups.is_list() || groups.size() != 1)
-      throw CheckpointError("'" + path + "' holds " + std::to_string(groups.size()) +
-                            " parameter groups; this engine has 1");
-    const at::Tensor& fp32 = groups.items()[0].as_tensor();
-    if (fp32.numel() != held)
-      throw CheckpointError(fmt::format("'{}' holds {} fp32 elements; rank {} of {} should hold {}",
-                                        path, fp32.numel(), f, saved_world, held));
-    at::Tensor master = zero_->master_partition();
-    checkpoint::from_ds_partition(layout, me, ds, f, fp32, master);
-    zero_->set_master_partition(master);
-
-    if (!load_optimizer_states) continue;
-    const PyValue& base = need(osd, stage3 ? "optimizer_state_dict" : "base_optimizer_state", path);
-    if (base.is_list())
-      throw CheckpointError("'" + path +
-                            "' is an elastic checkpoint (zero_optimization.elastic_checkpoint), "
-                            "which dscpp does not read");
-    const std::string base_path = path + ": base_optimizer_state";
-    const PyValue& state = need(base, "state", base_path);
-    const PyValue* entry = state.find(PyValue(0));
-    if (!entry) continue;  // never stepped: zeros, as ours are
-    for (auto& [name, t] : parts) {
-      const at::Tensor& src = need(*entry, name.c_str(), base_path).as_tensor();
-      if (src.numel() < held)
-        throw CheckpointError(
-            fmt::format("'{}': optimizer state {} holds {} elements, fewer "
-                        "than the partition's {}",
-                        path, name, src.numel(), held));
-      checkpoint::from_ds_partition(layout, me, ds, f, src.reshape({-1}).slice(0, 0, held), t);
-    }
-    if (const PyValue* s = entry->find(PyValue("step"))) {
-      const int64_t st = step_of(*s);
-      if (step >= 0 && st != step)
-        throw CheckpointError(
-            fmt::format("'{}': step {} differs from other partitions' {}", path, st, step));
-      step = st;
+    for (size_t g = 0; g < targets.size(); ++g) {
+      if (g == 1 && f % ep != ex->ep_rank()) continue;  // another expert-parallel rank's experts
+      Target& t = targets[g];
+      load_zero_group(*t.zero, osd, path, g, groups, g == 0 ? f : f / ep,
+                      g == 0 ? saved_world : saved_world / ep,
+                      load_optimizer_states ? &t.parts : nullptr, &t.step);
     }
   }
   if (!load_optimizer_states) return;
-  for (const auto& [name, t] : parts) zero_->load_state_partition(name, t);
-  if (step >= 0) zero_->set_step_count(step);
+  for (auto& t : targets) {
+    for (const auto& [name, value] : t.parts) t.zero->load_state_partition(name, value);
+    if (t.step >= 0) t.zero->set_step_count(t.step);
+  }
 }
 
 void EngineCore::load_engine_counters(const PyValue& model, const std::string& path,
@@ -383,8 +430,13 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     // another expert-parallel degree, the weights and optimizer state are re-selected.
     const Experts experts = module_experts(flops_profiler_->module());
     const PyValue saved_model = model;
-    const bool moe_relayout =
-        !universal && !experts.empty() && saved_ep_size(model) != experts.begin()->second.ep_size;
+    const bool moe_relayout = !universal && !experts.empty() &&
+                              checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size;
+    // The experts' own ZeroOptimizer (ep_size > 1): loaded beside the dense one.
+    EngineExperts* ex = this->experts();
+    if (universal && ex)
+      throw CheckpointError(
+          "checkpoint.load_universal with expert parameters at ep_size > 1 is not supported");
     if (!universal) model = moe_model_view(load_dir, tag, model, path, experts);
     // A pipeline checkpoint (layer files, one model-states file per stage) is read whole and
     // this engine's part taken from it, onto any layout.
@@ -433,22 +485,35 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       const bool other_params = !universal && load_module(model, path, options, result);
       if (options.load_module_only) {
         if (!universal) zero_->refresh_master_from_params();
+        if (ex) ex->zero().refresh_master_from_params();
       } else {
         if (universal) {
           // loaded above
         } else if (other_params) {  // its partitions hold other parameters: the module's stand
           zero_->refresh_master_from_params();
+          if (ex) ex->zero().refresh_master_from_params();
         } else if (moe_relayout) {
-          const ExpertRelayout relayout(load_dir, tag, saved_model, path);
-          load_whole_params(
-              *zero_, [&](size_t i) { return relayout.param(param_names_.at(i), experts); },
-              [&](size_t i) {
-                return fmt::format("MoE checkpoint '{}': parameter '{}'", result.path,
-                                   param_names_[i]);
-              },
-              options.load_optimizer_states);
+          const checkpoint::ExpertRelayout relayout(load_dir, tag, saved_model, path);
+          auto whole = [&](zero::ZeroOptimizer& z, const std::vector<std::string>& names) {
+            load_whole_params(
+                z, [&](size_t i) { return relayout.param(names.at(i), experts); },
+                [&](size_t i) {
+                  return fmt::format("MoE checkpoint '{}': parameter '{}'", result.path, names[i]);
+                },
+                options.load_optimizer_states);
+          };
+          whole(*zero_, param_names_);
+          if (ex) whole(ex->zero(), ex->names());
         } else if (zero_->stage() == 0) {
           load_stage0_optimizer(model, path, options.load_optimizer_states);
+          if (ex) {
+            // Its experts' optimizer: expp_rank_<ep rank>, after the dense parameters.
+            const std::string expp =
+                checkpoint::expp_optim_states_path(load_dir, tag, ex->ep_rank());
+            load_stage0(ex->zero(), ex->names(),
+                        need(checkpoint::load_torch_file(expp), "optimizer", expp), expp,
+                        static_cast<int64_t>(param_names_.size()), options.load_optimizer_states);
+          }
         } else {
           load_zero_partitions(load_dir, tag, model, path, options.load_optimizer_states);
         }
@@ -485,6 +550,7 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
   }
   agree(error, "load_checkpoint");
   zero_->publish_master();
+  if (EngineExperts* ex = experts()) ex->zero().publish_master();
   if (!rng.is_none()) restore_rng_state(rng);
   return result;
 }

@@ -30,6 +30,7 @@
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/engine_experts.h"
 #include "dscpp/runtime/engine/moe_checkpoint.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
 #include "dscpp/runtime/profiler/engine_profiler.h"
@@ -40,6 +41,70 @@ namespace dscpp {
 using checkpoint::CheckpointError;
 using checkpoint::PyValue;
 using namespace engine_checkpoint;
+
+namespace {
+
+// The engine's ZeroOptimizers in checkpoint order: the dense one, then the experts' (ep_size >
+// 1; DeepSpeed's optimizer holds the dense groups first, then the MoE ones, the order of
+// split_params_into_different_moe_groups_for_optimizer).
+std::vector<zero::ZeroOptimizer*> checkpointed_zeros(EngineCore& core) {
+  std::vector<zero::ZeroOptimizer*> out = {&core.zero_optimizer()};
+  if (EngineExperts* ex = core.experts()) out.push_back(&ex->zero());
+  return out;
+}
+
+// One of torch.optim's param_groups, marked as DeepSpeed marks a MoE group ("moe": True, its
+// expert group's "name") when it is the experts' (index g > 0).
+PyValue moe_group(const PyValue& settings, size_t g, EngineExperts* ex) {
+  if (g == 0 || !ex) return settings;
+  PyValue out = settings;
+  out.set(PyValue("moe"), PyValue(true));
+  out.set(PyValue("name"), PyValue(fmt::format("ep_size_{}", ex->ep_size())));
+  return out;
+}
+
+// Stage 0: torch.optim's state_dict over the ZeroOptimizers' parameters numbered one after
+// the other (each optimizer's flat buffer is whole on every rank of its group), and, under
+// 16-bit training, their fp32 master weights in the same order (dscpp_fp32_params).
+PyValue stage0_optimizer(const std::vector<zero::ZeroOptimizer*>& zeros, bool keep_fp32,
+                         EngineExperts* ex = nullptr) {
+  PyValue state = PyValue::dict(), groups = PyValue::list(), fp32 = PyValue::list();
+  int64_t first = 0;
+  for (size_t g = 0; g < zeros.size(); ++g) {
+    zero::ZeroOptimizer& z = *zeros[g];
+    const auto& params = z.params();
+    const auto& layout = z.layout();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& lp = layout.params[i];
+      auto per_param = [&](const at::Tensor& flat) {
+        return flat.slice(0, lp.offset, lp.offset + lp.numel).view(params[i].sizes()).clone();
+      };
+      PyValue entry = PyValue::dict();
+      entry.set(PyValue("step"),
+                PyValue(at::scalar_tensor(static_cast<double>(z.step_count()), at::kFloat)));
+      for (const auto& name : z.state_names())
+        entry.set(PyValue(name), PyValue(per_param(z.state_partition(name))));
+      state.push_entry(PyValue(first + static_cast<int64_t>(i)), std::move(entry));
+      if (keep_fp32) fp32.append(PyValue(per_param(z.master_partition())));
+    }
+    auto& opt = z.optimizer();
+    std::vector<std::vector<int64_t>> ids(opt.num_shards());
+    for (size_t i = 0; i < params.size(); ++i)
+      ids.at(layout.buckets[layout.params[i].bucket].group)
+          .push_back(first + static_cast<int64_t>(i));
+    const PyValue settings = param_groups(opt, ids);  // (items() of a temporary would dangle)
+    for (const auto& one : settings.items()) groups.append(moe_group(one, g, ex));
+    first += static_cast<int64_t>(params.size());
+  }
+  PyValue optimizer = PyValue::dict();
+  optimizer.set(PyValue("state"), std::move(state));
+  optimizer.set(PyValue("param_groups"), std::move(groups));
+  // 16-bit parameters do not hold the fp32 master weights: keep those too.
+  if (keep_fp32) optimizer.set(PyValue("dscpp_fp32_params"), std::move(fp32));
+  return optimizer;
+}
+
+}  // namespace
 
 void EngineCore::agree(const std::string& local_error, const char* what) {
   at::Tensor flag = at::full({1}, local_error.empty() ? 0.0f : 1.0f,
@@ -124,37 +189,20 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
   PyValue shapes = PyValue::ordered_dict();
   for (size_t i = 0; i < params.size(); ++i)
     shapes.set(PyValue(param_names_[i]), PyValue::size(zero_->param_shape(i)));
+  PyValue shapes_list = PyValue::list({std::move(shapes)});
   PyValue shared = PyValue::dict();
   for (const auto& [alias, name] : shared_params_) shared.set(PyValue(alias), PyValue(name));
 
-  PyValue optimizer;  // None: at stages 1-2 the optimizer lives in the ZeRO files
-  if (zero_->stage() == 0) {
-    // torch.optim's state_dict: per-parameter state keyed by index, one group.
-    auto& opt = zero_->optimizer();
-    const auto& layout = zero_->layout();
-    PyValue state = PyValue::dict();
-    PyValue fp32 = PyValue::list();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const auto& lp = layout.params[i];
-      auto per_param = [&](const at::Tensor& flat) {
-        return flat.slice(0, lp.offset, lp.offset + lp.numel).view(params[i].sizes()).clone();
-      };
-      PyValue entry = PyValue::dict();
-      entry.set(PyValue("step"),
-                PyValue(at::scalar_tensor(static_cast<double>(zero_->step_count()), at::kFloat)));
-      for (const auto& name : zero_->state_names())
-        entry.set(PyValue(name), PyValue(per_param(zero_->state_partition(name))));
-      state.push_entry(PyValue(static_cast<int64_t>(i)), std::move(entry));
-      if (dtype_ != at::kFloat) fp32.append(PyValue(per_param(zero_->master_partition())));
-    }
-    optimizer = PyValue::dict();
-    optimizer.set(PyValue("state"), std::move(state));
-    std::vector<std::vector<int64_t>> ids(opt.num_shards());
-    for (size_t i = 0; i < params.size(); ++i)
-      ids.at(layout.buckets[layout.params[i].bucket].group).push_back(static_cast<int64_t>(i));
-    optimizer.set(PyValue("param_groups"), param_groups(opt, ids));
-    // 16-bit parameters do not hold the fp32 master weights: keep those too.
-    if (dtype_ != at::kFloat) optimizer.set(PyValue("dscpp_fp32_params"), std::move(fp32));
+  // None at stages 1-2: the optimizer lives in the ZeRO files.
+  PyValue optimizer = zero_->stage() == 0 ? stage0_optimizer(checkpointed_zeros(*this),
+                                                             dtype_ != at::kFloat, experts())
+                                          : PyValue();
+  // The expert parameters (ep_size > 1) form a group of their own (moe_relayout.h).
+  if (EngineExperts* ex = experts()) {
+    PyValue experts = PyValue::ordered_dict();
+    for (size_t i = 0; i < ex->names().size(); ++i)
+      experts.set(PyValue(ex->names()[i]), PyValue::size(ex->zero().param_shape(i)));
+    shapes_list.append(std::move(experts));
   }
 
   PyValue sd = PyValue::dict();
@@ -163,7 +211,7 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
   sd.set(PyValue("optimizer"), std::move(optimizer));
   // DeepSpeed writes param_shapes only at stages 1-3; we always do, so that tools can name
   // the trainable parameters in ZeRO's order at stage 0 too.
-  sd.set(PyValue("param_shapes"), PyValue::list({std::move(shapes)}));
+  sd.set(PyValue("param_shapes"), std::move(shapes_list));
   sd.set(PyValue("frozen_param_shapes"), PyValue());
   sd.set(PyValue("shared_params"), std::move(shared));
   sd.set(PyValue("frozen_param_fragments"), PyValue());
@@ -193,33 +241,48 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
 }
 
 PyValue EngineCore::zero_states() {
-  auto& opt = zero_->optimizer();
-  const auto& layout = zero_->layout();
   const bool stage3 = zero_->stage() >= 3;
-  const auto ds = ds_layout(zero_->stage(), numels_of(*zero_), group_->size());
-  const int r = group_->rank();
-  const int64_t held = ds.held(r);
-
-  PyValue entry = PyValue::dict();
-  entry.set(PyValue("step"),
-            PyValue(at::scalar_tensor(static_cast<double>(zero_->step_count()), at::kFloat)));
-  for (const auto& name : zero_->state_names()) {
-    const at::Tensor t = zero_->state_partition(name);
-    // DeepSpeed's (rigid) optimizer state covers the whole partition, padding included.
-    at::Tensor full = at::zeros({ds.partition}, at::kFloat);
-    full.slice(0, 0, held).copy_(checkpoint::to_ds_partition(layout, ds, t, *group_));
-    entry.set(PyValue(name), PyValue(full));
+  // One group per ZeroOptimizer: the dense one over the data group, the experts' (ep_size > 1)
+  // over their expert-data group, as DeepSpeed's ZeRO 1-2 partitions a MoE param group over
+  // its real_dp_process_group.
+  std::vector<std::pair<zero::ZeroOptimizer*, comm::ProcessGroup*>> zeros = {
+      {zero_.get(), group_.get()}};
+  if (EngineExperts* ex = experts()) zeros.emplace_back(&ex->zero(), ex->expert_data_group().get());
+  PyValue state = PyValue::dict(), groups = PyValue::list(), fp32 = PyValue::list();
+  PyValue group_paddings = PyValue::list(), alignment = PyValue::list(), counts = PyValue::list();
+  for (size_t g = 0; g < zeros.size(); ++g) {
+    zero::ZeroOptimizer& z = *zeros[g].first;
+    comm::ProcessGroup& over = *zeros[g].second;
+    auto& opt = z.optimizer();
+    const auto& layout = z.layout();
+    const auto ds = ds_layout(z.stage(), numels_of(z), over.size());
+    const int64_t held = ds.held(over.rank());
+    PyValue entry = PyValue::dict();
+    entry.set(PyValue("step"),
+              PyValue(at::scalar_tensor(static_cast<double>(z.step_count()), at::kFloat)));
+    for (const auto& name : z.state_names()) {
+      const at::Tensor t = z.state_partition(name);
+      // DeepSpeed's (rigid) optimizer state covers the whole partition, padding included.
+      at::Tensor full = at::zeros({ds.partition}, at::kFloat);
+      full.slice(0, 0, held).copy_(checkpoint::to_ds_partition(layout, ds, t, over));
+      entry.set(PyValue(name), PyValue(full));
+    }
+    state.push_entry(PyValue(static_cast<int64_t>(g)), std::move(entry));
+    // One flat partition holds each optimizer's groups (the groups' settings follow, each
+    // naming it).
+    PyValue settings = param_groups(
+        opt, std::vector<std::vector<int64_t>>(opt.num_shards(), {static_cast<int64_t>(g)}));
+    for (const auto& one : settings.items()) groups.append(moe_group(one, g, experts()));
+    fp32.append(PyValue(checkpoint::to_ds_partition(layout, ds, z.master_partition(), over)));
+    group_paddings.append(PyValue(ds.partition - held));
+    PyValue paddings = PyValue::list();
+    for (size_t i = 0; i < z.params().size(); ++i) paddings.append(PyValue(0));
+    alignment.append(std::move(paddings));
+    counts.append(PyValue(over.size()));
   }
-  PyValue state = PyValue::dict();
-  state.push_entry(PyValue(0), std::move(entry));
   PyValue base = PyValue::dict();
   base.set(PyValue("state"), std::move(state));
-  // One flat partition holds every group (the groups' settings follow, each naming it).
-  base.set(PyValue("param_groups"),
-           param_groups(opt, std::vector<std::vector<int64_t>>(opt.num_shards(), {0})));
-
-  PyValue paddings = PyValue::list();
-  for (size_t i = 0; i < zero_->params().size(); ++i) paddings.append(PyValue(0));
+  base.set(PyValue("param_groups"), std::move(groups));
 
   PyValue osd = PyValue::dict();
   osd.set(PyValue("dynamic_loss_scale"), PyValue(scaler_->dynamic()));
@@ -228,15 +291,14 @@ PyValue EngineCore::zero_states() {
   // Stage 3's keys differ: DeepSpeed's DeepSpeedZeroOptimizer_Stage3.state_dict().
   osd.set(PyValue(stage3 ? "optimizer_state_dict" : "base_optimizer_state"), std::move(base));
   osd.set(PyValue(stage3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups"),
-          PyValue::list({PyValue(
-              checkpoint::to_ds_partition(layout, ds, zero_->master_partition(), *group_))}));
+          std::move(fp32));
   osd.set(PyValue("zero_stage"), PyValue(zero_->stage()));
   if (stage3) {
     osd.set(PyValue("partition_count"), PyValue(group_->size()));
   } else {
-    osd.set(PyValue("group_paddings"), PyValue::list({PyValue(ds.partition - held)}));
-    osd.set(PyValue("param_alignment_paddings"), PyValue::list({std::move(paddings)}));
-    osd.set(PyValue("partition_count"), PyValue::list({PyValue(group_->size())}));
+    osd.set(PyValue("group_paddings"), std::move(group_paddings));
+    osd.set(PyValue("param_alignment_paddings"), std::move(alignment));
+    osd.set(PyValue("partition_count"), std::move(counts));
   }
   osd.set(PyValue("ds_version"), PyValue(checkpoint::kDsFormatVersion));
 
@@ -268,11 +330,18 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
     throw dscpp::Error(
         "save_checkpoint: a model with expert parameters at ZeRO stage 3 (DeepSpeed refuses "
         "its MoE layers at stage 3 too)");
-  if (ep > 1)
+  EngineExperts* const own = this->experts();  // the experts' ZeroOptimizer (ep_size > 1)
+  if (ep > 1 && !own)
     throw dscpp::Error(fmt::format(
-        "save_checkpoint: expert parameters at ep_size {} need the expert-data ZeRO optimizer, "
-        "which this engine does not have yet",
+        "save_checkpoint: expert parameters at ep_size {}, but the engine holds none of its own "
+        "(InitArgs::expert_params named none with ep_size > 1)",
         ep));
+  if (ep > 1 && own->ep_rank() != group_->rank() % ep)
+    throw dscpp::Error(fmt::format(
+        "save_checkpoint: data rank {} has expert-parallel rank {}; DeepSpeed's MoE layout "
+        "(consecutive runs of ep_size {} data ranks, comm::new_expert_groups) needs {}",
+        group_->rank(), own->ep_rank(), ep, group_->rank() % ep));
+  if (own) own->zero().wait_all_published();
   at::NoGradGuard no_grad;
   // The collective parts first, on every rank, before any file is touched.
   PyValue rng = gather_rng_states();
@@ -288,12 +357,21 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   try {
     checkpoint::make_tag_dir(save_dir, tag);
     const bool bf16 = dtype_ == at::kBFloat16;
-    // Each expert-parallel rank's experts, by its expert-data rank 0 (DeepSpeed's writer).
+    // Each expert-parallel rank's experts, by its expert-data rank 0 (DeepSpeed's writer);
+    // at stage 0 also its whole optimizer (the dense parameters', then its experts').
     if (!experts.empty() && expert_data_rank(group_->rank(), ep) == 0) {
       std::map<std::string, at::Tensor> values;
       for (const auto& [name, p] : named_params_()) values.emplace(name, p);
       checkpoint::save_expert_files(save_dir, tag, experts,
                                     [&](const std::string& name) { return values.at(name); });
+      if (zero_->stage() == 0) {
+        PyValue expp = PyValue::dict();
+        expp.set(PyValue("optimizer"),
+                 stage0_optimizer(checkpointed_zeros(*this), dtype_ != at::kFloat, own));
+        checkpoint::save_torch_file(
+            bound(std::move(expp)),
+            checkpoint::expp_optim_states_path(save_dir, tag, group_->rank() % ep));
+      }
     }
     if (zero_->stage() >= 1)
       checkpoint::save_torch_file(
@@ -308,17 +386,7 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
           checkpoint::zero_model_states_path(save_dir, tag, group_->rank()));
     } else if (group_->rank() == 0) {
       PyValue model = model_states(client_state, std::move(rng));
-      if (!experts.empty()) {
-        to_moe_model_states(model, experts);
-        // Stage 0: DeepSpeed's per-expert-parallel-rank optimizer file as well.
-        if (zero_->stage() == 0) {
-          PyValue expp = PyValue::dict();
-          expp.set(PyValue("optimizer"), model.at(PyValue("optimizer")));
-          checkpoint::save_torch_file(
-              bound(std::move(expp)),
-              checkpoint::expp_optim_states_path(save_dir, tag, group_->rank() % ep));
-        }
-      }
+      if (!experts.empty()) to_moe_model_states(model, experts);
       if (ckpt_layout_.before_model_states) ckpt_layout_.before_model_states(save_dir, tag, model);
       checkpoint::save_torch_file(bound(std::move(model)),
                                   ckpt_layout_.model_states_path

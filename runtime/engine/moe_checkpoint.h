@@ -1,19 +1,16 @@
 // The engine's side of DeepSpeed's MoE checkpoint layout (runtime/checkpoint/moe_layout.h):
 // what save_checkpoint adds and removes when the module has expert parameters, and the view of
-// a MoE checkpoint that load_checkpoint reads (the module with this rank's local experts, and,
-// when the checkpoint was written at another expert-parallel degree, each parameter's fp32
-// weights and optimizer state re-selected per global expert). Internal to runtime/engine
+// a MoE checkpoint that load_checkpoint reads (the module with this rank's local experts; at
+// another expert-parallel degree checkpoint::ExpertRelayout re-selects each parameter's fp32
+// weights and optimizer state per global expert). Internal to runtime/engine
 // (engine_checkpoint_save.cpp, engine_checkpoint_load.cpp); no communication.
 #pragma once
 
-#include <functional>
 #include <map>
 #include <string>
-#include <vector>
 
 #include "dscpp/nn/moe/expert_params.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
-#include "dscpp/runtime/checkpoint/universal.h"
 
 namespace torch::nn {
 class Module;
@@ -44,22 +41,6 @@ checkpoint::PyValue moe_model_view(const std::string& dir, const std::string& ta
                                    const checkpoint::PyValue& model, const std::string& path,
                                    const Experts& experts);
 
-// The expert-parallel degree the checkpoint was saved at (1 for a checkpoint without MoE).
-int64_t saved_ep_size(const checkpoint::PyValue& model);
-
-// Loading at another expert-parallel degree: the checkpoint's trainable parameters, whole
-// (consolidated from the ZeRO files as universal checkpoints are), by their global key
-// (expert ones per global expert, moe_layout.h's ExpertSlot keys); then this engine's
-// parameter `name` assembled from them (a stacked one from its experts' slices).
-class ExpertRelayout {
- public:
-  ExpertRelayout(const std::string& dir, const std::string& tag, const checkpoint::PyValue& model,
-                 const std::string& path);
-  checkpoint::UniversalParam param(const std::string& name, const Experts& experts) const;
-
- private:
-  std::string where_;
-  std::map<std::string, checkpoint::UniversalParam> by_key_;
-};
+// Loading at another expert-parallel degree: checkpoint::ExpertRelayout (moe_relayout.h).
 
 }  // namespace dscpp::engine_checkpoint

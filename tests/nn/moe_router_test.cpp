@@ -242,6 +242,42 @@ TEST(MoeRouter, LogitsInFp32ForBf16Input) {
   EXPECT_EQ(r.weights.scalar_type(), at::kFloat);
 }
 
+TEST(MoeRouter, ExpertBiasStaysFp32WhenTheModelIsCastToBf16) {
+  // The engine casts the whole module (its parent's Module::to reaches the gate); Megatron
+  // keeps the bias fp32 (_maintain_float32_expert_bias). 0.3001 has no bf16 value (bf16's step
+  // near 0.3 is 2^-9 = 0.00195, twice the update rate): a 16-bit bias would read 0.30078 and
+  // not move by 1e-3.
+  struct Holder : torch::nn::Module {
+    moe::TopKGate gate{nullptr};
+  };
+  auto holder = std::make_shared<Holder>();
+  holder->gate = holder->register_module(
+      "gate", identity_gate(moe::TopKGateOptions(4, 4)
+                                .k(1)
+                                .capacity_factor(0)
+                                .score_function(moe::ScoreFunction::kSigmoid)
+                                .enable_expert_bias(true)
+                                .bias_update_rate(1e-3)));
+  holder->gate->expert_bias.fill_(0.3001f);
+  holder->to(at::kCPU, at::kBFloat16);
+  EXPECT_EQ(holder->gate->wg->weight.scalar_type(), at::kBFloat16);
+  const at::Tensor& bias = holder->gate->expert_bias;
+  ASSERT_EQ(bias.scalar_type(), at::kFloat);
+  // Still the registered buffer (the state dict's tensor), with its value.
+  EXPECT_TRUE(holder->named_buffers()["gate.expert_bias"].is_same(bias));
+  EXPECT_EQ(bias[0].item<float>(), 0.3001f);
+  holder->to(at::kHalf);  // the dtype-only overload too
+  ASSERT_EQ(bias.scalar_type(), at::kFloat);
+  // Every token to expert 0 (input column 0 large): expert 0 loses 1e-3, the others gain it.
+  at::Tensor x = at::zeros({8, 4}, at::kHalf);
+  x.select(1, 0).fill_(5.0);
+  holder->gate->forward(x);
+  holder->gate->update_expert_bias();
+  ASSERT_EQ(bias.scalar_type(), at::kFloat);
+  EXPECT_FLOAT_EQ(bias[0].item<float>(), 0.3001f - 1e-3f);
+  for (int64_t j = 1; j < 4; ++j) EXPECT_FLOAT_EQ(bias[j].item<float>(), 0.3001f + 1e-3f);
+}
+
 TEST(MoeRouter, RefusesBadOptions) {
   auto refuses = [](moe::TopKGateOptions o, const std::string& what) {
     try {

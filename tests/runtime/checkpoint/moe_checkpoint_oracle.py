@@ -18,11 +18,20 @@ fp32:     tools/zero_to_fp32 and the folder's zero_to_fp32.py give the one-rank 
           dict, equal to the weights the saving run held (torch.equal).
 refusals: a missing expert file, a model of another num_experts, a dense checkpoint for the MoE
           model: each load fails naming the problem.
+--ep2:    instead, checkpoints written at ep 2 (the engine's expert ZeroOptimizer over the
+          expert-data group) on 2 and 4 ranks: resume at ep 2 (bit for bit with the grouped MLP,
+          1e-6 with clones); the files (DeepSpeed's names, expp_rank_0/1 at stage 0, two groups
+          in the ZeRO files at stages 1-2, the experts' partitioned over ranks / 2); loaded at
+          ep 1 (2 ranks) and ep 4 (4 ranks), the next 3 losses equal the uninterrupted ep-2
+          run's (1e-6); zero_to_fp32 (tool and script) equals the saving ranks' weights put
+          together as the one-rank model (torch.equal). A covering set of (stage, ranks,
+          experts) by default, the rest with --matrix.
 Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
 import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,7 +77,23 @@ def rel(a, b):
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
-def check_files(tag_dir, stage, grouped):
+def one_rank_weights(path, ep, grouped):
+    """The one-rank model's state dict from moe_train's --weights files of ranks 0..ep-1."""
+    sds = [torch.load(path if r == 0 else f"{path}.rank{r}") for r in range(ep)]
+    out, n = {}, 4 // ep
+    for k, v in sds[0].items():
+        if "deepspeed_moe.experts." not in k:
+            out[k] = v
+        elif grouped:
+            out[k] = torch.cat([sd[k] for sd in sds])
+        else:
+            m = re.match(r"(.*deepspeed_experts\.)(\d+)(\..*)", k)
+            for r, sd in enumerate(sds):
+                out[f"{m[1]}{r * n + int(m[2])}{m[3]}"] = sd[k]
+    return out
+
+
+def check_files(tag_dir, stage, grouped, ep=1, ranks=2):
     from deepspeed.runtime.engine import DeepSpeedEngine
     problems = []
     for path in sorted(glob.glob(os.path.join(tag_dir, "*.pt"))):
@@ -94,10 +119,82 @@ def check_files(tag_dir, stage, grouped):
                           for w in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"))
         if keys != want:
             problems.append(f"{os.path.basename(name)} keys {keys}, DeepSpeed's {want}")
-    expp = os.path.join(tag_dir, "expp_rank_0_mp_rank_00_optim_states.pt")
-    if (stage == 0) != os.path.isfile(expp):
-        problems.append(f"expp_rank_0 file {'missing' if stage == 0 else 'written at stage ' + str(stage)}")
+    for r in range(ep):
+        expp = os.path.join(tag_dir, f"expp_rank_{r}_mp_rank_00_optim_states.pt")
+        if (stage == 0) != os.path.isfile(expp):
+            problems.append(f"expp_rank_{r} file {'missing' if stage == 0 else 'written at stage ' + str(stage)}")
+    if stage > 0 and ep > 1:
+        for d in range(ranks):
+            osd = torch.load(os.path.join(tag_dir, f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))
+            osd = osd["optimizer_state_dict"]
+            if osd["partition_count"] != [ranks, ranks // ep]:
+                problems.append(f"rank {d}: partition_count {osd['partition_count']}")
+            groups = osd["base_optimizer_state"]["param_groups"]
+            if [g.get("moe", False) for g in groups] != [False, True] or groups[1]["name"] != f"ep_size_{ep}":
+                problems.append(f"rank {d}: param_groups {groups}")
     return problems
+
+
+def ep2_cases(r, args, tmp, case):
+    """Checkpoints written at ep 2 (see the module's docstring)."""
+    # Cloned experts on 4 ranks are left out: training them there hangs (every stage, ep 2 and
+    # 4, before any checkpoint; grouped experts and 2 ranks do not) in the engine's expert
+    # ZeroOptimizer or the dispatch, which this test does not own (docs/checkpoints.md).
+    covering = [(0, 2, False), (1, 4, True), (2, 2, False), (2, 4, True)]
+    every = [(s, n, g) for s in (0, 1, 2) for n in (2, 4) for g in (False, True) if g or n == 2]
+    combos = [c for c in every if c not in covering] if args.matrix else covering
+    for stage, ranks, grouped in combos:
+        kind = f"ep 2 on {ranks} ranks stage {stage} {'grouped' if grouped else 'clones'}"
+        key = f"ep2_{stage}{ranks}{int(grouped)}"
+        ckpt = os.path.join(tmp, key)
+        w_full, w_saved, w_resumed = (os.path.join(tmp, f"{key}{x}.pt") for x in "abc")
+        full = r.train(ranks, stage, ep=2, grouped=grouped, extra=["--weights", w_full])
+        r.train(ranks, stage, ep=2, grouped=grouped, steps=SAVE_AT,
+                extra=["--save", ckpt, "--save-at", str(SAVE_AT), "--weights", w_saved])
+
+        def resume():
+            out = r.train(ranks, stage, ep=2, grouped=grouped, extra=["--load", ckpt, "--weights", w_resumed])
+            assert out["first_step"] == SAVE_AT, out["first_step"]
+            a, b = one_rank_weights(w_full, 2, grouped), one_rank_weights(w_resumed, 2, grouped)
+            if grouped:
+                assert out["losses"] == full["losses"][SAVE_AT:], (out["losses"], full["losses"])
+                bad = [k for k in a if not torch.equal(a[k], b[k])]
+                assert not bad, f"weights differ: {bad}"
+                return "bit-exact"
+            e = max(rel(out["losses"], full["losses"][SAVE_AT:]),
+                    max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a))
+            assert e < 1e-6, f"{out['losses']} vs {full['losses'][SAVE_AT:]} ({e:.1e})"
+            return f"{e:.1e}"
+        case(f"resume {kind}", resume)
+
+        def files():
+            problems = check_files(os.path.join(ckpt, f"global_step{SAVE_AT}"), stage, grouped, ep=2, ranks=ranks)
+            assert not problems, "; ".join(problems)
+        case(f"files {kind}", files)
+
+        def fp32():
+            want = one_rank_weights(w_saved, 2, grouped)
+            out = os.path.join(tmp, "fp32.pt")
+            p = subprocess.run([args.zero_to_fp32, ckpt, out], capture_output=True, text=True)
+            assert p.returncode == 0, p.stdout + p.stderr
+            script = os.path.join(tmp, "script.pt")
+            p = subprocess.run([sys.executable, os.path.join(ckpt, "zero_to_fp32.py"), ckpt, script],
+                               capture_output=True, text=True)
+            assert p.returncode == 0, p.stdout + p.stderr
+            for what, got in (("zero_to_fp32", torch.load(out)), ("zero_to_fp32.py", torch.load(script))):
+                assert sorted(got) == sorted(want), (what, sorted(got), sorted(want))
+                bad = [k for k in want if not torch.equal(got[k], want[k])]
+                assert not bad, f"{what} differs: {bad}"
+        case(f"zero_to_fp32 {kind}", fp32)
+
+        for ep, n in ((1, 2), (4, 4)) if grouped else ((1, 2),):
+            def other_ep(ep=ep, n=n):
+                out = r.train(n, stage, ep=ep, grouped=grouped, extra=["--load", ckpt])
+                assert out["first_step"] == SAVE_AT, out["first_step"]
+                e = rel(out["losses"], full["losses"][SAVE_AT:])
+                assert e < 1e-6, f"{out['losses']} vs {full['losses'][SAVE_AT:]} ({e:.1e})"
+                return f"{e:.1e}"
+            case(f"load at ep {ep} on {n} ranks, {kind}", other_ep)
 
 
 def main():
@@ -105,6 +202,8 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", required=True)
+    ap.add_argument("--ep2", action="store_true", help="the checkpoints written at ep 2")
+    ap.add_argument("--matrix", action="store_true", help="with --ep2: the combinations past the covering set")
     args = ap.parse_args()
     passed = failed = 0
 
@@ -120,6 +219,10 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         r = Runner(args, tmp)
+        if args.ep2:
+            ep2_cases(r, args, tmp, case)
+            print(f"{passed} passed, {failed} failed")
+            return 1 if failed else 0
         for stage, grouped in ((0, False), (2, False), (2, True)):
             kind = f"stage {stage} {'grouped' if grouped else 'clones'}"
             ckpt = os.path.join(tmp, f"ckpt{stage}{int(grouped)}")

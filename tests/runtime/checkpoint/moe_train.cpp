@@ -4,7 +4,8 @@
 //             --out OUT.json [--weights OUT.pt]
 // Every rank builds the same model (seed 0) and takes its micro-batches of the same global
 // batch. Rank 0 writes {"first_step", "losses": [global batch loss per step], "files": ...};
-// --weights: the one-rank model's fp32 state dict after training (ep 1 only), via torch files.
+// --weights: rank 0's fp32 state dict after training (at ep 1 the one-rank model's); at ep > 1
+// ranks 1..ep-1 write theirs (their own experts) to <weights>.rank<r> as well.
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
@@ -117,12 +118,13 @@ int main(int argc, char** argv) {
       result["losses"].push_back(l.item<double>());
       if (s + 1 == save_at) engine.save_checkpoint(save);
     }
-    if (!weights.empty() && r == 0) {
+    if (!weights.empty() && r < ep) {
       auto sd = dscpp::checkpoint::PyValue::ordered_dict();
       for (const auto& p : model->named_parameters())
         sd.set(dscpp::checkpoint::PyValue(p.key()),
                dscpp::checkpoint::PyValue(p.value().detach().to(torch::kFloat).clone()));
-      dscpp::checkpoint::save_torch_file(sd, weights);
+      dscpp::checkpoint::save_torch_file(sd,
+                                         r == 0 ? weights : weights + ".rank" + std::to_string(r));
     }
     if (r == 0) std::ofstream(out_path) << result.dump() << "\n";
     world->barrier().wait();
