@@ -428,7 +428,7 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     const bool universal = config_.checkpoint.load_universal;
     // MoE (moe_checkpoint.h): the module gets this rank's experts from their files; saved at
     // another expert-parallel degree, the weights and optimizer state are re-selected.
-    const Experts experts = module_experts(flops_profiler_->module());
+    const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
     const PyValue saved_model = model;
     const bool moe_relayout = !universal && !experts.empty() &&
                               checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size;

@@ -10,10 +10,6 @@
 
 namespace dscpp::engine_checkpoint {
 
-Experts module_experts(const torch::nn::Module* module) {
-  return module ? nn::moe::expert_parameters(*module) : Experts{};
-}
-
 void to_moe_model_states(PyValue& model, const Experts& experts) {
   const PyValue* module = model.find(PyValue("module"));
   if (module && module->is_dict()) {

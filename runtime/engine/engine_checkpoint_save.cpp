@@ -324,7 +324,7 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   }
   check_tag_agrees(tag);
   // MoE: DeepSpeed's layout (runtime/checkpoint/moe_layout.h), expert tensors per global expert.
-  const Experts experts = module_experts(flops_profiler_->module());
+  const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
   const int64_t ep = experts.empty() ? 1 : experts.begin()->second.ep_size;
   if (!experts.empty() && zero_->stage() >= 3)
     throw dscpp::Error(

@@ -20,9 +20,6 @@ namespace dscpp::engine_checkpoint {
 
 using Experts = std::map<std::string, nn::moe::ExpertParam>;
 
-// The module's expert parameters by state_dict name (empty: no module, or no MoE layer).
-Experts module_experts(const torch::nn::Module* module);
-
 // DeepSpeed's expert-data-parallel rank of data rank `rank` (its ep groups are consecutive
 // runs of ep_size data ranks: comm/expert_groups.h); rank 0 of each ep rank writes its experts.
 inline int expert_data_rank(int rank, int64_t ep_size) {

@@ -30,8 +30,6 @@ class EngineFlopsProfiler {
 
   // The engine's module (kept by the engine, outliving this); nullptr: nothing to profile.
   void set_module(const torch::nn::Module* module) { module_ = module; }
-  // The module set above (the checkpoint code finds its expert parameters through it).
-  const torch::nn::Module* module() const { return module_; }
 
   void forward_begin(int64_t global_steps);
   void forward_end();
