@@ -60,8 +60,11 @@ nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::Proces
   auto& inner = *layer->deepspeed_moe;
   nn::normal_init(inner.gate->wg->weight, c.init_method_std);
   auto* grouped = dynamic_cast<moe::GroupedMLPImpl*>(inner.experts.get());
-  nn::normal_init(grouped->weight1, c.init_method_std);
-  nn::normal_init(grouped->weight2, residual_std(c));
+  // Each expert by its global id (nn::normal_init_experts): the same values at every expert
+  // degree, so the GPT at ep E starts from ep 1's weights.
+  const int64_t first = grouped->options.first_expert();
+  nn::normal_init_experts(grouped->weight1, c.init_method_std, first);
+  nn::normal_init_experts(grouped->weight2, residual_std(c), first);
   if (layer->latent_down) {
     nn::normal_init(layer->latent_down->weight, c.init_method_std);
     nn::normal_init(layer->latent_up->weight, residual_std(c));

@@ -11,7 +11,10 @@
 // - LatentMoE: moe_latent_size.
 // Initialisation is the GPT's (Megatron's): the router, the experts' first products and the
 // latent down-projection ~ normal(0, init_method_std); the experts' second products and the
-// latent up-projection ~ normal(0, init_method_std / sqrt(2 L)), as residual-branch outputs.
+// latent up-projection ~ normal(0, init_method_std / sqrt(2 L)), as residual-branch outputs;
+// each routed expert drawn by its global id (nn::normal_init_experts), so that the model at
+// expert degree E holds exactly the experts of the model at degree 1 built after the same seed,
+// and the layers built after it draw the same values too.
 //
 // Losses: in training, moe_aux_loss_coeff x the router's l_aux (load-balancing type
 // "aux_loss"; Megatron's switch loss E * sum_e f_e P_e equals DeepSpeed's top-k l_aux) goes to

@@ -2,12 +2,14 @@
 #include "dscpp/nn/moe/experts.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
 #include <string>
 
 #include "dscpp/error.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/normal_init.h"
 #include "dscpp/ops/grouped_mm.h"
 
 namespace dscpp::nn::moe {
@@ -72,10 +74,17 @@ ExpertsImpl::ExpertsImpl(const torch::nn::AnyModule& expert, int64_t num_local_e
     throw dscpp::Error("MoE Experts: num_local_experts must be >= 1, got " +
                        std::to_string(num_local_experts));
   deepspeed_experts = register_module("deepspeed_experts", torch::nn::ModuleList());
+  // Module::clone() resets each copy (its parameters drawn from the default generator) before
+  // copying the original's values in; DeepSpeed's deepcopy draws nothing. The generator's state
+  // is put back, so that cloning E_l experts leaves it where it was whatever E_l (the expert
+  // degree) is, and what is built after the layer does not depend on the degree.
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const at::Tensor state = gen.get_state();
   for (int64_t i = 0; i < num_local_experts; ++i) {
     experts.push_back(expert.clone());
     deepspeed_experts->push_back(experts.back().ptr());
   }
+  gen.set_state(state);
 }
 
 at::Tensor ExpertsImpl::run_experts(const at::Tensor& rows, const at::Tensor& counts) {
@@ -97,11 +106,15 @@ GroupedMLPImpl::GroupedMLPImpl(const GroupedMLPOptions& options_) : options(opti
   if (e < 1 || h < 1 || f < 1)
     throw dscpp::Error("MoE GroupedMLP: experts, hidden and ffn sizes must be positive");
   const int64_t up = options.activation() == Activation::kSwiglu ? 2 * f : f;
-  // nn.Linear's default init (kaiming_uniform(a = sqrt 5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-  weight1 = register_parameter(
-      "weight1", at::empty({e, h, up}).uniform_(-1.0 / std::sqrt(h), 1.0 / std::sqrt(h)));
-  weight2 = register_parameter(
-      "weight2", at::empty({e, f, h}).uniform_(-1.0 / std::sqrt(f), 1.0 / std::sqrt(f)));
+  if (options.first_expert() < 0)
+    throw dscpp::Error("MoE GroupedMLP: first_expert must be >= 0, got " +
+                       std::to_string(options.first_expert()));
+  // nn.Linear's default init (kaiming_uniform(a = sqrt 5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+  // each expert from its global id's stream (experts.h).
+  weight1 = register_parameter("weight1", at::empty({e, h, up}));
+  weight2 = register_parameter("weight2", at::empty({e, f, h}));
+  nn::uniform_init_experts(weight1, 1.0 / std::sqrt(h), options.first_expert());
+  nn::uniform_init_experts(weight2, 1.0 / std::sqrt(f), options.first_expert());
 }
 
 at::Tensor GroupedMLPImpl::run_experts(const at::Tensor& rows, const at::Tensor& counts) {

@@ -7,6 +7,11 @@
 //   registered as deepspeed_experts.<i>, each run on its own rows.
 // - GroupedMLP: the weights of all experts stacked, weight1 [E, H, F] (SwiGLU: [E, H, 2F],
 //   gate then up) and weight2 [E, F, H'], products by ops::grouped_mm (one grouped GEMM).
+// Initialisation: clones are copies of the module given (DeepSpeed's deepcopy: every expert
+// starts equal to it, at any expert-parallel degree, and cloning leaves the default generator
+// as it was); GroupedMLP draws each expert from its
+// global id (first_expert + local index; nn::uniform_init_experts), so expert g starts with the
+// same values at any degree and the default generator advances alike.
 // ExpertMLP is the plain expert module (fc1, activation, fc2) for either use.
 #pragma once
 
@@ -74,6 +79,8 @@ struct GroupedMLPOptions {
   TORCH_ARG(int64_t, hidden_size);
   TORCH_ARG(int64_t, ffn_hidden_size);
   TORCH_ARG(Activation, activation) = Activation::kGelu;
+  // The global id of local expert 0 (expert-parallel rank r of E / E_l: r * E_l); 0 at ep 1.
+  TORCH_ARG(int64_t, first_expert) = 0;
 };
 
 class GroupedMLPImpl : public torch::nn::Module, public LocalExperts {
@@ -83,7 +90,8 @@ class GroupedMLPImpl : public torch::nn::Module, public LocalExperts {
   int64_t num_local_experts() const override { return options.num_local_experts(); }
 
   GroupedMLPOptions options;
-  at::Tensor weight1;  // [E, H, F] (SwiGLU: [E, H, 2F]); each expert's init as nn.Linear's
+  // Each expert's init as nn.Linear's (U(-1/sqrt(fan_in), 1/sqrt(fan_in))), by its global id.
+  at::Tensor weight1;  // [E, H, F] (SwiGLU: [E, H, 2F])
   at::Tensor weight2;  // [E, F, H]
 };
 TORCH_MODULE(GroupedMLP);

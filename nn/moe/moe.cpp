@@ -81,9 +81,12 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
   } else {
     check(o.ffn_hidden_size() > 0,
           "no expert module and no ffn_hidden_size for the grouped experts");
-    experts =
-        GroupedMLP(GroupedMLPOptions(local, width, o.ffn_hidden_size()).activation(o.activation()))
-            .ptr();
+    // Local expert j is global expert ep_rank * local + j (moe.h): drawn by that id.
+    const int64_t first = o.ep_group() ? o.ep_group()->rank() * local : 0;
+    experts = GroupedMLP(GroupedMLPOptions(local, width, o.ffn_hidden_size())
+                             .activation(o.activation())
+                             .first_expert(first))
+                  .ptr();
   }
   std::unique_ptr<TokenDispatcher> dispatcher;
   if (o.ep_size() > 1)

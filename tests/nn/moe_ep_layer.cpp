@@ -1,7 +1,9 @@
 // The MoE layer at expert parallelism 2 and 4 (nn/moe/moe.h, ep_group) on real Gloo ranks,
 // against expert parallelism 1 on the same data world: every rank builds the one-rank layer
-// holding all experts (the same weights; the EP layer takes its rank's slice of the experts)
+// holding all experts (the same weights; the EP layer holds its rank's slice of the experts)
 // and runs it on each rank's own tokens (capacity and l_aux are per rank, as DeepSpeed's).
+// Built after the same seed, the EP layer must hold exactly the one-rank layer's slice (the
+// experts' initialisation by global id) and leave the default generator where it does.
 // Each rank's EP output, l_aux, exp_counts and input, gate and shared-expert gradients must
 // equal the one-rank layer on its tokens; its local experts' gradients must equal the sum over
 // its expert-parallel group of the one-rank layer's gradients of the matching experts, and,
@@ -123,16 +125,21 @@ void run_case(const Case& c, const dscpp::comm::ExpertGroups& groups) {
   const int64_t local = kExperts / c.ep;
   SCOPED_TRACE(name_of(c) + " rank " + std::to_string(me));
 
+  // Both built after the same seed: the EP layer's experts are the one-rank layer's (each
+  // drawn by its global id, or clones of the same module), bit for bit, and the default
+  // generator is left in the same state (what a model builds next agrees too).
   at::manual_seed(7);
   moe::MoE ref = make_layer(c, 1, nullptr);
+  const at::Tensor after_ref = at::rand({4});
+  at::manual_seed(7);
   moe::MoE ep = make_layer(c, c.ep, groups.expert_parallel);
+  const at::Tensor after_ep = at::rand({4});
+  EXPECT_TRUE(at::equal(after_ref, after_ep)) << "the default generator after the layers";
   std::map<std::string, at::Tensor> ref_params;
   for (const auto& p : ref->named_parameters()) ref_params[p.key()] = p.value();
-  {
-    at::NoGradGuard no_grad;
-    for (auto& p : ep->named_parameters())
-      p.value().copy_(counterpart(ref_params, p.key(), r, local));
-  }
+  for (const auto& p : ep->named_parameters())
+    EXPECT_TRUE(at::equal(p.value(), counterpart(ref_params, p.key(), r, local)))
+        << "initial " << p.key() << " is not the one-rank layer's";
   EXPECT_EQ(ep->parameters().size(),
             ref->parameters().size() - (c.clones ? (kExperts - local) * 4 : 0));
 
