@@ -73,9 +73,25 @@ CheckpointLayout PipelineEngine::checkpoint_layout() {
   return layout;
 }
 
+namespace {
+
+// The engine's MoE layout (layer_L_expert_E files, moe_checkpoint.h) numbers a module's MoE
+// layers from 0, which on a pipeline would be each stage's own count: refused until the
+// stages number them together (a pipeline at ep_size 1 keeps its experts in the layer files).
+void refuse_expert_parallel(EngineCore& core, const char* what) {
+  if (core.expert_zero_optimizer())
+    throw Error(fmt::format(
+        "PipelineEngine::{}: expert parallelism (ep_size > 1) on a pipeline has no checkpoints "
+        "yet (DeepSpeed's layer_L_expert_E files need the MoE layers numbered over the stages)",
+        what));
+}
+
+}  // namespace
+
 void PipelineEngine::save_checkpoint(const std::string& save_dir, const std::string& tag,
                                      const PyValue& client_state) {
   core_->check_deferred_error();
+  refuse_expert_parallel(*core_, "save_checkpoint");
   core_->save_checkpoint(save_dir, tag, client_state);
 }
 
@@ -85,6 +101,7 @@ LoadCheckpointResult PipelineEngine::load_checkpoint(const std::string& load_dir
                                                      bool load_lr_scheduler_states,
                                                      bool load_module_only) {
   core_->check_deferred_error();
+  refuse_expert_parallel(*core_, "load_checkpoint");
   return core_->load_checkpoint(load_dir, tag,
                                 {/*load_module_strict=*/true, load_optimizer_states,
                                  load_lr_scheduler_states, load_module_only});

@@ -13,6 +13,7 @@
 #include "dscpp/config/json_text.h"
 #include "dscpp/error.h"
 #include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/moe/expert_params.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/pipe/tied_grads.h"
 
@@ -49,6 +50,19 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
     args.model_group = module_.model_group();
     args.tensor_parallel = std::make_shared<const std::map<std::string, nn::TensorParallelAttr>>(
         nn::tensor_parallel_attributes(*module_.stage_module()));
+  }
+  // Expert parallelism: the stage's expert parameters of ep_size > 1 (nn::moe::expert_parameters
+  // on the stage module, whose names are its parameters') get EngineCore's expert optimizer over
+  // the expert-data group, made from the MoE layers' expert-parallel groups inside this stage's
+  // data group (engine_experts.h): DeepSpeed's groups, the expert axis splitting the data axis.
+  // At ep_size 1 they stay out of the map, replicated like any parameter, so a pipeline
+  // checkpoint keeps them in its layer files.
+  if (!args.expert_params) {
+    std::map<std::string, nn::moe::ExpertParam> split;
+    for (auto& [name, e] : nn::moe::expert_parameters(*module_.stage_module()))
+      if (e.ep_size > 1) split.emplace(name, std::move(e));
+    args.expert_params =
+        std::make_shared<const std::map<std::string, nn::moe::ExpertParam>>(std::move(split));
   }
   core_ = std::make_shared<EngineCore>(cfg, std::move(args));
   const DSConfig& c = core_->config();

@@ -8,7 +8,11 @@
 // the norm, clip and fp16 overflow verdict are the whole model's (tied weights once). With a
 // model axis (tensor parallelism) ZeRO stays on the data group, the norm also sums over the
 // model group (each replica once), tied gradients are summed per model rank, and activations
-// travel between the neighbours of the same model rank.
+// travel between the neighbours of the same model rank. MoE layers with expert parallelism
+// (ep_size > 1, their expert-parallel groups inside each stage's data group: DeepSpeed's
+// groups) have their experts reduced and partitioned over the expert-data group by EngineCore's
+// expert optimizer (runtime/engine/engine_experts.h), in the same norm; checkpoints of such a
+// pipeline are refused for now.
 #pragma once
 
 #include <ATen/core/Tensor.h>

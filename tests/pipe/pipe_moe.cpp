@@ -1,0 +1,301 @@
+// MoE on a pipeline (pipe/pipeline_engine.h with runtime/engine/engine_experts.h), on 4 Gloo ranks
+// = 2 stages x 2 data ranks, expert parallelism 2 inside each stage's data group (DeepSpeed's
+// groups: comm::new_expert_groups on the pipe x data topology). The model: 6 LayerSpecs, hidden
+// 16 (linear, MoE, linear | linear, MoE, linear; "uniform" puts one MoE layer on each stage),
+// 8 experts, seeded per layer (seed_layers), fp32, SGD with momentum, gradient clipping active
+// every step (an expert counted twice in the norm, or averaged over the wrong group, moves the
+// weights). Compared within 1e-5 relative over --steps batches of 4 micro-batches: every batch's
+// loss and gradient norm, then every weight (an expert's against the matching global expert).
+//   - dropless: against one rank with the same global batch (each rank runs that one-stage,
+//     one-rank pipeline too, holding every expert). No l_aux in the loss (it is each rank's own).
+//   - token dropping (capacity factor 0.5, 0.01 l_aux through the aux-loss channel): against
+//     expert parallelism 1 on the same layout (capacity and l_aux are per rank, DeepSpeed's).
+// Both models are built from the same per-layer seeds and must start equal: the EP stage's
+// experts are the reference's (drawn by global expert id, or clones of one module), bit for bit.
+// Also: the engine found the experts (its expert optimizer over data / ep ranks), and a pipeline
+// checkpoint with expert parallelism is refused by name.
+//   pipe_moe --case k<k>d<dropless>z<stage>c<clones> [--case ...] [--steps N]
+// Exits 0 when every check holds on this rank; prints what failed otherwise.
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dscpp/comm/expert_groups.h"
+#include "dscpp/comm/rendezvous.h"
+#include "dscpp/error.h"
+#include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/moe/expert_params.h"
+#include "dscpp/nn/moe/moe.h"
+#include "dscpp/pipe/pipeline_engine.h"
+#include "dscpp/zero/zero_optimizer.h"
+
+using nlohmann::json;
+namespace moe = dscpp::nn::moe;
+namespace pipe = dscpp::pipe;
+using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
+
+namespace {
+
+constexpr int64_t kHidden = 16, kFfn = 32, kExperts = 8, kMicro = 2, kSeq = 6;
+constexpr int kStages = 2, kData = 2, kEp = 2, kMicroBatches = 4;
+
+int failures = 0;
+void check(bool ok, const std::string& what, int rank) {
+  if (!ok) {
+    std::cerr << "rank " << rank << ": FAILED: " << what << "\n";
+    ++failures;
+  }
+}
+
+double rel_err(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
+  return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1e-30);
+}
+
+struct Case {
+  int k = 1, stage = 1;
+  bool dropless = true, clones = false;
+  std::string name;
+};
+
+Case parse_case(const std::string& s) {
+  Case c;
+  c.name = s;
+  int d = 0, cl = 0;
+  if (std::sscanf(s.c_str(), "k%dd%dz%dc%d", &c.k, &d, &c.stage, &cl) != 4)
+    throw dscpp::Error("pipe_moe: bad case '" + s + "' (k<k>d<0|1>z<stage>c<0|1>)");
+  c.dropless = d != 0;
+  c.clones = cl != 0;
+  return c;
+}
+
+// The 6 layers; the MoE ones at expert degree ep on ep_group (null at 1).
+std::vector<dscpp::nn::LayerSpec> specs(const Case& c, int ep, const GroupPtr& ep_group) {
+  std::vector<dscpp::nn::LayerSpec> out;
+  auto linear = [&out](int i, bool last) {
+    out.push_back({"layers." + std::to_string(i),
+                   [] { return torch::nn::Linear(kHidden, kHidden).ptr(); },
+                   [last](torch::nn::Module& m, const at::Tensor& x) {
+                     at::Tensor y = static_cast<torch::nn::LinearImpl&>(m).forward(x);
+                     return last ? y : at::tanh(y);
+                   },
+                   "",
+                   {}});
+  };
+  const double aux_coeff = c.dropless ? 0.0 : 0.01;
+  auto moe_layer = [&](int i) {
+    out.push_back(
+        {"layers." + std::to_string(i),
+         [c, ep, ep_group] {
+           auto o = moe::MoEOptions(kHidden)
+                        .num_experts(kExperts)
+                        .ep_size(ep)
+                        .ep_group(ep > 1 ? ep_group : nullptr)
+                        .k(c.k)
+                        .capacity_factor(c.dropless ? 0.0 : 0.5)
+                        .min_capacity(2)
+                        .use_rts(false)
+                        .top2_2nd_expert_sampling(false)
+                        .ffn_hidden_size(kFfn);
+           if (c.clones)
+             o.expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(kHidden, kFfn))));
+           return moe::MoE(o).ptr();
+         },
+         [aux_coeff](torch::nn::Module& m, const at::Tensor& x) {
+           auto y = static_cast<moe::MoEImpl&>(m).forward(x);
+           if (aux_coeff != 0 && m.is_training()) dscpp::nn::add_aux_loss(aux_coeff * y.l_aux);
+           return y.output + x;
+         },
+         "",
+         {}});
+  };
+  linear(0, false);
+  moe_layer(1);
+  linear(2, false);
+  linear(3, false);
+  moe_layer(4);
+  linear(5, true);
+  return out;
+}
+
+json ds_config(int micro, const Case& c) {
+  return {{"train_micro_batch_size_per_gpu", micro},
+          {"gradient_accumulation_steps", kMicroBatches},
+          // SGD with momentum: Adam would turn rounding noise of a zero gradient into steps.
+          {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.2}, {"momentum", 0.9}}}}},
+          {"gradient_clipping", 0.05},  // active every step: the norm reaches the weights
+          {"zero_optimization",
+           {{"stage", c.stage}, {"overlap_comm", c.stage == 2}, {"reduce_bucket_size", 3000}}},
+          {"steps_per_print", 0}};
+}
+
+// Micro-batch m of step `step` of the global batch: [kMicro * kData, kSeq, kHidden] inputs and
+// targets, the same on every rank; `rows` of them from row `first`.
+pipe::MicroBatch batch(int step, int m, int64_t first, int64_t rows) {
+  auto gen = at::detail::createCPUGenerator(1000 + 100 * step + m);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor x = at::randn({kMicro * kData, kSeq, kHidden}, gen, f32);
+  at::Tensor y = at::randn({kMicro * kData, kSeq, kHidden}, gen, f32);
+  return {{x.narrow(0, first, rows)}, y.narrow(0, first, rows)};
+}
+
+// The reference's tensor that the EP stage's `name` holds: the same name, or the matching
+// global expert's (a clone's index, or a slice of the stacked weights).
+at::Tensor counterpart(const std::map<std::string, at::Tensor>& ref,
+                       const std::map<std::string, moe::ExpertParam>& experts,
+                       const std::string& name) {
+  auto it = experts.find(name);
+  if (it == experts.end() || it->second.ep_size == 1) return ref.at(name);
+  const auto& e = it->second;
+  const int64_t first = e.ep_rank * e.num_local_experts;
+  if (e.local_expert < 0) return ref.at(name).narrow(0, first, e.num_local_experts);
+  const std::string key = "deepspeed_experts.";
+  const size_t at_ = name.find(key) + key.size(), dot = name.find('.', at_);
+  return ref.at(name.substr(0, at_) + std::to_string(first + e.local_expert) + name.substr(dot));
+}
+
+std::map<std::string, at::Tensor> params_of(pipe::PipelineEngine& engine) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : engine.module().stage_module()->named_parameters()) out[p.key()] = p.value();
+  return out;
+}
+
+pipe::LossFn mse() {
+  return pipe::loss_of(
+      [](const at::Tensor& out, const at::Tensor& target) { return at::mse_loss(out, target); });
+}
+
+struct Groups {
+  GroupPtr world, self, ep;
+};
+
+void run_case(const Groups& g, const Case& c, int steps, bool refusal) {
+  const int rank = g.world->rank();
+  const std::string where = "case " + c.name + ": ";
+  const auto topo = pipe::pipe_model_data_topology(kStages, 1, kData);
+
+  // The reference: one rank, one stage, the whole global batch (dropless); or ep 1 on the same
+  // 2 x 2 layout (dropping).
+  pipe::PipelineOptions ref_options = pipe::PipelineOptions(c.dropless ? 1 : kStages)
+                                          .partition_method("uniform")
+                                          .seed_layers(true)
+                                          .loss_fn(mse());
+  if (c.dropless)
+    ref_options.group(g.self);
+  else
+    ref_options.group(g.world).topology(topo);
+  auto ref = dscpp::initialize(pipe::PipelineModule(specs(c, 1, nullptr), ref_options),
+                               ds_config(c.dropless ? kMicro * kData : kMicro, c));
+  const auto ref_params = params_of(ref);
+
+  auto options = pipe::PipelineOptions(kStages)
+                     .partition_method("uniform")
+                     .seed_layers(true)
+                     .loss_fn(mse())
+                     .group(g.world)
+                     .topology(topo);
+  pipe::PipelineModule module(specs(c, kEp, g.ep), options);
+  const auto experts = moe::expert_parameters(*module.stage_module());
+  check(experts.size() == (c.clones ? 4u * (kExperts / kEp) : 2u),
+        where + "the stage's MoE layer has its local experts", rank);
+  for (const auto& [name, p] : module.stage_module()->named_parameters().pairs())
+    check(at::equal(p, counterpart(ref_params, experts, name)),
+          where + "initial " + name + " is the reference's (same seeds, experts by global id)",
+          rank);
+  auto eng = dscpp::initialize(std::move(module), ds_config(kMicro, c));
+  dscpp::zero::ZeroOptimizer* ez = eng.core().expert_zero_optimizer();
+  check(ez != nullptr, where + "the pipeline engine gave the experts their own optimizer", rank);
+  if (!ez) return;
+  check(eng.core().expert_data_group()->size() == kData / kEp,
+        where + "the expert-data group has data / ep ranks", rank);
+
+  const int d = eng.module().data_parallel_id();
+  for (int step = 0; step < steps; ++step) {
+    int m_ref = 0, m_ep = 0;
+    pipe::DataIter ref_iter = [&] {
+      const int m = m_ref++;
+      return c.dropless ? batch(step, m, 0, kMicro * kData) : batch(step, m, d * kMicro, kMicro);
+    };
+    pipe::DataIter ep_iter = [&] { return batch(step, m_ep++, d * kMicro, kMicro); };
+    const double want = ref.train_batch(ref_iter).item<double>();
+    const double got = eng.train_batch(ep_iter).item<double>();
+    check(std::abs(got - want) <= 1e-5 * std::abs(want),
+          where + "step " + std::to_string(step) + " loss " + std::to_string(got) + " vs " +
+              std::to_string(want),
+          rank);
+    const double n = eng.get_global_grad_norm(), n_ref = ref.get_global_grad_norm();
+    check(std::abs(n - n_ref) <= 1e-5 * n_ref,
+          where + "step " + std::to_string(step) + " grad norm " + std::to_string(n) + " vs " +
+              std::to_string(n_ref),
+          rank);
+    if (step == 0) check(n_ref > 0.05, where + "the clip is active", rank);
+  }
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, p] : params_of(eng)) {
+    const double e = rel_err(p, counterpart(ref_params, experts, name));
+    if (e > worst) worst = e, worst_name = name;
+  }
+  check(worst <= 1e-5, where + "weights: worst " + worst_name + " " + std::to_string(worst), rank);
+  if (rank == 0)
+    std::cout << where << "done, worst weight error " << worst << " (" << worst_name << ")\n";
+
+  if (refusal) {
+    const auto dir = std::filesystem::temp_directory_path() / "pipe_moe_refused";
+    try {
+      eng.save_checkpoint(dir.string());
+      check(false, where + "a pipeline checkpoint with expert parallelism was written", rank);
+    } catch (const dscpp::Error& e) {
+      check(std::string(e.what()).find("expert parallelism (ep_size > 1) on a pipeline") !=
+                std::string::npos,
+            where + "the checkpoint refusal names expert parallelism: " + e.what(), rank);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 20;
+  std::vector<Case> cases;
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--steps") steps = std::stoi(argv[i + 1]);
+    if (flag == "--case") cases.push_back(parse_case(argv[i + 1]));
+  }
+  dscpp::comm::InitOptions options;
+  options.backend = "gloo";
+  options.timeout = std::chrono::seconds(120);
+  auto world = dscpp::comm::init_distributed(options);
+  if (cases.empty()) {
+    std::cerr << "pipe_moe: no --case given\n";
+    return 2;
+  }
+  if (world->size() != kStages * kData) {
+    std::cerr << "pipe_moe: needs " << kStages * kData << " ranks\n";
+    return 2;
+  }
+  try {
+    Groups g;
+    g.world = world;
+    // Every rank makes every group in the same order, whichever it uses.
+    g.ep = dscpp::comm::new_expert_groups(*world, pipe::pipe_model_data_topology(kStages, 1, kData),
+                                          kEp)
+               .expert_parallel;
+    for (int r = 0; r < world->size(); ++r)
+      if (auto sub = world->new_subgroup({r})) g.self = sub;
+    for (size_t i = 0; i < cases.size(); ++i) run_case(g, cases[i], steps, i == 0);
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << world->rank() << ": " << e.what() << "\n";
+    return 1;
+  }
+  world->barrier().wait();
+  return failures == 0 ? 0 : 1;
+}
