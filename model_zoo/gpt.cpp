@@ -10,7 +10,6 @@
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
-#include <ATen/ops/silu.h>
 #include <fmt/format.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -146,11 +145,9 @@ GPTMLPImpl::GPTMLPImpl(const GPTConfig& c)
 
 at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
   nn::ModuleScope scope(*this);
-  if (swiglu) {
-    const at::Tensor y = linear_of(fc, x);
-    const int64_t f = y.size(-1) / 2;
-    return linear_of(proj, at::silu(y.narrow(-1, 0, f)) * y.narrow(-1, f, f));
-  }
+  // ops::swiglu: one kernel each way on a GPU (narrow's backward would zero-fill two
+  // gradients of fc's output width and add them).
+  if (swiglu) return linear_of(proj, ops::swiglu(linear_of(fc, x)));
   if (!fused) return linear_of(proj, at::gelu(linear_of(fc, x), approximate));
   return linear_of(proj,
                    ops::bias_gelu(nn::linear(x, fc->weight), fc->bias, approximate == "tanh"));

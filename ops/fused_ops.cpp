@@ -107,6 +107,18 @@ struct AddLayerNormFunction : torch::autograd::Function<AddLayerNormFunction> {
   }
 };
 
+struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    ctx->save_for_backward({x});
+    return detail::swiglu_forward(x);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    return {detail::swiglu_backward(grads[0], saved[0])};
+  }
+};
+
 }  // namespace
 
 std::array<at::Tensor, 2> add_layer_norm(const at::Tensor& x, const at::Tensor& branch,
@@ -127,6 +139,11 @@ std::array<at::Tensor, 3> qkv_heads(const at::Tensor& qkv, int64_t heads) {
 at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh_approximation) {
   RECORD_FUNCTION("dscpp::bias_gelu", std::vector<c10::IValue>({x, bias}));
   return BiasGeluFunction::apply(x, bias, tanh_approximation);
+}
+
+at::Tensor swiglu(const at::Tensor& x) {
+  RECORD_FUNCTION("dscpp::swiglu", std::vector<c10::IValue>({x}));
+  return SwigluFunction::apply(x);
 }
 
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,

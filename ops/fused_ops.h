@@ -67,4 +67,13 @@ std::array<at::Tensor, 2> add_layer_norm(const at::Tensor& x, const at::Tensor& 
                                          const at::Tensor& weight, const at::Tensor& bias,
                                          double eps);
 
+// SwiGLU on a fused gate-and-up projection: silu(x[..., :f]) * x[..., f:] for x [..., 2f]
+// (gate then up, model_zoo's and the MoE experts' layout), [..., f] in x's dtype. The kernel
+// (bf16, fp16, fp32) reads x once and writes y once, computing in fp32 and rounding once
+// (eager rounds silu(gate) before the product, so bf16 results differ by a rounding); eager
+// runs two strided kernels. Backward gives dx [..., 2f] from the saved x in one kernel, each
+// half written in place: eager's chunk, silu and mul backward write both halves' gradients
+// and then copy them into one tensor (or, from narrow, into two zero-filled ones and add).
+at::Tensor swiglu(const at::Tensor& x);
+
 }  // namespace dscpp::ops

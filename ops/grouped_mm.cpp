@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "dscpp/error.h"
@@ -55,10 +56,6 @@ bool aligned(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-at::Tensor offsets(const at::Tensor& counts, const at::Device& device) {
-  return counts.to(device).cumsum(0).to(at::kInt);
-}
-
 // out[rows of e] = a[rows of e] @ b[e]: b [E, k, n].
 at::Tensor loop_forward(const at::Tensor& a, const at::Tensor& b, const std::vector<int64_t>& c) {
   at::Tensor out = at::empty({a.size(0), b.size(2)}, a.options());
@@ -95,15 +92,19 @@ using torch::autograd::variable_list;
 class GroupedMm : public torch::autograd::Function<GroupedMm> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& weights,
-                            const at::Tensor& counts) {
+                            const at::Tensor& counts,
+                            const std::optional<at::Tensor>& given_offsets) {
     const at::Tensor r = rows.contiguous(), w = weights.contiguous();
     const bool aten = grouped_mm_uses_aten(r, w);
     ctx->saved_data["aten"] = aten;
-    ctx->save_for_backward({r, w, counts});
     // On the host the counts are checked (free there); on a device that would be a wait.
-    if (aten && !r.is_cpu()) return at::_grouped_mm(r, w, offsets(counts, r.device()));
-    const auto c = host_counts(counts, r.size(0));
-    if (aten) return at::_grouped_mm(r, w, offsets(counts, r.device()));
+    std::vector<int64_t> c;
+    if (r.is_cpu() || !aten) c = host_counts(counts, r.size(0));
+    const at::Tensor offs =
+        !aten ? at::Tensor()
+              : (given_offsets ? *given_offsets : grouped_mm_offsets(counts, r.device()));
+    ctx->save_for_backward({r, w, counts, offs});
+    if (aten) return at::_grouped_mm(r, w, offs);
     return loop_forward(r, w, c);
   }
 
@@ -113,7 +114,7 @@ class GroupedMm : public torch::autograd::Function<GroupedMm> {
     const at::Tensor g = grads[0].contiguous();
     at::Tensor d_rows, d_weights;
     if (ctx->saved_data["aten"].toBool() && aligned(g)) {
-      const at::Tensor offs = offsets(counts, rows.device());
+      const at::Tensor& offs = saved[3];
       if (ctx->needs_input_grad(0)) d_rows = at::_grouped_mm(g, weights.transpose(1, 2), offs);
       if (ctx->needs_input_grad(1)) d_weights = at::_grouped_mm(rows.t(), g, offs);
     } else {
@@ -121,7 +122,7 @@ class GroupedMm : public torch::autograd::Function<GroupedMm> {
       if (ctx->needs_input_grad(0)) d_rows = loop_forward(g, weights.transpose(1, 2), c);
       if (ctx->needs_input_grad(1)) d_weights = loop_weight_grad(rows, g, c);
     }
-    return {d_rows, d_weights, at::Tensor()};
+    return {d_rows, d_weights, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -136,9 +137,23 @@ bool grouped_mm_uses_aten(const at::Tensor& rows, const at::Tensor& weights) {
          weights.is_contiguous() && aligned(rows) && aligned(weights);
 }
 
-at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& counts) {
+at::Tensor grouped_mm_offsets(const at::Tensor& counts, const at::Device& device) {
+  return counts.to(device).cumsum(0).to(at::kInt);
+}
+
+at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& counts,
+                      const at::Tensor& offsets) {
   check_args(rows, weights, counts);
-  return GroupedMm::apply(rows, weights, counts);
+  if (offsets.defined() && (offsets.scalar_type() != at::kInt || offsets.dim() != 1 ||
+                            offsets.size(0) != counts.size(0) || offsets.device() != rows.device()))
+    throw dscpp::Error(fmt::format(
+        "grouped_mm: offsets must be int32 [{}] on {} (grouped_mm_offsets), got {} [{}] on {}",
+        counts.size(0), rows.device().str(), c10::toString(offsets.scalar_type()),
+        fmt::join(offsets.sizes(), ", "), offsets.device().str()));
+  // An optional, not an undefined tensor: autograd's Function takes every tensor argument
+  // for an input with a device.
+  return GroupedMm::apply(rows, weights, counts,
+                          offsets.defined() ? std::optional<at::Tensor>(offsets) : std::nullopt);
 }
 
 at::Tensor grouped_mm_loop(const at::Tensor& rows, const at::Tensor& weights,

@@ -18,7 +18,14 @@
 
 namespace dscpp::ops {
 
-at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& counts);
+// offsets: int32 [E], the inclusive running sum of counts on rows' device (grouped_mm_offsets),
+// when the caller runs several products on one grouping; undefined: formed here (two small
+// kernels, again in backward).
+at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& counts,
+                      const at::Tensor& offsets = {});
+
+// The offsets grouped_mm forms from counts: cumsum(counts) as int32 on `device`.
+at::Tensor grouped_mm_offsets(const at::Tensor& counts, const at::Device& device);
 
 // The loop of products (the reference the tests and the benchmark compare with), not
 // differentiable by itself.

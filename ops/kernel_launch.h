@@ -88,6 +88,31 @@ void launch_vocab_parallel_backward(const float* grad, const void* logits, const
                                     const float* sum_exp, DType dtype, void* dlogits,
                                     cudaStream_t stream);
 
+// SwiGLU over rows of 2f (fused_ops.h): y[r, j] = silu(x[r, j]) * x[r, f + j], x [rows, 2f],
+// y [rows, f], fp32 arithmetic, one rounding.
+void launch_swiglu_forward(const void* x, void* y, int64_t rows, int64_t f, DType dtype,
+                           cudaStream_t stream);
+
+// Its backward: dx[r, j] = dy[r, j] * x[r, f + j] * silu'(x[r, j]) and
+// dx[r, f + j] = dy[r, j] * silu(x[r, j]); dy [rows, f], dx [rows, 2f].
+void launch_swiglu_backward(const void* dy, const void* x, void* dx, int64_t rows, int64_t f,
+                            DType dtype, cudaStream_t stream);
+
+// The MoE router's top-k (moe_router.h) over scores [tokens, experts] fp32 plus bias [experts]
+// (null: none): indices [tokens, k], weights [tokens, k] (scale x the chosen scores, divided by
+// max(their sum, FLT_EPSILON) when normalize) and counts[e] += the routes of e (the caller
+// zeroes counts). 1 <= k <= min(32, experts), experts <= 1024.
+void launch_moe_topk_forward(const float* scores, const float* bias, int64_t tokens,
+                             int64_t experts, int64_t k, bool normalize, float scale,
+                             int64_t* indices, float* weights, int64_t* counts,
+                             cudaStream_t stream);
+
+// Its backward: d_scores [tokens, experts] from grad [tokens, k] of the weights (every element
+// written: zero for the experts not chosen).
+void launch_moe_topk_backward(const float* grad, const float* scores, const int64_t* indices,
+                              int64_t tokens, int64_t experts, int64_t k, bool normalize,
+                              float scale, float* d_scores, cudaStream_t stream);
+
 // MoE permutation (moe_permute.h). routes = S * k flat routes; route r's expert is
 // indices[r] when kept[r] and indices[r] in [0, experts), else it is not routed. Writes
 // counts[e] (kept routes per expert), route_dest[r] (its row: experts in order, within one by

@@ -53,4 +53,9 @@ std::array<at::Tensor, 3> add_layer_norm_backward(const at::Tensor& dh, const at
                                                   const at::Tensor& bias, const at::Tensor& mean,
                                                   const at::Tensor& rstd, std::array<bool, 3> need);
 
+// silu(x[..., :f]) * x[..., f:]; throws c10::Error for an odd last dimension.
+at::Tensor swiglu_forward(const at::Tensor& x);
+// dx [..., 2f] for the incoming grad [..., f] of swiglu(x).
+at::Tensor swiglu_backward(const at::Tensor& grad, const at::Tensor& x);
+
 }  // namespace dscpp::ops::detail

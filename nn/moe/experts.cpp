@@ -10,6 +10,7 @@
 #include "dscpp/error.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/normal_init.h"
+#include "dscpp/ops/fused_ops.h"
 #include "dscpp/ops/grouped_mm.h"
 
 namespace dscpp::nn::moe {
@@ -40,10 +41,8 @@ at::Tensor apply_activation(const at::Tensor& x, Activation activation) {
       return at::relu(x);
     case Activation::kSilu:
       return at::silu(x);
-    case Activation::kSwiglu: {
-      auto halves = x.chunk(2, -1);
-      return at::silu(halves[0]) * halves[1];
-    }
+    case Activation::kSwiglu:
+      return ops::swiglu(x);  // one kernel each way on a GPU, no chunk or cat copies
   }
   throw dscpp::Error("MoE: unknown activation");
 }
@@ -118,8 +117,13 @@ GroupedMLPImpl::GroupedMLPImpl(const GroupedMLPOptions& options_) : options(opti
 }
 
 at::Tensor GroupedMLPImpl::run_experts(const at::Tensor& rows, const at::Tensor& counts) {
-  at::Tensor h = apply_activation(ops::grouped_mm(rows, weight1, counts), options.activation());
-  return ops::grouped_mm(h, weight2, counts);
+  // One grouping for both products and their backward: the offsets are formed once.
+  const at::Tensor offsets = ops::grouped_mm_uses_aten(rows, weight1)
+                                 ? ops::grouped_mm_offsets(counts, rows.device())
+                                 : at::Tensor();
+  at::Tensor h =
+      apply_activation(ops::grouped_mm(rows, weight1, counts, offsets), options.activation());
+  return ops::grouped_mm(h, weight2, counts, offsets);
 }
 
 }  // namespace dscpp::nn::moe

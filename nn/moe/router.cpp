@@ -13,6 +13,7 @@
 #include "dscpp/comm/process_group.h"
 #include "dscpp/error.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/ops/moe_router.h"
 
 namespace dscpp::nn::moe {
 
@@ -110,6 +111,69 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
   at::Tensor logits = nn::linear(xf, wg->weight.to(at::kFloat));
   const bool softmax = o.score_function() == ScoreFunction::kSoftmax;
   at::Tensor scores = softmax ? at::softmax(logits, 1) : at::sigmoid(logits);
+  const double factor = train ? o.capacity_factor() : o.eval_capacity_factor();
+  const bool dropless = !o.drop_tokens() || factor <= 0;
+
+  Routing r;
+  r.num_experts = e;
+  r.logits = logits;
+  at::Tensor ce;    // the aux loss's fraction of routes per expert (DeepSpeed's: first choices)
+  at::Tensor mask;  // int64 (float with used_token) [S, E]: the chosen routes, where built
+  // Where every route is kept and the choice is top-k of the selection scores (k = 1 with no
+  // noise: DeepSpeed's argmax, the same expert), ops::moe_topk_route makes indices, weights
+  // and counts in one kernel each way on a GPU; elsewhere DeepSpeed's operations follow.
+  const bool rsample = o.noisy_gate_policy() == "RSample" && train;
+  if (dropless && !used_token.defined() && o.group_topk() == 0 && o.seq_aux_loss_coeff() == 0 &&
+      (k > 2 || (k == 1 && !rsample))) {
+    ops::MoeTopK t =
+        ops::moe_topk_route(scores, expert_bias, k, /*normalize=*/k > 1, o.topk_scaling_factor());
+    r.indices = t.indices;
+    r.weights = t.weights;
+    r.exp_counts = t.counts;
+    r.kept = at::ones({s, k}, logits.options().dtype(at::kBool));
+    ce = t.counts.to(at::kFloat).div_(static_cast<double>(s));
+  } else {
+    route_with_masks(r, scores, used_token, dropless, factor, ce, mask);
+  }
+
+  // DeepSpeed's aux loss (its operation order).
+  at::Tensor p = softmax ? scores : scores / (scores.sum(1, true) + 1e-20);
+  at::Tensor me = p.mean(0);
+  if (k == 1)
+    r.l_aux = (me * ce).sum() * static_cast<double>(e);
+  else if (k == 2)
+    r.l_aux = (me * ce).mean() * static_cast<double>(e) * static_cast<double>(e);
+  else
+    r.l_aux =
+        (me * ce).mean() * static_cast<double>(e) * static_cast<double>(e) / static_cast<double>(k);
+  if (o.z_loss_coeff() > 0) r.z_loss = at::logsumexp(logits, 1).square().mean() * o.z_loss_coeff();
+  if (o.seq_aux_loss_coeff() > 0) {
+    check(seq_length > 0 && s % seq_length == 0,
+          "seq_aux_loss_coeff needs the sequence length of [batch, seq] tokens; got seq_length " +
+              std::to_string(seq_length) + " for " + std::to_string(s) + " tokens");
+    const int64_t b = s / seq_length;  // (the kernel path leaves seq_aux_loss to this one)
+    at::Tensor cost = mask.to(at::kFloat).view({b, seq_length, e}).sum(1) /
+                      (static_cast<double>(seq_length) * k / e);
+    r.seq_aux_loss =
+        (cost * p.view({b, seq_length, e}).mean(1)).sum(1).mean() * o.seq_aux_loss_coeff();
+  }
+
+  if (train) {
+    at::NoGradGuard no_grad;
+    tokens_per_expert_ = tokens_per_expert_.to(r.exp_counts.device());
+    tokens_per_expert_.add_(r.exp_counts.to(at::kFloat));
+  }
+  return r;
+}
+
+void TopKGateImpl::route_with_masks(Routing& r, const at::Tensor& scores,
+                                    const at::Tensor& used_token, bool dropless, double factor,
+                                    at::Tensor& ce, at::Tensor& mask) {
+  const TopKGateOptions& o = options;
+  const at::Tensor& logits = r.logits;
+  const int64_t s = scores.size(0), e = o.num_experts(), k = o.k();
+  const bool train = is_training();
+  const bool softmax = o.score_function() == ScoreFunction::kSoftmax;
 
   // Selection: scores plus the bias, never differentiated.
   at::Tensor sel = scores.detach();
@@ -148,7 +212,7 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
   } else {
     indices = std::get<1>(sel.topk(k, 1));
   }
-  at::Tensor mask = at::zeros({s, e}, logits.options().dtype(at::kLong)).scatter_(1, indices, 1);
+  mask = at::zeros({s, e}, logits.options().dtype(at::kLong)).scatter_(1, indices, 1);
   if (used_token.defined()) {
     check(k == 1, "used_token applies to k = 1 only (DeepSpeed's top1gating), got k = " +
                       std::to_string(k));
@@ -158,39 +222,11 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
     mask1 = mask1 * used_token.to(at::kFloat).unsqueeze(1);
     mask = mask1;
   }
-
-  Routing r;
-  r.num_experts = e;
-  r.logits = logits;
   r.indices = indices;
   r.exp_counts = mask.sum(0).to(at::kLong);
-
-  // DeepSpeed's aux loss (its operation order).
-  at::Tensor p = softmax ? scores : scores / (scores.sum(1, true) + 1e-20);
-  at::Tensor me = p.mean(0);
-  at::Tensor ce = (k <= 2 ? mask1 : mask).to(at::kFloat).mean(0);
-  if (k == 1)
-    r.l_aux = (me * ce).sum() * static_cast<double>(e);
-  else if (k == 2)
-    r.l_aux = (me * ce).mean() * static_cast<double>(e) * static_cast<double>(e);
-  else
-    r.l_aux =
-        (me * ce).mean() * static_cast<double>(e) * static_cast<double>(e) / static_cast<double>(k);
-  if (o.z_loss_coeff() > 0) r.z_loss = at::logsumexp(logits, 1).square().mean() * o.z_loss_coeff();
-  if (o.seq_aux_loss_coeff() > 0) {
-    check(seq_length > 0 && s % seq_length == 0,
-          "seq_aux_loss_coeff needs the sequence length of [batch, seq] tokens; got seq_length " +
-              std::to_string(seq_length) + " for " + std::to_string(s) + " tokens");
-    const int64_t b = s / seq_length;
-    at::Tensor cost = mask.to(at::kFloat).view({b, seq_length, e}).sum(1) /
-                      (static_cast<double>(seq_length) * k / e);
-    r.seq_aux_loss =
-        (cost * p.view({b, seq_length, e}).mean(1)).sum(1).mean() * o.seq_aux_loss_coeff();
-  }
+  ce = (k <= 2 ? mask1 : mask).to(at::kFloat).mean(0);
 
   // Capacity and the tokens it drops.
-  const double factor = train ? o.capacity_factor() : o.eval_capacity_factor();
-  const bool dropless = !o.drop_tokens() || factor <= 0;
   if (dropless) {
     r.kept = at::ones({s, k}, logits.options().dtype(at::kBool));
   } else {
@@ -226,13 +262,6 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
   if (k > 1) g = g / at::clamp_min(g.sum(1, true), std::numeric_limits<float>::epsilon());
   if (o.topk_scaling_factor() != 1.0) g = g * o.topk_scaling_factor();
   r.weights = g;
-
-  if (train) {
-    at::NoGradGuard no_grad;
-    tokens_per_expert_ = tokens_per_expert_.to(r.exp_counts.device());
-    tokens_per_expert_.add_(r.exp_counts.to(at::kFloat));
-  }
-  return r;
 }
 
 void TopKGateImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {

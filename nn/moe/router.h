@@ -106,6 +106,11 @@ class TopKGateImpl : public torch::nn::Module {
   at::Tensor expert_bias;         // fp32 [E] buffer, or undefined
 
  private:
+  // DeepSpeed's selection, capacity and drops through one-hot masks (every case the top-k
+  // kernel path does not take): r's indices, kept, weights, exp_counts and capacity; ce, the
+  // aux loss's fraction per expert; mask, the chosen routes [S, E].
+  void route_with_masks(Routing& r, const at::Tensor& scores, const at::Tensor& used_token,
+                        bool dropless, double factor, at::Tensor& ce, at::Tensor& mask);
   at::Tensor tokens_per_expert_;
 };
 TORCH_MODULE(TopKGate);

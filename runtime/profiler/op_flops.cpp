@@ -276,6 +276,7 @@ const std::unordered_map<std::string, Formula>& formulas() {
         {"dscpp::bias_gelu", bias_gelu},
         {"dscpp::add_layer_norm", add_layer_norm},
         {"dscpp::cross_entropy", elementwise},  // its log-softmax over the logits
+        {"dscpp::swiglu", elementwise},         // silu and the product: 2 per output, x's numel
         {"aten::cross_entropy_loss", elementwise},
         {"aten::dropout", nothing},
         {"aten::dropout_", nothing},
