@@ -393,11 +393,14 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
       ++timed_steps;
     }
     if (done % args.log_interval == 0 || done == args.train_iters) {
+      // The interval ends when its queued kernels have run (the last step's optimizer is
+      // still on the device when the host gets here), as every benchmark row's does.
+      device_sync(engine.device());
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // One all-reduce per log line: the mean loss over ranks, micro-batches and steps.
       at::Tensor l = interval_loss / interval_steps;
       engine.data_parallel_group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
-      const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tokens_per_s = timed_steps * tokens_per_step / secs;
       const double tflops = tokens_per_s * flops_per_token / world / 1e12;
       const std::string moe_fields = moe.interval_report(interval_steps);  // collective
