@@ -5,7 +5,9 @@
 // dropping (capacity factor 1.0) and dropless; then the pieces: the grouped experts alone
 // (ops::grouped_mm twice, on the kernels' S * k rows) and permute + unpermute alone. Timed as
 // bench/kernels_bench.cpp times: CUDA events around each call, the median of --iters after
-// --warmup; leaf gradients reset every call.
+// --warmup; leaf gradients reset every call. Then the layer as moe_1gpu builds it (SwiGLU experts,
+// sigmoid + expert bias, a shared expert) and the router top-k and SwiGLU kernels beside the ATen
+// compositions they replace.
 //   moe_bench [--tokens 8192] [--hidden 2048] [--experts 64] [--k 8] [--ffn 1024]
 //             [--iters 20] [--warmup 5]
 //
@@ -16,6 +18,13 @@
 // ATen ~1 ms and ~2.5 ms (fp32 copies of the rows, atomics in index_add, the nonzero wait);
 // the layer ~1.4 / ~3.5 ms with the kernels against ~2.2 / ~5.5 ms with ATen: the grouped
 // GEMM about 70% of the kernels' layer.
+// Predicted for the fourteenth session's rows (moeperf, before their first run): the router's
+// top-k kernel ~0.02 ms forward, ~0.05 ms forward + backward, against ~0.1 / ~0.25 ms for ATen's
+// topk, gather, sum, divide and their backward; SwiGLU on [65,536, 2 x 1,024] bf16 ~0.13 ms
+// forward (384 MB at ~3 TB/s), ~0.35 ms with backward (1 GB), against eager's ~0.25 / ~0.9 ms
+// (two strided kernels forward; four, and the copy into one gradient, backward); moe_1gpu's
+// layer (its experts' first product twice as wide as GELU's, plus the shared expert) ~5.5 ms
+// forward + backward.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -38,7 +47,9 @@
 #include "dscpp/nn/moe/moe.h"
 #include "dscpp/nn/moe/router.h"
 #include "dscpp/nn/moe/token_dispatcher.h"
+#include "dscpp/ops/fused_ops.h"
 #include "dscpp/ops/moe_permute.h"
+#include "dscpp/ops/moe_router.h"
 
 namespace {
 
@@ -89,6 +100,57 @@ Pair time_pair(const std::function<at::Tensor()>& fn, const std::vector<at::Tens
 
 void row(const std::string& name, const Pair& p) {
   fmt::print("  {:<46} {:>8.3f} {:>11.3f}\n", name, p.fwd, p.step);
+}
+
+// The layer as model_zoo/configs/moe_1gpu.yaml builds it (sigmoid scores with the expert bias,
+// dropless, SwiGLU experts, a shared SwiGLU expert of the same width), then its two new kernels
+// beside the ATen compositions they replace: the router's top-k on the scores and SwiGLU on the
+// experts' S * k rows.
+void moe_1gpu_rows(const Options& o, const at::Tensor& x, const at::Tensor& grad,
+                   cudaStream_t stream) {
+  const auto bf16 = x.options().requires_grad(false);
+  moe::MoEOptions mo(o.hidden);
+  mo.num_experts(o.experts)
+      .k(o.k)
+      .capacity_factor(0.0)
+      .drop_tokens(false)
+      .score_function(moe::ScoreFunction::kSigmoid)
+      .enable_expert_bias(true)
+      .ffn_hidden_size(o.ffn)
+      .activation(moe::Activation::kSwiglu)
+      .shared_expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(o.hidden, o.ffn)
+                                                             .activation(moe::Activation::kSwiglu)
+                                                             .bias(false))));
+  moe::MoE layer(mo);
+  layer->to(at::kCUDA, at::kBFloat16);
+  std::vector<at::Tensor> inputs = {x};
+  for (const auto& q : layer->parameters()) inputs.push_back(q);
+  fmt::print("moe_1gpu's layer: SwiGLU experts, sigmoid + expert bias, dropless, shared expert\n");
+  row("layer (router kernel, SwiGLU kernel)",
+      time_pair([&] { return layer->forward(x).output; }, inputs, grad, o, stream));
+  const at::Tensor scores =
+      at::rand({o.tokens, o.experts}, x.options().dtype(at::kFloat)).requires_grad_(true);
+  const at::Tensor bias = at::randn({o.experts}, scores.options()) * 0.01;
+  const at::Tensor wgrad = at::randn({o.tokens, o.k}, scores.options());
+  for (const bool kernels : {true, false})
+    row(fmt::format("router top-k of [{}, {}], {}", o.tokens, o.experts,
+                    kernels ? "kernel" : "ATen path"),
+        time_pair(
+            [&] {
+              return dscpp::ops::moe_topk_route(scores, bias, o.k, true, 1.0, kernels).weights;
+            },
+            {scores}, wgrad, o, stream));
+  const at::Tensor h = at::randn({o.tokens * o.k, 2 * o.ffn}, bf16).requires_grad_(true);
+  const at::Tensor hgrad = at::randn({o.tokens * o.k, o.ffn}, bf16);
+  row(fmt::format("SwiGLU of [{}, 2 x {}], kernel", h.size(0), o.ffn),
+      time_pair([&] { return dscpp::ops::swiglu(h); }, {h}, hgrad, o, stream));
+  row(fmt::format("SwiGLU of [{}, 2 x {}], eager chunk/silu/mul", h.size(0), o.ffn),
+      time_pair(
+          [&] {
+            const auto halves = h.chunk(2, -1);
+            return at::silu(halves[0]) * halves[1];
+          },
+          {h}, hgrad, o, stream));
 }
 
 int run(int argc, char** argv) {
@@ -160,6 +222,7 @@ int run(int argc, char** argv) {
         time_pair([&] { return mlp->run_experts(rows, p.counts); },
                   {rows, mlp->weight1, mlp->weight2}, rows_grad, o, stream));
   }
+  moe_1gpu_rows(o, x, grad, stream);
   return 0;
 }
 

@@ -33,12 +33,15 @@
 #                   GPU_67B_ROWS (default "d2x1 ds2x1te d3x1 ds3x1t") -> gpt_table_67b.md
 #   GPU_MOE=1       the MoE GPT that fills one H200 (model_zoo/configs/moe_1gpu.yaml, 6.92 B
 #                   parameters, 1.28 B active) in train_gpt, bf16 ZeRO-1, 8 x 2048 tokens a step
-#                   -> train_gpt_moe.log (tokens/s, MFU on active parameters, aux loss, balance)
+#                   (GPU_MOE_DS: another ds_config), then its PyTorch reference (bench/
+#                   pytorch_moe_gpt.py) -> train_gpt_moe.log (tokens/s, MFU on active parameters,
+#                   aux loss, balance), pytorch_moe.log, moe_table.md (both rows and the ratio)
 #   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
 #                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
 #                   (CUDA hidden: fp32 within 1e-6 of no offload) -> nvme_file.log, nvme_oracle.log
-#   GPU_MOE_KERNELS=1  the MoE permutation kernels: their CUDA tests (test_kernels_cuda's
-#                   MoePermuteKernels.*) and bench/moe_bench (the MoE layer at moe_1gpu's shape,
+#   GPU_MOE_KERNELS=1  the MoE kernels: their CUDA tests (test_kernels_cuda's MoePermuteKernels.*,
+#                   MoeTopKCuda.*, SwigluCuda.*; GPU_MOE_TESTS: another gtest filter, '*' for all
+#                   of test_kernels_cuda) and bench/moe_bench (the MoE layer at moe_1gpu's shape,
 #                   kernels against the ATen path, and the grouped GEMM's share) -> moe_kernels.log,
 #                   moe_bench.log; with GPU_TESTS=0 or quick it builds only those two
 #   GPU_CMAKE_ARGS  more CMake arguments for both builds (e.g. -DDSCPP_WERROR=OFF: g++ 13
@@ -146,7 +149,8 @@ fi
 # Issue 20's MoE permutation kernels: their tests, then the layer's timing (predictions in
 # bench/moe_bench.cpp's header).
 if [ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$gpus" -ge 1 ]; then
-  step moe_kernels ./build-cuda/tests/ops/test_kernels_cuda --gtest_filter='MoePermuteKernels.*'
+  step moe_kernels ./build-cuda/tests/ops/test_kernels_cuda \
+    --gtest_filter="${GPU_MOE_TESTS:-MoePermuteKernels.*:MoeTopKCuda.*:SwigluCuda.*}"
   step moe_bench ./build-cuda/bench/moe_bench
 fi
 # GPT 1.3B training throughput: dscpp's train_gpt beside plain PyTorch in the same call
@@ -264,18 +268,64 @@ if [ "${GPU_13B:-0}" = 1 ] && [ "$gpus" -ge 2 ] && [ -f .gpu/corpus/fortunes_tex
     step gpt13b_zero2 gpt13b "$out/gpt_13B_zero2.json"
   fi
 fi
-# GPU_MOE=1: the MoE GPT of one H200 (issue 20's row). 6.92 B parameters at 16 bytes each
-# (bf16 parameters and gradients, fp32 master and Adam) are 111 GB of model states; micro-batch
-# 1 x 2048 tokens, 8 micro-batches a step. MFU counts 6 x 1.28 B active parameters + attention
-# (12 L h s): 8.5 GFLOP per token. Predicted (moegpt, twelfth session): about 22,000 tokens/s,
-# 19% active MFU: the dispatch reads each layer's counts on the host and permutes with ATen's
-# sort/index ops, and the shared expert does not overlap the routed ones; issue 20 aims at 40%.
+# GPU_MOE=1: the MoE GPT of one H200 (issue 20's row) and its PyTorch reference in this call
+# (bench/pytorch_moe_gpt.py: the same model, experts through torch._grouped_mm behind a
+# sort-based dispatch, fp32 weights under bf16 autocast, blocks and loss compiled), at the same
+# micro-batch and global batch (bench/configs/moe_1gpu_bf16_zero1.json: 2 x 2048 tokens, 4
+# micro-batches a step) on the same corpus, timed over the last GPU_MOE_ITERS - 8 = 4 steps after
+# 8 of warm-up; bench/moe_table.py prints both rows and the ratio (-> moe_table.md). Both run
+# with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. If train_gpt fails (out of memory),
+# it runs again at half the micro-batch (train_gpt_moe_half.log); the reference retries its
+# first step at half the micro-batch itself (--fallback-micro-batch) and says so.
+# 6.92 B parameters at 18 bytes each (bf16 parameters, the bf16 flat gradient buffer and the
+# gradient partition in bf16 by data_types.grad_accum_dtype, fp32 master and Adam) are 125 GB,
+# which leaves room for micro-batch 2 (with the fp32 partition, 20 bytes, only for 1); MFU counts
+# 6 x 1.28 B active parameters + 12 L h s: 8.5 GFLOP per token.
+# Predicted (moeperf, fourteenth session; thirteenth: 27,715 tokens/s, 23.8%, micro-batch 1 x 8;
+# docs/PERFORMANCE.md has the arithmetic): dscpp ~36,500 tokens/s (~31% active MFU): half the
+# gradient accumulations of the 6.4 B expert weights a step (each a 41 GB add), no fp32 gradient
+# partition, grouped GEMMs of 512 rows per expert on average instead of 256, the fused SwiGLU
+# and router; the PyTorch reference ~26,000 (its weight casts, fp32 gradient casts and
+# accumulations), so ~1.4x.
+moe_ds() {  # the ds_config at half the micro-batch (the same global batch), for the retry
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["train_micro_batch_size_per_gpu"] = max(1, c["train_micro_batch_size_per_gpu"] // 2)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+}
+moe_train() {  # moe_train DS_CONFIG
+  local limit=900
+  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 150))
+  [ "$limit" -ge 60 ] || { echo "moe_train: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 "$limit" ./build-cuda/launcher/dscpp \
+    --num_gpus 1 --master_port 29765 ./build-cuda/examples/train_gpt --model-config model_zoo/configs/moe_1gpu.yaml \
+    --train-data-path .gpu/corpus/fortunes_text_document --deepspeed_config "$1" \
+    --train-iters "${GPU_MOE_ITERS:-12}" --log-interval 4
+}
+moe_reference() {
+  local limit=900 micro batch
+  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 10))
+  [ "$limit" -ge 60 ] || { echo "moe_reference: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
+  micro=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["train_micro_batch_size_per_gpu"])' "$moe_cfg")
+  batch=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["train_batch_size"])' "$moe_cfg")
+  PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 "$limit" python3 \
+    bench/pytorch_moe_gpt.py --model-config model_zoo/configs/moe_1gpu.yaml \
+    --data-path .gpu/corpus/fortunes_text_document --micro-batch "$micro" --accumulation $((batch / micro)) \
+    --fallback-micro-batch $((micro / 2)) --warmup $(( ${GPU_MOE_ITERS:-12} - 4 )) --steps 4
+}
 if [ "${GPU_MOE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
-  step train_gpt_moe timeout -k 10 900 ./build-cuda/launcher/dscpp --num_gpus 1 --master_port 29765 \
-    ./build-cuda/examples/train_gpt --model-config model_zoo/configs/moe_1gpu.yaml \
-    --train-data-path .gpu/corpus/fortunes_text_document \
-    --deepspeed_config bench/configs/moe_1gpu_bf16_zero1.json --train-iters "${GPU_MOE_ITERS:-12}" \
-    --log-interval 4
+  moe_cfg=${GPU_MOE_DS:-bench/configs/moe_1gpu_bf16_zero1.json}
+  step train_gpt_moe moe_train "$moe_cfg"
+  if ! grep -q "train_gpt\] step ${GPU_MOE_ITERS:-12}/" "$out/train_gpt_moe.log"; then
+    moe_ds "$moe_cfg" "$out/moe_half.json" && moe_cfg=$out/moe_half.json
+    step train_gpt_moe_half moe_train "$moe_cfg"
+  fi
+  step pytorch_moe moe_reference
+  moe_log=$out/train_gpt_moe.log
+  [ -f "$out/train_gpt_moe_half.log" ] && moe_log=$out/train_gpt_moe_half.log
+  python3 bench/moe_table.py "$moe_log" "$out/pytorch_moe.log" >"$out/moe_table.md" 2>&1
 fi
 # GPU_BIG=1: then a model sized to fit 2 H200s at stage 3 but not at stage 2 (GPU_BIG_MODEL,
 # default model_zoo/configs/gpt_17B.json, 17.26 B), at stage 3 and then at stage 2.
@@ -333,9 +383,11 @@ for f in "$out"/profile_summary*.md; do
   [ -f "$f" ] && { echo "## $(basename "$f")"; grep -E "^# GPU|GPU span|s GPU work|exposed|compute stream" "$f"; }
 done
 [ -f "$out/memory_peak.md" ] && head -40 "$out/memory_peak.md"
-for f in "$out"/gpt13b_*.log "$out"/gptbig_*.log "$out"/train_gpt_moe.log; do
+for f in "$out"/gpt13b_*.log "$out"/gptbig_*.log "$out"/train_gpt_moe*.log; do
   [ -f "$f" ] && { echo "## $(basename "$f")"; grep -hE "train_gpt\] (GPT|start-up|step|memory)|out of memory|Error" "$f" | cut -c1-400; }
 done
+grep -hE "^pytorch_moe|out of memory" "$out/pytorch_moe.log" 2>/dev/null | cut -c1-400
+cat "$out/moe_table.md" 2>/dev/null
 printf '%s\n' "${summary[@]}"
 # At most 8 files come back from a device call: pack the logs when there are more.
 if [ "$(find "$out" -type f | wc -l)" -gt 8 ]; then
