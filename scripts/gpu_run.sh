@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (see ../shared/GPU.md): unpack the Debian packages it lacks
-# (carried in .gpu/: Boost.Program_options' library, gloo's headers), build the CUDA
+# (carried in .gpu/: Boost.Program_options' library (../shared/gpu-debs), liburing, which zero/
+# needs in every build (liburing-dev and liburing2 .debs from Debian 12's apt cache), gloo's
+# headers; the corpus in .gpu/corpus: scripts/prepare_corpus.sh .gpu/corpus), build the CUDA
 # variant, run the environment report and the test suite, then GPU tests and benchmarks
 # as they exist. Full logs go to $OUT (or ./gpu-out); a short summary is printed last.
 # A device call returns at most 8 files from $OUT: when there are more, the *.log files are
