@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <algorithm>
 
 #include <cstdint>
 #include <vector>
@@ -59,7 +60,10 @@ TEST(MoeTopKCuda, KernelsMatchTheAtenPath) {
         EXPECT_LT(rel_err(got.weights, want.weights), 1e-6) << "weights";
         got.weights.backward(g.to(at::kCUDA));
         want.weights.backward(g);
-        EXPECT_LT(rel_err(x.grad(), r.grad()), 1e-5) << "d scores";
+        // Against the incoming gradient's scale as well: with one expert and normalisation the
+        // weight is constant, the true gradient 0, and the reference holds only its rounding.
+        const double scale = std::max(r.grad().norm().item<double>(), g.norm().item<double>());
+        EXPECT_LT((x.grad().cpu() - r.grad()).norm().item<double>() / scale, 1e-5) << "d scores";
       }
 }
 
