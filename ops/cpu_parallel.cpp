@@ -16,6 +16,7 @@ void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned
     __attribute__((weak));
 int omp_get_thread_num() __attribute__((weak));
 int omp_get_num_threads() __attribute__((weak));
+void omp_set_num_threads(int n) __attribute__((weak));
 }
 
 namespace dscpp::ops::cpu {
@@ -80,6 +81,15 @@ void parallel_ranges(int64_t n, int64_t align, int64_t grain,
     });
   }
   if (job.error) std::rethrow_exception(job.error);
+}
+
+void limit_thread_team(int n) {
+  if (!have_openmp() || omp_set_num_threads == nullptr) return;
+  // First LibTorch's own per-thread initialisation (at::get_num_threads() runs it once per
+  // thread, setting the thread's team to the process-wide count): after it, it never runs again
+  // on this thread to undo the limit.
+  const int now = at::get_num_threads();
+  omp_set_num_threads(std::clamp(n, 1, std::max(1, now)));
 }
 
 const char* parallel_backend() {

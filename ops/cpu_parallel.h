@@ -24,6 +24,15 @@ namespace dscpp::ops::cpu {
 void parallel_ranges(int64_t n, int64_t align, int64_t grain,
                      const std::function<void(int64_t, int64_t)>& fn);
 
+// At most n threads (at least 1) for the calling thread's parallel work from now on:
+// parallel_ranges and ATen's CPU ops called from it, whose team size is the thread's own OpenMP
+// setting (each thread that starts a parallel region leads a team of its own). For a worker thread
+// that runs CPU work beside the thread queuing a GPU's kernels, so that together they never ask for
+// more cores than the process has: 16 update threads and the launching thread on 16 cores make the
+// launches wait for a time slice. Only the calling thread is affected (LibTorch's process-wide
+// count, at::set_num_threads, is not). Without libgomp (ATen's native pool), nothing changes.
+void limit_thread_team(int n);
+
 // "openmp" (LibTorch's libgomp team) or "aten" (at::parallel_for): what parallel_ranges uses here.
 const char* parallel_backend();
 

@@ -211,6 +211,36 @@ TEST(CpuParallel, RangesCoverEveryElementOnceInWholeBlocksOnSeveralThreads) {
   EXPECT_EQ(calls, 1);
 }
 
+TEST(CpuParallel, ALimitedThreadsTeamIsItsOwnAndNoOneElses) {
+  if (std::string(cpu::parallel_backend()) != "openmp") GTEST_SKIP() << "no libgomp team here";
+  const int before = at::get_num_threads();
+  at::set_num_threads(3);
+  int inside = 0;
+  std::set<std::thread::id> used;
+  std::thread worker([&] {
+    cpu::limit_thread_team(1);
+    inside = at::get_num_threads();
+    std::mutex mutex;
+    cpu::parallel_ranges(1 << 16, 1024, 1024, [&](int64_t, int64_t) {
+      std::lock_guard<std::mutex> lock(mutex);
+      used.insert(std::this_thread::get_id());
+    });
+  });
+  worker.join();
+  const int outside = at::get_num_threads();
+  std::set<std::thread::id> main_used;
+  std::mutex mutex;
+  cpu::parallel_ranges(1 << 16, 1024, 1024, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(mutex);
+    main_used.insert(std::this_thread::get_id());
+  });
+  at::set_num_threads(before);
+  EXPECT_EQ(inside, 1);
+  EXPECT_EQ(used.size(), 1u);  // the worker's work on the worker alone
+  EXPECT_EQ(outside, 3);       // the process-wide count untouched
+  EXPECT_EQ(main_used.size(), 3u);
+}
+
 TEST(CpuParallel, ARangesExceptionReachesTheCaller) {
   const int before = at::get_num_threads();
   at::set_num_threads(2);
