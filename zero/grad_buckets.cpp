@@ -3,7 +3,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <utility>
@@ -14,7 +13,8 @@ namespace dscpp::zero {
 
 GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
                          std::vector<at::Tensor> params, at::TensorOptions grad_options,
-                         std::shared_ptr<comm::ProcessGroup> group, ReduceOptions options)
+                         std::shared_ptr<comm::ProcessGroup> group, ReduceOptions options,
+                         bool flat_grads_zero)
     : layout_(layout),
       flat_grads_(std::move(flat_grads)),
       params_(std::move(params)),
@@ -42,19 +42,46 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
     params_[i].mutable_grad() = grad_views_.back();
   }
   // A buffer that holds nothing yet may be overwritten by the first product into each view
-  // (a re-lay may carry gradients over).
-  if (!per_bucket() && !params_.empty() && flat_grads_.count_nonzero().item<int64_t>() == 0)
-    std::fill(dirty_.begin(), dirty_.end(), 0);
+  // (a re-lay may carry gradients over). The caller says which (looking would be a pass over
+  // the buffer and a host synchronisation).
+  if (!per_bucket() && flat_grads_zero) std::fill(dirty_.begin(), dirty_.end(), 0);
+}
+
+GradBuckets::~GradBuckets() {
+  if (!landing_) return;
+  try {
+    landing_->drain();
+  } catch (...) {  // (a failed landing was reported by the finish() that waited for it)
+  }
+}
+
+std::optional<double> GradBuckets::landed_sumsq() const {
+  if (!landed_valid_) return std::nullopt;
+  double total = 0;
+  for (double s : landed_sumsq_) total += s;
+  return total;
+}
+
+bool GradBuckets::flat_grads_zero() const {
+  return !per_bucket() && std::none_of(dirty_.begin(), dirty_.end(), [](char d) { return d; });
+}
+
+void GradBuckets::set_on_complete(std::function<void(int)> fn) {
+  on_complete_ = fn;
+  if (landing_) landing_->set_on_landed(std::move(fn));
+}
+
+void GradBuckets::take_phase_times(PhaseTimes& times) {
+  if (landing_) landing_->take_times(times);
 }
 
 void GradBuckets::set_partition(at::Tensor partition, bool fresh, bool on_host) {
   partition_ = std::move(partition);
   fresh_ = fresh;
   host_ = on_host;
-  const c10::Device device = grad_options_.device();
-  if (host_ && !device.is_cpu() && !copy_stream_) {
-    c10::impl::VirtualGuardImpl impl(device.type());
-    copy_stream_ = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+  if (host_ && !landing_) {
+    landing_ = std::make_unique<HostLanding>(grad_options_.device());
+    landing_->set_on_landed(on_complete_);
   }
 }
 
@@ -69,8 +96,9 @@ int64_t GradBuckets::in_flight_bytes() const {
       continue;
     n += bytes_of(r);
   }
-  for (const auto& l : landing_)
-    if (!(flat_grads_.defined() && l.device.is_alias_of(flat_grads_))) n += bytes_of(l.device);
+  // (a flat bucket's chunk landing is counted with the flat buffer: the worker's count is an
+  // upper bound of what the buckets add)
+  if (landing_ && !flat_grads_.defined()) n += landing_->device_bytes();
   return n;
 }
 
@@ -132,6 +160,10 @@ void GradBuckets::begin(bool reduce) {
   if (per_bucket() && !reduce)
     throw dscpp::Error("GradBuckets: per-bucket gradient storage reduces every micro-step");
   reducing_ = reduce;
+  landed_valid_ = false;  // (this backward changes the partition)
+  summing_ = reduce && host_ && sum_next_;
+  sum_next_ = false;
+  if (summing_) landed_sumsq_.assign(layout_.buckets.size(), 0.0);
   next_launch_ = next_complete_ = 0;
   ready_calls_ = 0;
   for (size_t b = 0; b < layout_.buckets.size(); ++b)
@@ -307,52 +339,14 @@ void GradBuckets::complete(int b) {
 }
 
 void GradBuckets::start_landing(int b, const at::Tensor& source) {
-  // One copy down in flight while the next bucket's reduction completes: the host waits for
-  // the one before it only.
-  while (!landing_.empty()) land();
-  at::NoGradGuard no_grad;
-  Landing l{b, source, at::Tensor(), false, std::nullopt};
   at::Tensor into = target(b);
   // The sums of a 16-bit partition that holds nothing yet go straight into it.
-  l.straight = fresh_ && overwrites_partition() && source.scalar_type() == into.scalar_type();
-  const bool gpu = copy_stream_.has_value();
-  l.host = l.straight ? into
-                      : at::empty({source.numel()}, source.options().device(at::kCPU).pinned_memory(
-                                                        gpu && into.is_pinned()));
-  if (!gpu) {
-    l.host.copy_(source);
-  } else {
-    c10::impl::VirtualGuardImpl impl(source.device().type());
-    const c10::Stream compute = impl.getStream(source.device());
-    c10::Event reduced(source.device().type());
-    reduced.record(compute);  // after the reduction (the current stream waited for it)
-    reduced.block(*copy_stream_);
-    const c10::Stream previous = impl.exchangeStream(*copy_stream_);
-    l.host.copy_(source, /*non_blocking=*/true);
-    impl.exchangeStream(previous);
-    l.event.emplace(source.device().type());
-    l.event->record(*copy_stream_);
-  }
-  landing_.push_back(std::move(l));
+  const bool straight =
+      fresh_ && overwrites_partition() && source.scalar_type() == into.scalar_type();
+  const double post = post_scale();
+  landing_->land(b, source, std::move(into), straight, raw() ? 1.0 : post,
+                 summing_ ? &landed_sumsq_[b] : nullptr);
   note_in_flight();
-}
-
-void GradBuckets::land() {
-  Landing l = std::move(landing_.front());
-  landing_.pop_front();
-  if (l.event) l.event->synchronize();
-  l.device = at::Tensor();  // (held until its copy was done: no stream owns it)
-  if (!l.straight) {
-    at::NoGradGuard no_grad;
-    at::Tensor into = target(l.bucket);
-    const double post = post_scale();
-    // (a mixed-type in-place add widens as it reads: no temporary of the chunk's size)
-    if (raw() || post == 1.0)
-      into.add_(l.host);
-    else
-      into.add_(l.host, post);
-  }
-  if (on_complete_) on_complete_(l.bucket);
 }
 
 void GradBuckets::finish() {
@@ -362,7 +356,9 @@ void GradBuckets::finish() {
   for (auto& p : pending_) p = 0;
   launch_ready();
   while (next_complete_ < static_cast<int>(layout_.buckets.size())) complete(next_complete_++);
-  while (!landing_.empty()) land();
+  if (landing_) landing_->drain();
+  landed_valid_ = summing_;  // (every bucket has landed, each with its sum)
+  summing_ = false;
   issued_early_ = 0;
   for (int calls : ready_at_launch_) issued_early_ += calls < ready_calls_;
   // The reduced 16-bit gradients are in the partition now: start the next window empty.

@@ -28,17 +28,14 @@
 // A partition in host memory (ZeRO-Offload, MasterPartition::grads_on_host): each reduced chunk
 // leaves the device as soon as its reduction is complete, on a copy stream into page-locked
 // memory (straight into the partition when the sums overwrite it, else into a staging chunk
-// that the host then adds in), so no gradient partition is kept on the device; a bucket counts
-// as complete (on_complete) once its chunk is in the host partition. A CPU run takes the same
-// steps with plain copies.
+// that the host then adds in), so no gradient partition is kept on the device; the waiting and
+// the adding are a worker's (zero/host_landing.h), not the backward's thread. A bucket counts
+// as complete (on_complete, then called on that worker) once its chunk is in the host
+// partition. A CPU run takes the same steps with plain copies.
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Event.h>
-#include <c10/core/Stream.h>
-
 #include <algorithm>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -46,7 +43,9 @@
 
 #include "dscpp/comm/process_group.h"
 #include "dscpp/zero/flat_layout.h"
+#include "dscpp/zero/host_landing.h"
 #include "dscpp/zero/memory_breakdown.h"
+#include "dscpp/zero/phase_times.h"
 
 namespace dscpp::zero {
 
@@ -72,10 +71,13 @@ class GradBuckets {
  public:
   // flat_grads: the whole buffer (stages 0-1), whose views become the parameters' .grad, or
   // undefined for per-bucket storage (stages 2-3), where params are read for their .grad
-  // (dropped here) and grad_options give the storage's type.
+  // (dropped here) and grad_options give the storage's type. flat_grads_zero: the caller knows
+  // the buffer holds only zeros (fresh, or zeroed by a finished reduction), so the first product
+  // into each view may overwrite it; false: it may hold gradients (a re-lay carried them over).
   GradBuckets(const FlatLayout& layout, at::Tensor flat_grads, std::vector<at::Tensor> params,
               at::TensorOptions grad_options, std::shared_ptr<comm::ProcessGroup> group,
-              ReduceOptions options);
+              ReduceOptions options, bool flat_grads_zero = false);
+  ~GradBuckets();
 
   // Starts a backward; when `reduce` is false (a micro-step inside an accumulation window
   // of stages 0 and 1) gradients just accumulate in the flat buffer. Points every .grad back
@@ -96,19 +98,37 @@ class GradBuckets {
   // fresh: whether it holds nothing yet (false: a re-lay carried reduced gradients over).
   // on_host: the partition is in host memory (see above), whatever the device of a CPU run.
   void set_partition(at::Tensor partition, bool fresh = true, bool on_host = false);
-  void cleared() { fresh_ = true; }
+  void cleared() {
+    fresh_ = true;
+    landed_valid_ = false;
+  }
   bool fresh() const { return fresh_; }
   const at::Tensor& flat_grads() const { return flat_grads_; }  // stages 0-1
+  // Whether the flat buffer holds only zeros (no gradient written since it was last zeroed).
+  bool flat_grads_zero() const;
   // Whether the next reduction writes every element of the partition rather than adding to
   // it (a 16-bit partition filled by reduce-scatters), so that it need not be zeroed first.
   bool overwrites_partition() const;
   // Reduces what backward left (unused parameters), waits, and adds the results into the
   // partition.
   void finish();
+  // A host partition: the next reducing backward is the last of its accumulation window, so
+  // each chunk is final once it has landed, and the landing also sums its squares (on the
+  // landing's worker, while backward goes on). landed_sumsq(): the partition's sum of squares
+  // from those sums (added in bucket order) after that backward's finish(), until the partition
+  // changes (the next begin(), cleared()); unset otherwise (no host partition, not asked for,
+  // or a landing failed). The same value as ops::sum_of_squares of the partition, up to the
+  // order of the double additions.
+  void sum_squares_on_landing() { sum_next_ = host_; }
+  std::optional<double> landed_sumsq() const;
   // Called with b once bucket b's reduction is in the partition (in bucket order; on a GPU in
-  // the current stream's order): the offloaded update may start on it (zero/offload_overlap.h).
-  // Empty: none.
-  void set_on_complete(std::function<void(int)> fn) { on_complete_ = std::move(fn); }
+  // the current stream's order; a host partition: on the landing's worker, once the chunk is
+  // there): the offloaded update may start on it (zero/offload_overlap.h). Empty: none. Set it
+  // between backwards.
+  void set_on_complete(std::function<void(int)> fn);
+  // Host time of the landings since the last call (host_landing.h's phases; none without a host
+  // partition).
+  void take_phase_times(PhaseTimes& times);
   // What the partition's values are still to be multiplied by to be averaged gradients: 1 for
   // an fp32 partition, 1/world (DeepSpeed's post-division; world: average_over) for a 16-bit
   // one.
@@ -128,10 +148,8 @@ class GradBuckets {
   void launch_ready();
   void launch(int bucket);
   void complete(int bucket);  // waits for its reduction and adds it into the partition
-  // A host partition: bucket b's reduced chunk `source` starts down (after the landings of the
-  // ones before it but one); land() waits for the oldest and adds it in.
+  // A host partition: bucket b's reduced chunk `source` starts down to its place (HostLanding).
   void start_landing(int b, const at::Tensor& source);
-  void land();
   int64_t in_flight_bytes() const;
   void note_in_flight() { peak_in_flight_ = std::max(peak_in_flight_, in_flight_bytes()); }
   bool per_bucket() const { return !flat_grads_.defined(); }
@@ -172,15 +190,10 @@ class GradBuckets {
   std::vector<int> ready_at_launch_;  // per bucket: ready_calls_ when it was issued
   int issued_early_ = 0;
   std::function<void(int)> on_complete_;
-  bool host_ = false;  // the partition is in host memory
-  struct Landing {
-    int bucket;
-    at::Tensor device, host;          // the reduced chunk, and where it lands
-    bool straight;                    // host is the partition's own slice (nothing to add)
-    std::optional<c10::Event> event;  // its copy down (a GPU)
-  };
-  std::deque<Landing> landing_;
-  std::optional<c10::Stream> copy_stream_;
+  bool host_ = false;                     // the partition is in host memory
+  std::unique_ptr<HostLanding> landing_;  // with host_: the chunks' way down
+  bool sum_next_ = false, summing_ = false, landed_valid_ = false;  // see sum_squares_on_landing
+  std::vector<double> landed_sumsq_;                                // per bucket, while summing_
   int64_t peak_in_flight_ = 0;
 };
 

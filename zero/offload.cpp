@@ -158,7 +158,11 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
     }
     if (chunk == 0) pieces.push_back({b, 0, 0, false});
   }
-  const at::Tensor host_scale = scale.to(at::kCPU);  // one read for the whole step
+  at::Tensor host_scale;
+  {
+    PhaseTimer timer(scale_read_ms_);
+    host_scale = scale.to(at::kCPU);  // one read for the whole step
+  }
   Transfers& t = *transfers_;
   auto grad_of = [&](const Piece& p) {
     const int64_t at_ = layout_.buckets[p.bucket].part_offset + p.offset;
@@ -185,8 +189,14 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
     at::Tensor dst = destination(p.bucket).narrow(0, p.offset, p.length);
     const bool last_of_bucket = i + 1 == pieces.size() || pieces[i + 1].bucket != p.bucket;
     if (p.on_device) {
-      master.update_piece(p.bucket, p.offset, grad_of(p), scale, dst);
-      if (last_of_bucket) done(p.bucket);
+      {
+        PhaseTimer timer(device_update_ms_);
+        master.update_piece(p.bucket, p.offset, grad_of(p), scale, dst);
+      }
+      if (last_of_bucket) {
+        PhaseTimer timer(publish_ms_);
+        done(p.bucket);
+      }
       continue;
     }
     auto& slot = t.slots[k % 2];
@@ -194,21 +204,39 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
     if (k + 1 < host_pieces.size() && !grads_on_host)
       t.down(t.slots[(k + 1) % 2], grad_of(pieces[host_pieces[k + 1]]));
     ++k;
-    t.wait_down(slot);
-    t.wait_up(slot);
+    {
+      PhaseTimer timer(copy_wait_ms_);
+      t.wait_down(slot);
+      t.wait_up(slot);
+    }
     at::Tensor copy = slot.copy.narrow(0, 0, p.length);
     const at::Tensor grad = grads_on_host ? grad_of(p) : slot.grad.narrow(0, 0, p.length);
-    master.update_piece(p.bucket, p.offset, grad, host_scale, copy);
+    {
+      PhaseTimer timer(cpu_update_ms_);
+      master.update_piece(p.bucket, p.offset, grad, host_scale, copy);
+    }
     t.up(slot, dst, p.length);
     // (a bucket's device pieces come first: its last piece is a host one if any is)
     if (last_of_bucket) {
+      PhaseTimer timer(publish_ms_);
       t.publish_after_up(slot);
       done(p.bucket);
     }
   }
   // The slots' last copies up have left before the host may reuse them next step.
-  for (auto& s : t.slots) t.wait_up(s);
+  {
+    PhaseTimer timer(copy_wait_ms_);
+    for (auto& s : t.slots) t.wait_up(s);
+  }
   master.finish_pieces();
+}
+
+void OffloadStepper::take_phase_times(PhaseTimes& times) {
+  take_phase(times, "offload.scale_read", scale_read_ms_);
+  take_phase(times, "offload.cpu_update", cpu_update_ms_);
+  take_phase(times, "offload.copy_wait", copy_wait_ms_);
+  take_phase(times, "offload.publish", publish_ms_);
+  if (device_update_ms_ > 0) take_phase(times, "offload.device_update", device_update_ms_);
 }
 
 }  // namespace dscpp::zero

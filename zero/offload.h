@@ -5,7 +5,9 @@
 // goes back up to where the parameter store publishes it from. On a GPU the copies run on a
 // copy stream through two pinned staging slots, so the next piece's gradients come down while
 // the CPU updates this one and the last piece goes up; on the CPU the same calls are plain
-// copies. The gradient partition itself stays on the device, where the reductions land.
+// copies. The gradient partition is on the device, where the reductions land, or in host memory
+// (OffloadOptions::host_gradients), where the chunks landed during backward and are read in
+// place.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +19,7 @@
 
 #include "dscpp/zero/flat_layout.h"
 #include "dscpp/zero/master_partition.h"
+#include "dscpp/zero/phase_times.h"
 
 namespace dscpp::zero {
 
@@ -56,6 +59,11 @@ class OffloadStepper {
   // Elements each staging slot holds (the largest piece of the last step).
   int64_t piece_numel() const { return piece_; }
   int64_t staging_bytes() const;  // the staging slots (host memory)
+  // Host time of the steps since the last call (phase_times.h): offload.scale_read (the step's
+  // scale brought to the host: a GPU's queued work waited for), offload.cpu_update (the CPU
+  // optimizer), offload.copy_wait (waits for staging copies down or up), offload.publish (the
+  // buckets' publishes), offload.device_update (a partial offload's device pieces queued).
+  void take_phase_times(PhaseTimes& times);
 
  private:
   struct Transfers;  // the staging slots, and the copy stream and events where the device has them
@@ -65,6 +73,8 @@ class OffloadStepper {
   OffloadOptions options_;
   int64_t piece_ = 0;
   std::unique_ptr<Transfers> transfers_;
+  double scale_read_ms_ = 0, cpu_update_ms_ = 0, copy_wait_ms_ = 0, publish_ms_ = 0,
+         device_update_ms_ = 0;
 };
 
 }  // namespace dscpp::zero

@@ -17,6 +17,8 @@
 #include <thread>
 
 #include "dscpp/error.h"
+#include "dscpp/ops/cpu_adam.h"
+#include "dscpp/ops/cpu_parallel.h"
 
 namespace dscpp::zero {
 
@@ -60,6 +62,7 @@ struct OffloadOverlap::Worker {
   std::vector<at::Tensor> destinations;
   std::atomic<bool>* ended = nullptr;
   int started_early = 0;
+  double update_ms = 0, copy_wait_ms = 0;  // (the worker's; read under the mutex)
   std::thread thread;
 
   Worker(c10::Device d, bool pin_memory) : device(d), streams(!d.is_cpu()), pin(pin_memory) {
@@ -95,6 +98,8 @@ struct OffloadOverlap::Worker {
 
   void loop() {
     at::NoGradGuard no_grad;
+    // One core stays with the thread that queues backward's kernels (cpu_parallel.h says why).
+    ops::cpu::limit_thread_team(ops::cpu::threads() - 1);
     std::optional<c10::DeviceGuard> guard;
     if (streams) {
       guard.emplace(device);
@@ -110,8 +115,9 @@ struct OffloadOverlap::Worker {
         queue.pop_front();
         if (!ended->load()) ++started_early;
       }
+      double update_time = 0, copy_wait = 0;
       try {
-        update(b);
+        update(b, update_time, copy_wait);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
         error = std::current_exception();
@@ -119,6 +125,8 @@ struct OffloadOverlap::Worker {
       {
         std::lock_guard<std::mutex> lock(mutex);
         done[b] = 1;
+        update_ms += update_time;
+        copy_wait_ms += copy_wait;
       }
       cv.notify_all();
     }
@@ -130,7 +138,7 @@ struct OffloadOverlap::Worker {
   }
 
   // Bucket b's chunk, in pieces of at most `piece` elements (sub_group_size).
-  void update(int b) {
+  void update(int b, double& update_ms, double& copy_wait_ms) {
     const auto& bucket = layout->buckets[b];
     at::Tensor dst = unversioned_alias(destinations[b]);
     std::optional<c10::Event> reduced;
@@ -145,21 +153,29 @@ struct OffloadOverlap::Worker {
       at::Tensor grad = master->grads().narrow(0, bucket.part_offset + o, len);
       at::Tensor out = dst.narrow(0, o, len);
       if (!streams) {
+        PhaseTimer t(update_ms);
         master->update_piece(b, o, grad, scale, out);
         continue;
       }
       Slot& s = slots[next_slot];
       next_slot ^= 1;
-      if (s.up) s.up->synchronize();  // its last copy up has left
+      if (s.up) {
+        PhaseTimer t(copy_wait_ms);
+        s.up->synchronize();  // its last copy up has left
+      }
       at::Tensor host_copy = s.copy.narrow(0, 0, len);
       at::Tensor host_grad = grad;  // a host gradient partition: landed there already
       if (!grad.is_cpu()) {
         host_grad = s.grad.narrow(0, 0, len);
         host_grad.copy_(grad, /*non_blocking=*/true);
         record(s.down, *copy_stream);
+        PhaseTimer t(copy_wait_ms);
         s.down->synchronize();
       }
-      master->update_piece(b, o, host_grad, scale, host_copy);
+      {
+        PhaseTimer t(update_ms);
+        master->update_piece(b, o, host_grad, scale, host_copy);
+      }
       out.copy_(host_copy, /*non_blocking=*/true);
       record(s.up, *copy_stream);
     }
@@ -228,7 +244,9 @@ void OffloadOverlap::reduced(int b) {
   Worker& w = *worker_;
   {
     std::lock_guard<std::mutex> lock(w.mutex);
-    if (w.streams) {
+    // (a host gradient partition: the chunk has landed, and this runs on the landing's worker,
+    // whose current stream orders nothing)
+    if (w.streams && !w.master->grads().is_cpu()) {
       c10::impl::VirtualGuardImpl impl(device_.type());
       Worker::record(w.reduced_events[b], impl.getStream(device_));
     }
@@ -240,6 +258,7 @@ void OffloadOverlap::reduced(int b) {
 void OffloadOverlap::wait(int b) {
   Worker& w = *worker_;
   std::optional<c10::Event> e;
+  PhaseTimer timer(wait_ms_);
   {
     std::unique_lock<std::mutex> lock(w.mutex);
     w.cv.wait(lock, [&] { return w.done[b] || w.error; });
@@ -260,6 +279,15 @@ void OffloadOverlap::finish() {
   w.destinations.clear();
   w.scale = at::Tensor();
   active_ = false;
+}
+
+void OffloadOverlap::take_phase_times(PhaseTimes& times) {
+  if (worker_) {
+    std::lock_guard<std::mutex> lock(worker_->mutex);
+    take_phase(times, "overlap.cpu_update", worker_->update_ms);
+    take_phase(times, "overlap.copy_wait", worker_->copy_wait_ms);
+  }
+  take_phase(times, "overlap.wait", wait_ms_);
 }
 
 }  // namespace dscpp::zero

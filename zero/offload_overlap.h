@@ -3,7 +3,9 @@
 // in the gradient partition, a worker thread brings them down (on a GPU through two pinned
 // slots on a copy stream), the CPU optimizer updates that bucket's chunk of the master, and its
 // 16-bit chunk goes back up to where the parameter store publishes it from, while backward goes
-// on with the earlier layers. The step then only waits for each bucket and publishes it.
+// on with the earlier layers. The step then only waits for each bucket and publishes it. The
+// worker's CPU optimizer runs on one thread fewer than LibTorch's count (ops/cpu_parallel.h's
+// limit_thread_team), leaving a core to the thread that queues backward's kernels.
 //
 // Only for a step whose gradient scale is known before backward: no gradient clipping and no
 // overflow check (fp16), where the global norm would have to be complete before any update
@@ -24,6 +26,7 @@
 #include "dscpp/zero/flat_layout.h"
 #include "dscpp/zero/master_partition.h"
 #include "dscpp/zero/offload.h"
+#include "dscpp/zero/phase_times.h"
 
 namespace dscpp::zero {
 
@@ -51,6 +54,10 @@ class OffloadOverlap {
   int64_t started_during_backward() const { return started_early_; }
   int64_t steps() const { return steps_; }
   int64_t staging_bytes() const;  // the staging slots (host memory)
+  // Host time since the last call (phase_times.h): overlap.cpu_update and overlap.copy_wait
+  // (the worker's CPU optimizer and its waits for copies), overlap.wait (the step waiting for
+  // the worker's buckets).
+  void take_phase_times(PhaseTimes& times);
 
  private:
   struct Worker;  // the thread, its queue, the staging slots and the copy stream
@@ -61,6 +68,7 @@ class OffloadOverlap {
   bool active_ = false;
   std::atomic<bool> backward_ended_{false};
   int64_t started_early_ = 0, steps_ = 0;
+  double wait_ms_ = 0;
   std::unique_ptr<Worker> worker_;
 };
 

@@ -69,7 +69,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // every micro-step from per-bucket storage.
   at::Tensor flat_grads;
   if (options_.stage < 2 && options_.accumulates) flat_grads = at::zeros({layout_.total}, opts);
-  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, params, opts, group_, ro);
+  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, params, opts, group_, ro,
+                                           /*flat_grads_zero=*/true);
   reduce_options_ = ro;
   param_options_ = opts;
   // Layouts by layer keep their order (see the header).
@@ -121,12 +122,26 @@ MemoryBreakdown ZeroOptimizer::memory_breakdown() const {
   return m;
 }
 
+PhaseTimes ZeroOptimizer::take_phase_times() {
+  PhaseTimes t;
+  take_phase(t, "step.sumsq", sumsq_ms_);
+  buckets_->take_phase_times(t);
+  if (offload_) offload_->take_phase_times(t);
+  if (overlap_) overlap_->take_phase_times(t);
+  return t;
+}
+
 void ZeroOptimizer::arm_overlapped_step(double loss_scale) {
   armed_ = overlap_ != nullptr && relaid_;
+  window_end_ = true;
   armed_loss_scale_ = loss_scale;
 }
 
 void ZeroOptimizer::begin_backward(bool reduce) {
+  // (a first backward re-lays after it, and the new buckets start without the sums; an
+  // overlapped update has the cores during backward, and its step sums the partition after)
+  if (window_end_ && reduce && relaid_ && !armed_) buckets_->sum_squares_on_landing();
+  window_end_ = false;
   buckets_->begin(reduce);
   if (!armed_ || !reduce) return;
   armed_ = false;
@@ -192,17 +207,23 @@ void ZeroOptimizer::relay_from_first_backward() {
   if (flat_grads.defined())
     relay_in_place(old, layout_, flat_grads, /*partition=*/false, rank, *group_, device);
   const bool fresh_partition = buckets_->fresh();
+  const bool flat_zero = buckets_->flat_grads_zero();  // (a re-lay moves zeros as zeros)
   const int64_t copies = buckets_->copies();
+  buckets_.reset();  // (its landing worker is idle: finish() drained it)
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, store_->params(), param_options_,
-                                           group_, reduce_options_);
+                                           group_, reduce_options_, flat_zero);
   buckets_->count_copies(copies);
   buckets_->set_partition(master_->grads(), fresh_partition, master_->grads_on_host());
 }
 
 at::Tensor ZeroOptimizer::global_sumsq() {
   at::NoGradGuard no_grad;
-  // (on the training device, where the collectives run: a host gradient partition's sum too)
-  at::Tensor stats = master_->local_sumsq().to(param_options_.device());
+  // (on the training device, where the collectives run: a host gradient partition's sum too;
+  // its landings may have summed it already)
+  const std::optional<double> landed = buckets_->landed_sumsq();
+  at::Tensor local = landed ? at::full({}, *landed, at::TensorOptions().dtype(at::kFloat))
+                            : master_->local_sumsq();
+  at::Tensor stats = local.to(param_options_.device());
   if (options_.reduce_sumsq_across) options_.reduce_sumsq_across(stats);
   if (options_.stage >= 1 && group_->size() > 1)
     group_->all_reduce(stats, comm::ReduceOp::kSum).wait();
@@ -218,7 +239,11 @@ StepResult ZeroOptimizer::step(double loss_scale, at::Tensor global_sumsq) {
   // The global sum of squares carries both verdicts: the norm, and the overflow
   // check (an inf or NaN anywhere makes it non-finite on every rank; DeepSpeed
   // tests a sum the same way).
-  at::Tensor stats = global_sumsq.defined() ? std::move(global_sumsq) : this->global_sumsq();
+  at::Tensor stats;
+  {
+    PhaseTimer timer(sumsq_ms_);
+    stats = global_sumsq.defined() ? std::move(global_sumsq) : this->global_sumsq();
+  }
   StepScaleInputs in;
   in.loss_scale = loss_scale;
   // A 16-bit partition holds sums: the averaging rides on the norm and the

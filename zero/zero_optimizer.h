@@ -34,6 +34,7 @@
 #include "dscpp/zero/offload.h"
 #include "dscpp/zero/offload_overlap.h"
 #include "dscpp/zero/param_store.h"
+#include "dscpp/zero/phase_times.h"
 
 namespace dscpp::zero {
 
@@ -115,7 +116,9 @@ class ZeroOptimizer {
   // Before the backward that ends an accumulation window, with the loss scale the step will
   // be given: with offload at stages 1-2, overlap_comm, no clipping and no overflow check, that
   // backward's buckets are updated on the host as they are reduced (zero/offload_overlap.h),
-  // and step() only publishes them. A no-op otherwise (and before the first backward's re-lay).
+  // and step() only publishes them (before the first backward's re-lay: not yet). With a host
+  // gradient partition, that backward's landings also sum their chunks' squares, so that the
+  // step's global_sumsq() makes no pass over the partition (GradBuckets::landed_sumsq).
   void arm_overlapped_step(double loss_scale);
   // Since construction: the overlapped steps, and their bucket updates that began before
   // backward ended (the overlap's evidence).
@@ -241,6 +244,11 @@ class ZeroOptimizer {
   // offload.staging. The reduce buckets' peak since construction: reduce_buckets_peak().
   MemoryBreakdown memory_breakdown() const;
   int64_t reduce_buckets_peak() const { return buckets_->peak_in_flight_bytes(); }
+  // Host time of the step's phases since the last call, by name (phase_times.h; for
+  // wall_clock_breakdown): step.sumsq (the global sum of squares), the landings' (landing.*,
+  // with a host gradient partition), the offloaded step's (offload.*) and the overlapped
+  // one's (overlap.*).
+  PhaseTimes take_phase_times();
 
  private:
   // Stages 1-2 with an elementwise optimizer: the update and the publish,
@@ -265,6 +273,7 @@ class ZeroOptimizer {
   std::unique_ptr<OffloadStepper> offload_;  // with options.offload.enabled
   std::unique_ptr<OffloadOverlap> overlap_;  // where the update can overlap backward
   bool armed_ = false;
+  bool window_end_ = false;  // arm_overlapped_step: the next backward ends the window
   double armed_loss_scale_ = 1.0;
   std::vector<at::Tensor> overlap_destinations_;  // per bucket, during an overlapped step
   std::shared_ptr<void> hooks_;
@@ -275,6 +284,7 @@ class ZeroOptimizer {
   bool relaid_ = false;
   int last_issued_early_ = 0;
   AsyncScalarRead verdict_;  // the global sum of squares, when the device decides overflow
+  double sumsq_ms_ = 0;      // step(): the global sum of squares (phase_times.h)
 };
 
 }  // namespace dscpp::zero

@@ -589,6 +589,15 @@ void EngineCore::log_progress() {
                      timers_.forward, timers_.backward, timers_.backward - timers_.backward_reduce,
                      timers_.backward_reduce, timers_.step)
               << std::flush;
+  if (config_.wall_clock_breakdown) {
+    // Where the step's host time went, ZeRO's phases (zero/phase_times.h: the offloaded step's
+    // landings, sum of squares, CPU update and waits), over the same steps.
+    const zero::PhaseTimes phases = zero_->take_phase_times();
+    std::string line;
+    for (const auto& [name, ms] : phases) line += fmt::format(" | {}: {:.2f}", name, ms);
+    if (group_->rank() == 0 && !line.empty())
+      std::cout << "[dscpp] zero phases (ms)" << line << "\n" << std::flush;
+  }
   timers_ = Timers();
   last_log_ = now;
   samples_since_log_ = 0;

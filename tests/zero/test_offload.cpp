@@ -4,9 +4,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <optional>
+#include <string>
+
 #include "dscpp/comm/no_op_group.h"
 #include "dscpp/config/ds_config.h"
 #include "dscpp/error.h"
+#include "dscpp/ops/sum_of_squares.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -84,6 +89,56 @@ TEST(Offload, StepsLikeNoOffloadWithTheMasterOnTheHost) {
             << "parameter " << i << " stage " << stage;
       }
     }
+  }
+}
+
+TEST(Offload, ReportsTheStepsPhasesByNameAndStartsThemAgain) {
+  Trainer off = make_run(2, at::kBFloat16, true, 7);
+  train(off, 2);
+  std::map<std::string, double> got;
+  for (const auto& [name, ms] : off.zero->take_phase_times()) got[name] = ms;
+  // The host gradient partition's landings, the host sum of squares, the CPU update.
+  for (const char* name :
+       {"step.sumsq", "landing.copy_wait", "landing.add", "landing.queue_wait",
+        "offload.scale_read", "offload.cpu_update", "offload.copy_wait", "offload.publish"}) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_GE(got[name], 0.0) << name;
+  }
+  EXPECT_GT(got["offload.cpu_update"], 0.0);
+  EXPECT_GT(got["step.sumsq"], 0.0);
+  for (const auto& [name, ms] : off.zero->take_phase_times()) EXPECT_EQ(ms, 0.0) << name;
+}
+
+// One backward of train()'s loss at step s, without the step.
+void backward(Trainer& r, int s) {
+  r.zero->gather();
+  r.zero->begin_backward(true);
+  at::Tensor loss = at::zeros({}, at::kFloat);
+  for (size_t i = 0; i < r.params.size(); ++i)
+    loss = loss + (r.params[i].to(at::kFloat) * (s + 1.0 + i)).sin().sum();
+  loss.backward();
+  r.zero->end_backward();
+  r.zero->release();
+}
+
+TEST(Offload, TheWindowsLastLandingsSumTheNormsSquares) {
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    Trainer off = make_run(2, dtype, true, 7);
+    train(off, 1);  // (the re-lay after the first backward)
+    ASSERT_TRUE(off.zero->master().grads_on_host());
+    // Two micro-steps, the second the window's last: the sums are of the accumulated chunks.
+    backward(off, 1);
+    EXPECT_FALSE(off.zero->grad_buckets().landed_sumsq().has_value());  // not asked for
+    off.zero->arm_overlapped_step(1.0);
+    backward(off, 2);
+    const std::optional<double> landed = off.zero->grad_buckets().landed_sumsq();
+    ASSERT_TRUE(landed.has_value()) << c10::toString(dtype);
+    const double whole = dscpp::ops::host_sum_of_squares(off.zero->grad_partition());
+    ASSERT_GT(whole, 0.0);
+    EXPECT_NEAR(*landed, whole, 1e-12 * whole) << c10::toString(dtype);
+    EXPECT_NEAR(off.zero->global_sumsq().item<double>(), whole, 1e-6 * whole);
+    off.zero->step(1.0);
+    EXPECT_FALSE(off.zero->grad_buckets().landed_sumsq().has_value());  // cleared with the step
   }
 }
 
