@@ -16,6 +16,9 @@
 #              (16 B per parameter of model states, 135 GiB, do not fit 139 GiB with activations)
 #   d3both     the 8.27 B GPT at stage 3 with both offloads (gpt_bf16_zero3_offload_both.json):
 #              about the largest the 128 GiB host holds (14 B per parameter there)
+# The offload ds_configs set wall_clock_breakdown (and steps_per_print 1): every step prints both
+# systems' timers, dscpp's with ZeRO's phases (zero/phase_times.h); offload_table.md ends with
+# each row's last step of them. $LOGDIR/cpu.txt: the machine's CPUs and LibTorch's thread count.
 # Each row runs under bench/peak_rss.py (the peak resident memory of the largest process: the
 # host's share), 6 iterations with a log interval of 3 (DeepSpeed: 3 warm-up, 3 timed), under
 # `timeout` for what BUDGET_S leaves; a row is not started with less than MIN_ROW_S (40) left.
@@ -74,6 +77,8 @@ row_cmd() {  # sets `cmd` and `model` for a row; returns 1 if unknown
   esac
 }
 
+{ nproc; lscpu 2>/dev/null | grep -E "^(Model name|Socket|Core|Thread|CPU\(s\)|NUMA)"
+  "$py" -c 'import torch; print("torch intra-op threads:", torch.get_num_threads())' 2>&1; } >"$logdir/cpu.txt"
 models=()
 for row in $rows; do
   log=$logdir/$row.log

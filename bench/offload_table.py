@@ -8,7 +8,10 @@ dscpp's rows the last "[train_gpt] step" line (tokens/s per rank, peak GPU memor
 DeepSpeed's its "deepspeed stage=..." line, both bench/peak_rss.py's "peak_rss_gib=". Host bytes
 per parameter: the peak resident memory over the model's parameters (Psi as gpt_table.py counts
 them), which includes the process's own (LibTorch, CUDA's context, the batch) and any whole
-model built on the host before it was moved. The oracle row: its PASS/FAIL lines."""
+model built on the host before it was moved. The oracle row: its PASS/FAIL lines. Then each row's
+step breakdown (wall_clock_breakdown in the ds_config): the last step's timer lines of both
+systems, dscpp's "[dscpp] time (ms)" and "[dscpp] zero phases (ms)" (zero/phase_times.h), and
+DeepSpeed's "time (ms) | ..." lines (its engine's and its ZeRO optimizer's timers)."""
 import argparse
 import json
 import os
@@ -79,6 +82,26 @@ def main():
               f"{'' if rss is None else f'{rss:.1f}'} | {per} | {ratio} | {wall} |")
     print("\nTFLOP/s here: 6 Psi per token only (no attention term). Host B/param: peak RSS / Psi, "
           "everything the process holds.")
+    breakdowns = [(row, last_timer_lines(t)) for row, t, *_ in rows]
+    if any(lines for _, lines in breakdowns):
+        print("\n## Step breakdown (wall_clock_breakdown: each row's last step, ms)\n")
+        for row, lines in breakdowns:
+            for line in lines:
+                print(f"    {row}: {line}")
+
+
+def last_timer_lines(text):
+    """The last line of each kind of timer line: dscpp's two, and each of DeepSpeed's (its
+    log prefix dropped), keyed by their first timer's name."""
+    last = {}
+    for line in text.splitlines():
+        m = re.search(r"(\[dscpp\] (?:time|zero phases) \(ms\).*|time \(ms\) \|.*)$", line)
+        if not m:
+            continue
+        body = m.group(1).strip()
+        key = re.sub(r"[\d.]+", "", body.split("|")[1] if "|" in body else body)
+        last[body.split("|")[0] + key] = body
+    return list(last.values())
 
 
 if __name__ == "__main__":
