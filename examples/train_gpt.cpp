@@ -216,7 +216,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   // The data group's holder: the MoE expert biases sum their counts over it.
   auto data_group = init.group ? init.group : dscpp::comm::init_distributed();
   auto engine = dscpp::initialize(model, ds_config, std::move(init));
-  dscpp::examples::MoETraining moe(cfg, *model, data_group);
+  dscpp::examples::MoETraining moe(cfg, *model, data_group, engine.device());
   const double init_s = seconds_since(init_start);
   const int dp_rank = engine.global_rank(), world = engine.world_size();
   // The job's rank, for what one rank prints or profiles: with tensor parallelism t ranks share
@@ -556,7 +556,9 @@ int main(int argc, char** argv) {
                    groups);
     }
     if (layered) {
-      auto specs = dscpp::model_zoo::gpt_layer_specs(*cfg);
+      // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE blocks.
+      auto specs =
+          dscpp::model_zoo::gpt_layer_specs(*cfg, dscpp::examples::expert_parallel_group(*cfg));
       // --seed-layers: the weights a pipeline of any number of stages starts from.
       if (args.seed_layers)
         specs = dscpp::examples::seeded_layer_specs(std::move(specs), args.seed);

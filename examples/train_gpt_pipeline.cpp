@@ -17,6 +17,7 @@
 #include "dscpp/nn/rng_tracker.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
+#include "moe_training.h"
 
 namespace dscpp::examples {
 
@@ -144,7 +145,12 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
           return model_zoo::tensor_parallel_gpt_loss(logits, labels, group);
         }));
   } else {
-    specs = model_zoo::gpt_layer_specs(cfg);
+    // An MoE model at expert degree > 1: its expert-parallel groups split each stage's data
+    // group (the pipe x data topology; the engine reduces the experts over the expert-data
+    // group).
+    const auto topology = pipe::pipe_model_data_topology(static_cast<int>(layout.pipeline), 1,
+                                                         static_cast<int>(layout.data));
+    specs = model_zoo::gpt_layer_specs(cfg, expert_parallel_group(cfg, topology));
   }
   pipe::PipelineModule module(std::move(specs), options);
   const double built_s = seconds(start);
@@ -154,6 +160,10 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   auto& world = *engine.module().world();
   const int rank = world.rank();
   const auto device = engine.device();
+  // An MoE model's aux losses and load balance, summed over every stage's layers for the log;
+  // its expert biases move after each batch, each stage its own (moe_training.h).
+  MoETraining moe(cfg, *engine.module().stage_module(), engine.module().data_group(), device,
+                  engine.module().world());
   // Dropout in the split attention heads draws under the tracker's fork (differing across
   // model ranks), the replicated regions' from the default generator (agreeing).
   if (layout.tensor > 1)
@@ -193,13 +203,23 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   const int ranks = world.size();
   if (rank == 0)
     std::cout << fmt::format(
-                     "[train_gpt] GPT {:.2f}M parameters (L={} h={} heads={} seq={} vocab={}); {} "
-                     "ranks on {}, pipeline {} stages ({}) x data {} x tensor {}, ZeRO stage {}, "
-                     "{}; global batch {} = {} x {} x {}; data {} tokens, {} batches per rank per "
-                     "epoch\n",
-                     cfg.num_parameters() / 1e6, cfg.num_layers, cfg.hidden_size,
-                     cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size, ranks, device.str(),
-                     layout.pipeline, layout.source, layout.data, layout.tensor,
+                     "[train_gpt] GPT {:.2f}M parameters{} (L={} h={} heads={} seq={} vocab={}); "
+                     "{} ranks on {}, pipeline {} stages ({}) x data {} x tensor {}{}, ZeRO stage "
+                     "{}, {}; global batch {} = {} x {} x {}; data {} tokens, {} batches per rank "
+                     "per epoch\n",
+                     cfg.num_parameters() / 1e6,
+                     cfg.moe.enabled()
+                         ? fmt::format(", {:.2f}M active ({} experts top-{} in {} MoE layers)",
+                                       cfg.active_parameters() / 1e6, cfg.moe.num_experts,
+                                       cfg.moe.moe_router_topk, cfg.moe.num_moe_layers())
+                         : std::string(),
+                     cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length,
+                     cfg.vocab_size, ranks, device.str(), layout.pipeline, layout.source,
+                     layout.data, layout.tensor,
+                     cfg.parallelism.expert_model_parallel_size > 1
+                         ? fmt::format(" (experts {} of the data ranks)",
+                                       cfg.parallelism.expert_model_parallel_size)
+                         : std::string(),
                      engine.core().zero_optimization_stage(), at::toString(engine.core().dtype()),
                      engine.train_batch_size(), mb, ga, layout.data, indexed->num_tokens(),
                      loader.batches_per_epoch())
@@ -216,6 +236,8 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     const int64_t done = step + 1;
     // Every stage returns the batch's loss (the mean over micro-batches and data ranks).
     interval_loss += engine.train_batch(data_iter).item<double>();
+    moe.add_aux(engine.last_aux_loss(), 1);
+    moe.after_boundary();  // the expert biases, from the global batch's routing
     ++interval_steps;
     if (done % args.log_interval != 0 && done != args.train_iters) continue;
     // The bubble of this step: the mean over every rank's stage.
@@ -224,16 +246,18 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     const double secs = seconds(t0);
     const double tokens_per_s = static_cast<double>(interval_steps * tokens_per_step) / secs;
     const double tflops = tokens_per_s * flops_per_token / ranks / 1e12;
+    const std::string moe_fields = moe.interval_report(interval_steps);  // collective
     if (rank == 0)
       std::cout << fmt::format(
                        "[train_gpt] step {}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.3f} | "
                        "loss scale {:g} | {:.0f} tokens/s ({:.0f} per rank) | {:.3f} TFLOP/s per "
-                       "rank | MFU {} | {} | bubble {:.3f}\n",
+                       "rank | MFU {}{}{} | {} | bubble {:.3f}\n",
                        done, args.train_iters, interval_loss / interval_steps, engine.get_lr()[0],
                        engine.get_global_grad_norm(), engine.loss_scale(), tokens_per_s,
                        tokens_per_s / ranks, tflops,
                        peak > 0 ? fmt::format("{:.1f}%", 100 * tflops / peak) : std::string("n/a"),
-                       peak_memory(device), bubble.item<double>())
+                       moe.active() ? " (active parameters)" : "", moe_fields, peak_memory(device),
+                       bubble.item<double>())
                 << std::flush;
     interval_loss = 0;
     interval_steps = 0;

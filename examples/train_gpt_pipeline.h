@@ -12,7 +12,12 @@
 // On a pipeline the GPT is its LayerSpecs (model_zoo::gpt_layer_specs: the embedding and the
 // tied output head one TiedLayerSpec, the loss model_zoo::gpt_loss as loss_fn), each layer
 // seeded with --seed + its index, so that its initial weights do not depend on the layout:
-// one rank with --seed-layers starts from the same weights.
+// one rank with --seed-layers starts from the same weights. An MoE GPT
+// (parallelism.expert_model_parallel_size E dividing the data degree) builds its MoE blocks on
+// expert-parallel groups that split each stage's data group (comm::new_expert_groups on the
+// pipe x data topology); the engine reduces the experts over the expert-data group; the log
+// adds the aux loss and load balance of every stage's MoE layers, and the expert biases move
+// after each batch.
 #pragma once
 
 #include <cstdint>

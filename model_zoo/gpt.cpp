@@ -153,13 +153,13 @@ at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
                    ops::bias_gelu(nn::linear(x, fc->weight), fc->bias, approximate == "tanh"));
 }
 
-GPTBlockImpl::GPTBlockImpl(const GPTConfig& c, int64_t layer,
+GPTBlockImpl::GPTBlockImpl(const GPTConfig& c, int64_t layer_,
                            const std::shared_ptr<comm::ProcessGroup>& ep_group)
-    : dropout(c.hidden_dropout), fused_add_norm(c.residual_layernorm_fusion) {
+    : dropout(c.hidden_dropout), fused_add_norm(c.residual_layernorm_fusion), layer(layer_) {
   ln_1 = register_module("ln_1", make_norm(c));
   attn = register_module("attn", GPTAttention(c));
   ln_2 = register_module("ln_2", make_norm(c));
-  if (c.moe.is_moe_layer(layer)) {
+  if (c.moe.is_moe_layer(layer_)) {
     moe = register_module("mlp", make_moe_mlp(c, ep_group));
     moe_l_aux_coeff = moe_l_aux_coeff_of(c);
   } else {
@@ -190,10 +190,12 @@ at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
   return hy[0] + at::dropout(run_mlp(hy[1]), dropout, is_training());
 }
 
-GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep_group)
-    : config_(std::move(config)) {
-  config_.validate();
-  const int64_t ep = config_.parallelism.expert_model_parallel_size;
+namespace {
+
+// The MoE blocks' expert-parallel group: null at degree 1, else a group of that many ranks.
+std::shared_ptr<comm::ProcessGroup> checked_ep_group(
+    const GPTConfig& c, const std::shared_ptr<comm::ProcessGroup>& ep_group) {
+  const int64_t ep = c.parallelism.expert_model_parallel_size;
   if (ep > 1 && (!ep_group || ep_group->size() != ep))
     throw ConfigError("parallelism.expert_model_parallel_size",
                       fmt::format("{}: the GPT needs the expert-parallel group of {} ranks "
@@ -201,10 +203,19 @@ GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep
                                   ep, ep,
                                   ep_group ? fmt::format("a group of {}", ep_group->size())
                                            : std::string("none")));
+  return ep > 1 ? ep_group : nullptr;
+}
+
+}  // namespace
+
+GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep_group)
+    : config_(std::move(config)) {
+  config_.validate();
+  const auto group = checked_ep_group(config_, ep_group);
   embedding = register_module("embedding", GPTEmbedding(config_));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    block_list_.emplace_back(config_, i, ep > 1 ? ep_group : nullptr);
+    block_list_.emplace_back(config_, i, group);
     blocks->push_back(block_list_.back());
   }
   final_norm = register_module("final_norm", make_norm(config_));
@@ -276,19 +287,16 @@ std::vector<MoELayerStats> take_moe_stats(torch::nn::Module& root) {
     auto* block = dynamic_cast<GPTBlockImpl*>(m.get());
     if (!block || !block->moe) continue;
     out.push_back(std::move(block->moe_stats));
+    out.back().layer = block->layer;
     block->moe_stats = MoELayerStats{};
   }
   return out;
 }
 
-std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config) {
+std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
+                                           const std::shared_ptr<comm::ProcessGroup>& ep_group) {
   config.validate();
-  if (config.parallelism.expert_model_parallel_size > 1)
-    throw ConfigError("parallelism.expert_model_parallel_size",
-                      fmt::format("{}: the GPT's LayerSpec form (ZeRO stage 3, --layer-specs, a "
-                                  "pipeline) builds its MoE blocks without the expert-parallel "
-                                  "group: expected 1",
-                                  config.parallelism.expert_model_parallel_size));
+  const auto group = checked_ep_group(config, ep_group);
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
   auto build_embedding = [config] { return GPTEmbedding(config).ptr(); };
@@ -303,7 +311,7 @@ std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config) {
   const bool checkpointed = config.checkpoint_activations;
   for (int64_t i = 0; i < config.num_layers; ++i) {
     specs.push_back({fmt::format("blocks.{}", i),
-                     [config, i] { return GPTBlock(config, i).ptr(); },
+                     [config, i, group] { return GPTBlock(config, i, group).ptr(); },
                      [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
                        auto& block = static_cast<GPTBlockImpl&>(m);
                        if (!checkpointed) return block.forward(x);

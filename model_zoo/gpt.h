@@ -111,6 +111,7 @@ struct GPTBlockImpl : torch::nn::Module {
   MoELayerStats moe_stats;     // an MoE block's routing since the last take_moe_stats
   double dropout = 0;          // hidden_dropout
   bool fused_add_norm = true;  // residual_layernorm_fusion
+  int64_t layer = 0;           // this block's index in the model
 
  private:
   at::Tensor run_mlp(const at::Tensor& x);
@@ -163,12 +164,17 @@ at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fu
 // The GPT of `config` as a list of layers (each block checkpointed when
 // config.checkpoint_activations); the head is tied to the embedding (tied_key
 // "embedding", weight "word.weight") when tie_word_embeddings is on. An MoE config's blocks
-// are MoE where moe_layer_freq says, at expert degree 1 only (a ConfigError naming
-// parallelism.expert_model_parallel_size otherwise: the layers are built without groups).
-std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config);
+// are MoE where moe_layer_freq says, on `expert_parallel_group` at expert degree > 1 (as GPT's;
+// a ConfigError naming parallelism.expert_model_parallel_size without a group of that size).
+// A pipeline's ranks make it on the pipe x data topology, so that it lies inside their
+// stage's data group.
+std::vector<nn::LayerSpec> gpt_layer_specs(
+    const GPTConfig& config,
+    const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group = nullptr);
 
-// The routing statistics of every MoE block under `root` (GPT, its LayerSpec form, ...), in
-// module order, each reset to empty after the take: the training log's.
+// The routing statistics of every MoE block under `root` (GPT, its LayerSpec form, a pipeline
+// stage's module, ...), in module order, each with its block's index (MoELayerStats::layer),
+// each reset to empty after the take: the training log's.
 std::vector<MoELayerStats> take_moe_stats(torch::nn::Module& root);
 
 }  // namespace dscpp::model_zoo

@@ -41,6 +41,7 @@ struct MoELayerStats {
   at::Tensor tokens_per_expert;  // int64 [num_experts]: routes chosen (before any drop), summed
   at::Tensor l_aux;              // fp32 0-dim: the router's l_aux (unscaled), summed
   int64_t forwards = 0;          // forwards counted
+  int64_t layer = -1;            // the block's index in the model (set by take_moe_stats)
 };
 
 // The MoE layer of `config` (config.moe.enabled()); `ep_group` is the expert-parallel group

@@ -142,6 +142,7 @@ at::Tensor PipelineEngine::train_batch(const DataIter& data_iter) {
       if (in.op == Op::kBackward) last_backward_ = {in.chunk, in.micro_batch};
   const double t0 = now_ms();
   compute_ms_ = 0;
+  aux_sum_ = at::Tensor();
   run(steps, data_iter, /*training=*/true);
   const double wall = now_ms() - t0;
   bubble_ = wall > 0 ? std::max(0.0, 1.0 - compute_ms_ / wall) : 0.0;
@@ -155,6 +156,11 @@ at::Tensor PipelineEngine::train_batch(const DataIter& data_iter) {
   }
   losses_.clear();
   return share_from_last(mean);
+}
+
+at::Tensor PipelineEngine::last_aux_loss() const {
+  if (!aux_sum_.defined()) return at::zeros({}, at::kDouble);
+  return aux_sum_.to(at::kCPU) / static_cast<double>(shape_.micro_batches);
 }
 
 EvalResult PipelineEngine::eval_batch(const DataIter& data_iter, bool compute_loss,
@@ -275,7 +281,14 @@ void PipelineEngine::forward_instruction(const Instruction& in, bool training) {
   const double t0 = now_ms();
   nn::AuxLossScope aux;
   Activation out = module_.forward_chunk(in.chunk, f.inputs);
-  if (training) f.aux = aux.sum();
+  if (training) {
+    f.aux = aux.sum();
+    if (f.aux.defined()) {
+      // Kept on the device: read by last_aux_loss() only when asked for.
+      const at::Tensor a = f.aux.detach().to(at::kDouble);
+      aux_sum_ = aux_sum_.defined() ? aux_sum_ + a : a;
+    }
+  }
   if (last_virtual(in.chunk)) {
     if (compute_loss_) {
       at::Tensor loss = module_.options().loss_fn()(out, loaded_.at(in.micro_batch).labels);

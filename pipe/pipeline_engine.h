@@ -98,6 +98,11 @@ class PipelineEngine {
   // The fraction of the last train_batch this stage spent outside forward and backward
   // (waiting on its neighbours, transfers, the step): the measured bubble.
   double last_bubble_fraction() const { return bubble_; }
+  // The last train_batch's auxiliary losses (nn::add_aux_loss: the MoE layers' balancing
+  // losses, as back-propagated, before the loss scale) of this stage's layers on this data
+  // rank: their sum per micro-batch, averaged over the batch's micro-batches (a 0-dim float64
+  // CPU tensor; 0 when its layers added none). The whole model's: the sum over the stages.
+  at::Tensor last_aux_loss() const;
   PipelineModule& module() { return module_; }
   EngineCore& core() { return *core_; }
 
@@ -146,6 +151,7 @@ class PipelineEngine {
   std::map<int, ActivationMeta> meta_in_;  // per chunk: the meta its inputs arrive with
   std::map<int, Slots> act_slots_, grad_slots_;
   double compute_ms_ = 0, bubble_ = 0;
+  at::Tensor aux_sum_;  // this train_batch's aux losses so far, float64 on the device
 };
 
 }  // namespace dscpp::pipe

@@ -7,12 +7,15 @@ log line carries the aux loss, the load balance and MFU on active parameters, th
 loss (before any update) is one rank's, and the expert biases saved in the checkpoint moved by
 whole multiples of moe_router_bias_update_rate, at most one per step. A tensor degree is
 refused naming the MoE model.
+2 pipeline stages x 2 data ranks (ep 2, dropless and dropping; ep 1 dropping) train like one
+rank with the same micro-batches (--seed-layers): losses, aux losses and load balance, 10 steps.
 Expert parallelism (parallelism.expert_model_parallel_size 2): moe_tiny at ep 2 trains on 2 ranks
 and on 4 ranks (dp 4, ep 2), 10 steps, the loss falls; saved at step 5 at ep 2 and resumed there,
 steps 6-10 repeat the uninterrupted run's losses (1e-6). ep 2 = ep 1 on the same 2 ranks (the
 experts drawn by their global ids), dropless and with token dropping: 10 steps, losses and every
-saved weight within 1e-5. bf16 on one rank: the saved expert biases are fp32 and whole steps of
-the rate (a bf16 bias could not move by 1e-3 near its values).
+saved weight within 1e-5; at ZeRO 3 (the LayerSpec form) the losses. bf16 on one rank: the saved
+expert biases are fp32 and whole steps of the rate (a bf16 bias could not move by 1e-3 near its
+values).
 Last line: "N passed, M failed"; exits non-zero on any failure.
 """
 
@@ -72,23 +75,29 @@ def main():
         megatron_format.write(prefix, [[[(7 * i + 3 * j) % 97 for j in range(130)]]
                                        for i in range(24)], "uint16")
 
-        def ds(stage, micro=2, bf16=False, sgd=False):
+        def ds(stage, micro=2, bf16=False, sgd=False, pipeline=False):
             # sgd: SGD with momentum and an active clip, for the equality runs (Adam would
-            # turn the rounding noise of a near-zero gradient into whole steps).
+            # turn the rounding noise of a near-zero gradient into whole steps). pipeline: the
+            # GPT's blocks split evenly over the stages (type:GPTBlock), so that moe_tiny's
+            # MoE layers 0 and 2 land on stages 0 and 1.
             optimizer = ({"type": "SGD", "params": {"lr": 0.5, "momentum": 0.9}} if sgd else
                          {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.0}})
-            return write_json(os.path.join(tmp, f"ds{stage}{micro}{int(bf16)}{int(sgd)}.json"), {
-                "steps_per_print": 1 << 30, "zero_optimization": {"stage": stage},
-                "train_batch_size": 4, "train_micro_batch_size_per_gpu": micro,
-                "bf16": {"enabled": bf16}, "gradient_clipping": 1.0 if sgd else 0.0,
-                "optimizer": optimizer})
+            body = {"steps_per_print": 1 << 30, "zero_optimization": {"stage": stage},
+                    "train_batch_size": 4, "train_micro_batch_size_per_gpu": micro,
+                    "bf16": {"enabled": bf16}, "gradient_clipping": 1.0 if sgd else 0.0,
+                    "optimizer": optimizer}
+            if pipeline:
+                body["pipeline"] = {"partition": "type:GPTBlock"}
+            name = f"ds{stage}{micro}{int(bf16)}{int(sgd)}{int(pipeline)}.json"
+            return write_json(os.path.join(tmp, name), body)
 
         def run(ranks, stage, *extra, config=args.config, micro=2, steps=STEPS, bf16=False,
-                sgd=False):
+                sgd=False, pipeline=False):
             port[0] += 1
             cmd = [args.launcher, "--num_gpus", str(ranks), "--master_port", str(port[0]),
                    args.train_gpt, "--model-config", config, "--data-path", prefix,
-                   "--deepspeed_config", ds(stage, micro, bf16, sgd), "--train-iters", str(steps),
+                   "--deepspeed_config", ds(stage, micro, bf16, sgd, pipeline),
+                   "--train-iters", str(steps),
                    "--log-interval", "1", "--seed", "11", *extra]
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
             # A known intermittent start-up failure on 4 Gloo ranks (a subgroup's
@@ -205,6 +214,48 @@ def main():
               len(d) == 10 and len(c) == 10 and c[0][3] > 1.0
               and max(abs(x[1] - y[1]) for x, y in zip(c, d)) > 1e-4, f"{d}\n{c}")
 
+        # ZeRO 3 (the LayerSpec form, its MoE blocks on the expert-parallel group): ep 2 = ep 1
+        # on 2 ranks, dropless, 10 steps, losses within 1e-5 (stage 3 saves no MoE checkpoint).
+        z3 = [run(2, 3, config=c, steps=10, sgd=True) for c in (args.config, ep2_config)]
+        za, zb = lines(z3[0][1]), lines(z3[1][1])
+        worst = max((abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(zb, za)), default=1.0)
+        check("ZeRO 3: ep 2 on 2 ranks trains like ep 1 on 2 ranks, 10 steps, losses within 1e-5",
+              z3[0][0] == 0 and z3[1][0] == 0 and len(za) == 10 and len(zb) == 10
+              and worst <= 1e-5,
+              f"rc {z3[1][0]} and {z3[0][0]}, worst {worst}\n" + z3[1][1][-1500:] + "\n---\n"
+              + z3[0][1][-1500:])
+
+        # 2 pipeline stages (issue 20's proof through train_gpt): 4 ranks = pipeline 2 x data 2,
+        # MoE layer 0 on stage 0 and layer 2 on stage 1, micro-batches of 1 (accumulation 2),
+        # against one rank with --seed-layers (the pipeline's per-layer seeds) and micro-batches
+        # of 1 (accumulation 4): the same micro-batches, so each one's routing, capacity and
+        # l_aux are the same, dropless and with token dropping. ep 2 (the experts over each
+        # stage's data group) and, with dropping, ep 1 on the same layout. ZeRO 1, SGD, 10
+        # steps: losses within 1e-5, aux loss within 2e-6 (its 6 decimals), balance equal.
+        for label, ep1_cfg, ep2_cfg in (("dropless", args.config, ep2_config),
+                                        ("dropping", drop_config, drop_ep2_config)):
+            rc_o, log_o = run(1, 1, "--seed-layers", config=ep1_cfg, micro=1, steps=10, sgd=True)
+            one_rank = lines(log_o)
+            runs = [(2, ep2_cfg)] + ([(1, ep1_cfg)] if label == "dropping" else [])
+            for ep, cfg in runs:
+                rc_p, log_p = run(4, 1, "--pipeline-model-parallel-size", "2", config=cfg, micro=1,
+                                  steps=10, sgd=True, pipeline=True)
+                piped = lines(log_p)
+                ok = rc_o == 0 and rc_p == 0 and len(one_rank) == 10 and len(piped) == 10
+                worst = max((abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(piped, one_rank)),
+                            default=1.0)
+                aux = max((abs(x[2] - y[2]) for x, y in zip(piped, one_rank)), default=1.0)
+                balance = all(x[3] == y[3] and x[4] == y[4] for x, y in zip(piped, one_rank))
+                print(f"note: pipeline 2 x data 2 at ep {ep}, {label}, against one rank: worst "
+                      f"loss {worst:.2e}, worst aux loss {aux:.1e}")
+                check(f"pipeline 2 x data 2 at ep {ep}, {label}: one rank's losses (1e-5), aux "
+                      "losses and load balance, 10 steps",
+                      ok and worst <= 1e-5 and aux <= 2e-6 and balance
+                      and "pipeline 2 stages" in log_p
+                      and (ep == 1 or "(experts 2 of the data ranks)" in log_p)
+                      and piped[-1][1] < piped[0][1] - 0.5,
+                      log_p + "\n---\n" + log_o)
+
         for ranks, micro in ((2, 2), (4, 1)):
             rc_b, log_b = run(ranks, 1, config=ep2_config, micro=micro, steps=10)
             b = lines(log_b)
@@ -240,8 +291,8 @@ def main():
 
         rc_t, log_t = run(2, 1, "--tensor-model-parallel-size", "2")
         check("a tensor degree is refused naming the MoE model",
-              rc_t != 0 and "an MoE model (num_experts 8) trains with data and expert parallelism "
-              "only" in log_t, log_t)
+              rc_t != 0 and "an MoE model (num_experts 8) trains with data, expert and pipeline "
+              "parallelism in train_gpt so far: expected tensor degree 1, found 2" in log_t, log_t)
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
