@@ -25,11 +25,13 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
       group_(std::move(group)),
       options_(options),
       pending_(layout.buckets.size()),
+      ready_(layout.params.size(), 0),
       works_(layout.buckets.size()),
       results_(layout.buckets.size()),
       direct_(layout.buckets.size(), 0),
       seen_(layout.params.size(), 0),
       ready_at_launch_(layout.buckets.size(), 0) {
+  wait_blocks_host_ = group_->backend_name() != "nccl";
   // Flat mode: autograd accumulates each gradient straight into the flat gradient buffer.
   for (size_t i = 0; i < params_.size(); ++i) {
     if (per_bucket()) {
@@ -159,7 +161,8 @@ void GradBuckets::begin(bool reduce) {
   // that does not reduce would have nowhere to keep its gradients.
   if (per_bucket() && !reduce)
     throw dscpp::Error("GradBuckets: per-bucket gradient storage reduces every micro-step");
-  reducing_ = reduce;
+  reducing_ = in_backward_ = reduce;
+  std::fill(ready_.begin(), ready_.end(), 0);
   landed_valid_ = false;  // (this backward changes the partition)
   summing_ = reduce && host_ && sum_next_;
   sum_next_ = false;
@@ -196,7 +199,25 @@ void GradBuckets::mark_ready(int param) {
       grad.reset();
     }
   }
+  if (ready_[param]) return;  // (a second call adds its gradient, and counts once)
+  ready_[param] = 1;
   --pending_[lp.bucket];
+  launch_ready();
+}
+
+void GradBuckets::units_complete_above(int unit) {
+  if (!reducing_) return;
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const auto& bucket = layout_.buckets[b];
+    if (bucket.unit <= unit) continue;
+    for (int i : bucket.params) {
+      if (ready_[i]) continue;
+      // No gradient came: its place in the bucket is zeroed when the bucket goes (bucket_data;
+      // in the flat buffer it holds what earlier micro-steps left, or zeros).
+      ready_[i] = 1;
+      --pending_[b];
+    }
+  }
   launch_ready();
 }
 
@@ -302,13 +323,26 @@ void GradBuckets::launch(int b) {
     works_[b] = group_->all_reduce(results_[b], comm::ReduceOp::kSum);
   }
   note_in_flight();
-  if (!options_.overlap_comm) works_[b].wait();
+  if (!options_.overlap_comm && may_wait()) works_[b].wait();
+  complete_older(b);
+}
+
+void GradBuckets::complete_older(int launched) {
   // Double buffering, as DeepSpeed's two ipg buffers: at most kInFlight reductions
   // outstanding. The backends hold a collective's input until its work is waited on (NCCL's
   // stash), so a bucket left in flight to the end of backward keeps its buffers: every
   // bucket's, 16 GiB at 13 B parameters. Completing the older ones now (a stream wait, no
   // host synchronisation) returns their buffers while backward runs.
-  while (next_complete_ + kInFlight <= b) complete(next_complete_++);
+  // Where a wait would hold the host during backward (Gloo), only reductions already done are
+  // completed: a peer may issue the next one only at finish() (header).
+  while (next_complete_ <= launched) {
+    if (may_wait()) {
+      if (next_complete_ + kInFlight > launched) break;
+    } else if (!works_[next_complete_].completed()) {
+      break;
+    }
+    complete(next_complete_++);
+  }
 }
 
 void GradBuckets::complete(int b) {
@@ -351,6 +385,7 @@ void GradBuckets::start_landing(int b, const at::Tensor& source) {
 
 void GradBuckets::finish() {
   if (!reducing_) return;
+  in_backward_ = false;  // every rank issues what is left now: waiting is safe from here
   // Buckets whose parameters took no part in this backward (unused, or frozen by control
   // flow) still hold zeros and are reduced too, so every rank issues the same collectives.
   for (auto& p : pending_) p = 0;

@@ -25,6 +25,25 @@
 // With overlap_comm the collectives run while backward goes on (on CUDA, on NCCL's own
 // stream behind an event); without it each one is waited for as it is issued.
 //
+// Parameters without a gradient count as zero gradients (DeepSpeed's behaviour), and which
+// parameters got one may differ between ranks (an expert that received no tokens on one rank
+// of its expert-data group, a branch the data skips): a rank then issues a bucket during
+// backward that a peer issues only at finish(). Two rules keep that from hanging or
+// mis-pairing a collective:
+//   - During backward no host waits for a bucket's reduction: where Work::wait() holds the
+//     thread (Gloo) a reduction is completed there only once it has completed, the rest at
+//     finish(); on NCCL a wait only orders the compute stream. Otherwise a rank held in such a
+//     wait could never issue a collective of another group (the model's all-to-all, the dense
+//     buckets) that the late peer needs before it reaches finish().
+//   - Where other collectives share the group during backward (stage 3's layer gathers), a
+//     bucket is issued at a point every rank reaches alike: units_complete_above() marks a
+//     layer's parameters ready when backward has left it, with or without their gradients.
+//   A hook that fires for a parameter already counted (twice in one backward) is not counted
+//   again, so a bucket never starts before its parameters are in.
+// What stays: on NCCL a host synchronisation inside backward (a recomputed forward that reads
+// counts on the host, offload's landing of a chunk) may wait behind a stream-ordered bucket
+// that a peer issues at finish().
+//
 // A partition in host memory (ZeRO-Offload, MasterPartition::grads_on_host): each reduced chunk
 // leaves the device as soon as its reduction is complete, on a copy stream into page-locked
 // memory (straight into the partition when the sums overwrite it, else into a staging chunk
@@ -85,6 +104,11 @@ class GradBuckets {
   void begin(bool reduce);
   // Parameter i's gradient is complete for this backward.
   void mark_ready(int param);
+  // Backward has left every layer above `unit` (stage 3 by layer: FlatLayout's units): the
+  // parameters of units above it that autograd gave no gradient count as ready (zeros), so
+  // their buckets go at the same point on every rank (see above). Persistent ones (-1) wait
+  // for finish().
+  void units_complete_above(int unit);
   // Where a product may write parameter i's gradient this backward (shaped as the parameter),
   // and whether it must add to what is there; written(i) once it has. Undefined: nowhere.
   at::Tensor slot(int param, bool& accumulate);
@@ -147,6 +171,13 @@ class GradBuckets {
  private:
   void launch_ready();
   void launch(int bucket);
+  // Whether this thread may wait for a reduction now: not during backward where the wait
+  // holds the host (see above).
+  bool may_wait() const { return !in_backward_ || !wait_blocks_host_; }
+  // After bucket `launched` was issued: completes the older reductions, in bucket order, that
+  // may be completed now (beyond the kInFlight window, or, where waiting is not allowed, those
+  // already done).
+  void complete_older(int launched);
   void complete(int bucket);  // waits for its reduction and adds it into the partition
   // A host partition: bucket b's reduced chunk `source` starts down to its place (HostLanding).
   void start_landing(int b, const at::Tensor& source);
@@ -175,7 +206,11 @@ class GradBuckets {
   std::shared_ptr<comm::ProcessGroup> group_;
   ReduceOptions options_;
   bool reducing_ = false;
+  bool in_backward_ = false;  // between begin(true) and finish()'s own launches
+  // Work::wait() holds this thread (Gloo), rather than ordering the current stream (NCCL).
+  bool wait_blocks_host_ = true;
   std::vector<int> pending_;  // per bucket: parameters not yet ready
+  std::vector<char> ready_;   // per parameter: counted ready this backward
   int next_launch_ = 0;       // buckets are issued in this order only
   int next_complete_ = 0;     // and completed in the same order
   static constexpr int kInFlight = 2;

@@ -86,6 +86,10 @@ at::Tensor LayerGather::after_forward(int layer, const at::Tensor& output) {
 }
 
 void LayerGather::before_backward(int layer) {
+  // The layers above are done on every rank at this point, before this layer's gathers: their
+  // buckets go now wherever autograd gave some parameter no gradient, so the reduce-scatters
+  // and the gathers on the data group come in the same order on every rank.
+  zero_.layers_done_above(layer);
   if (layer + 1 < num_layers()) done(position_of_backward(layer + 1));
   use(position_of_backward(layer));
 }

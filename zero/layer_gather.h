@@ -4,9 +4,11 @@
 // gathered or in flight), released after the layer unless the same buckets are used again
 // within stage3_max_reuse_distance elements of other layers' gathers, and gathered again
 // before the layer's backward: after_forward puts an identity autograd node on the layer's
-// output whose backward runs just before the layer's own. Gradients need nothing here: the
+// output whose backward runs just before the layer's own. Gradients need little here: the
 // layout keeps each layer's parameters in buckets of their own, which GradBuckets
-// reduce-scatters as soon as the layer's gradients are complete.
+// reduce-scatters as soon as the layer's gradients are complete; that node also tells the
+// buckets that backward has left the layers above (a parameter without a gradient there
+// counts as zero, so its bucket goes before this layer's gathers on every rank).
 //
 // The step's order of uses is forward 0..L-1 then backward L-1..0; reuse distances are
 // measured along it (without the backward half when autograd is off). Live elements never

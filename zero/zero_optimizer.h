@@ -127,6 +127,9 @@ class ZeroOptimizer {
     return overlap_ ? overlap_->started_during_backward() : 0;
   }
   void end_backward();
+  // Stage 3 by layer: backward has left every layer above `layer` (GradBuckets::
+  // units_complete_above): their parameters count as ready, with or without gradients.
+  void layers_done_above(int layer) { buckets_->units_complete_above(layer); }
   // At the accumulation boundary. loss_scale: what the loss was multiplied by.
   StepResult step(double loss_scale) { return step(loss_scale, at::Tensor()); }
   // The same with the global sum of squares given (undefined: global_sumsq()), where several

@@ -90,12 +90,17 @@ at::Tensor ExpertsImpl::run_experts(const at::Tensor& rows, const at::Tensor& co
   std::vector<int64_t> n = host_counts(counts, num_local_experts(), rows.size(0));
   std::vector<at::Tensor> out;
   int64_t begin = 0;
+  // Every expert runs, on no rows where it got none (as DeepSpeed runs each on its slice of the
+  // capacity buffer): its parameters then get a gradient (zeros) on every rank, and the output
+  // depends on the dispatched rows even where none arrived, so backward is the same graph on
+  // every rank: the combine's and the dispatch's all-to-alls and every expert's gradient hook
+  // run everywhere. (Skipping them hung 4 ranks: a rank that received no rows left out the
+  // backward all-to-alls its expert-parallel peers ran.)
   for (size_t e = 0; e < n.size(); ++e) {
-    if (n[e] > 0) out.push_back(experts[e].forward(rows.narrow(0, begin, n[e])));
+    out.push_back(experts[e].forward(rows.narrow(0, begin, n[e])));
     begin += n[e];
   }
   // Rows past the counts (the permutation's padding) are not run: the output has begin rows.
-  if (out.empty()) return rows.new_zeros({0, rows.size(1)});
   return at::cat(out, 0);
 }
 

@@ -144,11 +144,8 @@ def check_files(tag_dir, stage, grouped, ep=1, ranks=2):
 
 def ep2_cases(r, args, tmp, case):
     """Checkpoints written at ep 2 (see the module's docstring)."""
-    # Cloned experts on 4 ranks are left out: training them there hangs (every stage, ep 2 and
-    # 4, before any checkpoint; grouped experts and 2 ranks do not) in the engine's expert
-    # ZeroOptimizer or the dispatch, which this test does not own (docs/checkpoints.md).
-    covering = [(0, 2, False), (1, 4, True), (2, 2, False), (2, 4, True)]
-    every = [(s, n, g) for s in (0, 1, 2) for n in (2, 4) for g in (False, True) if g or n == 2]
+    covering = [(0, 2, False), (1, 4, True), (2, 2, False), (2, 4, True), (0, 4, False)]
+    every = [(s, n, g) for s in (0, 1, 2) for n in (2, 4) for g in (False, True)]
     combos = [c for c in every if c not in covering] if args.matrix else covering
     for stage, ranks, grouped in combos:
         kind = f"ep 2 on {ranks} ranks stage {stage} {'grouped' if grouped else 'clones'}"
