@@ -100,13 +100,6 @@ def main():
                    "--train-iters", str(steps),
                    "--log-interval", "1", "--seed", "11", *extra]
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
-            # A known intermittent start-up failure on 4 Gloo ranks (a subgroup's
-            # connectFullMesh, before training): one new launch on another port, said aloud.
-            if p.returncode != 0 and "connectFullMesh failed" in p.stdout + p.stderr:
-                print("note: Gloo connectFullMesh failed at start-up; launching once more")
-                port[0] += 1
-                cmd[cmd.index("--master_port") + 1] = str(port[0])
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
             return p.returncode, p.stdout + p.stderr
 
         rc1, log1 = run(1, 1)

@@ -63,13 +63,6 @@ class Runner:
                out, *(["--grouped"] if grouped else []), *extra]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        # A known intermittent start-up failure on 4 Gloo ranks (a subgroup's connectFullMesh,
-        # before any training or checkpoint): one new launch on another port, said aloud.
-        if p.returncode != 0 and "connectFullMesh failed" in p.stdout + p.stderr:
-            print("note: Gloo connectFullMesh failed at start-up; launching once more", flush=True)
-            self.port += 1
-            cmd[cmd.index("--master_port") + 1] = str(self.port)
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         if expect_fail:
             if p.returncode == 0:
                 raise AssertionError("expected a failure, the run succeeded")
