@@ -21,20 +21,7 @@ namespace {
 using kernels::Type;
 
 const kernels::Table& table() {
-  static const kernels::Table t = [] {
-    // ATen's own choice for this CPU ("AVX512", "AVX2", "DEFAULT", ...), which
-    // ATEN_CPU_CAPABILITY can lower.
-    const std::string cap = at::get_cpu_capability();
-#ifdef DSCPP_CPU_AVX512
-    if (cap == "AVX512") return kernels::AVX512::table();
-#endif
-#ifdef DSCPP_CPU_AVX2
-    if (cap == "AVX2" || cap == "AVX512") return kernels::AVX2::table();
-#endif
-    (void)cap;
-    return kernels::DEFAULT::table();
-  }();
-  return t;
+  return kernels::best_table();
 }
 
 Type type_of(const at::Tensor& t, const char* what, bool float_only) {
@@ -99,6 +86,25 @@ void run(kernels::Kernel k, const kernels::Arrays& a, const kernels::Scalars& s,
 }
 
 }  // namespace
+
+namespace kernels {
+const Table& best_table() {
+  static const Table t = [] {
+    // ATen's own choice for this CPU ("AVX512", "AVX2", "DEFAULT", ...), which
+    // ATEN_CPU_CAPABILITY can lower.
+    const std::string cap = at::get_cpu_capability();
+#ifdef DSCPP_CPU_AVX512
+    if (cap == "AVX512") return AVX512::table();
+#endif
+#ifdef DSCPP_CPU_AVX2
+    if (cap == "AVX2" || cap == "AVX512") return AVX2::table();
+#endif
+    (void)cap;
+    return DEFAULT::table();
+  }();
+  return t;
+}
+}  // namespace kernels
 
 void adam_step(const StepTensors& t, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                const AdamArgs& args) {

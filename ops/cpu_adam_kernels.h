@@ -33,9 +33,17 @@ struct Scalars {
 };
 
 using Kernel = void (*)(const Arrays&, const Scalars&, int64_t begin, int64_t end);
+// The sum of the squares of elements [begin, end) of `data` (fp32, bf16 or fp16), each widened
+// exactly and squared and added in double: one block of ops/sum_of_squares.cpp, the gradient
+// norm's share of an offloaded partition.
+using SumOfSquares = double (*)(const void* data, Type type, int64_t begin, int64_t end);
 struct Table {
   Kernel adam, adagrad, lion;
+  SumOfSquares sum_of_squares;
 };
+
+// The table for this CPU (ATen's capability, which ATEN_CPU_CAPABILITY can lower).
+const Table& best_table();
 
 // Each in its own namespace, compiled with its own flags; avx2/avx512 are null where this
 // build did not compile them.

@@ -5,52 +5,43 @@
 #include <ATen/Dispatch.h>
 
 #include <cstdint>
-#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "dscpp/error.h"
+#include "dscpp/ops/cpu_adam_kernels.h"
 #include "dscpp/ops/cpu_parallel.h"
 
 namespace dscpp::ops {
 namespace {
 
 // 64 Ki elements a block, enough work to be worth a thread. The squares are summed in double:
-// fp32 lanes of 4 Ki squares each were 2.5e-6 off, and the loop is bound by memory either way.
+// fp32 lanes of 4 Ki squares each were 2.5e-6 off.
 constexpr int64_t kBlock = 1 << 16;
 constexpr int kLanes = 16;  // independent accumulators, so the compiler vectorises the loop
 // Blocks a thread takes at least (256 Ki elements): below that a thread costs more than it saves.
 constexpr int64_t kGrainBlocks = 4;
 
-// The element as a double. bf16 is the top half of an fp32: widened by a shift, which the
-// compiler vectorises (c10::BFloat16's conversion goes through a memcpy per element).
-template <typename T>
-inline double widen(const T& x) {
-  return static_cast<double>(x);
-}
-template <>
-inline double widen(const c10::BFloat16& x) {
-  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return static_cast<double>(f);
+// One block: fp32 and 16-bit elements through the CPU kernels' table (cpu_adam_kernels.h: the
+// same loop compiled for this CPU's instruction set), double here.
+double block_sum(const double* data, int64_t begin, int64_t end) {
+  double acc[kLanes] = {};
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += data[i + l] * data[i + l];
+  for (; i < end; ++i) acc[0] += data[i] * data[i];
+  double s = 0;
+  for (double a : acc) s += a;
+  return s;
 }
 
 template <typename T>
 double block_sum(const T* data, int64_t begin, int64_t end) {
-  double acc[kLanes] = {};
-  int64_t i = begin;
-  for (; i + kLanes <= end; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const double x = widen(data[i + l]);
-      acc[l] += x * x;
-    }
-  for (; i < end; ++i) {
-    const double x = widen(data[i]);
-    acc[0] += x * x;
-  }
-  double s = 0;
-  for (double a : acc) s += a;
-  return s;
+  using cpu::kernels::Type;
+  const Type type = std::is_same_v<T, c10::BFloat16> ? Type::kBFloat16
+                    : std::is_same_v<T, c10::Half>   ? Type::kHalf
+                                                     : Type::kFloat;
+  return cpu::kernels::best_table().sum_of_squares(data, type, begin, end);
 }
 
 // Every block's partial sum, the blocks split over LibTorch's intra-op threads (ops/

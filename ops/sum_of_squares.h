@@ -1,7 +1,8 @@
 // The sum of squares of a tensor's elements, as a 0-dim fp32 tensor on the tensor's device:
 // ZeRO's local share of the gradient norm. On the CPU (an offloaded gradient partition, or CPU
 // ranks) it reads 16-bit or fp32 elements in place, widening as it reads, summing in double,
-// block by block on LibTorch's intra-op threads (ops/cpu_parallel.h) and then in block order, so
+// block by block on LibTorch's intra-op threads (ops/cpu_parallel.h), each block through the CPU
+// kernels' loop for this CPU's instruction set (cpu_adam_kernels.h), then in block order, so
 // the result does not depend on the thread count. (Until the fourteenth session the blocks ran
 // on one thread: at::parallel_for is serial in a unit built without OpenMP; one core of the CPU
 // machine sums 0.6-0.9 G bf16 elements/s, 5-8 s for a 4.64 B partition.)
