@@ -318,7 +318,7 @@ PY
 }
 moe_train() {  # moe_train DS_CONFIG
   local limit=900
-  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 130))  # the rest: the reference
+  [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - ${GPU_MOE_REF_S:-130}))  # the rest: the reference
   [ "$limit" -ge 60 ] || { echo "moe_train: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 "$limit" ./build-cuda/launcher/dscpp \
     --num_gpus 1 --master_port 29765 ./build-cuda/examples/train_gpt --model-config model_zoo/configs/moe_1gpu.yaml \
