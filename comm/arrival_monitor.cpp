@@ -11,6 +11,8 @@
 #include <sstream>
 #include <thread>
 
+#include "dscpp/comm/error_text.h"
+
 namespace dscpp::comm {
 
 namespace {
@@ -218,7 +220,7 @@ std::string diagnose(const std::shared_ptr<ArrivalMonitor::State>& s_, uint64_t 
                            seq, detail);
       }
     } catch (const std::exception& e) {
-      text = fmt::format("could not read the other ranks' heartbeats: {}", e.what());
+      text = fmt::format("could not read the other ranks' heartbeats: {}", error_text(e));
     }
     std::lock_guard<std::mutex> lock(result->mu);
     result->text = std::move(text);

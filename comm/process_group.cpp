@@ -11,6 +11,7 @@
 
 #include "dscpp/comm/arrival_monitor.h"
 #include "dscpp/comm/backend.h"
+#include "dscpp/comm/error_text.h"
 
 namespace dscpp::comm {
 
@@ -55,7 +56,7 @@ void Work::wait() {
     state_->done = true;
     std::string who = state_->monitor ? state_->monitor->diagnose(state_->seq) + "; " : "";
     throw CommError(fmt::format("{} failed after {:.1f} s: {}backend: {}", state_->what, waited,
-                                who, e.what()));
+                                who, error_text(e)));
   }
   if (state_->after) state_->after();
   state_->keep_alive.clear();

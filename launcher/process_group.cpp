@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -270,7 +271,7 @@ pid_t Supervisor::fork_exec(const ChildSpec& spec) {
 
 pid_t Supervisor::spawn_member(const ChildSpec& spec, const std::string& label) {
   const pid_t pid = fork_exec(spec);
-  members_.push_back({pid, label});
+  members_.push_back({pid, label, true, ""});
   ++alive_members_;
   return pid;
 }
@@ -288,17 +289,25 @@ std::vector<pid_t> Supervisor::member_pids() const {
 }
 
 bool Supervisor::reap() {
+  // Everything that ended since the last look, the successful exits handled first: waitpid's
+  // order is not the order of death, and a failure's message names the peers already gone.
+  std::vector<std::pair<pid_t, int>> ended;
+  bool any_left = true;
   while (true) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
-      on_exit(pid, status);
+      ended.emplace_back(pid, status);
       continue;
     }
-    if (pid == 0) return true;
-    if (errno == EINTR) continue;
-    return false;  // ECHILD: no child, and as a subreaper, no descendant either
+    if (pid < 0 && errno == EINTR) continue;
+    any_left = pid == 0;  // else ECHILD: no child, and as a subreaper, no descendant either
+    break;
   }
+  std::stable_partition(ended.begin(), ended.end(),
+                        [](const auto& e) { return exit_code_of(e.second) == 0; });
+  for (const auto& [pid, status] : ended) on_exit(pid, status);
+  return any_left;
 }
 
 void Supervisor::on_exit(pid_t pid, int status) {
@@ -306,13 +315,20 @@ void Supervisor::on_exit(pid_t pid, int status) {
   for (Member& m : members_) {
     if (m.pid != pid || !m.alive) continue;
     m.alive = false;
+    m.ended = describe_exit(status);
     --alive_members_;
     const int code = exit_code_of(status);
     if (state_ == State::kRunning && code != 0) {
       exit_code_ = code;
       exit_code_set_ = true;
-      fmt::print(stderr, "dscpp: {} (pid {}) {}; stopping the others\n", m.label, pid,
-                 describe_exit(status));
+      // The members that ended before it, successfully or not: a peer that finished (or died
+      // unnoticed) first is often why this one failed ("connection reset by peer").
+      std::string before;
+      for (const Member& o : members_)
+        if (!o.alive && &o != &m)
+          before += fmt::format("{}{} {}", before.empty() ? "" : ", ", o.label, o.ended);
+      fmt::print(stderr, "dscpp: {} (pid {}) {}; stopping the others{}\n", m.label, pid, m.ended,
+                 before.empty() ? "" : " (already ended: " + before + ")");
       begin_teardown(false);
     }
     return;

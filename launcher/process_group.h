@@ -91,6 +91,7 @@ class Supervisor {
     pid_t pid;
     std::string label;
     bool alive = true;
+    std::string ended;  // how it ended ("exited with code 0"), once it has
   };
   using Clock = std::chrono::steady_clock;
 

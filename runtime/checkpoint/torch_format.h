@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dscpp/comm/error_text.h"
 #include "dscpp/error.h"
 
 namespace dscpp::checkpoint::detail {
@@ -52,9 +53,6 @@ inline bool storage_dtype(const std::string& name, at::ScalarType* out) {
   return false;
 }
 
-inline std::string error_text(const std::exception& e) {
-  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
-  return e.what();
-}
+using comm::error_text;
 
 }  // namespace dscpp::checkpoint::detail

@@ -12,6 +12,7 @@
 //   exit=R:CODE        rank R exits with CODE
 //   signal=R:SIG       rank R kills itself with signal SIG
 //   sleep=SECONDS      sleep, then exit 0 (default: exit 0 at once)
+//   late_exit=R:CODE   rank R exits with CODE after the sleep instead of 0
 // Any other argument (such as --local_rank=N) is only recorded. Waits give up after 20 s.
 #include <sched.h>
 #include <signal.h>
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
   std::string out_dir, wait_file, grandchild_mode, print_text;
   bool wait_peers = false;
   double sleep_s = 0;
-  int exit_code = -1, signal_no = 0;
+  int exit_code = -1, signal_no = 0, late_exit_code = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const size_t eq = arg.find('=');
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
     if (key == "ignore_term" && for_me(value, rank)) ::signal(SIGTERM, SIG_IGN);
     if (key == "exit" && for_me(target, rank)) exit_code = std::atoi(action.c_str());
     if (key == "signal" && for_me(target, rank)) signal_no = std::atoi(action.c_str());
+    if (key == "late_exit" && for_me(target, rank)) late_exit_code = std::atoi(action.c_str());
   }
 
   pid_t grandchild = 0;
@@ -144,5 +146,5 @@ int main(int argc, char** argv) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(sleep_s);
     while (std::chrono::steady_clock::now() < end) ::usleep(20000);
   }
-  return 0;
+  return late_exit_code;
 }

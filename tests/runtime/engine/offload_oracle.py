@@ -58,11 +58,16 @@ def config(stage, ga, offload, extra=None, optimizer="AdamW", bf16=False, clip=1
     return cfg
 
 
+def ends(text, n):
+    """The first and last n/2 characters: the first error a rank printed, and how the job ended."""
+    return text if len(text) <= n else f"{text[:n // 2]}\n[...]\n{text[-n // 2:]}"
+
+
 def run(cmd, out):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])}... exited {p.returncode}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd[:4])}... exited {p.returncode}:\n{p.stdout[-2000:]}{ends(p.stderr, 4000)}")
     with open(out) as f:
         return json.load(f), p.stderr
 
