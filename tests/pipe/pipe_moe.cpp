@@ -20,7 +20,6 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/linear.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -35,46 +34,18 @@
 #include "dscpp/nn/moe/moe.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/zero/zero_optimizer.h"
+#include "tests/moe_test_util.h"
 
 using nlohmann::json;
 namespace moe = dscpp::nn::moe;
 namespace pipe = dscpp::pipe;
-using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
+using moe_test::Case, moe_test::check, moe_test::check_close, moe_test::counterpart,
+    moe_test::GroupPtr, moe_test::kExperts, moe_test::kHidden, moe_test::moe_options;
 
 namespace {
 
-constexpr int64_t kHidden = 16, kFfn = 32, kExperts = 8, kMicro = 2, kSeq = 6;
+constexpr int64_t kMicro = 2, kSeq = 6;
 constexpr int kStages = 2, kData = 2, kEp = 2, kMicroBatches = 4;
-
-int failures = 0;
-void check(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    std::cerr << "rank " << rank << ": FAILED: " << what << "\n";
-    ++failures;
-  }
-}
-
-double rel_err(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
-  return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1e-30);
-}
-
-struct Case {
-  int k = 1, stage = 1;
-  bool dropless = true, clones = false;
-  std::string name;
-};
-
-Case parse_case(const std::string& s) {
-  Case c;
-  c.name = s;
-  int d = 0, cl = 0;
-  if (std::sscanf(s.c_str(), "k%dd%dz%dc%d", &c.k, &d, &c.stage, &cl) != 4)
-    throw dscpp::Error("pipe_moe: bad case '" + s + "' (k<k>d<0|1>z<stage>c<0|1>)");
-  c.dropless = d != 0;
-  c.clones = cl != 0;
-  return c;
-}
 
 // The 6 layers; the MoE ones at expert degree ep on ep_group (null at 1).
 std::vector<dscpp::nn::LayerSpec> specs(const Case& c, int ep, const GroupPtr& ep_group) {
@@ -91,30 +62,16 @@ std::vector<dscpp::nn::LayerSpec> specs(const Case& c, int ep, const GroupPtr& e
   };
   const double aux_coeff = c.dropless ? 0.0 : 0.01;
   auto moe_layer = [&](int i) {
-    out.push_back(
-        {"layers." + std::to_string(i),
-         [c, ep, ep_group] {
-           auto o = moe::MoEOptions(kHidden)
-                        .num_experts(kExperts)
-                        .ep_size(ep)
-                        .ep_group(ep > 1 ? ep_group : nullptr)
-                        .k(c.k)
-                        .capacity_factor(c.dropless ? 0.0 : 0.5)
-                        .min_capacity(2)
-                        .use_rts(false)
-                        .top2_2nd_expert_sampling(false)
-                        .ffn_hidden_size(kFfn);
-           if (c.clones)
-             o.expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(kHidden, kFfn))));
-           return moe::MoE(o).ptr();
-         },
-         [aux_coeff](torch::nn::Module& m, const at::Tensor& x) {
-           auto y = static_cast<moe::MoEImpl&>(m).forward(x);
-           if (aux_coeff != 0 && m.is_training()) dscpp::nn::add_aux_loss(aux_coeff * y.l_aux);
-           return y.output + x;
-         },
-         "",
-         {}});
+    out.push_back({"layers." + std::to_string(i),
+                   [c, ep, ep_group] { return moe::MoE(moe_options(c, ep, ep_group)).ptr(); },
+                   [aux_coeff](torch::nn::Module& m, const at::Tensor& x) {
+                     auto y = static_cast<moe::MoEImpl&>(m).forward(x);
+                     if (aux_coeff != 0 && m.is_training())
+                       dscpp::nn::add_aux_loss(aux_coeff * y.l_aux);
+                     return y.output + x;
+                   },
+                   "",
+                   {}});
   };
   linear(0, false);
   moe_layer(1);
@@ -126,14 +83,7 @@ std::vector<dscpp::nn::LayerSpec> specs(const Case& c, int ep, const GroupPtr& e
 }
 
 json ds_config(int micro, const Case& c) {
-  return {{"train_micro_batch_size_per_gpu", micro},
-          {"gradient_accumulation_steps", kMicroBatches},
-          // SGD with momentum: Adam would turn rounding noise of a zero gradient into steps.
-          {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.2}, {"momentum", 0.9}}}}},
-          {"gradient_clipping", 0.05},  // active every step: the norm reaches the weights
-          {"zero_optimization",
-           {{"stage", c.stage}, {"overlap_comm", c.stage == 2}, {"reduce_bucket_size", 3000}}},
-          {"steps_per_print", 0}};
+  return moe_test::ds_config(micro, kMicroBatches, c.stage, c.stage == 2);
 }
 
 // Micro-batch m of step `step` of the global batch: [kMicro * kData, kSeq, kHidden] inputs and
@@ -144,21 +94,6 @@ pipe::MicroBatch batch(int step, int m, int64_t first, int64_t rows) {
   at::Tensor x = at::randn({kMicro * kData, kSeq, kHidden}, gen, f32);
   at::Tensor y = at::randn({kMicro * kData, kSeq, kHidden}, gen, f32);
   return {{x.narrow(0, first, rows)}, y.narrow(0, first, rows)};
-}
-
-// The reference's tensor that the EP stage's `name` holds: the same name, or the matching
-// global expert's (a clone's index, or a slice of the stacked weights).
-at::Tensor counterpart(const std::map<std::string, at::Tensor>& ref,
-                       const std::map<std::string, moe::ExpertParam>& experts,
-                       const std::string& name) {
-  auto it = experts.find(name);
-  if (it == experts.end() || it->second.ep_size == 1) return ref.at(name);
-  const auto& e = it->second;
-  const int64_t first = e.ep_rank * e.num_local_experts;
-  if (e.local_expert < 0) return ref.at(name).narrow(0, first, e.num_local_experts);
-  const std::string key = "deepspeed_experts.";
-  const size_t at_ = name.find(key) + key.size(), dot = name.find('.', at_);
-  return ref.at(name.substr(0, at_) + std::to_string(first + e.local_expert) + name.substr(dot));
 }
 
 std::map<std::string, at::Tensor> params_of(pipe::PipelineEngine& engine) {
@@ -226,26 +161,13 @@ void run_case(const Groups& g, const Case& c, int steps, bool refusal) {
     pipe::DataIter ep_iter = [&] { return batch(step, m_ep++, d * kMicro, kMicro); };
     const double want = ref.train_batch(ref_iter).item<double>();
     const double got = eng.train_batch(ep_iter).item<double>();
-    check(std::abs(got - want) <= 1e-5 * std::abs(want),
-          where + "step " + std::to_string(step) + " loss " + std::to_string(got) + " vs " +
-              std::to_string(want),
-          rank);
+    check_close(got, want, where + "step " + std::to_string(step) + " loss", rank);
     const double n = eng.get_global_grad_norm(), n_ref = ref.get_global_grad_norm();
-    check(std::abs(n - n_ref) <= 1e-5 * n_ref,
-          where + "step " + std::to_string(step) + " grad norm " + std::to_string(n) + " vs " +
-              std::to_string(n_ref),
-          rank);
+    check_close(n, n_ref, where + "step " + std::to_string(step) + " grad norm", rank);
     if (step == 0) check(n_ref > 0.05, where + "the clip is active", rank);
   }
-  double worst = 0;
-  std::string worst_name;
-  for (const auto& [name, p] : params_of(eng)) {
-    const double e = rel_err(p, counterpart(ref_params, experts, name));
-    if (e > worst) worst = e, worst_name = name;
-  }
-  check(worst <= 1e-5, where + "weights: worst " + worst_name + " " + std::to_string(worst), rank);
-  if (rank == 0)
-    std::cout << where << "done, worst weight error " << worst << " (" << worst_name << ")\n";
+  moe_test::check_weights(eng.module().stage_module()->named_parameters(), ref_params, experts,
+                          where, rank);
 
   if (refusal) {
     const auto dir = std::filesystem::temp_directory_path() / "pipe_moe_refused";
@@ -268,7 +190,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--steps") steps = std::stoi(argv[i + 1]);
-    if (flag == "--case") cases.push_back(parse_case(argv[i + 1]));
+    if (flag == "--case") cases.push_back(moe_test::parse_case(argv[i + 1], "kdzc", "pipe_moe"));
   }
   dscpp::comm::InitOptions options;
   options.backend = "gloo";
@@ -297,5 +219,5 @@ int main(int argc, char** argv) {
     return 1;
   }
   world->barrier().wait();
-  return failures == 0 ? 0 : 1;
+  return moe_test::failures == 0 ? 0 : 1;
 }

@@ -19,7 +19,6 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/linear.h>
 
-#include <cstdio>
 #include <iostream>
 #include <map>
 #include <string>
@@ -31,66 +30,21 @@
 #include "dscpp/nn/moe/expert_params.h"
 #include "dscpp/nn/moe/moe.h"
 #include "dscpp/zero/zero_optimizer.h"
+#include "tests/moe_test_util.h"
 
 using nlohmann::json;
 namespace moe = dscpp::nn::moe;
-using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
+using moe_test::Case, moe_test::check, moe_test::check_close, moe_test::counterpart,
+    moe_test::GroupPtr, moe_test::kHidden;
 
 namespace {
 
-constexpr int64_t kHidden = 16, kFfn = 32, kExperts = 8, kMicro = 2, kSeq = 12;
-
-int failures = 0;
-void check(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    std::cerr << "rank " << rank << ": FAILED: " << what << "\n";
-    ++failures;
-  }
-}
-
-double rel_err(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
-  return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1e-30);
-}
-
-struct Case {
-  int ep = 2, k = 1, stage = 0, ga = 1;
-  bool dropless = true, shared = false, clones = false;
-  std::string name;
-};
-
-Case parse_case(const std::string& s) {
-  Case c;
-  c.name = s;
-  int d = 0, sh = 0, cl = 0;
-  if (std::sscanf(s.c_str(), "e%dk%dd%ds%dz%dc%dg%d", &c.ep, &c.k, &d, &sh, &c.stage, &cl, &c.ga) !=
-      7)
-    throw dscpp::Error("moe_engine: bad case '" + s +
-                       "' (e<E>k<k>d<0|1>s<0|1>z<stage>c<0|1>g<ga>)");
-  c.dropless = d != 0;
-  c.shared = sh != 0;
-  c.clones = cl != 0;
-  return c;
-}
+constexpr int64_t kMicro = 2, kSeq = 12;
 
 struct NetImpl : torch::nn::Module {
   NetImpl(const Case& c, int ep, const GroupPtr& ep_group) {
-    auto o = moe::MoEOptions(kHidden)
-                 .num_experts(kExperts)
-                 .ep_size(ep)
-                 .ep_group(ep > 1 ? ep_group : nullptr)
-                 .k(c.k)
-                 .capacity_factor(c.dropless ? 0.0 : 0.5)
-                 .min_capacity(2)
-                 .use_rts(false)
-                 .top2_2nd_expert_sampling(false)
-                 .ffn_hidden_size(kFfn);
-    if (c.clones)
-      o.expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(kHidden, kFfn))));
-    if (c.shared)
-      o.shared_expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(kHidden, kFfn))));
     fc_in = register_module("fc_in", torch::nn::Linear(kHidden, kHidden));
-    layer = register_module("moe", moe::MoE(o));
+    layer = register_module("moe", moe::MoE(moe_test::moe_options(c, ep, ep_group)));
     fc_out = register_module("fc_out", torch::nn::Linear(kHidden, kHidden));
     aux_coeff = c.dropless ? 0.0 : 0.01;
   }
@@ -106,30 +60,8 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-// The reference's tensor that the EP model's `name` holds (on its expert-parallel rank): the
-// same name, or the matching expert's (a clone's index, or a slice of the stacked weights).
-at::Tensor counterpart(const std::map<std::string, at::Tensor>& ref,
-                       const std::map<std::string, moe::ExpertParam>& experts,
-                       const std::string& name) {
-  auto it = experts.find(name);
-  if (it == experts.end() || it->second.ep_size == 1) return ref.at(name);
-  const auto& e = it->second;
-  const int64_t first = e.ep_rank * e.num_local_experts;
-  if (e.local_expert < 0) return ref.at(name).narrow(0, first, e.num_local_experts);
-  const std::string key = "deepspeed_experts.";
-  const size_t at_ = name.find(key) + key.size(), dot = name.find('.', at_);
-  return ref.at(name.substr(0, at_) + std::to_string(first + e.local_expert) + name.substr(dot));
-}
-
 json ds_config(int micro, const Case& c, int stage) {
-  return {{"train_micro_batch_size_per_gpu", micro},
-          {"gradient_accumulation_steps", c.ga},
-          // SGD with momentum: Adam would turn rounding noise of a zero gradient into steps.
-          {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.2}, {"momentum", 0.9}}}}},
-          {"gradient_clipping", 0.05},  // active every step: the norm reaches the weights
-          {"zero_optimization",
-           {{"stage", stage}, {"overlap_comm", c.stage % 2 == 1}, {"reduce_bucket_size", 3000}}},
-          {"steps_per_print", 0}};
+  return moe_test::ds_config(micro, c.ga, stage, c.stage % 2 == 1);
 }
 
 // The global batch of (step, micro-step): rows [rows, kSeq, kHidden] inputs and targets, the
@@ -199,37 +131,23 @@ void run_case(dscpp::comm::ProcessGroup& world, const GroupPtr& world_ptr, const
         world.all_reduce(mean).wait();
         got = mean.item<double>() / d;
       }
-      const double want = ref_loss.item<double>();
-      check(std::abs(got - want) <= 1e-5 * std::abs(want),
-            where + "step " + std::to_string(step) + " loss " + std::to_string(got) + " vs " +
-                std::to_string(want),
-            rank);
+      check_close(got, ref_loss.item<double>(), where + "step " + std::to_string(step) + " loss",
+                  rank);
     }
     const double n = eng.get_global_grad_norm(), n_ref = ref.get_global_grad_norm();
-    check(std::abs(n - n_ref) <= 1e-5 * n_ref,
-          where + "step " + std::to_string(step) + " grad norm " + std::to_string(n) + " vs " +
-              std::to_string(n_ref),
-          rank);
+    check_close(n, n_ref, where + "step " + std::to_string(step) + " grad norm", rank);
     if (step == 0) check(n_ref > 0.05, where + "the clip is active", rank);
   }
   // The weights (stage 3: the dense ones gathered by the engine's scope, the experts by theirs).
   std::vector<at::Tensor> dense;
   for (const auto& p : model->named_parameters())
     if (!experts.count(p.key())) dense.push_back(p.value());
-  double worst = 0;
-  std::string worst_name;
   {
     auto gathered = eng.gathered_parameters(dense);
     ez->gather();
-    for (const auto& p : model->named_parameters()) {
-      const double e = rel_err(p.value(), counterpart(ref_params, experts, p.key()));
-      if (e > worst) worst = e, worst_name = p.key();
-    }
+    moe_test::check_weights(model->named_parameters(), ref_params, experts, where, rank);
     ez->release();
   }
-  check(worst <= 1e-5, where + "weights: worst " + worst_name + " " + std::to_string(worst), rank);
-  if (rank == 0)
-    std::cout << where << "done, worst weight error " << worst << " (" << worst_name << ")\n";
 }
 
 // A wrong InitArgs::expert_data_group is refused by name, on every rank alike.
@@ -261,7 +179,8 @@ int main(int argc, char** argv) {
     if (flag == "--refusals") refuse = true;
     if (i + 1 >= argc) continue;
     if (flag == "--steps") steps = std::stoi(argv[i + 1]);
-    if (flag == "--case") cases.push_back(parse_case(argv[i + 1]));
+    if (flag == "--case")
+      cases.push_back(moe_test::parse_case(argv[i + 1], "ekdszcg", "moe_engine"));
   }
   dscpp::comm::InitOptions options;
   options.backend = "gloo";
@@ -293,5 +212,5 @@ int main(int argc, char** argv) {
     return 1;
   }
   world->barrier().wait();
-  return failures == 0 ? 0 : 1;
+  return moe_test::failures == 0 ? 0 : 1;
 }
