@@ -57,9 +57,9 @@
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/monitor/monitor.h"
-#include "dscpp/runtime/monitor/peak_memory.h"
 #include "gpt_flags.h"
 #include "moe_training.h"
+#include "train_gpt_log.h"
 #include "train_gpt_pipeline.h"
 #ifdef DSCPP_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -77,13 +77,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 using Args = dscpp::examples::GptOptions;
 
-// Peak memory of this process: the CUDA caching allocator's peak on a GPU, the resident
-// high-water mark (VmHWM) on the CPU.
-std::string peak_memory(at::Device device) {
-  return fmt::format("{:.2f} GiB {} (peak)",
-                     static_cast<double>(dscpp::monitor::peak_memory_bytes(device)) / (1 << 30),
-                     device.is_cuda() ? "allocated" : "resident");
-}
+using dscpp::examples::peak_memory;
 
 // Waits for the device's queued work, so a profile or a timing holds exactly one step.
 void device_sync(at::Device device) {
@@ -290,12 +284,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                "ZeRO stage {}, {}; global batch {} = {} x {} x {}; data {} tokens, {} "
                "batches per rank "
                "per epoch\n",
-               cfg.num_parameters() / 1e6,
-               cfg.moe.enabled()
-                   ? fmt::format(", {:.2f}M active ({} experts top-{} in {} MoE layers)",
-                                 cfg.active_parameters() / 1e6, cfg.moe.num_experts,
-                                 cfg.moe.moe_router_topk, cfg.moe.num_moe_layers())
-                   : std::string(),
+               cfg.num_parameters() / 1e6, dscpp::examples::moe_parameter_fields(cfg),
                cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length,
                cfg.vocab_size, world * tp, engine.device().str(), engine.zero_optimization_stage(),
                at::toString(engine.dtype()), ds.train_batch_size, mb, ga, world,
@@ -404,19 +393,23 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
       const double tokens_per_s = timed_steps * tokens_per_step / secs;
       const double tflops = tokens_per_s * flops_per_token / world / 1e12;
       const std::string moe_fields = moe.interval_report(interval_steps);  // collective
-      if (rank == 0)
-        std::cout << fmt::format(
-                         "[train_gpt] step {}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.3f} | "
-                         "loss scale {:g} | {:.0f} tokens/s ({:.0f} per rank) | {:.3f} TFLOP/s per "
-                         "rank | MFU {}{}{} | {}\n",
-                         done, args.train_iters, l.item<double>(), engine.get_lr()[0],
-                         engine.get_global_grad_norm(), engine.loss_scale(), tokens_per_s,
-                         tokens_per_s / world, tflops,
-                         peak > 0 ? fmt::format("{:.1f}%", 100 * tflops / peak)
-                                  : std::string("n/a"),
-                         moe.active() ? " (active parameters)" : "", moe_fields,
-                         peak_memory(engine.device()))
+      if (rank == 0) {
+        dscpp::examples::IntervalFigures f;
+        f.step = done;
+        f.train_iters = args.train_iters;
+        f.loss = l.item<double>();
+        f.lr = engine.get_lr()[0];
+        f.grad_norm = engine.get_global_grad_norm();
+        f.loss_scale = engine.loss_scale();
+        f.tokens_per_s = tokens_per_s;
+        f.ranks = world;
+        f.tflops_per_rank = tflops;
+        f.peak_tflops = peak;
+        f.moe = moe.active();
+        f.moe_fields = moe_fields;
+        std::cout << "[train_gpt] " << dscpp::examples::interval_fields(f, engine.device()) << "\n"
                   << std::flush;
+      }
       // What only the program knows, beside the engine's own events (docs/monitor.md).
       if (engine.monitor_enabled()) {
         const int64_t x = engine.global_samples();

@@ -16,18 +16,12 @@
 #include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
 #include "dscpp/nn/rng_tracker.h"
 #include "dscpp/pipe/pipeline_engine.h"
-#include "dscpp/runtime/monitor/peak_memory.h"
 #include "moe_training.h"
+#include "train_gpt_log.h"
 
 namespace dscpp::examples {
 
 namespace {
-
-std::string peak_memory(at::Device device) {
-  return fmt::format("{:.2f} GiB {} (peak)",
-                     static_cast<double>(monitor::peak_memory_bytes(device)) / (1 << 30),
-                     device.is_cuda() ? "allocated" : "resident");
-}
 
 // What a pipeline run of train_gpt does not do yet: each refused with its flag named.
 void refuse_unsupported(const GptOptions& args) {
@@ -207,15 +201,10 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
                      "{} ranks on {}, pipeline {} stages ({}) x data {} x tensor {}{}, ZeRO stage "
                      "{}, {}; global batch {} = {} x {} x {}; data {} tokens, {} batches per rank "
                      "per epoch\n",
-                     cfg.num_parameters() / 1e6,
-                     cfg.moe.enabled()
-                         ? fmt::format(", {:.2f}M active ({} experts top-{} in {} MoE layers)",
-                                       cfg.active_parameters() / 1e6, cfg.moe.num_experts,
-                                       cfg.moe.moe_router_topk, cfg.moe.num_moe_layers())
-                         : std::string(),
-                     cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length,
-                     cfg.vocab_size, ranks, device.str(), layout.pipeline, layout.source,
-                     layout.data, layout.tensor,
+                     cfg.num_parameters() / 1e6, moe_parameter_fields(cfg), cfg.num_layers,
+                     cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size,
+                     ranks, device.str(), layout.pipeline, layout.source, layout.data,
+                     layout.tensor,
                      cfg.parallelism.expert_model_parallel_size > 1
                          ? fmt::format(" (experts {} of the data ranks)",
                                        cfg.parallelism.expert_model_parallel_size)
@@ -247,18 +236,23 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     const double tokens_per_s = static_cast<double>(interval_steps * tokens_per_step) / secs;
     const double tflops = tokens_per_s * flops_per_token / ranks / 1e12;
     const std::string moe_fields = moe.interval_report(interval_steps);  // collective
-    if (rank == 0)
-      std::cout << fmt::format(
-                       "[train_gpt] step {}/{} | loss {:.6f} | lr {:.3e} | grad norm {:.3f} | "
-                       "loss scale {:g} | {:.0f} tokens/s ({:.0f} per rank) | {:.3f} TFLOP/s per "
-                       "rank | MFU {}{}{} | {} | bubble {:.3f}\n",
-                       done, args.train_iters, interval_loss / interval_steps, engine.get_lr()[0],
-                       engine.get_global_grad_norm(), engine.loss_scale(), tokens_per_s,
-                       tokens_per_s / ranks, tflops,
-                       peak > 0 ? fmt::format("{:.1f}%", 100 * tflops / peak) : std::string("n/a"),
-                       moe.active() ? " (active parameters)" : "", moe_fields, peak_memory(device),
-                       bubble.item<double>())
-                << std::flush;
+    if (rank == 0) {
+      IntervalFigures f;
+      f.step = done;
+      f.train_iters = args.train_iters;
+      f.loss = interval_loss / interval_steps;
+      f.lr = engine.get_lr()[0];
+      f.grad_norm = engine.get_global_grad_norm();
+      f.loss_scale = engine.loss_scale();
+      f.tokens_per_s = tokens_per_s;
+      f.ranks = ranks;
+      f.tflops_per_rank = tflops;
+      f.peak_tflops = peak;
+      f.moe = moe.active();
+      f.moe_fields = moe_fields;
+      std::cout << "[train_gpt] " << interval_fields(f, device)
+                << fmt::format(" | bubble {:.3f}\n", bubble.item<double>()) << std::flush;
+    }
     interval_loss = 0;
     interval_steps = 0;
     t0 = std::chrono::steady_clock::now();
