@@ -38,4 +38,27 @@ if ! .venv/bin/python3 -c "import deepspeed" 2>/dev/null; then
   echo "dscpp install: deepspeed into .venv (CPU only, no ops compiled)"
   DS_BUILD_OPS=0 $pip install --no-build-isolation -r requirements-deepspeed.txt
 fi
+
+# DeepSpeed's CPU ops that the tests load, JIT-built here once instead of inside whichever test
+# loads them first (g++ -O3 -g over LibTorch's headers: minutes of 2 cores each): its shared-
+# memory collectives, which every CPU DeepSpeed run initialises, and DeepSpeedCPUAdam (tests/ops).
+# Into build/torch_extensions, the TORCH_EXTENSIONS_DIR every test gets (tests/CMakeLists.txt),
+# so a test finds them up to date and loads them in a second. The compiler is still `c++`, the
+# ninja file the tests' loads write is the same, but it resolves to ccache's: with paths taken
+# relative to the checkout (and the CPU's flags hashed, for -march=native), a fresh clone's build
+# is cache hits.
+ext="$PWD/build/torch_extensions"
+mkdir -p "$ext"
+grep -m1 '^flags' /proc/cpuinfo >"$ext/cpu_flags" || true
+ccache_path=""
+[ -x /usr/lib/ccache/c++ ] && ccache_path="/usr/lib/ccache:"
+echo "dscpp install: DeepSpeed's CPU ops (cpu_adam, shm comm) into build/torch_extensions"
+PATH="$ccache_path$PATH" TORCH_EXTENSIONS_DIR="$ext" DS_ACCELERATOR=cpu \
+  CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}" CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" \
+  CCACHE_NOHASHDIR=1 CCACHE_EXTRAFILES="$ext/cpu_flags" .venv/bin/python3 -c "
+from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
+for b in (CPUAdamBuilder(), ShareMemCommBuilder()):
+    b.load(verbose=False)" >"$ext/install.log" 2>&1 ||
+  echo "dscpp install: warning: DeepSpeed's CPU ops did not build" \
+    "(build/torch_extensions/install.log); the tests that load them will try again"
 echo "dscpp install: done"
