@@ -50,9 +50,9 @@ inline double rel_err(const at::Tensor& got, const at::Tensor& want) {
   return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1e-30);
 }
 
-// One case of a test's command line: letters, each followed by a whole number, e.g.
-// "e2k1d1s0z0c0g1". A test names the letters it takes, in their order (every one is required);
-// the fields of the others keep their defaults.
+// One case of a test's command line: letters, each followed by a whole number of at most four
+// digits, e.g. "e2k1d1s0z0c0g1". A test names the letters it takes, in their order (every one
+// is required, nothing may follow); the fields of the others keep their defaults.
 struct Case {
   int ep = 2;            // e: expert-parallel degree
   int k = 1;             // k: top-k
