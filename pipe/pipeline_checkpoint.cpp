@@ -4,6 +4,11 @@
 // files, written by each stage's first data rank before its model states, which record them.
 // With a model axis (t > 1) every (stage, model rank) does so under its own names
 // (layer_XX-model_TT, mp_rank_<stage*t+model>) and records its partition metadata.
+// A stage with expert parallelism (ep_size > 1) writes DeepSpeed's PipelineEngine MoE layout
+// (runtime/checkpoint/moe_pipe_stage.h): no layer files, its module (without the experts) in
+// its model states, the engine's expert files under its mp_rank (layer_<L>_expert_<E>_mp_rank_
+// <stage>, L counted in the stage's module as DeepSpeed's moe_layer_id); its layers are still
+// listed (file "") so that a reader finds each layer's names.
 #include <fmt/format.h>
 
 #include "dscpp/error.h"
@@ -31,6 +36,8 @@ CheckpointLayout PipelineEngine::checkpoint_layout() {
   };
   layout.before_model_states = [this, m, t](const std::string& dir, const std::string& tag,
                                             PyValue& model) {
+    // Expert parallelism: DeepSpeed's MoE stage keeps its module in the model states.
+    const bool moe_stage = core_->expert_zero_optimizer() != nullptr;
     // One file per layer this rank runs (every chunk), its module's state_dict; a tied module
     // under each of its layers' indices, as DeepSpeed's save_state_dict writes it.
     std::map<std::string, std::string> tied_name;  // key -> its first spec's name
@@ -48,14 +55,20 @@ CheckpointLayout PipelineEngine::checkpoint_layout() {
         for (const auto& item : layer.module->named_buffers(/*recurse=*/true))
           state.emplace_back(item.key(), item.value());
         const int axis = t > 1 ? m : checkpoint::kNoModelAxis;
+        const std::string prefix = spec.tied_key.empty() ? spec.name : tied_name[spec.tied_key];
+        if (moe_stage) {
+          files.push_back({i, prefix, "", ""});
+          continue;
+        }
         const std::string path = checkpoint::layer_states_path(dir, tag, i, axis);
         checkpoint::save_layer_states(state, path);
-        files.push_back({i, spec.tied_key.empty() ? spec.name : tied_name[spec.tied_key],
-                         checkpoint::layer_file_name(i, axis), checkpoint::file_digest(path)});
+        files.push_back(
+            {i, prefix, checkpoint::layer_file_name(i, axis), checkpoint::file_digest(path)});
       }
     }
-    // As DeepSpeed's PipelineEngine: the module lives in the layer files.
-    model.set(PyValue("module"), PyValue());
+    // As DeepSpeed's PipelineEngine: the module lives in the layer files (a MoE stage's, less
+    // its experts, in the model states: to_moe_model_states took those out).
+    if (!moe_stage) model.set(PyValue("module"), PyValue());
     model.set(PyValue("mp_world_size"), PyValue(module_.num_stages() * t));
     PyValue dims = PyValue::dict();
     dims.set(PyValue("pp_degree"), PyValue(module_.num_stages()));
@@ -70,20 +83,19 @@ CheckpointLayout PipelineEngine::checkpoint_layout() {
   layout.partial_module = true;
   layout.stage = stage;
   layout.stages = module_.num_stages();
+  layout.mp_rank = checkpoint::pipe_mp_rank(stage, m, t);
   return layout;
 }
 
 namespace {
 
-// The engine's MoE layout (layer_L_expert_E files, moe_checkpoint.h) numbers a module's MoE
-// layers from 0, which on a pipeline would be each stage's own count: refused until the
-// stages number them together (a pipeline at ep_size 1 keeps its experts in the layer files).
-void refuse_expert_parallel(EngineCore& core, const char* what) {
-  if (core.expert_zero_optimizer())
+// Experts with a model axis: the engine has no such training (engine_experts.h), nor layout.
+void refuse_model_axis_experts(EngineCore& core, const PipelineModule& module, const char* what) {
+  if (core.expert_zero_optimizer() && module.model_parallel_size() > 1)
     throw Error(fmt::format(
-        "PipelineEngine::{}: expert parallelism (ep_size > 1) on a pipeline has no checkpoints "
-        "yet (DeepSpeed's layer_L_expert_E files need the MoE layers numbered over the stages)",
-        what));
+        "PipelineEngine::{}: expert parallelism (ep_size > 1) with a model axis (t = {}) has "
+        "no checkpoint layout",
+        what, module.model_parallel_size()));
 }
 
 }  // namespace
@@ -91,7 +103,7 @@ void refuse_expert_parallel(EngineCore& core, const char* what) {
 void PipelineEngine::save_checkpoint(const std::string& save_dir, const std::string& tag,
                                      const PyValue& client_state) {
   core_->check_deferred_error();
-  refuse_expert_parallel(*core_, "save_checkpoint");
+  refuse_model_axis_experts(*core_, module_, "save_checkpoint");
   core_->save_checkpoint(save_dir, tag, client_state);
 }
 
@@ -101,7 +113,7 @@ LoadCheckpointResult PipelineEngine::load_checkpoint(const std::string& load_dir
                                                      bool load_lr_scheduler_states,
                                                      bool load_module_only) {
   core_->check_deferred_error();
-  refuse_expert_parallel(*core_, "load_checkpoint");
+  refuse_model_axis_experts(*core_, module_, "load_checkpoint");
   return core_->load_checkpoint(load_dir, tag,
                                 {/*load_module_strict=*/true, load_optimizer_states,
                                  load_lr_scheduler_states, load_module_only});

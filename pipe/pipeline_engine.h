@@ -11,8 +11,8 @@
 // travel between the neighbours of the same model rank. MoE layers with expert parallelism
 // (ep_size > 1, their expert-parallel groups inside each stage's data group: DeepSpeed's
 // groups) have their experts reduced and partitioned over the expert-data group by EngineCore's
-// expert optimizer (runtime/engine/engine_experts.h), in the same norm; checkpoints of such a
-// pipeline are refused for now.
+// expert optimizer (runtime/engine/engine_experts.h), in the same norm; their stages save
+// DeepSpeed's PipelineEngine MoE layout (pipe/pipeline_checkpoint.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -69,7 +69,10 @@ class PipelineEngine {
   // and takes this rank's part, so it may have been saved on other numbers of stages and data
   // ranks and ZeRO stages 0-2 (the non-pipeline engine on the whole model loads one too);
   // load_checkpoint's switches are the plain engine's (LoadCheckpointOptions), strict.
-  // With tensor parallelism (a model axis above 1) both are refused for now.
+  // A stage with expert parallelism writes no layer files: its module (less its experts) stays
+  // in its model states and its experts go to layer_L_expert_E_mp_rank_<stage> files, as
+  // DeepSpeed's; such a checkpoint loads at any expert-parallel degree too. Expert
+  // parallelism with a model axis is refused.
   void save_checkpoint(const std::string& save_dir, const std::string& tag = "",
                        const checkpoint::PyValue& client_state = checkpoint::PyValue::dict());
   LoadCheckpointResult load_checkpoint(const std::string& load_dir, const std::string& tag = "",

@@ -107,7 +107,7 @@ std::map<std::string, nn::moe::ExpertParam> experts_of_info(const PyValue& model
 
 void save_expert_files(const std::string& dir, const std::string& tag,
                        const std::map<std::string, nn::moe::ExpertParam>& experts,
-                       const std::function<at::Tensor(const std::string&)>& value) {
+                       const std::function<at::Tensor(const std::string&)>& value, int mp_rank) {
   // Per file, its tensors in the module's order (the map is by name; DeepSpeed's files list
   // an expert's tensors in state_dict order, which no reader depends on).
   std::map<std::pair<int, int64_t>, PyValue> files;
@@ -122,7 +122,7 @@ void save_expert_files(const std::string& dir, const std::string& tag,
     }
   }
   for (const auto& [at, dict] : files)
-    save_torch_file(dict, expert_states_path(dir, tag, at.first, at.second));
+    save_torch_file(dict, expert_states_path(dir, tag, at.first, at.second, mp_rank));
 }
 
 std::map<std::string, nn::moe::ExpertParam> one_rank_experts(
@@ -159,14 +159,16 @@ PyValue module_with_experts(const PyValue& module,
 }
 
 ExpertFiles::ExpertFiles(std::string dir, std::string tag, std::vector<int64_t> saved_num_experts,
-                         std::string model_path)
+                         std::string model_path, int mp_rank)
     : dir_(std::move(dir)),
       tag_(std::move(tag)),
       model_path_(std::move(model_path)),
-      num_experts_(std::move(saved_num_experts)) {}
+      num_experts_(std::move(saved_num_experts)),
+      mp_rank_(mp_rank) {}
 
 ExpertFiles ExpertFiles::of_model(const std::string& dir, const std::string& tag,
-                                  const PyValue& model, const std::string& model_path) {
+                                  const PyValue& model, const std::string& model_path,
+                                  int mp_rank) {
   const PyValue* n = model.is_dict() ? model.find(PyValue("num_experts")) : nullptr;
   if (!n)
     throw CheckpointError("'" + model_path +
@@ -176,7 +178,7 @@ ExpertFiles ExpertFiles::of_model(const std::string& dir, const std::string& tag
     throw CheckpointError("'" + model_path +
                           "': 'num_experts' is not a list (DeepSpeed's old MoE layout, "
                           "expert_<E>_mp_rank_XX files, which dscpp does not read)");
-  return ExpertFiles(dir, tag, n->as_ints(), model_path);
+  return ExpertFiles(dir, tag, n->as_ints(), model_path, mp_rank);
 }
 
 void ExpertFiles::check_model(const std::map<std::string, nn::moe::ExpertParam>& experts) const {
@@ -190,7 +192,7 @@ void ExpertFiles::check_model(const std::map<std::string, nn::moe::ExpertParam>&
 
 const at::Tensor& ExpertFiles::tensor(const ExpertSlot& slot) {
   auto it = files_.find({slot.layer, slot.global_expert});
-  const std::string path = expert_states_path(dir_, tag_, slot.layer, slot.global_expert);
+  const std::string path = expert_states_path(dir_, tag_, slot.layer, slot.global_expert, mp_rank_);
   if (it == files_.end()) {
     if (static_cast<size_t>(slot.layer) >= num_experts_.size() ||
         slot.global_expert >= num_experts_[slot.layer])

@@ -60,9 +60,10 @@ std::map<std::string, nn::moe::ExpertParam> experts_of_info(const PyValue& model
 
 // Writes this rank's local experts' files: per (layer, global expert) one OrderedDict of its
 // tensors (cloned compact, `value(name)` giving each expert parameter's current value).
+// mp_rank: DeepSpeed's checkpoint_mp_rank (a pipeline stage's: pipe_layout.h's pipe_mp_rank).
 void save_expert_files(const std::string& dir, const std::string& tag,
                        const std::map<std::string, nn::moe::ExpertParam>& experts,
-                       const std::function<at::Tensor(const std::string&)>& value);
+                       const std::function<at::Tensor(const std::string&)>& value, int mp_rank = 0);
 
 // The expert map the one-rank model (ep 1) of a checkpoint saved with `saved` has: every global
 // expert a local one (clones renamed deepspeed_experts.<E>, stacked weights [E, ...]).
@@ -79,11 +80,12 @@ PyValue module_with_experts(const PyValue& module,
 // Reads expert files on demand, each once; refusals name the folder and the file expected.
 class ExpertFiles {
  public:
-  // saved_num_experts: the checkpoint's `num_experts` (read from `model_path`).
+  // saved_num_experts: the checkpoint's `num_experts` (read from `model_path`); mp_rank: the
+  // files' mp_rank_XX (a pipeline stage's, DeepSpeed's checkpoint_mp_rank).
   ExpertFiles(std::string dir, std::string tag, std::vector<int64_t> saved_num_experts,
-              std::string model_path);
+              std::string model_path, int mp_rank = 0);
   static ExpertFiles of_model(const std::string& dir, const std::string& tag, const PyValue& model,
-                              const std::string& model_path);
+                              const std::string& model_path, int mp_rank = 0);
   // The tensor saved under a slot's key; missing file or key: CheckpointError.
   const at::Tensor& tensor(const ExpertSlot& slot);
   // This rank's local value of expert parameter `name` (clones: the file's tensor; stacked:
@@ -96,6 +98,7 @@ class ExpertFiles {
  private:
   std::string dir_, tag_, model_path_;
   std::vector<int64_t> num_experts_;
+  int mp_rank_ = 0;
   std::map<std::pair<int, int64_t>, PyValue> files_;
 };
 

@@ -44,14 +44,21 @@ void ExpertRelayout::add(UniversalParam p,
   }
 }
 
+ExpertRelayout::ExpertRelayout(std::string where, std::vector<UniversalParam> whole,
+                               const std::map<std::string, nn::moe::ExpertParam>& one_rank)
+    : where_(std::move(where)) {
+  for (auto& p : whole) add(std::move(p), one_rank);
+}
+
 ExpertRelayout::ExpertRelayout(const std::string& dir, const std::string& tag, const PyValue& model,
-                               const std::string& path)
+                               const std::string& path, int mp_rank,
+                               std::function<std::string(int)> zero_file)
     : where_(tag_dir(dir, tag)) {
   const auto saved = experts_of_info(model, path);
   const int64_t ep = moe_ep_size(model);
-  auto files = ExpertFiles::of_model(dir, tag, model, path);
+  auto files = ExpertFiles::of_model(dir, tag, model, path, mp_rank);
   const PyValue& module = need(model, "module", path);
-  auto zero_file = [&](int r) { return find_zero_states(dir, tag, r); };
+  if (!zero_file) zero_file = [&](int r) { return find_zero_states(dir, tag, r); };
   if (ep == 1) {
     // Every rank held every expert, in the one (dense) group: the saving ranks' view is the
     // one-rank model's.
@@ -74,7 +81,7 @@ ExpertRelayout::ExpertRelayout(const std::string& dir, const std::string& tag, c
     const PyValue local = module_with_experts(PyValue::ordered_dict(), mine, files);
     PyValue expp;
     if (stage0) {
-      const std::string expp_path = expp_optim_states_path(dir, tag, static_cast<int>(r));
+      const std::string expp_path = expp_optim_states_path(dir, tag, static_cast<int>(r), mp_rank);
       expp = need(load_torch_file(expp_path), "optimizer", expp_path);
     }
     ZeroGroup which;

@@ -10,12 +10,15 @@
 //                      for expert-parallel rank R (partition k of the data-rank count / E, the
 //                      expert-data group: DeepSpeed's real_dp_process_group of a MoE group);
 //                      stage 0: expp_rank_R's optimizer, entries after the dense ones
-// At ep_size 1 the experts are dense parameters (one group). Reads files only; CheckpointError
-// naming the file.
+// At ep_size 1 the experts are dense parameters (one group). A pipeline stage's files carry its
+// mp_rank_XX (DeepSpeed's checkpoint_mp_rank) and its own ZeRO file names (pipe_layout.h): the
+// same reading with those names. Reads files only; CheckpointError naming the file.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "dscpp/nn/moe/expert_params.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
@@ -25,9 +28,17 @@ namespace dscpp::checkpoint {
 
 class ExpertRelayout {
  public:
-  // model: the checkpoint's model-states file (read from `path`) as saved.
+  // model: the checkpoint's model-states file (read from `path`) as saved; mp_rank: its expert
+  // and expp_rank files' mp_rank_XX; zero_file(r): data rank r's ZeRO file (null: the plain
+  // engine's, find_zero_states).
   ExpertRelayout(const std::string& dir, const std::string& tag, const PyValue& model,
-                 const std::string& path);
+                 const std::string& path, int mp_rank = 0,
+                 std::function<std::string(int)> zero_file = nullptr);
+  // The same over whole parameters already read (a pipeline checkpoint's, pipe_checkpoint.h),
+  // named as the one-rank model of expert map `one_rank` names them; where: the checkpoint, for
+  // errors.
+  ExpertRelayout(std::string where, std::vector<UniversalParam> whole,
+                 const std::map<std::string, nn::moe::ExpertParam>& one_rank);
   // Parameter `name` of a model whose expert parameters are `experts` (its own, at any
   // expert-parallel degree and rank): whole, with its optimizer states and step.
   UniversalParam param(const std::string& name,

@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/moe_pipe_stage.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/checkpoint/tp_reshape.h"
@@ -25,6 +27,31 @@ const PyValue& need(const PyValue& dict, const char* key, const std::string& pat
   const PyValue* v = dict.is_dict() ? dict.find(PyValue(key)) : nullptr;
   if (!v) throw CheckpointError("'" + path + "' has no '" + key + "' entry");
   return *v;
+}
+
+// Each layer's names in a stage module held in its model states (a MoE stage's), those under
+// "<prefix>." in the module's order; a name no layer claims would be lost: refused.
+std::vector<std::vector<std::string>> layer_keys(const PyValue& module,
+                                                 const std::vector<PipeLayerFile>& layers,
+                                                 const std::string& path) {
+  std::vector<std::vector<std::string>> out;
+  std::set<std::string> claimed;
+  for (const PipeLayerFile& l : layers) {
+    if (!l.file.empty())
+      throw CheckpointError(fmt::format(
+          "'{}' is a MoE stage's (its module in the model states), but lists the layer file '{}'",
+          path, l.file));
+    std::vector<std::string> names;
+    for (const auto& k : module.keys())
+      if (k.as_string().rfind(l.prefix + ".", 0) == 0) names.push_back(k.as_string());
+    claimed.insert(names.begin(), names.end());
+    out.push_back(std::move(names));
+  }
+  for (const auto& k : module.keys())
+    if (!claimed.count(k.as_string()))
+      throw CheckpointError(
+          fmt::format("'{}': module key '{}' is under none of its layers", path, k.as_string()));
+  return out;
 }
 
 }  // namespace
@@ -143,7 +170,8 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
       l.prefix = need(e, "prefix", path).as_string();
       l.file = need(e, "file", path).as_string();
       l.digest = need(e, "digest", path).as_string();
-      if (l.file != layer_file_name(l.index, T > 1 ? m : kNoModelAxis))
+      // "": a MoE stage's layer, whose tensors its model states hold (no layer file).
+      if (!l.file.empty() && l.file != layer_file_name(l.index, T > 1 ? m : kNoModelAxis))
         throw CheckpointError(fmt::format("'{}' lists layer {} as '{}'", path, l.index, l.file));
       layers[static_cast<size_t>(k)].push_back(std::move(l));
     }
@@ -161,7 +189,24 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
   // module under whole-model names; keys[k] keeps each layer's names in file order.
   std::vector<PyValue> shard_module(static_cast<size_t>(files), PyValue::ordered_dict());
   std::vector<std::vector<std::vector<std::string>>> keys(static_cast<size_t>(files));
+  // A MoE stage at ep_size > 1 (DeepSpeed's layout: no layer files) as the one-rank model's.
+  std::vector<std::unique_ptr<PipeMoeStage>> moe(static_cast<size_t>(files));
   for (int k = 0; k < files; ++k) {
+    if (is_pipe_moe_stage(ck.models[static_cast<size_t>(k)])) {
+      if (T > 1)
+        throw CheckpointError(fmt::format(
+            "'{}': expert parallelism with a model axis is not supported (no such checkpoint "
+            "is written)",
+            ck.model_paths[static_cast<size_t>(k)]));
+      moe[static_cast<size_t>(k)] = std::make_unique<PipeMoeStage>(
+          dir, tag, ck.models[static_cast<size_t>(k)], ck.model_paths[static_cast<size_t>(k)], k,
+          [&dir, &tag, k](int r) { return find_pipe_zero_states(dir, tag, r, k, 0, 1); });
+      shard_module[static_cast<size_t>(k)] = moe[static_cast<size_t>(k)]->module;
+      keys[static_cast<size_t>(k)] =
+          layer_keys(shard_module[static_cast<size_t>(k)], layers[static_cast<size_t>(k)],
+                     ck.model_paths[static_cast<size_t>(k)]);
+      continue;
+    }
     for (const PipeLayerFile& l : layers[static_cast<size_t>(k)]) {
       const std::string path = (fs::path(tag_dir(dir, tag)) / l.file).string();
       if (!fs::is_regular_file(path))
@@ -226,10 +271,12 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
     std::vector<std::string> names;
     for (int m = 0; m < T; ++m) {
       const size_t k = static_cast<size_t>(s * T + m);
-      for (auto& p : consolidate_params(
-               ck.models[k], ck.model_paths[k], shard_module[k],
-               [&](int r) { return find_pipe_zero_states(dir, tag, r, s, m, T); },
-               k == 0 ? &ck.optimizer_state : nullptr)) {
+      for (auto& p : moe[k]
+                         ? std::move(moe[k]->params)
+                         : consolidate_params(
+                               ck.models[k], ck.model_paths[k], shard_module[k],
+                               [&](int r) { return find_pipe_zero_states(dir, tag, r, s, m, T); },
+                               k == 0 ? &ck.optimizer_state : nullptr)) {
         if (m == 0) names.push_back(p.name);
         by_rank[static_cast<size_t>(m)][p.name] = std::move(p);
       }

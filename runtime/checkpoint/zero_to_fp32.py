@@ -2,7 +2,9 @@
 """Consolidates a dscpp checkpoint into one fp32 state_dict, as DeepSpeed's zero_to_fp32.py
 does for DeepSpeed's. dscpp writes this script into every checkpoint folder it saves to; it
 needs only torch (no dscpp, no DeepSpeed) and reads ZeRO stages 0-3 of any number of ranks, and
-pipeline checkpoints (layer files and one model-states file per stage) of any layout, and
+pipeline checkpoints (layer files and one model-states file per stage; a stage with expert
+parallelism keeps its module in its model states and its experts in per-expert files) of any
+layout, MoE ones (per-expert files) of any expert-parallel degree, and
 tensor-parallel ones (mp_rank_XX per tensor rank, a 3D pipeline's per stage and tensor rank):
 each split tensor merged over its tensor ranks by the dscpp_partition metadata.
 
@@ -101,17 +103,19 @@ def _flat_group(parts, g, shapes, folder):
     return fp32
 
 
-def _moe_ep_state_dict(folder, model_path, model):
+def _moe_ep_state_dict(folder, model_path, model, mp=0, zero_file=None):
     """A MoE checkpoint saved at ep_size E > 1 (dscpp's runtime/checkpoint/moe_relayout.h):
     param_shapes[0] the dense parameters, partitioned over the data ranks (group 0 of every
     ZeRO file); param_shapes[1] expert-parallel rank 0's local expert names (every rank's are
     alike), rank R's experts being group 1 of the files of data ranks R, R+E, ... (its
     expert-data group). Stage 0: the dense fp32 copies in the model states' optimizer, rank R's
-    experts' after them in expp_rank_R's. Gives the one-rank model's names."""
+    experts' after them in expp_rank_R's. Gives the one-rank model's names. mp: the files'
+    mp_rank_XX (a pipeline stage's); zero_file(r): data rank r's ZeRO file."""
+    zero_file = zero_file or (lambda r: _zero_file(folder, r))
     info, world = model["dscpp_moe"], model["dp_world_size"]
     ep, experts = info["ep_size"], info["expert_params"]
     dense_shapes, expert_shapes = model["param_shapes"]
-    out = _module_with_experts(folder, model_path, model)  # every global expert, from its file
+    out = _module_with_experts(folder, model_path, model, mp)  # every global expert, from its file
     for k, t in list(out.items()):
         if torch.is_tensor(t) and t.is_floating_point():
             out[k] = t.float()
@@ -122,13 +126,13 @@ def _moe_ep_state_dict(folder, model_path, model):
             return out
         out.update((name, t.float()) for name, t in zip(dense_shapes, masters))
         for r in range(ep):
-            path = os.path.join(folder, f"expp_rank_{r}_mp_rank_00_optim_states.pt")
+            path = os.path.join(folder, f"expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt")
             masters = _load(path)["optimizer"]["dscpp_fp32_params"][len(dense_shapes):]
             per_rank.append({name: t.float() for name, t in zip(expert_shapes, masters)})
     else:
         parts = []
         for r in range(world):
-            path = _zero_file(folder, r)
+            path = zero_file(r)
             f = _load(path)
             _check_binding(model, model_path, f, path, r)
             parts.append(f["optimizer_state_dict"])
@@ -177,7 +181,8 @@ def _pipe_state_dict(folder, model0_path, model0):
     """A pipeline checkpoint (dscpp's pipe/pipeline_checkpoint.cpp): the module from every
     stage's layer files (by layer index, a tied module's first file), the trainable parameters
     from each stage's partitions (zero_pp_rank_D_mp_rank_<stage * t + model>), split tensors
-    merged over the t model ranks."""
+    merged over the t model ranks. A stage with expert parallelism (DeepSpeed's MoE layout: no
+    layer files) is read as a MoE checkpoint of its own mp_rank."""
     stages = model0["dscpp_pipe"]["stages"]
     t = model0["dscpp_pipe"].get("model_parallel_size", 1)
     parts, sds = {}, []
@@ -192,6 +197,11 @@ def _pipe_state_dict(folder, model0_path, model0):
             layers.append(ms["dscpp_pipe"]["layers"])
             parts.update((ms.get("dscpp_tensor_parallel") or {}).get("partitions", {}))
         shard_modules, shard_fp32 = [], []
+        if t == 1 and "num_experts" in models[0][1] and (models[0][1].get("dscpp_moe") or {}).get("ep_size", 1) > 1:
+            path, ms = models[0]
+            sd = _moe_ep_state_dict(folder, path, ms, s, lambda r, s=s: _mp_zero_file(folder, r, s, f"stage {s}"))
+            sds.append((layers[0], [sd], [sd]))
+            continue
         for m, (path, ms) in enumerate(models):
             module = collections.OrderedDict()
             for layer in layers[m]:
@@ -253,14 +263,14 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
     return _plain_state_dict(model, model_path, folder, lambda r: _zero_file(folder, r))
 
 
-def _module_with_experts(folder, model_path, model):
+def _module_with_experts(folder, model_path, model, mp=0):
     """A MoE checkpoint's module with every global expert, as the one-rank model names them:
     clones as saved (deepspeed_experts.<E>), stacked weights (<name>.<E>) stacked on dim 0."""
     module = collections.OrderedDict(model["module"])
     stacked = collections.defaultdict(dict)
     for layer, count in enumerate(model["num_experts"]):
         for e in range(count):
-            path = os.path.join(folder, f"layer_{layer}_expert_{e}_mp_rank_00_model_states.pt")
+            path = os.path.join(folder, f"layer_{layer}_expert_{e}_mp_rank_{mp:02d}_model_states.pt")
             if not os.path.isfile(path):
                 raise SystemExit(f"zero_to_fp32.py: '{model_path}' names {count} experts in MoE layer "
                                  f"{layer}, but '{path}' is missing")

@@ -437,10 +437,12 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     if (universal && ex)
       throw CheckpointError(
           "checkpoint.load_universal with expert parameters at ep_size > 1 is not supported");
-    if (!universal) model = moe_model_view(load_dir, tag, model, path, experts);
-    // A pipeline checkpoint (layer files, one model-states file per stage) is read whole and
-    // this engine's part taken from it, onto any layout.
-    if (!universal && checkpoint::is_pipe_checkpoint(model)) {
+    // A pipeline checkpoint (layer files, or a MoE stage's model states and expert files; one
+    // model-states file per stage) is read whole, as the one-rank model's, and this engine's
+    // part taken from it, onto any layout and expert-parallel degree.
+    const bool pipe = !universal && checkpoint::is_pipe_checkpoint(model);
+    if (!universal && !pipe) model = moe_model_view(load_dir, tag, model, path, experts);
+    if (pipe) {
       load_pipe_checkpoint(load_dir, tag, model, path, options, result, rng);
     } else if (!universal && model.find(PyValue("dscpp_tensor_parallel"))) {
       load_tp_checkpoint(load_dir, tag, model, path, options, result, rng);

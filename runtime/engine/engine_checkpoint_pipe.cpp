@@ -13,10 +13,14 @@
 #include <map>
 #include <set>
 
+#include "dscpp/runtime/checkpoint/moe_layout.h"
+#include "dscpp/runtime/checkpoint/moe_relayout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/tp_reshape.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/engine_experts.h"
+#include "dscpp/runtime/engine/moe_checkpoint.h"
 #include "dscpp/runtime/engine/universal_load.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -24,6 +28,7 @@ namespace dscpp {
 
 using checkpoint::CheckpointError;
 using checkpoint::PyValue;
+using engine_checkpoint::Experts;
 
 void EngineCore::load_pipe_checkpoint(const std::string& dir, const std::string& tag,
                                       const PyValue& model, const std::string& path,
@@ -55,26 +60,61 @@ void EngineCore::load_pipe_checkpoint(const std::string& dir, const std::string&
       p.partition = checkpoint::ParamPartition::whole(p.fp32.sizes().vec());
     }
   }
+  // The checkpoint is the one-rank model's (every global expert): this engine's experts, at
+  // its own expert-parallel degree and rank, are cut from it per global expert (moe_layout.h's
+  // slots), whatever degree saved it.
+  const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
+  const Experts one = checkpoint::one_rank_experts(experts);
+  const std::string where = checkpoint::tag_dir(dir, tag);
+  auto local_expert = [&](const std::string& name, const nn::moe::ExpertParam& e) {
+    std::vector<at::Tensor> parts;
+    for (const auto& slot : checkpoint::expert_slots(name, e)) {
+      // A clone's slot key is its one-rank name; a stacked weight keeps its name, [E, ...].
+      const PyValue* v = ck.module.find(PyValue(slot.slice < 0 ? slot.key : name));
+      if (!v || !v->is_tensor())
+        throw CheckpointError(
+            fmt::format("pipeline checkpoint '{}' holds no '{}' (expert {} of '{}')", where,
+                        slot.slice < 0 ? slot.key : name, slot.global_expert, name));
+      parts.push_back(slot.slice < 0 ? v->as_tensor()
+                                     : v->as_tensor().select(0, slot.global_expert));
+    }
+    return e.local_expert >= 0 ? parts.at(0) : at::stack(parts);
+  };
   // The module: the whole model's state dict, or (a pipeline stage) the part this engine holds.
-  PyValue module = ck.module;
-  if (ckpt_layout_.partial_module) {
-    std::set<std::string> ours;
-    for (const auto& [name, t] : named_params_()) ours.insert(name);
-    for (const auto& [name, t] : named_buffers_()) ours.insert(name);
-    module = PyValue::ordered_dict();
-    for (size_t i = 0; i < ck.module.size(); ++i)
-      if (ours.count(ck.module.keys()[i].as_string()))
-        module.set(ck.module.keys()[i], ck.module.values()[i]);
+  PyValue module = PyValue::ordered_dict();
+  std::set<std::string> ours;
+  for (const auto& [name, t] : named_params_()) ours.insert(name);
+  for (const auto& [name, t] : named_buffers_()) ours.insert(name);
+  for (size_t i = 0; i < ck.module.size(); ++i) {
+    const std::string& name = ck.module.keys()[i].as_string();
+    if (one.count(name)) continue;  // an expert's: added below under this engine's names
+    if (!ckpt_layout_.partial_module || ours.count(name))
+      module.set(ck.module.keys()[i], ck.module.values()[i]);
   }
+  for (const auto& [name, e] : experts) module.set(PyValue(name), PyValue(local_expert(name, e)));
   PyValue view = model;
   view.set(PyValue("module"), std::move(module));
   const bool other_params = load_module(view, path, options, result);
+  EngineExperts* ex = this->experts();
   if (options.load_module_only || other_params) {
     zero_->refresh_master_from_params();
+    if (ex) ex->zero().refresh_master_from_params();
   } else {
     std::map<std::string, const checkpoint::UniversalParam*> by_name;
     for (const auto& p : ck.params) by_name[p.name] = &p;
-    const std::string where = checkpoint::tag_dir(dir, tag);
+    if (ex) {
+      // The experts' own ZeroOptimizer (ep_size > 1): each local expert's weights and
+      // optimizer state cut from the whole ones.
+      const checkpoint::ExpertRelayout relayout(where, ck.params, one);
+      const auto& names = ex->names();
+      engine_checkpoint::load_whole_params(
+          ex->zero(), [&](size_t i) { return relayout.param(names.at(i), experts); },
+          [&](size_t i) {
+            return fmt::format("pipeline checkpoint '{}': expert parameter '{}'", where,
+                               names.at(i));
+          },
+          options.load_optimizer_states);
+    }
     engine_checkpoint::load_whole_params(
         *zero_,
         [&](size_t i) {

@@ -362,15 +362,16 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
     if (!experts.empty() && expert_data_rank(group_->rank(), ep) == 0) {
       std::map<std::string, at::Tensor> values;
       for (const auto& [name, p] : named_params_()) values.emplace(name, p);
-      checkpoint::save_expert_files(save_dir, tag, experts,
-                                    [&](const std::string& name) { return values.at(name); });
+      checkpoint::save_expert_files(
+          save_dir, tag, experts, [&](const std::string& name) { return values.at(name); },
+          ckpt_layout_.mp_rank);
       if (zero_->stage() == 0) {
         PyValue expp = PyValue::dict();
         expp.set(PyValue("optimizer"),
                  stage0_optimizer(checkpointed_zeros(*this), dtype_ != at::kFloat, own));
-        checkpoint::save_torch_file(
-            bound(std::move(expp)),
-            checkpoint::expp_optim_states_path(save_dir, tag, group_->rank() % ep));
+        checkpoint::save_torch_file(bound(std::move(expp)),
+                                    checkpoint::expp_optim_states_path(
+                                        save_dir, tag, group_->rank() % ep, ckpt_layout_.mp_rank));
       }
     }
     if (zero_->stage() >= 1)

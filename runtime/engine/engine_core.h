@@ -137,6 +137,9 @@ struct CheckpointLayout {
   // states of a pipeline checkpoint (restored when saved on the same layout).
   bool partial_module = false;
   int stage = 0, stages = 1;
+  // DeepSpeed's checkpoint_mp_rank of this rank's MoE files (layer_L_expert_E_mp_rank_XX,
+  // expp_rank_R_mp_rank_XX): a pipeline stage's pipe_mp_rank; 0 without a layout.
+  int mp_rank = 0;
 };
 
 class EngineCore {
