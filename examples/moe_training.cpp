@@ -28,16 +28,13 @@ std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTCo
   return expert_parallel_group(config, comm::Topology({"pipe", "data", "model"}, {1, world, 1}));
 }
 
-void check_moe_job(const model_zoo::GPTConfig& config, const GptOptions& options) {
-  if (!config.moe.enabled()) return;
-  const int64_t tensor =
-      std::max(config.parallelism.tensor_model_parallel_size, options.tensor_model_parallel_size);
-  if (tensor > 1)
-    throw FlagError(fmt::format(
-        "{}: an MoE model (num_experts {}) trains with data, expert and pipeline parallelism in "
-        "train_gpt so far: expected tensor degree 1, found {} (the engine refuses expert "
-        "parallelism with tensor parallelism, and the tensor-parallel GPT has no MoE blocks)",
-        options.model_config, config.moe.num_experts, tensor));
+void check_moe_job(const model_zoo::GPTConfig& config, const JobLayout& layout) {
+  if (!config.moe.enabled() || layout.pipeline <= 1 || layout.tensor <= 1) return;
+  throw FlagError(fmt::format(
+      "an MoE model (num_experts {}) trains on a pipeline ({} stages) or with a tensor degree "
+      "({}) in train_gpt, not both yet: the tensor-parallel GPT's LayerSpec form has no MoE "
+      "blocks",
+      config.moe.num_experts, layout.pipeline, layout.tensor));
 }
 
 MoETraining::MoETraining(const model_zoo::GPTConfig& config, torch::nn::Module& model,

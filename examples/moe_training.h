@@ -23,6 +23,7 @@
 #include "dscpp/comm/topology.h"
 #include "dscpp/model_zoo/gpt_config.h"
 #include "gpt_flags.h"
+#include "train_gpt_pipeline.h"
 
 namespace dscpp::examples {
 
@@ -34,8 +35,9 @@ std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTCo
 // The same for a data-parallel job (data x 1: the world is the data axis).
 std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTConfig& config);
 
-// Throws FlagError when an MoE config asks for a layout train_gpt cannot train it on.
-void check_moe_job(const model_zoo::GPTConfig& config, const GptOptions& options);
+// Throws FlagError when an MoE config asks for a layout train_gpt cannot train it on (a
+// pipeline with a tensor degree > 1: the tensor-parallel LayerSpecs have no MoE blocks).
+void check_moe_job(const model_zoo::GPTConfig& config, const JobLayout& layout);
 
 class MoETraining {
  public:

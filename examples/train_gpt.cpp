@@ -516,11 +516,11 @@ int main(int argc, char** argv) {
     if (args.dry_run) return dscpp::examples::run_dry_run(args, launched ? world : 0, quiet);
     cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
     apply_tensor_flags(*cfg, args, world);
-    dscpp::examples::check_moe_job(*cfg, args);
     // A pipeline (train_gpt_pipeline.h) leaves world / (stages x tensor) ranks to data
     // parallelism, and runs tensor parallelism itself.
     const auto raw = dscpp::config::read_config(args.ds_config);
     layout = dscpp::examples::job_layout(*cfg, raw, args, world);
+    dscpp::examples::check_moe_job(*cfg, layout);
     ds_config = dscpp::examples::apply_gpt_flags(raw, args, layout.data);
   } catch (const dscpp::examples::FlagError& e) {
     return report_once(quiet, e.what(), 2);
@@ -543,10 +543,16 @@ int main(int argc, char** argv) {
     if (cfg->parallelism.tensor_model_parallel_size > 1) {
       // At stage 3 TensorParallelGPT is gathered as a whole (over the data group), its
       // LayerSpecs having no sequence parallelism.
-      const TensorGroups groups = tensor_groups(cfg->parallelism.tensor_model_parallel_size);
+      const int64_t t = cfg->parallelism.tensor_model_parallel_size;
+      const TensorGroups groups = tensor_groups(t);
+      // An MoE model's expert-parallel groups split the data group of each tensor rank
+      // (DeepSpeed's layout with an mpu); null at expert degree 1.
+      const auto ep_group = dscpp::examples::expert_parallel_group(
+          *cfg, dscpp::comm::Topology({"pipe", "data", "model"},
+                                      {1, static_cast<int>(world / t), static_cast<int>(t)}));
       at::manual_seed(static_cast<uint64_t>(args.seed));  // the same master weights on all
-      return train(args, *cfg, dscpp::model_zoo::TensorParallelGPT(*cfg, groups.model), ds_config,
-                   groups);
+      return train(args, *cfg, dscpp::model_zoo::TensorParallelGPT(*cfg, groups.model, ep_group),
+                   ds_config, groups);
     }
     if (layered) {
       // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE blocks.

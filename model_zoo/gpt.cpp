@@ -20,6 +20,7 @@
 
 #include "dscpp/comm/process_group.h"
 #include "dscpp/config/config_error.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/module_scope.h"
 #include "dscpp/nn/normal_init.h"
@@ -190,28 +191,10 @@ at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
   return hy[0] + at::dropout(run_mlp(hy[1]), dropout, is_training());
 }
 
-namespace {
-
-// The MoE blocks' expert-parallel group: null at degree 1, else a group of that many ranks.
-std::shared_ptr<comm::ProcessGroup> checked_ep_group(
-    const GPTConfig& c, const std::shared_ptr<comm::ProcessGroup>& ep_group) {
-  const int64_t ep = c.parallelism.expert_model_parallel_size;
-  if (ep > 1 && (!ep_group || ep_group->size() != ep))
-    throw ConfigError("parallelism.expert_model_parallel_size",
-                      fmt::format("{}: the GPT needs the expert-parallel group of {} ranks "
-                                  "(comm::new_expert_groups), got {}",
-                                  ep, ep,
-                                  ep_group ? fmt::format("a group of {}", ep_group->size())
-                                           : std::string("none")));
-  return ep > 1 ? ep_group : nullptr;
-}
-
-}  // namespace
-
 GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep_group)
     : config_(std::move(config)) {
   config_.validate();
-  const auto group = checked_ep_group(config_, ep_group);
+  const auto group = checked_expert_parallel_group(config_, ep_group);
   embedding = register_module("embedding", GPTEmbedding(config_));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
@@ -283,12 +266,15 @@ std::vector<std::string> GPTImpl::enable_activation_checkpointing(
 
 std::vector<MoELayerStats> take_moe_stats(torch::nn::Module& root) {
   std::vector<MoELayerStats> out;
-  for (const auto& m : root.modules()) {
-    auto* block = dynamic_cast<GPTBlockImpl*>(m.get());
-    if (!block || !block->moe) continue;
+  auto take = [&out](auto* block) {
+    if (!block || !block->moe) return;
     out.push_back(std::move(block->moe_stats));
     out.back().layer = block->layer;
     block->moe_stats = MoELayerStats{};
+  };
+  for (const auto& m : root.modules()) {
+    take(dynamic_cast<GPTBlockImpl*>(m.get()));
+    take(dynamic_cast<TensorParallelGPTBlockImpl*>(m.get()));
   }
   return out;
 }
@@ -296,7 +282,7 @@ std::vector<MoELayerStats> take_moe_stats(torch::nn::Module& root) {
 std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
                                            const std::shared_ptr<comm::ProcessGroup>& ep_group) {
   config.validate();
-  const auto group = checked_ep_group(config, ep_group);
+  const auto group = checked_expert_parallel_group(config, ep_group);
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
   auto build_embedding = [config] { return GPTEmbedding(config).ptr(); };

@@ -4,9 +4,14 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
 
-#include <cmath>
+#include <fmt/format.h>
 
+#include <cmath>
+#include <string>
+
+#include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/normal_init.h"
 
@@ -22,7 +27,22 @@ double residual_std(const GPTConfig& c) {
 
 }  // namespace
 
-nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::ProcessGroup>& ep_group) {
+std::shared_ptr<comm::ProcessGroup> checked_expert_parallel_group(
+    const GPTConfig& c, const std::shared_ptr<comm::ProcessGroup>& ep_group) {
+  const int64_t ep = c.parallelism.expert_model_parallel_size;
+  if (ep > 1 && (!ep_group || ep_group->size() != ep))
+    throw ConfigError("parallelism.expert_model_parallel_size",
+                      fmt::format("{}: the GPT needs the expert-parallel group of {} ranks "
+                                  "(comm::new_expert_groups), got {}",
+                                  ep, ep,
+                                  ep_group ? fmt::format("a group of {}", ep_group->size())
+                                           : std::string("none")));
+  return ep > 1 ? ep_group : nullptr;
+}
+
+nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::ProcessGroup>& ep_group,
+                          const std::shared_ptr<comm::ProcessGroup>& tensor_group) {
+  const bool tensor_parallel = nn::tensor_model_parallel_size(tensor_group) > 1;
   const MoEConfig& m = c.moe;
   const int64_t ep = c.parallelism.expert_model_parallel_size;
   const bool dropless = !(m.moe_expert_capacity_factor > 0.0);
@@ -49,11 +69,16 @@ nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::Proces
       .bias_update_rate(m.moe_router_bias_update_rate)
       .ffn_hidden_size(c.moe_ffn_size())
       .activation(c.swiglu ? moe::Activation::kSwiglu : moe::Activation::kGelu)
-      .latent_size(m.moe_latent_size);
+      .latent_size(m.moe_latent_size)
+      .tensor_group(tensor_parallel ? tensor_group : nullptr);
   if (m.moe_shared_expert_intermediate_size > 0) {
     GPTConfig shared = c;
     shared.ffn_hidden_size = m.moe_shared_expert_intermediate_size;
-    o.shared_expert(torch::nn::AnyModule(GPTMLP(shared)));
+    // Drawn whole in GPTMLP's order either way: the cut one holds the slices of GPTMLP's.
+    if (tensor_parallel)
+      o.shared_expert(torch::nn::AnyModule(TensorParallelGPTMLP(shared, tensor_group)));
+    else
+      o.shared_expert(torch::nn::AnyModule(GPTMLP(shared)));
   }
   moe::MoE layer(o);
   // Megatron's initialisation in place of nn.Linear's (gpt_moe.h).

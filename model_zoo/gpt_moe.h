@@ -7,7 +7,12 @@
 //   as Megatron's ceil(tokens * topk / experts * factor)).
 // - routed experts: a GroupedMLP of moe_ffn_size(), SwiGLU when the model's MLP is, else the
 //   exact GELU (refused with gelu_approximation "tanh": GPTConfig::validate_moe).
-// - shared expert: a GPTMLP of moe_shared_expert_intermediate_size (the model's own MLP kind).
+// - shared expert: a GPTMLP of moe_shared_expert_intermediate_size (the model's own MLP kind);
+//   in the tensor-parallel GPT a TensorParallelGPTMLP of that width, cut over the model group
+//   as the dense MLP is (Megatron's shared experts are tensor-parallel too).
+// - tensor parallelism (tensor_group of t > 1 ranks): the routed experts are replicas over the
+//   tensor group (DeepSpeed's default; its enable_expert_tensor_parallelism off) and each
+//   tensor rank dispatches 1/t of the tokens (nn/moe/moe.h's token split).
 // - LatentMoE: moe_latent_size.
 // Initialisation is the GPT's (Megatron's): the router, the experts' first products and the
 // latent down-projection ~ normal(0, init_method_std); the experts' second products and the
@@ -45,9 +50,16 @@ struct MoELayerStats {
 };
 
 // The MoE layer of `config` (config.moe.enabled()); `ep_group` is the expert-parallel group
-// of parallelism.expert_model_parallel_size ranks (null at 1).
+// of parallelism.expert_model_parallel_size ranks (null at 1); tensor_group the
+// tensor-parallel GPT's model group (null, or one rank: the GPT's layer).
 nn::moe::MoE make_moe_mlp(const GPTConfig& config,
-                          const std::shared_ptr<comm::ProcessGroup>& ep_group);
+                          const std::shared_ptr<comm::ProcessGroup>& ep_group,
+                          const std::shared_ptr<comm::ProcessGroup>& tensor_group = nullptr);
+
+// The MoE blocks' expert-parallel group: null at expert degree 1, else `ep_group`, which must
+// have that many ranks (a ConfigError naming parallelism.expert_model_parallel_size).
+std::shared_ptr<comm::ProcessGroup> checked_expert_parallel_group(
+    const GPTConfig& config, const std::shared_ptr<comm::ProcessGroup>& ep_group);
 
 // The coefficient run_moe_mlp gives l_aux: moe_aux_loss_coeff with load-balancing type
 // "aux_loss", else 0 (seq_aux_loss's goes to the router itself).

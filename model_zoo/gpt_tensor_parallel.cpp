@@ -141,14 +141,26 @@ at::Tensor TensorParallelGPTMLPImpl::forward(const at::Tensor& x) {
   return proj(h).first;
 }
 
-TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::GroupPtr group)
-    : dropout(c.hidden_dropout),
+TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::GroupPtr group,
+                                                       int64_t layer_, const nn::GroupPtr& ep_group)
+    : layer(layer_),
+      dropout(c.hidden_dropout),
       sequence_parallel(c.parallelism.sequence_parallel),
       fused_add_norm(c.residual_layernorm_fusion) {
   ln_1 = register_module("ln_1", make_layer_norm(c));
   attn = register_module("attn", TensorParallelGPTAttention(c, group));
   ln_2 = register_module("ln_2", make_layer_norm(c));
-  mlp = register_module("mlp", TensorParallelGPTMLP(c, group));
+  if (c.moe.is_moe_layer(layer_)) {
+    moe = register_module("mlp", make_moe_mlp(c, ep_group, group));
+    moe_l_aux_coeff = moe_l_aux_coeff_of(c);
+  } else {
+    mlp = register_module("mlp", TensorParallelGPTMLP(c, group));
+  }
+}
+
+at::Tensor TensorParallelGPTBlockImpl::run_mlp(const at::Tensor& x) {
+  if (!moe) return mlp(x);
+  return run_moe_mlp(*moe, x, moe_l_aux_coeff, is_training(), moe_stats);
 }
 
 at::Tensor TensorParallelGPTBlockImpl::forward(const at::Tensor& x) {
@@ -158,11 +170,11 @@ at::Tensor TensorParallelGPTBlockImpl::forward(const at::Tensor& x) {
   const at::Tensor branch = dropout_in(attn(ln_1(x)), dropout, training, sequence_parallel);
   if (!fused_add_norm) {
     const at::Tensor h = x + branch;
-    return h + dropout_in(mlp(ln_2(h)), dropout, training, sequence_parallel);
+    return h + dropout_in(run_mlp(ln_2(h)), dropout, training, sequence_parallel);
   }
   // As GPTBlock: the add and ln_2 in one op (a replicated LayerNorm, so no collective changes).
   const auto hy = ops::add_layer_norm(x, branch, ln_2->weight, ln_2->bias, ln_2->options.eps());
-  return hy[0] + dropout_in(mlp(hy[1]), dropout, training, sequence_parallel);
+  return hy[0] + dropout_in(run_mlp(hy[1]), dropout, training, sequence_parallel);
 }
 
 std::map<std::string, nn::TensorParallelAttr>
@@ -181,10 +193,12 @@ std::map<std::string, nn::TensorParallelAttr> TensorParallelGPTImpl::tensor_para
   return {{"final_norm.weight", sp}, {"final_norm.bias", sp}};
 }
 
-TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group)
+TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group,
+                                             const nn::GroupPtr& expert_parallel_group)
     : config_(std::move(config)), group_(std::move(group)) {
   config_.validate();
   validate_tensor_parallel(config_, nn::tensor_model_parallel_size(group_));
+  const auto ep_group = checked_expert_parallel_group(config_, expert_parallel_group);
   if (config_.checkpoint_activations)
     throw ConfigError("checkpoint_activations",
                       "expected false (TensorParallelGPT does not checkpoint its blocks yet; "
@@ -192,7 +206,7 @@ TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr grou
   embedding = register_module("embedding", TensorParallelGPTEmbedding(config_, group_));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    block_list_.emplace_back(config_, group_);
+    block_list_.emplace_back(config_, group_, i, ep_group);
     blocks->push_back(block_list_.back());
   }
   final_norm = register_module("final_norm", make_layer_norm(config_));
@@ -214,7 +228,9 @@ nn::ColumnParallelLinear untied_parallel_head(const GPTConfig& c, nn::GroupPtr g
 }
 
 void validate_tensor_parallel(const GPTConfig& c, int t) {
-  const std::string block_key = c.first_non_gpt2_block_key();
+  GPTConfig blocks = c;  // GPT-2's blocks, whose MLP may be the MoE layer
+  blocks.moe = MoEConfig{};
+  const std::string block_key = blocks.first_non_gpt2_block_key();
   if (!block_key.empty())
     throw ConfigError(block_key, fmt::format("expected GPT-2's block (normalization LayerNorm, "
                                              "learned_absolute positions, no swiglu, "
@@ -235,6 +251,14 @@ void validate_tensor_parallel(const GPTConfig& c, int t) {
     throw ConfigError("seq_length", fmt::format("expected a multiple of the tensor-parallel "
                                                 "degree {} (sequence parallelism), found {}",
                                                 t, c.seq_length));
+  if (c.moe.enabled() && c.parallelism.sequence_parallel)
+    throw ConfigError("parallelism.sequence_parallel",
+                      "expected false with num_experts: the tensor-parallel GPT's MoE layers "
+                      "take their input whole on every tensor rank (each rank dispatches 1/t of "
+                      "the tokens itself), not a sequence shard; found true");
+  if (c.moe.enabled())
+    check_divides(c.moe.moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size",
+                  t);
   check_divides(c.num_attention_heads, "num_attention_heads", t);
   check_divides(c.ffn_size(), "ffn_hidden_size", t);
   check_divides(c.vocab_size, "vocab_size", t);

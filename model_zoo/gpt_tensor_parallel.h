@@ -24,6 +24,14 @@
 // gradients are partial per rank: the engine sums them over the model group). Same numbers as
 // without it. Not here: activation checkpointing in the module form (a ConfigError when asked
 // for; the LayerSpec form, gpt_tensor_parallel_specs.h, checkpoints each block).
+//
+// An MoE config (num_experts): the blocks moe_layer_freq marks run gpt_moe.h's MoE layer in
+// the MLP's place, under the same name "mlp", drawn in GPT's order as GPT's MoE blocks draw:
+// the router and the routed experts replicated over the model group (each rank routes every
+// token alike and dispatches 1/t of them over its expert-parallel group: nn/moe/moe.h), the
+// shared expert cut as the dense MLP is. The expert-parallel group is formed among the
+// data-parallel ranks of one tensor rank (comm::new_expert_groups on the pipe x data x model
+// topology); null at expert degree 1. Not with sequence parallelism (a ConfigError).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +46,7 @@
 #include <vector>
 
 #include "dscpp/model_zoo/gpt_config.h"
+#include "dscpp/model_zoo/gpt_moe.h"
 #include "dscpp/nn/parallel_linear.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/nn/vocab_parallel_embedding.h"
@@ -78,7 +87,10 @@ struct TensorParallelGPTMLPImpl : torch::nn::Module {
 TORCH_MODULE(TensorParallelGPTMLP);
 
 struct TensorParallelGPTBlockImpl : torch::nn::Module, nn::TensorParallelModule {
-  TensorParallelGPTBlockImpl(const GPTConfig& config, nn::GroupPtr group);
+  // layer: the block's index (an MoE config's moe_layer_freq); ep_group: the expert-parallel
+  // group of an MoE block at expert degree > 1.
+  TensorParallelGPTBlockImpl(const GPTConfig& config, nn::GroupPtr group, int64_t layer = 0,
+                             const nn::GroupPtr& ep_group = nullptr);
   at::Tensor forward(const at::Tensor& x);
   // With sequence parallelism: the LayerNorms' parameters are sequence_parallel.
   std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;
@@ -86,17 +98,27 @@ struct TensorParallelGPTBlockImpl : torch::nn::Module, nn::TensorParallelModule 
   torch::nn::LayerNorm ln_1{nullptr};
   TensorParallelGPTAttention attn{nullptr};
   torch::nn::LayerNorm ln_2{nullptr};
-  TensorParallelGPTMLP mlp{nullptr};
+  TensorParallelGPTMLP mlp{nullptr};  // a dense block's MLP; null in an MoE block
+  nn::moe::MoE moe{nullptr};          // an MoE block's MLP (registered as "mlp"); null when dense
+  double moe_l_aux_coeff = 0;         // moe_l_aux_coeff_of(config)
+  MoELayerStats moe_stats;            // an MoE block's routing since the last take_moe_stats
+  int64_t layer = 0;                  // this block's index in the model
   double dropout = 0;
   bool sequence_parallel = false;
   bool fused_add_norm = true;  // residual_layernorm_fusion: the first add and ln_2 in one op
+
+ private:
+  at::Tensor run_mlp(const at::Tensor& x);
 };
 TORCH_MODULE(TensorParallelGPTBlock);
 
 struct TensorParallelGPTImpl : torch::nn::Module, nn::TensorParallelModule {
   // group: the model-parallel group, of config.parallelism.tensor_model_parallel_size ranks
   // (null for 1); num_attention_heads, the FFN width and vocab_size must divide by it.
-  TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group);
+  // expert_parallel_group: an MoE config's, of parallelism.expert_model_parallel_size ranks
+  // inside this tensor rank's data group; null at 1.
+  TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group,
+                        const nn::GroupPtr& expert_parallel_group = nullptr);
 
   at::Tensor forward(const at::Tensor& input_ids);  // -> this rank's logits [B,S,V/t]
   at::Tensor loss(const at::Tensor& logits_parallel, const at::Tensor& targets) const;
@@ -119,8 +141,8 @@ TORCH_MODULE(TensorParallelGPT);
 // The pieces TensorParallelGPT and its LayerSpec form (gpt_tensor_parallel_specs.h) share.
 
 // ConfigError unless `config` can be cut over t ranks: its tensor_model_parallel_size is t,
-// the heads, FFN width and vocabulary divide by t, and with sequence parallelism t > 1 and
-// the sequence divides by t.
+// the heads, FFN width (and an MoE config's shared-expert width) and vocabulary divide by t,
+// and with sequence parallelism t > 1, the sequence divides by t and the model has no experts.
 void validate_tensor_parallel(const GPTConfig& config, int t);
 
 // The embedding's output [B,S,h] in the blocks' layout: with sequence parallelism this rank's

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/vocab_parallel_cross_entropy.h"
@@ -16,6 +17,12 @@ std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& conf
                                                            nn::GroupPtr group) {
   config.validate();
   validate_tensor_parallel(config, nn::tensor_model_parallel_size(group));
+  if (config.moe.enabled())
+    throw ConfigError("num_experts",
+                      fmt::format("{}: the tensor-parallel GPT's LayerSpec form (a pipeline with "
+                                  "a tensor degree > 1) has no MoE blocks yet; TensorParallelGPT "
+                                  "has them, and so has gpt_layer_specs at tensor degree 1",
+                                  config.moe.num_experts));
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
   // With sequence parallelism the activation between layers (and between stages) is this

@@ -9,6 +9,7 @@
 #include "dscpp/error.h"
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/tensor_parallel_mappings.h"
 
 namespace dscpp::nn::moe {
 
@@ -41,8 +42,10 @@ TopKGateOptions gate_options(const MoEOptions& o) {
 }  // namespace
 
 MOELayerImpl::MOELayerImpl(TopKGate gate_, std::shared_ptr<torch::nn::Module> experts_,
-                           std::unique_ptr<TokenDispatcher> dispatcher_)
-    : dispatcher(std::move(dispatcher_)) {
+                           std::unique_ptr<TokenDispatcher> dispatcher_, GroupPtr tensor_group_)
+    : dispatcher(std::move(dispatcher_)),
+      tensor_group(tensor_model_parallel_size(tensor_group_) > 1 ? std::move(tensor_group_)
+                                                                 : nullptr) {
   gate = register_module("gate", std::move(gate_));
   experts = register_module("experts", std::move(experts_));
   local_experts = dynamic_cast<LocalExperts*>(experts.get());
@@ -54,9 +57,38 @@ std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, i
                                                      const at::Tensor& expert_tokens,
                                                      const at::Tensor& used_token) {
   Routing routing = gate->forward(tokens, seq_length, used_token);
-  ExpertInput in = dispatcher->dispatch(expert_tokens.defined() ? expert_tokens : tokens, routing);
-  at::Tensor out = local_experts->run_experts(in.rows, in.counts);
-  return {dispatcher->combine(out), std::move(routing)};
+  const at::Tensor& dispatched = expert_tokens.defined() ? expert_tokens : tokens;
+  if (!tensor_group) {
+    ExpertInput in = dispatcher->dispatch(dispatched, routing);
+    at::Tensor out = local_experts->run_experts(in.rows, in.counts);
+    return {dispatcher->combine(out), std::move(routing)};
+  }
+  // The token split (moe.h): this rank's 1/t of the routed tokens, by the same chunks as the
+  // scatter's.
+  const int64_t t = tensor_group->size(), s = tokens.size(0);
+  check(s % t == 0, "the tensor-parallel token split needs the tokens of a forward (" +
+                        std::to_string(s) + ") to divide by the tensor-parallel degree (" +
+                        std::to_string(t) + ")");
+  const int64_t n = s / t, first = tensor_group->rank() * n;
+  Routing mine = routing;
+  mine.indices = routing.indices.narrow(0, first, n);
+  if (routing.kept.defined()) mine.kept = routing.kept.narrow(0, first, n);
+  // The combine weights' gradient all-gathered back: the gate's gradient is whole everywhere.
+  mine.weights = scatter_to_sequence_parallel_region(routing.weights, tensor_group);
+  ExpertInput in =
+      dispatcher->dispatch(scatter_to_sequence_parallel_region(dispatched, tensor_group), mine);
+  at::Tensor out = dispatcher->combine(local_experts->run_experts(in.rows, in.counts));
+  // The output's gradient is whole on every rank (a replicated region): keep this chunk's.
+  return {gather_from_sequence_parallel_region(out, tensor_group, false), std::move(routing)};
+}
+
+std::map<std::string, nn::TensorParallelAttr> MOELayerImpl::tensor_parallel_attributes() const {
+  if (!tensor_group) return {};
+  nn::TensorParallelAttr partial;
+  partial.sequence_parallel = true;
+  std::map<std::string, nn::TensorParallelAttr> out;
+  for (const auto& p : experts->named_parameters()) out["experts." + p.key()] = partial;
+  return out;
 }
 
 MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
@@ -94,7 +126,8 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
   else
     dispatcher = std::make_unique<LocalTokenDispatcher>();
   deepspeed_moe = register_module(
-      "deepspeed_moe", MOELayer(TopKGate(gate_options(o)), experts, std::move(dispatcher)));
+      "deepspeed_moe",
+      MOELayer(TopKGate(gate_options(o)), experts, std::move(dispatcher), o.tensor_group()));
   if (o.use_residual()) {
     check(!o.expert().is_empty(), "use_residual needs the expert module (its dense MLP)");
     mlp = o.expert();

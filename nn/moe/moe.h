@@ -20,6 +20,18 @@
 // tokens go permute -> all-to-all -> local experts -> all-to-all -> unpermute. The gate, the
 // capacity, l_aux and exp_counts are this rank's own (DeepSpeed). The caller reduces expert
 // gradients over the expert-data-parallel group and the rest over the data group.
+//
+// Inside a tensor-parallel model (tensor_group of t > 1 ranks; Megatron's tensor parallelism
+// without sequence parallelism, so the layer's input and output are replicated over the
+// group): every rank routes all S tokens alike (the gate, capacity, l_aux and exp_counts are
+// those of t = 1), then dispatches only its 1/t of them, the outputs all-gathered after the
+// combine (DeepSpeed's drop_tokens / gather_tokens, which divide the all-to-all traffic and
+// the expert work by t). The token slice enters by a scatter whose backward all-gathers (the
+// input's and the combine weights' gradients are whole on every rank, so the gate and
+// everything before it stay replicas), and leaves by an all-gather whose backward keeps this
+// rank's chunk: the experts' gradients are partial sums over the tensor group, which
+// tensor_parallel_attributes() marks (sequence_parallel: the engine sums them over the model
+// group, and the experts stay equal on every tensor rank). S must divide by t.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -29,6 +41,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -36,6 +49,7 @@
 #include "dscpp/nn/moe/experts.h"
 #include "dscpp/nn/moe/router.h"
 #include "dscpp/nn/moe/token_dispatcher.h"
+#include "dscpp/nn/tensor_parallel_attr.h"
 
 namespace dscpp::nn::moe {
 
@@ -47,6 +61,8 @@ struct MoEOptions {
   TORCH_ARG(int64_t, num_experts) = 1;
   TORCH_ARG(int64_t, ep_size) = 1;
   TORCH_ARG(GroupPtr, ep_group);  // ep_size > 1: the expert-parallel group, of ep_size ranks
+  // The model-parallel group of a tensor-parallel model (see above); null or one rank: none.
+  TORCH_ARG(GroupPtr, tensor_group);
   TORCH_ARG(int64_t, k) = 1;
   TORCH_ARG(double, capacity_factor) = 1.0;  // 0: dropless
   TORCH_ARG(double, eval_capacity_factor) = 1.0;
@@ -77,21 +93,26 @@ struct MoEOutput {
   at::Tensor exp_counts;
 };
 
-// DeepSpeed's MOELayer: gate, dispatcher, experts on [S, H] tokens.
-class MOELayerImpl : public torch::nn::Module {
+// DeepSpeed's MOELayer: gate, dispatcher, experts on [S, H] tokens. tensor_group: the token
+// split above (null: none).
+class MOELayerImpl : public torch::nn::Module, public nn::TensorParallelModule {
  public:
   MOELayerImpl(TopKGate gate, std::shared_ptr<torch::nn::Module> experts,
-               std::unique_ptr<TokenDispatcher> dispatcher);
+               std::unique_ptr<TokenDispatcher> dispatcher, GroupPtr tensor_group = nullptr);
   // tokens [S, H] -> ([S, H'], the routing). expert_tokens: what is dispatched (LatentMoE:
   // the down-projected tokens); undefined: `tokens` itself.
   std::pair<at::Tensor, Routing> forward(const at::Tensor& tokens, int64_t seq_length = 0,
                                          const at::Tensor& expert_tokens = {},
                                          const at::Tensor& used_token = {});
+  // With the token split: every expert parameter is sequence_parallel (partial gradients over
+  // the tensor group); none otherwise.
+  std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;
 
   TopKGate gate{nullptr};
   std::shared_ptr<torch::nn::Module> experts;
   LocalExperts* local_experts = nullptr;
   std::unique_ptr<TokenDispatcher> dispatcher;
+  GroupPtr tensor_group;  // the token split's group; null: none
 };
 TORCH_MODULE(MOELayer);
 

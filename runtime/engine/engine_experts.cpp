@@ -67,7 +67,14 @@ std::shared_ptr<comm::ProcessGroup> make_expert_data_group(comm::ProcessGroup& d
 std::unique_ptr<EngineExperts> EngineExperts::take(
     const ExpertMap& experts, std::vector<at::Tensor>& params, std::vector<std::string>& names,
     zero::ZeroOptions& zo, const std::shared_ptr<comm::ProcessGroup>& data_group,
-    std::shared_ptr<comm::ProcessGroup> expert_data_group, int tensor_parallel_size) {
+    std::shared_ptr<comm::ProcessGroup> expert_data_group,
+    const std::shared_ptr<comm::ProcessGroup>& model_group,
+    const std::map<std::string, nn::TensorParallelAttr>* tp_attrs) {
+  const bool tensor_parallel = model_group && model_group->size() > 1;
+  if (tensor_parallel && !tp_attrs)
+    throw Error(
+        "initialize: experts with tensor parallelism need the parameters' "
+        "tensor-parallel attributes (InitArgs::tensor_parallel)");
   auto out = std::unique_ptr<EngineExperts>(new EngineExperts());
   std::vector<at::Tensor> dense;
   std::vector<std::string> dense_names;
@@ -90,16 +97,20 @@ std::unique_ptr<EngineExperts> EngineExperts::take(
           "initialize: the engine takes one ep_size for all MoE layers with expert parallelism: "
           "'{}' has ep_size {} (rank {}), '{}' ep_size {} (rank {})",
           names[i], e.ep_size, e.ep_rank, out->names_.front(), first->ep_size, first->ep_rank));
+    if (tensor_parallel) {
+      auto attr = tp_attrs->find(names[i]);
+      if (attr == tp_attrs->end())
+        throw Error("initialize: expert parameter '" + names[i] +
+                    "' has no tensor-parallel attributes (InitArgs::tensor_parallel)");
+      out->tp_attrs_.push_back(attr->second);
+    }
     out->params_.push_back(params[i]);
     out->names_.push_back(names[i]);
     out->info_.emplace(names[i], e);
     if (!zo.group_of.empty()) out->group_of_.push_back(zo.group_of[i]);
   }
   if (!first) return nullptr;
-  if (tensor_parallel_size > 1)
-    throw Error(
-        "initialize: expert parallelism (ep_size > 1) with tensor parallelism is not supported "
-        "by the engine yet");
+  if (tensor_parallel) out->model_ = model_group;
   out->data_ = data_group;
   out->ep_size_ = static_cast<int>(first->ep_size);
   out->ep_rank_ = static_cast<int>(first->ep_rank);
@@ -134,6 +145,7 @@ void EngineExperts::build(const zero::ZeroOptions& zo, std::unique_ptr<optim::Op
   eo.reduce_sumsq_across = nullptr;  // the dense optimizer's sum carries the experts' (add_sumsq)
   eo.average_over = data_->size();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params_, std::move(optimizer), edp_, eo);
+  if (model_) tp_grads_ = std::make_unique<TensorParallelGrads>(*zero_, model_, tp_attrs_);
   if (zero_->optimizer().num_shards() > dense.num_shards())
     throw Error(fmt::format(
         "initialize: parameter group {} holds only expert parameters (ep_size > 1); the engine "
@@ -144,11 +156,18 @@ void EngineExperts::build(const zero::ZeroOptions& zo, std::unique_ptr<optim::Op
 
 void EngineExperts::add_sumsq(at::Tensor& dense_local_sumsq) {
   at::Tensor mine = zero_->master().local_sumsq().to(dense_local_sumsq.options());
+  // Tensor parallelism: a replica counts on tensor rank 0 only (the dense sum's own rule); the
+  // model group's all-reduce of the dense sum, after this, adds the tensor ranks.
+  if (tp_grads_) mine = mine - tp_grads_->duplicate_sumsq().to(mine.options());
   // Stage 0: each rank holds its experts' whole averaged gradients (its expert-data group's
   // replicas agree), and the dense sum is not reduced further: the expert-parallel group's
   // experts are summed here. Stages 1-3: the data group's all-reduce sums the partitions.
   if (zero_->stage() == 0 && ep_ && ep_->size() > 1) ep_->all_reduce(mine).wait();
   dense_local_sumsq = dense_local_sumsq + mine;
+}
+
+void EngineExperts::reduce_over_tensor_group() {
+  if (tp_grads_) tp_grads_->all_reduce_sequence_parallel();
 }
 
 void EngineExperts::forward_begin() {
@@ -200,7 +219,7 @@ const std::shared_ptr<comm::ProcessGroup>& EngineCore::expert_data_group() const
 void EngineCore::take_experts(std::vector<at::Tensor>& params, zero::ZeroOptions& zo) {
   if (!client_.expert_params) return;
   experts_ = EngineExperts::take(*client_.expert_params, params, param_names_, zo, group_,
-                                 client_.expert_data_group, tensor_parallel_size());
+                                 client_.expert_data_group, model_group_, tp_attrs_.get());
   if (!experts_) return;
   // The experts' share first (a local term at stages 1-3), then what the client adds (a
   // pipeline's other stages, whose experts are counted by the same sums).
@@ -221,6 +240,7 @@ void EngineCore::build_experts(const zero::ZeroOptions& zo, const optim::Optimiz
 zero::StepResult EngineCore::step_optimizers() {
   const double scale = scaler_->loss_scale();
   if (!experts_) return zero_->step(scale);
+  experts_->reduce_over_tensor_group();  // before the norm reads the partition
   // One sum for both: the dense one carries the experts' share (take_experts).
   const at::Tensor sumsq = zero_->global_sumsq();
   zero::StepResult r = zero_->step(scale, sumsq);

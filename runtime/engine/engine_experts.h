@@ -25,7 +25,16 @@
 // At stage 3 the experts are gathered as a whole around each forward and backward (not layer
 // by layer); with deferred all-gathers they publish at the step. The LR schedule drives the
 // dense optimizer; its groups' settings are copied into the experts' before each step.
-// Not yet: tensor parallelism with experts, several ep_size values in one model.
+// Tensor parallelism (a model group of t > 1 ranks): the expert-parallel groups lie inside the
+// data group of one tensor rank, so the expert-data group made here is that tensor rank's, and
+// the experts are replicas over the tensor group (DeepSpeed's layout for ep_size with an mpu).
+// Their tensor-parallel attributes come from the model like every parameter's: with the MoE
+// layer's token split (nn/moe/moe.h) they are sequence_parallel, partial sums over the tensor
+// group, which a TensorParallelGrads over the experts' partition sums at the step before the
+// norm (the dense partition's twin; tensor ranks at one data index hold the same expert
+// layout and expert-data rank, so their partitions cover the same elements); and a replica
+// counts in the norm on tensor rank 0 only.
+// Not yet: several ep_size values in one model.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,6 +46,8 @@
 
 #include "dscpp/comm/process_group.h"
 #include "dscpp/nn/moe/expert_params.h"
+#include "dscpp/nn/tensor_parallel_attr.h"
+#include "dscpp/runtime/engine/tensor_parallel_grads.h"
 #include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp {
@@ -49,13 +60,14 @@ class EngineExperts {
   // and their entries out of zo.group_of and zo.unit_of); null when there are none (nothing
   // changed then). data_group: the engine's; expert_data_group: InitArgs's (null: made from
   // the layers' groups, collectively over data_group: every rank of it must have the same MoE
-  // layers).
-  static std::unique_ptr<EngineExperts> take(const ExpertMap& experts,
-                                             std::vector<at::Tensor>& params,
-                                             std::vector<std::string>& names, zero::ZeroOptions& zo,
-                                             const std::shared_ptr<comm::ProcessGroup>& data_group,
-                                             std::shared_ptr<comm::ProcessGroup> expert_data_group,
-                                             int tensor_parallel_size);
+  // layers). model_group: the engine's tensor-parallel group (null: none) and tp_attrs the
+  // parameters' attributes by name (needed when model_group has more than one rank).
+  static std::unique_ptr<EngineExperts> take(
+      const ExpertMap& experts, std::vector<at::Tensor>& params, std::vector<std::string>& names,
+      zero::ZeroOptions& zo, const std::shared_ptr<comm::ProcessGroup>& data_group,
+      std::shared_ptr<comm::ProcessGroup> expert_data_group,
+      const std::shared_ptr<comm::ProcessGroup>& model_group,
+      const std::map<std::string, nn::TensorParallelAttr>* tp_attrs);
 
   // The experts' ZeroOptimizer, over the expert-data group, with the dense one's options `zo`
   // (after take: the dense ones) and an optimizer made alike. dense: the dense optimizer, which
@@ -67,6 +79,9 @@ class EngineExperts {
   // local sum before its data-group all-reduce (see above). Collective over the
   // expert-parallel group at stage 0.
   void add_sumsq(at::Tensor& dense_local_sumsq);
+  // Before the norm at the accumulation boundary: the experts' partial gradients (the token
+  // split's) summed over the tensor group. A no-op without tensor parallelism.
+  void reduce_over_tensor_group();
 
   // Around the engine's forward, backward and step (the dense calls' twins).
   void forward_begin();
@@ -98,7 +113,10 @@ class EngineExperts {
   std::shared_ptr<comm::ProcessGroup> data_, edp_, ep_;
   int ep_size_ = 1, ep_rank_ = 0;
   std::unique_ptr<zero::ZeroOptimizer> zero_;
-  bool at_rest_before_forward_ = false;  // stage 3: what forward_failed puts back
+  std::shared_ptr<comm::ProcessGroup> model_;      // the tensor-parallel group (null: none)
+  std::vector<nn::TensorParallelAttr> tp_attrs_;   // each expert parameter's, with model_
+  std::unique_ptr<TensorParallelGrads> tp_grads_;  // over zero_'s partition, with model_
+  bool at_rest_before_forward_ = false;            // stage 3: what forward_failed puts back
 };
 
 }  // namespace dscpp

@@ -1,0 +1,310 @@
+// Experts with tensor parallelism (issue 20), on real Gloo ranks: model_zoo's TensorParallelGPT
+// with MoE blocks (hidden 64, 2 layers both MoE, 4 experts of FFN 32, GPT-2's blocks) at tensor
+// t x data d with expert degree E (the expert-parallel groups formed among the data ranks of one
+// tensor rank; each tensor rank dispatching 1/t of the tokens) trains, fp32, like model_zoo's GPT
+// at t 1 and ep 1, within 1e-5 relative: every micro-step's loss, every step's gradient norm
+// (gradient_clipping active: an expert counted t times, or a partial expert gradient left
+// unsummed over the tensor group, changes the weights), and after the steps every weight
+// against its slice of the reference's (the tensor slice of a split parameter, the expert-parallel
+// rank's experts of a routed expert; the experts must also be equal on every tensor rank).
+//   - dropless: against one rank with the same global batch (each rank also runs that one-rank
+//     engine on a group of itself); the loss carries no l_aux (it is each rank's own).
+//   - token dropping (capacity factor 0.5, 0.01 l_aux in the loss): against the GPT at t 1,
+//     ep 1 on this tensor rank's data group (capacity and l_aux are per data rank): so also
+//     E = 1 at t 2 (DeepSpeed's "dropping = tensor 2 ep 1") is the same model.
+//   tp_moe_engine --tensor T --case e<E>k<k>d<dropless>s<shared>z<stage>g<ga> [--case ...]
+//                 [--steps N] [--refusals]
+// Exits 0 when every check holds on this rank; prints what failed otherwise.
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dscpp/comm/expert_groups.h"
+#include "dscpp/comm/rendezvous.h"
+#include "dscpp/config/config_error.h"
+#include "dscpp/dscpp.h"
+#include "dscpp/model_zoo/gpt.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
+#include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/moe/expert_params.h"
+#include "dscpp/nn/parallel_weight_init.h"
+#include "dscpp/nn/tensor_parallel_attr.h"
+#include "dscpp/zero/zero_optimizer.h"
+#include "tests/runtime/engine/tp_common.h"
+
+using nlohmann::json;
+using tp_test::check;
+namespace mz = dscpp::model_zoo;
+namespace moe = dscpp::nn::moe;
+using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
+
+namespace {
+
+constexpr int kMicro = 2, kSeq = 16;
+
+struct Case {
+  int ep = 2, k = 1, stage = 0, ga = 1;
+  bool dropless = true, shared = false;
+  std::string name;
+};
+
+Case parse_case(const std::string& s) {
+  Case c;
+  c.name = s;
+  int d = 0, sh = 0;
+  if (std::sscanf(s.c_str(), "e%dk%dd%ds%dz%dg%d", &c.ep, &c.k, &d, &sh, &c.stage, &c.ga) != 6)
+    throw dscpp::Error("tp_moe_engine: bad case '" + s + "' (e<E>k<k>d<0|1>s<0|1>z<stage>g<ga>)");
+  c.dropless = d != 0;
+  c.shared = sh != 0;
+  return c;
+}
+
+mz::GPTConfig moe_config(const Case& c, int t, int ep) {
+  json j = tp_test::tiny(t, false).to_json();
+  j["gelu_approximation"] = "none";  // the grouped experts' GELU is the exact one
+  j["num_experts"] = 4;
+  j["moe_router_topk"] = c.k;
+  j["moe_ffn_hidden_size"] = 32;
+  if (c.shared) j["moe_shared_expert_intermediate_size"] = 64;
+  if (!c.dropless) {
+    j["moe_expert_capacity_factor"] = 0.5;
+    j["moe_aux_loss_coeff"] = 0.01;
+  }
+  j["parallelism"]["expert_model_parallel_size"] = ep;
+  return mz::GPTConfig::from_json(j);
+}
+
+json ds_config(int micro, const Case& c, int stage) {
+  return {{"train_micro_batch_size_per_gpu", micro},
+          {"gradient_accumulation_steps", c.ga},
+          // SGD with momentum: Adam would turn rounding noise of a zero gradient into steps.
+          {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.3}, {"momentum", 0.9}}}}},
+          {"gradient_clipping", 0.5},  // active every step: the norm reaches the weights
+          {"zero_optimization",
+           {{"stage", stage}, {"overlap_comm", stage % 2 == 1}, {"reduce_bucket_size", 20000}}},
+          {"steps_per_print", 0}};
+}
+
+// The reference's tensor that the tensor-parallel MoE model's `name` holds on this rank: the
+// expert-parallel rank's experts of a routed expert, the tensor slice of a split parameter.
+at::Tensor counterpart(const std::map<std::string, at::Tensor>& ref,
+                       const std::map<std::string, moe::ExpertParam>& experts,
+                       const std::map<std::string, dscpp::nn::TensorParallelAttr>& attrs,
+                       const std::string& name, int tp_rank, int t) {
+  const at::Tensor& whole = ref.at(name);
+  auto e = experts.find(name);
+  if (e != experts.end() && e->second.ep_size > 1)
+    return whole.narrow(0, e->second.ep_rank * e->second.num_local_experts,
+                        e->second.num_local_experts);
+  const auto& a = attrs.at(name);
+  return a.tensor_model_parallel
+             ? dscpp::nn::partition_of(whole, a.partition_dim, a.partition_stride, tp_rank, t)
+             : whole;
+}
+
+// A training forward and its loss: the model's loss plus the MoE blocks' aux losses.
+template <typename Engine, typename LossFn>
+at::Tensor train_loss(Engine& eng, const at::Tensor& rows, LossFn loss_of) {
+  dscpp::nn::AuxLossScope aux;
+  at::Tensor loss = loss_of(eng.forward(rows.narrow(1, 0, kSeq)), rows.narrow(1, 1, kSeq));
+  return aux.sum().defined() ? loss + aux.sum() : loss;
+}
+
+void run_case(dscpp::comm::ProcessGroup& world, const tp_test::Groups& g,
+              const std::map<int, GroupPtr>& ep_groups, const Case& c, int steps) {
+  const int rank = world.rank(), t = g.t, d = g.d;
+  const std::string where = "case " + c.name + " t" + std::to_string(t) + "d" + std::to_string(d) +
+                            (c.dropless ? " (against one rank)" : " (against t1 ep1 on d ranks)") +
+                            ": ";
+  if (d % c.ep != 0) throw dscpp::Error(where + "ep must divide the data degree");
+
+  at::manual_seed(1);
+  mz::GPT ref_model(moe_config(c, 1, 1));
+  dscpp::InitArgs ref_args;
+  ref_args.group = c.dropless ? g.self : g.data;
+  const int ref_micro = c.dropless ? kMicro * d : kMicro;
+  auto ref = dscpp::initialize(ref_model, ds_config(ref_micro, c, 0), std::move(ref_args));
+  std::map<std::string, at::Tensor> ref_params;
+  for (const auto& p : ref_model->named_parameters()) ref_params[p.key()] = p.value();
+
+  at::manual_seed(1);
+  mz::TensorParallelGPT model(moe_config(c, t, c.ep), g.model,
+                              c.ep > 1 ? ep_groups.at(c.ep) : nullptr);
+  const auto experts = moe::expert_parameters(*model);
+  const auto attrs = dscpp::nn::tensor_parallel_attributes(*model);
+  // The token split: every routed expert's gradient is a partial sum over the tensor group.
+  int routed = 0, marked = 0;
+  for (const auto& [name, e] : experts) {
+    ++routed;
+    marked += attrs.at(name).sequence_parallel && !attrs.at(name).tensor_model_parallel;
+  }
+  check(
+      routed == 4 && marked == routed,
+      where + "the routed experts (2 weights x 2 layers) are marked partial over the tensor group",
+      rank);
+  // Started from the reference's weights (the same seed draws the same master weights).
+  double start = 0;
+  for (const auto& p : model->named_parameters())
+    start = std::max(start, tp_test::rel_err(p.value(), counterpart(ref_params, experts, attrs,
+                                                                    p.key(), g.tp_rank, t)));
+  check(start == 0, where + "starts from the reference's weights: " + std::to_string(start), rank);
+
+  dscpp::InitArgs args;
+  args.group = g.data;
+  args.model_group = g.model;
+  auto eng = dscpp::initialize(model, ds_config(kMicro, c, c.stage), std::move(args));
+  dscpp::zero::ZeroOptimizer* ez = eng.core().expert_zero_optimizer();
+  check((ez != nullptr) == (c.ep > 1), where + "the engine holds the experts apart at ep > 1",
+        rank);
+  if (ez)
+    check(eng.core().expert_data_group()->size() == d / c.ep,
+          where + "the expert-data group has d / ep ranks (of this tensor rank)", rank);
+
+  auto ref_loss_of = [&](const at::Tensor& logits, const at::Tensor& target) {
+    return ref_model->loss(logits, target);
+  };
+  auto loss_of = [&](const at::Tensor& logits, const at::Tensor& target) {
+    return model->loss(logits, target);
+  };
+  for (int step = 0; step < steps; ++step) {
+    const at::Tensor tokens = tp_test::batch(step, int64_t{kMicro} * d * c.ga);
+    for (int m = 0; m < c.ga; ++m) {
+      const at::Tensor all = tokens.narrow(0, int64_t{m} * kMicro * d, kMicro * d);
+      const at::Tensor mine = all.narrow(0, int64_t{g.dp_rank} * kMicro, kMicro);
+      at::Tensor ref_loss = train_loss(ref, c.dropless ? all : mine, ref_loss_of);
+      ref.backward(ref_loss);
+      ref.step();
+      at::Tensor loss = train_loss(eng, mine, loss_of);
+      eng.backward(loss);
+      eng.step();
+      double got = loss.item<double>();
+      if (c.dropless) {
+        at::Tensor mean = loss.detach().clone();
+        g.data->all_reduce(mean).wait();
+        got = mean.item<double>() / d;
+      }
+      const double want = ref_loss.item<double>();
+      check(std::abs(got - want) <= 1e-5 * std::abs(want),
+            where + "step " + std::to_string(step) + " loss " + std::to_string(got) + " vs " +
+                std::to_string(want),
+            rank);
+    }
+    const double n = eng.get_global_grad_norm(), n_ref = ref.get_global_grad_norm();
+    check(std::abs(n - n_ref) <= 1e-5 * n_ref,
+          where + "step " + std::to_string(step) + " grad norm " + std::to_string(n) + " vs " +
+              std::to_string(n_ref),
+          rank);
+    if (step == 0) check(n_ref > 0.5, where + "the clip is active (norm > 0.5)", rank);
+  }
+  // The weights (stage 3: the dense ones gathered by the engine's scope, the experts by theirs),
+  // and the routed experts equal over the tensor group (bit for bit: the same update).
+  std::vector<at::Tensor> dense;
+  for (const auto& p : model->named_parameters())
+    if (!ez || !experts.count(p.key())) dense.push_back(p.value());
+  double worst = 0, apart = 0;
+  std::string worst_name;
+  {
+    auto gathered = eng.gathered_parameters(dense);
+    if (ez) ez->gather();
+    for (const auto& p : model->named_parameters()) {
+      const double e = tp_test::rel_err(
+          p.value(), counterpart(ref_params, experts, attrs, p.key(), g.tp_rank, t));
+      if (e > worst) worst = e, worst_name = p.key();
+      if (!experts.count(p.key())) continue;
+      at::Tensor mine = p.value().detach().clone(), other = mine.clone();
+      g.model->broadcast(other, 0).wait();
+      apart = std::max(apart, (mine - other).abs().max().item<double>());
+    }
+    if (ez) ez->release();
+  }
+  check(worst <= 1e-5, where + "weights: worst " + worst_name + " " + std::to_string(worst), rank);
+  check(apart == 0, where + "the experts equal on every tensor rank: " + std::to_string(apart),
+        rank);
+  if (rank == 0)
+    std::cout << where << "done, worst weight error " << worst << " (" << worst_name << ")\n";
+}
+
+// What the tensor-parallel MoE GPT refuses, by name.
+void refusals(const tp_test::Groups& g, const std::map<int, GroupPtr>& ep_groups) {
+  const int rank = g.dp_rank * g.t + g.tp_rank;
+  auto refused = [&](const std::string& what, const std::string& want, auto build) {
+    try {
+      build();
+      check(false, what + ": accepted", rank);
+    } catch (const dscpp::ConfigError& e) {
+      check(std::string(e.what()).find(want) != std::string::npos,
+            what + ": the refusal names " + want + ": " + e.what(), rank);
+    }
+  };
+  Case c;
+  mz::GPTConfig sp = moe_config(c, g.t, 2);
+  sp.parallelism.sequence_parallel = true;
+  refused("sequence parallelism with experts", "parallelism.sequence_parallel",
+          [&] { mz::TensorParallelGPT m(sp, g.model, ep_groups.at(2)); });
+  refused("the LayerSpec form with experts", "num_experts",
+          [&] { mz::tensor_parallel_gpt_layer_specs(moe_config(c, g.t, 2), g.model); });
+  c.shared = true;
+  mz::GPTConfig odd = moe_config(c, g.t, 2);
+  odd.moe.moe_shared_expert_intermediate_size = 63;
+  refused("a shared expert that does not split", "moe_shared_expert_intermediate_size",
+          [&] { mz::TensorParallelGPT m(odd, g.model, ep_groups.at(2)); });
+  // A micro-batch whose tokens do not split over the tensor group: a clear error, no hang.
+  mz::TensorParallelGPT m(moe_config(c, g.t, 2), g.model, ep_groups.at(2));
+  try {
+    m->forward(at::zeros({1, 3}, at::kLong));
+    check(false, "3 tokens split over 2 tensor ranks: accepted", rank);
+  } catch (const dscpp::Error& e) {
+    check(std::string(e.what()).find("divide by the tensor-parallel degree") != std::string::npos,
+          std::string("the token split's refusal says why: ") + e.what(), rank);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int t = 2, steps = 20;
+  bool refuse = false;
+  std::vector<Case> cases;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--refusals") refuse = true;
+    if (i + 1 >= argc) continue;
+    const std::string value = argv[i + 1];
+    if (flag == "--tensor") t = std::stoi(value);
+    if (flag == "--steps") steps = std::stoi(value);
+    if (flag == "--case") cases.push_back(parse_case(value));
+  }
+  dscpp::comm::InitOptions options;
+  options.backend = "gloo";
+  options.timeout = std::chrono::seconds(120);
+  auto world = dscpp::comm::init_distributed(options);
+  if (cases.empty() && !refuse) {
+    std::cerr << "tp_moe_engine: no --case given\n";
+    return 2;
+  }
+  try {
+    // Every rank makes every group in the same order, whichever it uses.
+    const auto g = tp_test::make_groups(*world, t);
+    dscpp::comm::Topology topo({"pipe", "data", "model"}, {1, g.d, t});
+    std::map<int, GroupPtr> ep_groups;
+    for (int ep = 2; ep <= g.d; ep *= 2)
+      if (g.d % ep == 0)
+        ep_groups[ep] = dscpp::comm::new_expert_groups(*world, topo, ep).expert_parallel;
+    for (const Case& c : cases) {
+      if (c.ep > 1 && !ep_groups.count(c.ep))
+        throw dscpp::Error("tp_moe_engine: no ep " + std::to_string(c.ep));
+      run_case(*world, g, ep_groups, c, steps);
+    }
+    if (refuse) refusals(g, ep_groups);
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << world->rank() << ": " << e.what() << "\n";
+    return 1;
+  }
+  world->barrier().wait();
+  return tp_test::failures == 0 ? 0 : 1;
+}
