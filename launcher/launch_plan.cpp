@@ -93,6 +93,15 @@ LaunchPlan resolve_launch(const Options& options, const std::optional<ResourcePo
                                 plan.active.size(), options.node_rank));
   }
 
+  // The port of --master_port 0 is found free on this machine, after every launcher of the
+  // job has started: no other host could learn it, nor check that it is free there.
+  if (options.master_port == 0 && (plan.active.size() > 1 || options.force_multi)) {
+    throw UserError(fmt::format(
+        "--master_port 0 (a free port chosen at launch) works on one node only, and this job {}: "
+        "give a fixed --master_port",
+        plan.active.size() > 1 ? fmt::format("runs on {} hosts", plan.active.size())
+                               : "goes through the multi-node backend (--force_multi)"));
+  }
   plan.multi_node = (options.force_multi || plan.active.size() > 1) && !options.no_ssh;
   plan.master_addr = options.master_addr;
   if (!plan.multi_node) {

@@ -42,7 +42,8 @@ po::options_description visible_options(Parsed& p) {
      "without GPUs, allow more than 64 CPU ranks per core")
     ("master_addr", po::value(&o.master_addr)->value_name("ADDR"),
      "address of node 0 (default 127.0.0.1 on one node, `hostname -I` of the first host otherwise)")
-    ("master_port", po::value(&o.master_port)->value_name("PORT"), "rendezvous port (default 29500)")
+    ("master_port", po::value(&o.master_port)->value_name("PORT"),
+     "rendezvous port (default 29500); 0 on one node: a free port, the same for every rank")
     ("node_rank", po::value(&o.node_rank)->value_name("K"),
      "with --no_ssh: which host of the hostfile this launcher runs")
     ("launcher", po::value(&o.launcher)->value_name("NAME"),
@@ -211,8 +212,14 @@ Options parse_options(const std::vector<std::string>& args) {
                     opt.log_level));
   }
   if (opt.quiet) opt.log_level = "error";
-  if (opt.master_port <= 0 || opt.master_port > 65535) {
+  if (opt.master_port < 0 || opt.master_port > 65535) {
     throw UsageError(fmt::format("--master_port {} is not a valid port", opt.master_port));
+  }
+  // A per-node launcher of a multi-node job needs the port the runner gave every host.
+  if (opt.master_port == 0 && opt.world_info) {
+    throw UsageError(
+        "--master_port 0 (a free port) needs a single-node job; --world_info is "
+        "a multi-node job's: give the port the runner chose");
   }
   if (opt.program.empty()) {
     throw UsageError("the program to launch is missing (usage: dscpp [options] program [args...])");

@@ -38,7 +38,7 @@ struct Options {
 
   // Rendezvous.
   std::string master_addr;  // empty: 127.0.0.1 locally, detected over ssh for multi-node
-  int master_port = kDefaultMasterPort;
+  int master_port = kDefaultMasterPort;  // 0: one node only, a free port (port_reservation.h)
   int node_rank = -1;
 
   // Multi-node backends.

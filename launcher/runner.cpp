@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "devices.h"
@@ -17,6 +18,7 @@
 #include "launch_plan.h"
 #include "multinode_runner.h"
 #include "node_launcher.h"
+#include "port_reservation.h"
 #include "process_group.h"
 #include "python_program.h"
 #include "world_info.h"
@@ -270,11 +272,18 @@ int run_runner(const Options& o) {
   }
   if (plan.multi_node) return run_multi_node(o, plan, environment);
 
+  // --master_port 0: held until the ranks are gone (resolve_launch allowed it on one node only).
+  std::optional<PortReservation> free_port;
+  if (o.master_port == 0) {
+    free_port.emplace();
+    if (verbose(o))
+      fmt::print(stderr, "dscpp: --master_port 0: using free port {}\n", free_port->port());
+  }
   NodeRunOptions run;
   run.config.world = plan.active;
   run.config.node_rank = plan.node_rank;
   run.config.master_addr = plan.master_addr;
-  run.config.master_port = o.master_port;
+  run.config.master_port = free_port ? free_port->port() : o.master_port;
   run.config.program = o.program;
   run.config.program_args = o.program_args;
   run.config.no_local_rank = o.no_local_rank;

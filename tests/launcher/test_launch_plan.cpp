@@ -154,6 +154,29 @@ TEST(LaunchPlan, NoSshRunsOneNodeOfTheHostfile) {
             "10.1.1.1");
 }
 
+// A port chosen free on this machine cannot be given to, nor checked on, another host.
+TEST(LaunchPlan, MasterPortZeroOnlyOnOneNode) {
+  auto refusal = [](const std::vector<std::string>& args, const ResourcePool& pool) {
+    try {
+      resolve_launch(opts(args), pool, gpus(0));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal({"--master_port", "0"}, kTwoHosts),
+            "--master_port 0 (a free port chosen at launch) works on one node only, and this job "
+            "runs on 2 hosts: give a fixed --master_port");
+  EXPECT_NE(refusal({"--master_port", "0", "--no_ssh", "--node_rank", "0"}, kTwoHosts)
+                .find("runs on 2 hosts"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--master_port", "0", "-i", "worker-1", "--force_multi"}, kTwoHosts)
+                .find("goes through the multi-node backend (--force_multi)"),
+            std::string::npos);
+  EXPECT_EQ(refusal({"--master_port", "0", "-i", "worker-1"}, kTwoHosts), "accepted");
+  EXPECT_FALSE(resolve_launch(opts({"--master_port", "0"}), std::nullopt, gpus(2)).multi_node);
+}
+
 TEST(LaunchPlan, SlurmRejectsSlotSelectionEvenWhenItEndsUpLocal) {
   EXPECT_THROW(
       resolve_launch(opts({"--launcher", "slurm", "-i", "worker-0:1"}), kTwoHosts, gpus(0)),

@@ -108,6 +108,19 @@ TEST(Options, NoneDisablesRankLogsLikeDeepSpeed) {
   EXPECT_TRUE(parse({"--enable_each_rank_log", "None", "prog"}).each_rank_log.empty());
 }
 
+// dscpp's own: 0 asks for a free port; a per-node launcher of a multi-node job cannot take it.
+TEST(Options, MasterPortZeroMeansAFreePort) {
+  EXPECT_EQ(parse({"--master_port", "0", "prog"}).master_port, 0);
+  try {
+    parse({"--world_info=abc", "--master_port=0", "prog"});
+    ADD_FAILURE() << "--world_info with --master_port 0 was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--master_port 0 (a free port) needs a single-node job"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Options, UsageErrors) {
   EXPECT_THROW(parse({}), UsageError);
   EXPECT_THROW(parse({"--num_gpus", "2"}), UsageError);
@@ -116,6 +129,7 @@ TEST(Options, UsageErrors) {
   EXPECT_THROW(parse({"--num_gpus", "two", "prog"}), UsageError);
   EXPECT_THROW(parse({"--num_g", "2", "prog"}), UsageError);  // no prefix guessing
   EXPECT_THROW(parse({"--master_port", "70000", "prog"}), UsageError);
+  EXPECT_THROW(parse({"--master_port", "-1", "prog"}), UsageError);
   EXPECT_THROW(parse({"--log_level", "loud", "prog"}), UsageError);
   EXPECT_THROW(parse({"--no_ssh=yes", "prog"}), UsageError);
   EXPECT_THROW(parse({"--num_gpus=2", "--num_accelerators=3", "prog"}), UsageError);
