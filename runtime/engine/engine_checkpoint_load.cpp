@@ -409,6 +409,9 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
   // parameters): copying them into our buffers must not build an autograd graph.
   at::NoGradGuard no_grad;
   zero_->wait_all_published();  // nothing may still be writing the parameters it replaces
+  if (client_.expert_params)
+    EngineExperts::refuse_tensor_parallel_checkpoint("load_checkpoint", *client_.expert_params,
+                                                     tensor_parallel_size());
   LoadCheckpointResult result;
   std::string error;
   PyValue rng;
