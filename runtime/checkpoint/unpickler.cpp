@@ -17,10 +17,8 @@ namespace dscpp::checkpoint::detail {
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
 // Unpickler: a graph of shared objects (memo entries alias what is filled in later), turned
 // into PyValues at STOP.
-// ---------------------------------------------------------------------------------------------
 
 struct Obj;
 using ObjP = std::shared_ptr<Obj>;
