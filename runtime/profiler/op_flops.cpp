@@ -76,6 +76,19 @@ OpCost matmul(Inputs in) {
   return products(batch * m * k * n);
 }
 
+// _grouped_mm(a, b, offs, ...): the groups' products over every row a holds (the MoE
+// permutation's padding rows too: they are the dropped routes, and DeepSpeed's capacity einsum
+// counts its padded rows as well). a [M, K] by b [G, K, N] (each row in one group), a [K, M] by
+// b [M, N] (the weights' gradient: G outputs over the M rows in all) and a [G, M, K] by b
+// [G, K, N] all come to a's elements times N; a [G, M, K] by b [K, N] groups N: M*K*N.
+OpCost grouped_product(Inputs in) {
+  const at::Tensor* a = tensor_at(in, 0);
+  const at::Tensor* b = tensor_at(in, 1);
+  if (!a || !b || a->dim() < 2 || b->dim() < 2) return {};
+  if (a->dim() == 3 && b->dim() == 2) return products(a->size(1) * a->size(2) * b->size(1));
+  return products(a->numel() * b->size(-1));
+}
+
 // addmm(input, m1, m2) and baddbmm(input, b1, b2): the product and one flop per element of
 // the added input, as DeepSpeed counts them.
 OpCost add_product(Inputs in) {
@@ -249,6 +262,7 @@ const std::unordered_map<std::string, Formula>& formulas() {
         {"aten::bmm", matmul},
         {"aten::addmm", add_product},
         {"aten::baddbmm", add_product},
+        {"aten::_grouped_mm", grouped_product},
         {"aten::scaled_dot_product_attention", sdpa},
         {"aten::_scaled_dot_product_attention_math", sdpa},
         {"aten::_scaled_dot_product_flash_attention", sdpa},

@@ -17,6 +17,7 @@
 #include "dscpp/dscpp.h"
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/nn/layer_module.h"
+#include "dscpp/ops/grouped_mm.h"
 #include "dscpp/runtime/profiler/flops_profiler.h"
 #include "dscpp/runtime/profiler/op_flops.h"
 #include "dscpp/runtime/profiler/profile_report.h"
@@ -69,6 +70,16 @@ TEST(FlopsProfiler, OperatorFormulasMatchHandCounts) {
   // matmul broadcasting a [8,16] matrix over a batch of 5: 5*4*8*16 MACs.
   EXPECT_EQ(cost("aten::matmul", {at::zeros({5, 4, 8}), b}).macs, 5 * 4 * 8 * 16);
   EXPECT_EQ(cost("aten::matmul", {at::zeros({4, 8}), at::zeros({5, 8, 16})}).macs, 5 * 4 * 8 * 16);
+  // Grouped products (the experts): rows [10, 16] in groups by weights [3, 16, 32]: each row
+  // through one expert, 10*16*32 MACs; the weights' gradient, rows^T [16, 10] by grad [10, 32]
+  // grouped along the 10 rows, as many; 3 batched [4, 16] x [16, 32], 3*4*16*32.
+  const at::Tensor offs = at::zeros({3}, at::kInt);
+  EXPECT_EQ(cost("aten::_grouped_mm", {at::zeros({10, 16}), at::zeros({3, 16, 32}), offs}).macs,
+            10 * 16 * 32);
+  EXPECT_EQ(cost("aten::_grouped_mm", {at::zeros({16, 10}), at::zeros({10, 32}), offs}).flops,
+            2 * 10 * 16 * 32);
+  EXPECT_EQ(cost("aten::_grouped_mm", {at::zeros({3, 4, 16}), at::zeros({3, 16, 32})}).macs,
+            3 * 4 * 16 * 32);
   // Attention over q, k, v [2 batch, 4 heads, 16 positions, 8 dims]: scores 2*4*16*16*8 and
   // the weighted sum as many; the flash kernel's [B, S, H, D] layout gives the same.
   const at::Tensor q = at::zeros({2, 4, 16, 8});
@@ -144,6 +155,22 @@ TEST(FlopsProfiler, CountsEachOperatorRunOnceAndNoneOfBackward) {
   prof.start_profile();
   prof.stop_profile();
   EXPECT_EQ(prof.get_total_flops(), 0);
+}
+
+// The experts' grouped product as the MoE layer runs it (ATen's _grouped_mm, which LibTorch
+// runs on the CPU too): counted once, over every row, as the loop of per-expert products would be.
+TEST(FlopsProfiler, GroupedExpertProductCountsEveryRowOnce) {
+  Net net;
+  FlopsProfiler prof(*net);
+  const at::Tensor rows = at::randn({10, 16}), weights = at::randn({3, 16, 32});
+  const at::Tensor counts = at::tensor({4, 0, 6}, at::kLong);
+  ASSERT_TRUE(dscpp::ops::grouped_mm_uses_aten(rows, weights));
+  prof.start_profile();
+  at::Tensor out = dscpp::ops::grouped_mm(rows, weights, counts);
+  prof.stop_profile();
+  EXPECT_EQ(prof.get_total_macs(), 10 * 16 * 32);
+  // The loop it stands for: 4 rows through expert 0, 6 through expert 2.
+  EXPECT_TRUE(at::allclose(out, dscpp::ops::grouped_mm_loop(rows, weights, counts), 1e-5, 1e-5));
 }
 
 // (b) The tiny GPT, where the elementwise work is part of the count.
