@@ -9,19 +9,12 @@
 
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/moe_layout.h"
+#include "dscpp/runtime/checkpoint/py_dict.h"
 #include "dscpp/runtime/checkpoint/universal_from_zero.h"
 
 namespace dscpp::checkpoint {
 
-namespace {
-
-const PyValue& need(const PyValue& dict, const char* key, const std::string& path) {
-  const PyValue* v = dict.is_dict() ? dict.find(PyValue(key)) : nullptr;
-  if (!v) throw CheckpointError("'" + path + "' has no '" + key + "' entry");
-  return *v;
-}
-
-}  // namespace
+using detail::need;
 
 void ExpertRelayout::add(UniversalParam p,
                          const std::map<std::string, nn::moe::ExpertParam>& experts) {

@@ -13,21 +13,18 @@
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/moe_pipe_stage.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
+#include "dscpp/runtime/checkpoint/py_dict.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/checkpoint/tp_reshape.h"
 #include "dscpp/runtime/checkpoint/universal_from_zero.h"
 
 namespace dscpp::checkpoint {
 
+using detail::need;
+
 namespace fs = std::filesystem;
 
 namespace {
-
-const PyValue& need(const PyValue& dict, const char* key, const std::string& path) {
-  const PyValue* v = dict.is_dict() ? dict.find(PyValue(key)) : nullptr;
-  if (!v) throw CheckpointError("'" + path + "' has no '" + key + "' entry");
-  return *v;
-}
 
 // Each layer's names in a stage module held in its model states (a MoE stage's), those under
 // "<prefix>." in the module's order; a name no layer claims would be lost: refused.

@@ -14,18 +14,15 @@
 #include "dscpp/runtime/checkpoint/moe_layout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
+#include "dscpp/runtime/checkpoint/py_dict.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/checkpoint/tp_reshape.h"
 
 namespace dscpp::checkpoint {
 
-namespace {
+using detail::need;
 
-const PyValue& need(const PyValue& dict, const char* key, const std::string& path) {
-  const PyValue* v = dict.is_dict() ? dict.find(PyValue(key)) : nullptr;
-  if (!v) throw CheckpointError("'" + path + "' has no '" + key + "' entry");
-  return *v;
-}
+namespace {
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;

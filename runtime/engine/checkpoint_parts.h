@@ -1,6 +1,7 @@
 // Pieces shared by the engine's checkpoint save (engine_checkpoint_save.cpp) and load
-// (engine_checkpoint_load.cpp): reading a PyValue dict with errors that name the file, and
-// DeepSpeed's partition layout of the engine's ZeRO buffer. Internal to runtime/engine.
+// (engine_checkpoint_load.cpp): reading a PyValue dict with errors that name the file
+// (runtime/checkpoint/py_dict.h's need), and DeepSpeed's partition layout of the engine's ZeRO
+// buffer. Internal to runtime/engine.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,6 +13,7 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/py_dict.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -19,6 +21,7 @@ namespace dscpp::engine_checkpoint {
 
 using checkpoint::CheckpointError;
 using checkpoint::PyValue;
+using checkpoint::detail::need;
 
 inline constexpr size_t kListed = 8;  // names listed in an error before "and N more"
 
@@ -27,13 +30,6 @@ inline std::string list_names(const std::vector<std::string>& names) {
   for (size_t i = 0; i < names.size() && i < kListed; ++i) out += (i ? ", " : "") + names[i];
   if (names.size() > kListed) out += fmt::format(" and {} more", names.size() - kListed);
   return out;
-}
-
-inline const PyValue& need(const PyValue& dict, const char* key, const std::string& path) {
-  if (!dict.is_dict()) throw CheckpointError("'" + path + "' does not hold a dict where expected");
-  const PyValue* v = dict.find(PyValue(key));
-  if (!v) throw CheckpointError("'" + path + "' has no '" + key + "' entry");
-  return *v;
 }
 
 inline int64_t step_of(const PyValue& v) {
