@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 
+#include "dscpp/nn/autograd_group.h"
 #include "dscpp/nn/grad_destination.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/tp_comm_overlap.h"
@@ -16,6 +17,7 @@ namespace dscpp::nn {
 
 namespace {
 
+using detail::GroupHolderPtr;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -23,16 +25,6 @@ std::vector<std::string>* trace_sink = nullptr;
 
 void trace(const char* step) {
   if (trace_sink) trace_sink->emplace_back(step);
-}
-
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(GroupPtr g) : group(std::move(g)) {}
-  GroupPtr group;
-};
-
-comm::ProcessGroup& group_of(AutogradContext* ctx) {
-  return *c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule())
-              ->group;
 }
 
 // The ranks' shards concatenated along dim 0 (written there by all_gather); not waited for.
@@ -102,9 +94,9 @@ at::Tensor gather_and_product(const at::Tensor& x_in, const at::Tensor& weight,
 }
 
 at::Tensor forward_impl(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                        const at::Tensor& bias, const c10::intrusive_ptr<GroupHolder>& holder,
+                        const at::Tensor& bias, const GroupHolderPtr& holder,
                         bool sequence_parallel, int64_t num_splits) {
-  ctx->saved_data["group"] = at::IValue::make_capsule(holder);
+  detail::save_group(ctx, holder);
   ctx->saved_data["sequence_parallel"] = sequence_parallel;
   // Only the shard is saved under sequence parallelism: backward gathers it again.
   ctx->save_for_backward({x, weight});
@@ -119,7 +111,7 @@ variable_list backward_impl(AutogradContext* ctx, const at::Tensor& grad, bool w
   auto saved = ctx->get_saved_variables();
   const at::Tensor& x = saved[0];
   const at::Tensor& weight = saved[1];
-  comm::ProcessGroup& g = group_of(ctx);
+  comm::ProcessGroup& g = *detail::saved_group(ctx);
   const bool sp = ctx->saved_data["sequence_parallel"].toBool();
   const bool need_input = ctx->needs_input_grad(0);
   const bool need_weight = ctx->needs_input_grad(1);
@@ -181,8 +173,8 @@ variable_list backward_impl(AutogradContext* ctx, const at::Tensor& grad, bool w
 // Autograd takes no undefined tensor as an input, hence one function with a bias and one without.
 struct AsyncLinearWithBias : torch::autograd::Function<AsyncLinearWithBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, c10::intrusive_ptr<GroupHolder> holder,
-                            bool sequence_parallel, int64_t num_splits) {
+                            const at::Tensor& bias, GroupHolderPtr holder, bool sequence_parallel,
+                            int64_t num_splits) {
     return forward_impl(ctx, x, weight, bias, holder, sequence_parallel, num_splits);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -192,8 +184,7 @@ struct AsyncLinearWithBias : torch::autograd::Function<AsyncLinearWithBias> {
 
 struct AsyncLinearNoBias : torch::autograd::Function<AsyncLinearNoBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            c10::intrusive_ptr<GroupHolder> holder, bool sequence_parallel,
-                            int64_t num_splits) {
+                            GroupHolderPtr holder, bool sequence_parallel, int64_t num_splits) {
     return forward_impl(ctx, x, weight, at::Tensor(), holder, sequence_parallel, num_splits);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -208,7 +199,7 @@ at::Tensor linear_with_async_communication(const at::Tensor& x, const at::Tensor
                                            bool sequence_parallel, int64_t num_splits) {
   tp_comm_overlap_pieces(1, num_splits);  // the check of num_splits, whatever the group
   if (tensor_model_parallel_size(group) == 1) return nn::linear(x, weight, bias);
-  auto holder = c10::make_intrusive<GroupHolder>(group);
+  auto holder = detail::hold_group(group);
   return bias.defined()
              ? AsyncLinearWithBias::apply(x, weight, bias, holder, sequence_parallel, num_splits)
              : AsyncLinearNoBias::apply(x, weight, holder, sequence_parallel, num_splits);

@@ -11,6 +11,8 @@
 
 #include <vector>
 
+#include "dscpp/nn/autograd_group.h"
+
 namespace dscpp::nn {
 
 int tensor_model_parallel_size(const GroupPtr& group) {
@@ -25,18 +27,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The group through the autograd context, whose saved_data holds only IValues.
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(GroupPtr g) : group(std::move(g)) {}
-  GroupPtr group;
-};
-using Holder = c10::intrusive_ptr<GroupHolder>;
-
-const GroupPtr& group_of(AutogradContext* ctx) {
-  return c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule())
-      ->group;
-}
 
 void check_divides(const at::Tensor& x, int64_t dim, const comm::ProcessGroup& g) {
   if (x.dim() == 0 || x.size(dim) % g.size() != 0)
@@ -101,12 +91,14 @@ using Collective = at::Tensor (*)(const at::Tensor&, comm::ProcessGroup&);
 // One mapping: Forward in forward, Backward on the output's gradient.
 template <Collective Forward, Collective Backward>
 struct Mapping : torch::autograd::Function<Mapping<Forward, Backward>> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Holder holder) {
-    ctx->saved_data["group"] = at::IValue::make_capsule(holder);
-    return Forward(x, *holder->group);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            detail::GroupHolderPtr holder) {
+    comm::ProcessGroup& g = *holder->group;
+    detail::save_group(ctx, std::move(holder));
+    return Forward(x, g);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {Backward(grads[0], *group_of(ctx)), at::Tensor()};
+    return {Backward(grads[0], *detail::saved_group(ctx)), at::Tensor()};
   }
 };
 
@@ -122,7 +114,7 @@ using ReduceScatterToSequence = Mapping<reduce_scatter_first, gather_first>;
 template <typename F>
 at::Tensor apply(const at::Tensor& x, const GroupPtr& group) {
   if (tensor_model_parallel_size(group) == 1) return x;
-  return F::apply(x, c10::make_intrusive<GroupHolder>(group));
+  return F::apply(x, detail::hold_group(group));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dscpp/nn/autograd_group.h"
 #include "dscpp/nn/linear.h"
 
 namespace dscpp::nn {
@@ -32,13 +33,9 @@ std::vector<std::pair<int64_t, int64_t>> tp_comm_overlap_pieces(int64_t rows, in
 
 namespace {
 
+using detail::GroupHolderPtr;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(GroupPtr g) : group(std::move(g)) {}
-  GroupPtr group;
-};
 
 // As nn::linear's forward without a bias: the same product of each row.
 at::Tensor product(const at::Tensor& x, const at::Tensor& weight) {
@@ -96,12 +93,12 @@ at::Tensor forward_pipelined(const at::Tensor& x_in, const at::Tensor& weight,
 
 struct RowParallelOverlapped : torch::autograd::Function<RowParallelOverlapped> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            c10::intrusive_ptr<GroupHolder> holder, bool sequence_parallel,
-                            int64_t num_splits) {
-    ctx->saved_data["group"] = at::IValue::make_capsule(holder);
+                            GroupHolderPtr holder, bool sequence_parallel, int64_t num_splits) {
+    comm::ProcessGroup& g = *holder->group;
+    detail::save_group(ctx, std::move(holder));
     ctx->saved_data["sequence_parallel"] = sequence_parallel;
     ctx->save_for_backward({x, weight});
-    return forward_pipelined(x, weight, *holder->group, sequence_parallel, num_splits);
+    return forward_pipelined(x, weight, g, sequence_parallel, num_splits);
   }
 
   // The synchronous path's backward: the reduction's conjugate, then nn::linear's products.
@@ -113,9 +110,7 @@ struct RowParallelOverlapped : torch::autograd::Function<RowParallelOverlapped> 
     const at::Tensor& weight = saved[1];
     at::Tensor grad = grads[0].contiguous();
     if (ctx->saved_data["sequence_parallel"].toBool()) {
-      comm::ProcessGroup& g =
-          *c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule())
-               ->group;
+      comm::ProcessGroup& g = *detail::saved_group(ctx);
       auto sizes = grad.sizes().vec();
       sizes[0] *= g.size();
       at::Tensor whole = at::empty(sizes, grad.options());
@@ -136,8 +131,8 @@ at::Tensor row_parallel_linear_overlapped(const at::Tensor& x, const at::Tensor&
                                           int64_t num_splits) {
   tp_comm_overlap_pieces(1, num_splits);  // the check of num_splits, whatever the group
   if (tensor_model_parallel_size(group) == 1) return nn::linear(x, weight, at::Tensor());
-  return RowParallelOverlapped::apply(x, weight, c10::make_intrusive<GroupHolder>(group),
-                                      sequence_parallel, num_splits);
+  return RowParallelOverlapped::apply(x, weight, detail::hold_group(group), sequence_parallel,
+                                      num_splits);
 }
 
 }  // namespace dscpp::nn

@@ -11,18 +11,14 @@
 
 #include <utility>
 
+#include "dscpp/nn/autograd_group.h"
+
 namespace dscpp::nn::moe {
 
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The group through the autograd context, whose saved_data holds only IValues.
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(GroupPtr g) : group(std::move(g)) {}
-  GroupPtr group;
-};
 
 int64_t sum_of(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -44,15 +40,13 @@ class AllToAllRows : public torch::autograd::Function<AllToAllRows> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             const std::vector<int64_t>& out_splits,
                             const std::vector<int64_t>& in_splits, const GroupPtr& group) {
-    ctx->saved_data["group"] = at::IValue::make_capsule(c10::make_intrusive<GroupHolder>(group));
+    nn::detail::save_group(ctx, nn::detail::hold_group(group));
     ctx->saved_data["out_splits"] = out_splits;
     ctx->saved_data["in_splits"] = in_splits;
     return exchange(x, out_splits, in_splits, *group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto& group =
-        c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule())
-            ->group;
+    const auto& group = nn::detail::saved_group(ctx);
     // The gradient goes back the way the rows came: the splits swap roles.
     at::Tensor dx = exchange(grads[0], ctx->saved_data["in_splits"].toIntVector(),
                              ctx->saved_data["out_splits"].toIntVector(), *group);
