@@ -1,8 +1,8 @@
 // Shared by the multi-rank MoE tests that train an expert-parallel model against a reference
 // (tests/runtime/engine/moe_engine.cpp on the engine, tests/pipe/pipe_moe.cpp on a pipeline):
-// the per-rank checks, the case string both take on their command line, the tiny MoE layer and
-// ds_config both train, and where an expert-parallel rank's parameter stands in the reference.
-// Header-only, test code.
+// the per-rank checks (rank_checks.h), the case string both take on their command line, the tiny
+// MoE layer (also tests/nn/moe_ep_layer.cpp's) and ds_config both train, and where an
+// expert-parallel rank's parameter stands in the reference. Header-only, test code.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,33 +22,16 @@
 #include "dscpp/error.h"
 #include "dscpp/nn/moe/expert_params.h"
 #include "dscpp/nn/moe/moe.h"
+#include "tests/rank_checks.h"
 
 namespace moe_test {
 
 namespace moe = dscpp::nn::moe;
 using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
 
-constexpr int64_t kHidden = 16, kFfn = 32, kExperts = 8;
+constexpr int64_t kHidden = 16, kLatent = 8, kFfn = 32, kExperts = 8;
 
-// Failed checks of this rank; main returns nonzero when any failed.
-inline int failures = 0;
-inline void check(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    std::cerr << "rank " << rank << ": FAILED: " << what << "\n";
-    ++failures;
-  }
-}
-
-// got within 1e-5 relative of want (fp32 arithmetic in another order); the message names both.
-inline void check_close(double got, double want, const std::string& what, int rank) {
-  check(std::abs(got - want) <= 1e-5 * std::abs(want),
-        what + " " + std::to_string(got) + " vs " + std::to_string(want), rank);
-}
-
-inline double rel_err(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
-  return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1e-30);
-}
+using rank_checks::check, rank_checks::check_close, rank_checks::failures, rank_checks::rel_err;
 
 // One case of a test's command line: letters, each followed by a whole number of at most four
 // digits, e.g. "e2k1d1s0z0c0g1". A test names the letters it takes, in their order (every one
@@ -61,6 +44,7 @@ struct Case {
   int stage = 0;         // z: ZeRO stage
   bool clones = false;   // c: experts as clones of one module (else the grouped experts)
   int ga = 1;            // g: gradient accumulation steps
+  bool latent = false;   // l: LatentMoE, the experts working in kLatent
   std::string name;      // the string itself, for messages
 };
 
@@ -68,7 +52,7 @@ inline Case parse_case(const std::string& s, const std::string& letters,
                        const std::string& program) {
   static const std::map<char, std::string> kWhat = {
       {'e', "<E>"},     {'k', "<k>"},   {'d', "<0|1>"}, {'s', "<0|1>"},
-      {'z', "<stage>"}, {'c', "<0|1>"}, {'g', "<ga>"}};
+      {'z', "<stage>"}, {'c', "<0|1>"}, {'g', "<ga>"},  {'l', "<0|1>"}};
   std::string form;
   for (char l : letters) form += l + kWhat.at(l);
   const dscpp::Error bad(program + ": bad case '" + s + "' (" + form + ")");
@@ -103,15 +87,19 @@ inline Case parse_case(const std::string& s, const std::string& letters,
       case 'g':
         c.ga = v;
         break;
+      case 'l':
+        c.latent = v != 0;
+        break;
     }
   }
   if (pos != s.size()) throw bad;
   return c;
 }
 
-// The tests' MoE layer: kExperts experts of kHidden -> kFfn -> kHidden at expert degree `ep` on
-// ep_group (unused at 1); dropless or capacity factor 0.5 (min 2); routing without random token
-// selection or a sampled second expert, so that every layout routes alike.
+// The tests' MoE layer: kExperts experts of kHidden -> kFfn -> kHidden (kLatent -> kFfn ->
+// kLatent with c.latent) at expert degree `ep` on ep_group (unused at 1); dropless or capacity
+// factor 0.5 (min 2); routing without random token selection or a sampled second expert, so
+// that every layout routes alike.
 inline moe::MoEOptions moe_options(const Case& c, int ep, const GroupPtr& ep_group) {
   auto o = moe::MoEOptions(kHidden)
                .num_experts(kExperts)
@@ -123,8 +111,9 @@ inline moe::MoEOptions moe_options(const Case& c, int ep, const GroupPtr& ep_gro
                .use_rts(false)
                .top2_2nd_expert_sampling(false)
                .ffn_hidden_size(kFfn);
-  if (c.clones)
-    o.expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(kHidden, kFfn))));
+  const int64_t width = c.latent ? kLatent : kHidden;  // what the experts work in
+  if (c.latent) o.latent_size(kLatent);
+  if (c.clones) o.expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(width, kFfn))));
   if (c.shared)
     o.shared_expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(kHidden, kFfn))));
   return o;

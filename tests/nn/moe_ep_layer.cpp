@@ -16,7 +16,6 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
-#include <torch/nn/modules/container/any.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,8 +27,10 @@
 #include "dscpp/comm/expert_groups.h"
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/nn/moe/moe.h"
+#include "tests/moe_test_util.h"
 
 using dscpp::comm::ProcessGroup;
+using moe_test::Case, moe_test::kExperts, moe_test::kFfn, moe_test::kHidden, moe_test::moe_options;
 namespace moe = dscpp::nn::moe;
 
 namespace {
@@ -37,12 +38,15 @@ namespace {
 std::shared_ptr<ProcessGroup> world;
 bool full = false;
 
-constexpr int64_t kHidden = 16, kLatent = 8, kFfn = 32, kExperts = 8, kBatch = 2, kSeq = 12;
+constexpr int64_t kBatch = 2, kSeq = 12;
 
-struct Case {
-  int ep, k;
-  bool dropless, shared, clones, latent = false;
-};
+// A case of this test, as moe_test's case string of the fields the layer (moe_options) reads.
+Case case_of(int ep, int k, bool dropless, bool shared, bool clones, bool latent = false) {
+  const auto field = [](char letter, int v) { return letter + std::to_string(v); };
+  return moe_test::parse_case(field('e', ep) + field('k', k) + field('d', dropless) +
+                                  field('s', shared) + field('c', clones) + field('l', latent),
+                              "ekdscl", "moe_ep_layer");
+}
 
 std::string name_of(const Case& c) {
   return "ep " + std::to_string(c.ep) + " top-" + std::to_string(c.k) +
@@ -53,25 +57,6 @@ std::string name_of(const Case& c) {
 at::Tensor seeded_randn(at::IntArrayRef sizes, uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
   return at::randn(sizes, gen, at::TensorOptions().dtype(at::kFloat));
-}
-
-moe::MoE make_layer(const Case& c, int ep_size, const moe::GroupPtr& group) {
-  auto o = moe::MoEOptions(kHidden)
-               .num_experts(kExperts)
-               .ep_size(ep_size)
-               .ep_group(group)
-               .k(c.k)
-               .capacity_factor(c.dropless ? 0.0 : 0.5)
-               .min_capacity(2)
-               .use_rts(false)
-               .top2_2nd_expert_sampling(false)
-               .ffn_hidden_size(kFfn);
-  const int64_t width = c.latent ? kLatent : kHidden;  // what the experts work in
-  if (c.latent) o.latent_size(kLatent);
-  if (c.clones) o.expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(width, kFfn))));
-  if (c.shared)
-    o.shared_expert(torch::nn::AnyModule(moe::ExpertMLP(moe::ExpertMLPOptions(kHidden, kFfn))));
-  return moe::MoE(o);
 }
 
 // The one-rank layer's tensor that the EP layer's `name` (on expert-parallel rank r, E_l local
@@ -129,10 +114,10 @@ void run_case(const Case& c, const dscpp::comm::ExpertGroups& groups) {
   // drawn by its global id, or clones of the same module), bit for bit, and the default
   // generator is left in the same state (what a model builds next agrees too).
   at::manual_seed(7);
-  moe::MoE ref = make_layer(c, 1, nullptr);
+  moe::MoE ref(moe_options(c, 1, nullptr));
   const at::Tensor after_ref = at::rand({4});
   at::manual_seed(7);
-  moe::MoE ep = make_layer(c, c.ep, groups.expert_parallel);
+  moe::MoE ep(moe_options(c, c.ep, groups.expert_parallel));
   const at::Tensor after_ep = at::rand({4});
   EXPECT_TRUE(at::equal(after_ref, after_ep)) << "the default generator after the layers";
   std::map<std::string, at::Tensor> ref_params;
@@ -191,13 +176,11 @@ TEST(MoEExpertParallel, EqualsExpertParallelOneOnTheSameDataWorld) {
           for (bool shared : {false, true})
             for (bool clones : {false, true})
               for (bool latent : {false, true})
-                cases.push_back({ep, k, dropless, shared, clones, latent});
+                cases.push_back(case_of(ep, k, dropless, shared, clones, latent));
   } else {
     const int big = eps.back();
-    cases = {{eps.front(), 1, false, false, false},
-             {big, 2, true, true, true, true},
-             {big, 8, false, false, false},
-             {eps.front(), 8, true, true, false}};
+    cases = {case_of(eps.front(), 1, false, false, false), case_of(big, 2, true, true, true, true),
+             case_of(big, 8, false, false, false), case_of(eps.front(), 8, true, true, false)};
   }
   dscpp::comm::Topology topo({"data", "model"}, {n, 1});
   std::map<int, dscpp::comm::ExpertGroups> groups;

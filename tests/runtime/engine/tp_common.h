@@ -1,6 +1,6 @@
 // Shared by the tensor-parallel engine tests (tp_engine.cpp, tp_checkpoint.cpp): the tiny GPT,
 // the (data, model) groups of a world laid out by comm::Topology, the batches, and the
-// tolerant comparison. Header-only, test code.
+// tolerant comparisons (rank_checks.h). Header-only, test code.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,16 +14,11 @@
 #include "dscpp/comm/process_group.h"
 #include "dscpp/comm/topology.h"
 #include "dscpp/model_zoo/gpt_config.h"
+#include "tests/rank_checks.h"
 
 namespace tp_test {
 
-inline int failures = 0;
-inline void check(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    std::cerr << "rank " << rank << ": FAILED: " << what << "\n";
-    ++failures;
-  }
-}
+using rank_checks::check, rank_checks::check_close, rank_checks::failures, rank_checks::rel_err;
 
 inline dscpp::model_zoo::GPTConfig tiny(int t, bool sp) {
   dscpp::model_zoo::GPTConfig c;
@@ -37,11 +32,6 @@ inline dscpp::model_zoo::GPTConfig tiny(int t, bool sp) {
   c.parallelism.tensor_model_parallel_size = t;
   c.parallelism.sequence_parallel = sp;
   return c;
-}
-
-inline double rel_err(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
-  return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1e-30);
 }
 
 // This rank's groups in the layout pipe 1 x data d x model t (model fastest), and a group of

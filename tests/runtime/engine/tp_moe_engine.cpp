@@ -39,6 +39,7 @@
 
 using nlohmann::json;
 using tp_test::check;
+using tp_test::check_close;
 namespace mz = dscpp::model_zoo;
 namespace moe = dscpp::nn::moe;
 using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
@@ -189,16 +190,10 @@ void run_case(dscpp::comm::ProcessGroup& world, const tp_test::Groups& g,
         got = mean.item<double>() / d;
       }
       const double want = ref_loss.item<double>();
-      check(std::abs(got - want) <= 1e-5 * std::abs(want),
-            where + "step " + std::to_string(step) + " loss " + std::to_string(got) + " vs " +
-                std::to_string(want),
-            rank);
+      check_close(got, want, where + "step " + std::to_string(step) + " loss", rank);
     }
     const double n = eng.get_global_grad_norm(), n_ref = ref.get_global_grad_norm();
-    check(std::abs(n - n_ref) <= 1e-5 * n_ref,
-          where + "step " + std::to_string(step) + " grad norm " + std::to_string(n) + " vs " +
-              std::to_string(n_ref),
-          rank);
+    check_close(n, n_ref, where + "step " + std::to_string(step) + " grad norm", rank);
     if (step == 0) check(n_ref > 0.5, where + "the clip is active (norm > 0.5)", rank);
   }
   // The weights (stage 3: the dense ones gathered by the engine's scope, the experts by theirs),
