@@ -3,7 +3,11 @@
 # Neither may ever join the other: a job that succeeds saw exactly its own world (every rank
 # sums to its own size), a job that fails says why naming the port, and in every trial at
 # least one job succeeds (the loser must not take the winner down with it).
+# PORT 0: one port free now, kept for every trial (the jobs' launchers are given it, not 0).
 launcher=$1 program=$2 port=$3 trials=${4:-10}
+if [ "$port" = 0 ]; then
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL (trial $t): $*"; cat "$dir"/job*.log; exit 1; }

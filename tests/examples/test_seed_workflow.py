@@ -25,6 +25,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
+
 FAILED = []
 
 
@@ -66,7 +69,6 @@ def main():
     ap.add_argument("--bpe-dir", required=True)
     ap.add_argument("--ds-config", required=True)
     ap.add_argument("--configs", required=True)
-    ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--full", action="store_true", help="20 steps, the loss falling; both config spellings")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +101,7 @@ def main():
         with open(os.path.join(tmp, "tiny.yaml"), "w") as f:
             f.write(TINY.format(t=1, p=1, d=8))
         train_dir = os.path.dirname(os.path.abspath(args.train_gpt))
-        seed_run = [args.launcher, "--num_gpus=8", f"--master_port={args.port}", "./train_gpt",
+        seed_run = [args.launcher, "--num_gpus=8", f"--master_port={free_port()}", "./train_gpt",
                     "--model-config", os.path.join(tmp, "tiny.yaml"), "--train-data-path",
                     os.path.join(tmp, "P_text_document"), "--global-batch-size", "16",
                     "--deepspeed-config", os.path.join(tmp, "ds_config_small.json")]

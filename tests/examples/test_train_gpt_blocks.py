@@ -19,7 +19,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "data"))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/
 import megatron_format  # noqa: E402
+from dscpp_test_ports import free_port  # noqa: E402
 
 passed = 0
 failed = 0
@@ -52,7 +54,6 @@ def main():
     ap.add_argument("--train-gpt", required=True)
     ap.add_argument("--convert", required=True)
     args = ap.parse_args()
-    port = [34140]
     with tempfile.TemporaryDirectory() as tmp:
         prefix = os.path.join(tmp, "tokens")
         megatron_format.write(prefix, [[[(7 * i + j) % 64 for j in range(40)]] for i in range(16)],
@@ -73,8 +74,7 @@ def main():
                 "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.0}}})
 
         def run(ranks, stage, *extra, config=model):
-            port[0] += 1
-            cmd = [args.launcher, "--num_gpus", str(ranks), "--master_port", str(port[0]),
+            cmd = [args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()),
                    args.train_gpt, "--model-config", config, "--data-path", prefix,
                    "--deepspeed_config", ds(stage), "--train-iters", "4", "--log-interval", "1",
                    "--seed", "7", *extra]

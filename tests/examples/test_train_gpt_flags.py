@@ -22,7 +22,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "data"))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/
 import megatron_format  # noqa: E402
+from dscpp_test_ports import free_port  # noqa: E402
 
 FAILED = []
 
@@ -38,11 +40,9 @@ class Job:
 
     def __init__(self, launcher, train_gpt, tmp):
         self.launcher, self.train_gpt, self.tmp = launcher, train_gpt, tmp
-        self.port = 30100 + (os.getpid() % 50) * 10
 
     def run(self, *flags, ranks=2):
-        self.port += 1
-        cmd = [self.launcher, "--num_gpus", str(ranks), "--master_port", str(self.port), self.train_gpt,
+        cmd = [self.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), self.train_gpt,
                "--model-config", self.model, *flags]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))

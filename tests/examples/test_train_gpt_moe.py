@@ -30,7 +30,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "data"))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/
 import megatron_format  # noqa: E402
+from dscpp_test_ports import free_port  # noqa: E402
 
 passed = 0
 failed = 0
@@ -68,9 +70,7 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train-gpt", required=True)
     ap.add_argument("--config", required=True)
-    ap.add_argument("--port", type=int, default=34240)
     args = ap.parse_args()
-    port = [args.port]
     with tempfile.TemporaryDirectory() as tmp:
         prefix = os.path.join(tmp, "tokens")
         megatron_format.write(prefix, [[[(7 * i + 3 * j) % 97 for j in range(130)]]
@@ -94,8 +94,7 @@ def main():
 
         def run(ranks, stage, *extra, config=args.config, micro=2, steps=STEPS, bf16=False,
                 sgd=False, pipeline=False):
-            port[0] += 1
-            cmd = [args.launcher, "--num_gpus", str(ranks), "--master_port", str(port[0]),
+            cmd = [args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()),
                    args.train_gpt, "--model-config", config, "--data-path", prefix,
                    "--deepspeed_config", ds(stage, micro, bf16, sgd, pipeline),
                    "--train-iters", str(steps),

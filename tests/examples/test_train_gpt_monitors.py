@@ -156,7 +156,6 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(args.launcher, args.train_gpt, tmp)
-        job.port += 5
         prefix = os.path.join(tmp, "tokens")
         megatron_format.write(prefix, [[[(5 * i + j) % 64 for j in range(40)]] for i in range(16)], "uint16")
         job.model = write_json(os.path.join(tmp, "gpt.json"), {

@@ -34,7 +34,6 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(args.launcher, args.train_gpt, tmp)
-        job.port = 29922  # ports 29923-29926
         prefix = os.path.join(tmp, "tokens")
         megatron_format.write(prefix, [[[(5 * i + 3 * j) % 128 for j in range(70)]]
                                        for i in range(40)], "uint16")

@@ -24,6 +24,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 
 
 def main():
@@ -33,7 +35,6 @@ def main():
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--data", type=int, default=1)
     ap.add_argument("--zero", default="0,1")
-    ap.add_argument("--port", type=int, default=29975)
     args = ap.parse_args()
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -48,7 +49,7 @@ def main():
         with open(out) as f:
             theirs = json.load(f)["cases"]
     world = args.stages * args.data
-    p = subprocess.run([args.launcher, "--num_gpus", str(world), "--master_port", str(args.port), args.ours,
+    p = subprocess.run([args.launcher, "--num_gpus", str(world), "--master_port", str(free_port()), args.ours,
                         "--stages", str(args.stages), "--zero", args.zero],
                        capture_output=True, text=True, env=env, timeout=300)
     if p.returncode != 0:

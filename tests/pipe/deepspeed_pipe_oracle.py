@@ -37,9 +37,11 @@ import argparse
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -207,12 +209,6 @@ def load_ours(args):
     print(f"DeepSpeed's PipelineEngine on our layer files (its partition {theirs['parts']}): eval loss "
           f"{theirs['eval_loss']:.9g}, ours {ours['eval_loss']:.9g}, relative difference {err:.2e}")
     return 0 if err <= 1e-6 else 1
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(world, extra, timeout):

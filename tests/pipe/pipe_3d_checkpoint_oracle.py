@@ -34,6 +34,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 from pipe_3d_oracle import rel_err, unshard  # noqa: E402
 
 GLOBAL_BATCH = 16
@@ -86,18 +88,15 @@ def main():
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", required=True)
     ap.add_argument("--to-universal", required=True)
-    ap.add_argument("--port", type=int, default=29890)
     ap.add_argument("--full", action="store_true")
     args = ap.parse_args()
     work = tempfile.mkdtemp()
     out = os.path.join(work, "out")
     os.makedirs(out)
-    port = [args.port]
     failures = []
 
     def launch(world, mode, cases):
-        port[0] += 1
-        return run([args.launcher, "--num_gpus", str(world), "--master_port", str(port[0]),
+        return run([args.launcher, "--num_gpus", str(world), "--master_port", str(free_port()),
                     args.train, "--mode", mode, "--model", "gpt3d", "--steps", str(STEPS),
                     "--cases", json.dumps(cases), "--out", out])
 

@@ -25,6 +25,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
+
 GLOBAL_BATCH = 16
 TOL = 1e-5
 
@@ -158,7 +161,6 @@ def main():
     ap.add_argument("--train", required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--full", action="store_true")
-    ap.add_argument("--port", type=int, default=29820)
     ap.add_argument("--cases", default="",
                     help="p,t,d,m,z[,flags];... in place of the default set (flags: sp, ck, sp_ck)")
     args = ap.parse_args()
@@ -176,18 +178,16 @@ def main():
     for c in chosen or (full() if args.full else covering()):
         by_world.setdefault(c[0] * c[1] * c[2], []).append(c)
     passed = failed = 0
-    port = args.port
     for world, combos in sorted(by_world.items()):
         cases = [make_case(*c) for c in combos]
         launch_error = None
         try:
-            run([args.launcher, "--num_gpus", str(world), "--master_port", str(port), args.train,
+            run([args.launcher, "--num_gpus", str(world), "--master_port", str(free_port()), args.train,
                  "--mode", "pipe", "--model", "gpt3d", "--steps", str(args.steps),
                  "--cases", json.dumps(cases), "--out", out])
         except Exception as e:  # noqa: BLE001 - the cases that finished are still checked
             launch_error = str(e)
             print(f"launch of {world} ranks failed: {launch_error[-2500:]}")
-        port += 1
         for (p, t, d, m, z, _), c in zip(combos, cases):
             c.update(data=d, zero=z)
             if not all(os.path.exists(result_path(out, c, s, r)) for s in range(p)

@@ -30,6 +30,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
+
 GLOBAL_BATCH = 16
 STEPS = 6
 SAVE_AT = 3
@@ -71,17 +74,15 @@ def merged(out, name, p):
 
 class Launcher:
     def __init__(self, args, out):
-        self.args, self.out, self.port, self.model = args, out, args.port, "mlp"
+        self.args, self.out, self.model = args, out, "mlp"
 
     def pipe(self, world, cases):
-        self.port += 1
-        run([self.args.launcher, "--num_gpus", str(world), "--master_port", str(self.port),
+        run([self.args.launcher, "--num_gpus", str(world), "--master_port", str(free_port()),
              self.args.train, "--mode", "pipe", "--model", self.model, "--steps", str(STEPS),
              "--cases", json.dumps(cases), "--out", self.out])
 
     def single(self, c, expect_fail=False):
-        self.port += 1
-        return run([self.args.launcher, "--num_gpus", "1", "--master_port", str(self.port),
+        return run([self.args.launcher, "--num_gpus", "1", "--master_port", str(free_port()),
                     self.args.train, "--mode", "single", "--model", self.model, "--steps", str(STEPS),
                     "--cases", json.dumps([c]), "--out", self.out], expect_fail=expect_fail)
 
@@ -91,7 +92,6 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", required=True)
-    ap.add_argument("--port", type=int, default=29951)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--models", default="mlp", help="mlp and/or gpt (the tied embedding and head)")
     args = ap.parse_args()

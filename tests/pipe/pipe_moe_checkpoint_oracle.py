@@ -36,6 +36,9 @@ import tempfile
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
+
 STEPS, SAVE_AT, EXPERTS = 6, 3, 4
 
 
@@ -43,14 +46,11 @@ class Runner:
 
     def __init__(self, args, tmp):
         self.args, self.tmp, self.n = args, tmp, 0
-        # Ports cycle through a window of 6 from --port (the tests' agreed range).
-        self.ports = [args.port + i for i in range(6)]
 
     def train(self, stages, data, ep, zero, extra=(), expect_fail=False, steps=STEPS):
         self.n += 1
         out = os.path.join(self.tmp, f"run{self.n}.json")
-        port = self.ports[self.n % len(self.ports)]
-        cmd = [self.args.launcher, "--num_gpus", str(stages * data), "--master_port", str(port),
+        cmd = [self.args.launcher, "--num_gpus", str(stages * data), "--master_port", str(free_port()),
                self.args.train, "--stages", str(stages), "--ep", str(ep), "--zero", str(zero),
                "--steps", str(steps), "--out", out, *extra]
         p = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
@@ -152,7 +152,6 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", required=True)
-    ap.add_argument("--port", type=int, default=29933)
     ap.add_argument("--matrix", action="store_true", help="ZeRO 0, 1 and 2, and 1 stage x 4 data at ep 4")
     args = ap.parse_args()
     passed = failed = 0

@@ -20,6 +20,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
+
 GLOBAL_BATCH = 16
 TOL = 1e-5
 
@@ -153,12 +156,10 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--models", default="mlp,gpt,tuple")
-    ap.add_argument("--port", type=int, default=29931)
     ap.add_argument("--chunks", default="1,2", help="the chunk counts to run (v)")
     args = ap.parse_args()
     out = tempfile.mkdtemp()
     passed = failed = 0
-    port = args.port
     for model in args.models.split(","):
         run([args.train, "--mode", "reference", "--model", model, "--steps", str(args.steps),
              "--out", out])
@@ -179,13 +180,12 @@ def main():
             cases = [make_case(model, *c, extra=e) for c, e in entries]
             launch_error = None
             try:
-                run([args.launcher, "--num_gpus", str(world), "--master_port", str(port),
+                run([args.launcher, "--num_gpus", str(world), "--master_port", str(free_port()),
                      args.train, "--mode", "pipe", "--model", model, "--steps", str(args.steps),
                      "--cases", json.dumps(cases), "--out", out])
             except Exception as e:  # noqa: BLE001 - the cases that finished are still checked
                 launch_error = str(e)
                 print(f"launch of {world} ranks failed: {launch_error[-1500:]}")
-            port += 1
             for (p, d, m, v, z), c in zip(combos, cases):
                 if not all(os.path.exists(os.path.join(out, f"{c['name']}.stage{s}.json"))
                            for s in range(p)):

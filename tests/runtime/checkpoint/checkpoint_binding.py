@@ -22,6 +22,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "engine"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "data"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 from ds_train import config  # noqa: E402
 
 STAGE = 2
@@ -33,12 +35,12 @@ MODEL = "mp_rank_00_model_states.pt"
 class Job:
 
     def __init__(self, args, tmp):
-        self.args, self.tmp, self.port = args, tmp, 29650 + (os.getpid() % 50) * 8
+        self.args, self.tmp, self.n = args, tmp, 0
 
     def train(self, ranks, steps, extra):
-        self.port += 1
-        out = os.path.join(self.tmp, f"out_{self.port}.json")
-        cmd = [self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(self.port), self.args.train,
+        self.n += 1
+        out = os.path.join(self.tmp, f"out_{self.n}.json")
+        cmd = [self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), self.args.train,
                "--mode", "dscpp", "--config", json.dumps(config(STAGE, 1)), "--steps", str(steps), "--out", out,
                *extra]
         env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")

@@ -28,6 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINE_TESTS = os.path.join(os.path.dirname(HERE), "engine")
 sys.path.insert(0, ENGINE_TESTS)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 from ds_train import config  # noqa: E402  (the ds_config DeepSpeed and dscpp both train with)
 from oracle import rel_err  # noqa: E402
 
@@ -38,7 +40,7 @@ TOLERANCE = 1e-5
 class Runner:
 
     def __init__(self, args, tmp):
-        self.args, self.tmp, self.port = args, tmp, 29950 + (os.getpid() % 50) * 8
+        self.args, self.tmp = args, tmp
 
     def run(self, cmd, out):
         env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
@@ -52,16 +54,14 @@ class Runner:
             return json.load(f)
 
     def dscpp(self, name, ranks, cfg, extra=(), steps=STEPS):
-        self.port += 1
         out = os.path.join(self.tmp, name + ".json")
-        return self.run([self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(self.port),
+        return self.run([self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()),
                          self.args.train, "--mode", "dscpp", "--config", json.dumps(cfg), "--steps", str(steps),
                          "--out", out, *extra], out)
 
     def deepspeed(self, name, ranks, stage, ga, extra=(), steps=STEPS):
-        self.port += 1
         out = os.path.join(self.tmp, name + ".json")
-        return self.run([self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(self.port),
+        return self.run([self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()),
                          "--no_local_rank", sys.executable, os.path.join(ENGINE_TESTS, "ds_train.py"),
                          "--init", self.init, "--stage", str(stage), "--ga", str(ga), "--steps", str(steps),
                          "--out", out, *extra], out)
@@ -129,9 +129,8 @@ def part_kill(r, report):
         ckpt = os.path.join(r.tmp, f"kill_s{stage}")
         problems = []
         for attempt in range(3):
-            r.port += 1
             out = os.path.join(r.tmp, f"kill_s{stage}_{attempt}.json")
-            cmd = [r.args.launcher, "--num_gpus", "2", "--master_port", str(r.port), r.args.train, "--mode",
+            cmd = [r.args.launcher, "--num_gpus", "2", "--master_port", str(free_port()), r.args.train, "--mode",
                    "dscpp", "--config", json.dumps(cfg), "--steps", "100000", "--save", ckpt, "--save-interval",
                    "1", "--out", out] + (["--load", ckpt] if os.path.exists(os.path.join(ckpt, "latest")) else [])
             env = dict(os.environ, OMP_NUM_THREADS="1")

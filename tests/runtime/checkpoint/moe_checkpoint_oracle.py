@@ -39,6 +39,9 @@ import tempfile
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
+
 STEPS, SAVE_AT = 6, 3
 
 
@@ -52,13 +55,12 @@ def config(stage, ranks):
 class Runner:
 
     def __init__(self, args, tmp):
-        self.args, self.tmp, self.port, self.n = args, tmp, 30400 + (os.getpid() % 50) * 8, 0
+        self.args, self.tmp, self.n = args, tmp, 0
 
     def train(self, ranks, stage, ep=1, grouped=False, extra=(), expect_fail=False, steps=STEPS):
-        self.port += 1
         self.n += 1
         out = os.path.join(self.tmp, f"run{self.n}.json")
-        cmd = [self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(self.port), self.args.train,
+        cmd = [self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), self.args.train,
                "--config", json.dumps(config(stage, ranks)), "--steps", str(steps), "--ep", str(ep), "--out",
                out, *(["--grouped"] if grouped else []), *extra]
         env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -53,7 +53,6 @@ def main():
     import torch
     tmp = tempfile.mkdtemp(prefix="recovery_script_")
     r = Runner(args, tmp)
-    r.port = 29700 + (os.getpid() % 50) * 8
     failures = 0
     for stage, bf16 in ((0, False), (0, True), (1, False), (2, False), (2, True), (3, False)):
         cfg = config(stage, 2)

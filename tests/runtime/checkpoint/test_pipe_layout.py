@@ -20,11 +20,13 @@ Exits 1 on any difference.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import types
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -96,12 +98,6 @@ def worker(args):
         json.dump(report, f)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()  # before exit: see tests/runtime/engine/ds_train.py
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_case(cli, model_axis, work):

@@ -30,6 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from checkpoint_oracle import Runner, compare  # noqa: E402
+from dscpp_test_ports import free_port  # noqa: E402  (checkpoint_oracle put tests/ on the path)
 from ds_train import config  # noqa: E402  (checkpoint_oracle put tests/runtime/engine on the path)
 
 STEPS, SAVE_AT = 20, 10
@@ -41,9 +42,8 @@ def universal(cfg):
 
 def ds_universal(r, name, ranks, load):
     """ds_train.py with checkpoint.load_universal, resuming from `load`."""
-    r.port += 1
     out = os.path.join(r.tmp, name + ".json")
-    return r.run([r.args.launcher, "--num_gpus", str(ranks), "--master_port", str(r.port), "--no_local_rank",
+    return r.run([r.args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), "--no_local_rank",
                   sys.executable, os.path.join(HERE, "ds_train_universal.py"), "--load-universal", "--init", r.init,
                   "--stage", "2", "--ga", "2", "--steps", str(STEPS), "--load", load, "--out", out], out)
 
@@ -185,7 +185,6 @@ def main():
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="universal_oracle_")
     r = Runner(args, tmp)
-    r.port = 29400 + (os.getpid() % 50) * 8
     r.init = os.path.join(tmp, "init.json")
     r.run([args.train, "--mode", "init", "--out", r.init], r.init)
     counts = [0, 0]

@@ -20,6 +20,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 from oracle import config, rel_err, run  # noqa: E402
 
 
@@ -57,13 +59,12 @@ def main():
         return 77
     tmp = tempfile.mkdtemp()
     passed = failed = 0
-    port = 29660
+    count = 0
     for model in ("gpt",) if args.quick else ("mlp", "gpt"):
         ref = run([args.train, "--mode", "reference", "--model", model,
                    "--config", json.dumps(config(0, False, 1, EPS[model])),
                    "--out", f"{tmp}/ref_{model}.json"], f"{tmp}/ref_{model}.json")
-        port += 1
-        one = run([args.launcher, "--num_gpus", "1", "--master_port", str(port), args.train, "--mode",
+        one = run([args.launcher, "--num_gpus", "1", "--master_port", str(free_port()), args.train, "--mode",
                    "dscpp", "--model", model, "--config", json.dumps(bf16_config(0, model, accum="fp32")),
                    "--out", f"{tmp}/one_{model}.json"], f"{tmp}/one_{model}.json")
         loss_tol = 2 * rel_err(one["losses"], ref["losses"])
@@ -83,13 +84,13 @@ def main():
             cases.append((3, {"stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 2000,
                               "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1000}, 1, None))
         for stage, extra, ga, accum in cases:
-            port += 1
-            out = f"{tmp}/{model}_s{stage}_{port}.json"
+            count += 1
+            out = f"{tmp}/{model}_s{stage}_{count}.json"
             name = f"{model} bf16 stage={stage} ga={ga}" + (f" grad_accum_dtype={accum}" if accum else "") + \
                 (f" {extra}" if extra else "")
             try:
                 cfg = bf16_config(stage, model, extra, ga, accum)
-                got = run([args.launcher, "--num_gpus", "2", "--master_port", str(port), args.train, "--mode",
+                got = run([args.launcher, "--num_gpus", "2", "--master_port", str(free_port()), args.train, "--mode",
                            "dscpp", "--model", model, "--config", json.dumps(cfg), "--out", out], out)
                 le, pe = rel_err(got["losses"], one["losses"]), rel_err(got["params"], one["params"])
                 ne = rel_err(got["grad_norms"], one["grad_norms"])

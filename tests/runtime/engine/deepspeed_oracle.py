@@ -26,6 +26,8 @@ RANKS = 2
 TOLERANCE = 1e-5
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 from ds_train import config  # noqa: E402  (the ds_config both sides train with)
 from oracle import rel_err  # noqa: E402  (one definition of the comparison for both oracles)
 
@@ -56,14 +58,12 @@ def main():
     init = os.path.join(tmp, "init.json")
     run([args.train, "--mode", "init", "--out", init], init, args.timeout)
     passed = failed = 0
-    port = 29900
     start = time.monotonic()
     cases = list(itertools.product([0, 1, 2], [1, 4]))
     ds_pattern = os.path.join(tmp, "ds_s{stage}_ga{ga}.json")
-    port += 1
     # The launcher puts --local_rank=K right after the program, which is the Python
     # interpreter here and would reject it; ds_train.py reads LOCAL_RANK instead.
-    ds_cmd = [args.launcher, "--num_gpus", str(RANKS), "--master_port", str(port), "--no_local_rank",
+    ds_cmd = [args.launcher, "--num_gpus", str(RANKS), "--master_port", str(free_port()), "--no_local_rank",
               args.python, os.path.join(HERE, "ds_train.py"), "--init", init,
               "--cases", ",".join(f"{s}:{g}" for s, g in cases), "--steps", str(args.steps), "--out", ds_pattern]
     try:
@@ -81,8 +81,7 @@ def main():
                 raise RuntimeError(f"DeepSpeed's run failed: {ds_error}")
             with open(ds_out) as f:
                 ref = json.load(f)
-            port += 1
-            got = run([args.launcher, "--num_gpus", str(RANKS), "--master_port", str(port), args.train,
+            got = run([args.launcher, "--num_gpus", str(RANKS), "--master_port", str(free_port()), args.train,
                        "--mode", "dscpp", "--config", json.dumps(cfg), "--steps", str(args.steps),
                        "--out", cpp_out], cpp_out, args.timeout)
             problems = []

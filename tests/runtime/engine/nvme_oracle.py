@@ -33,9 +33,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
 from offload_oracle import config, rel_err, run  # noqa: E402
-
-PORT_BASE = 29850
 
 # Elements per parameter swap buffer: the tiny models' largest chunk (a bucket of about 300
 # elements and one weight of up to 1024) fits.
@@ -65,9 +65,8 @@ class Runner:
         self.baselines = {}
 
     def cmd(self, model, n, cfg, steps, out):
-        port = self.args.port_base + self.count % 10
         self.count += 1
-        return [self.args.launcher, "--num_gpus", str(n), "--master_port", str(port), self.args.train,
+        return [self.args.launcher, "--num_gpus", str(n), "--master_port", str(free_port()), self.args.train,
                 "--mode", "dscpp", "--model", model, "--config", json.dumps(cfg), "--steps", str(steps),
                 "--out", out]
 
@@ -252,7 +251,6 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--only", default="")
-    ap.add_argument("--port-base", type=int, default=PORT_BASE)
     args = ap.parse_args()
     r = Runner(args)
     if args.full:

@@ -34,6 +34,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
+
 GLOBAL_BATCH = 16
 
 
@@ -82,14 +85,12 @@ class Runner:
     def __init__(self, args):
         self.args = args
         self.tmp = tempfile.mkdtemp()
-        self.port = args.port_base
         self.count = 0
 
     def train(self, model, n, cfg, steps, save=None, save_at=None, load=None):
-        self.port += 1
         self.count += 1
         out = os.path.join(self.tmp, f"run{self.count}.json")
-        cmd = [self.args.launcher, "--num_gpus", str(n), "--master_port", str(self.port), self.args.train,
+        cmd = [self.args.launcher, "--num_gpus", str(n), "--master_port", str(free_port()), self.args.train,
                "--mode", "dscpp", "--model", model, "--config", json.dumps(cfg), "--steps", str(steps),
                "--out", out]
         if save:
@@ -126,7 +127,6 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--bf16", action="store_true", help="one rank in bf16 (the GPU call's cases)")
     ap.add_argument("--overlap", action="store_true", help="the update overlapped with backward")
-    ap.add_argument("--port-base", type=int, default=29400)
     args = ap.parse_args()
     tol = 2e-2 if args.bf16 else 1e-6
     r = Runner(args)

@@ -17,6 +17,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
+from dscpp_test_ports import free_port  # noqa: E402
+
 GLOBAL_BATCH = 16
 
 
@@ -115,9 +118,7 @@ def main():
     # reduce_scatter: false (all-reduce, keep one's chunk) at the partitioned stages.
     group([("mlp", s, True, 4, 2, False, {}) for s in (1, 2)], None)
     passed = failed = 0
-    port = 29700
     for model, stage, overlap, ga, n, rs, extra in cases:
-        port += 1
         ref = refs[model]
         out = os.path.join(tmp, f"{model}_s{stage}_o{int(overlap)}_ga{ga}_n{n}.json")
         name = f"{model} stage={stage} overlap_comm={overlap} accumulation={ga} ranks={n}"
@@ -130,7 +131,7 @@ def main():
         if args.only not in name:
             continue
         try:
-            got = run([args.launcher, "--num_gpus", str(n), "--master_port", str(port), args.train,
+            got = run([args.launcher, "--num_gpus", str(n), "--master_port", str(free_port()), args.train,
                        "--mode", "dscpp", "--model", model,
                        "--config", json.dumps(config(stage, overlap, ga, eps[model], rs, extra)),
                        "--steps", str(args.steps), "--out", out], out)

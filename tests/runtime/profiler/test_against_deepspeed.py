@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from dscpp_test_ports import free_port  # noqa: E402
 
 passed = failed = 0
 
@@ -95,12 +96,6 @@ def parse(report):
         if s and cls != "ModuleList":
             out["modules"][path] = (cls, s.group(1), number(s.group(2), "MACs"))
     return out
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
