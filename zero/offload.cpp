@@ -107,9 +107,9 @@ struct OffloadStepper::Transfers {
   }
 };
 
-OffloadStepper::OffloadStepper(const FlatLayout& layout, c10::Device device,
-                               at::ScalarType grad_dtype, at::ScalarType param_dtype,
-                               OffloadOptions options)
+OffloadTarget::OffloadTarget(const FlatLayout& layout, c10::Device device,
+                             at::ScalarType grad_dtype, at::ScalarType param_dtype,
+                             OffloadOptions options)
     : layout_(layout),
       device_(device),
       grad_dtype_(grad_dtype),
@@ -117,6 +117,11 @@ OffloadStepper::OffloadStepper(const FlatLayout& layout, c10::Device device,
       options_(options) {
   if (options_.sub_group_size <= 0) throw Error("offload: sub_group_size must be positive");
 }
+
+OffloadStepper::OffloadStepper(const FlatLayout& layout, c10::Device device,
+                               at::ScalarType grad_dtype, at::ScalarType param_dtype,
+                               OffloadOptions options)
+    : OffloadTarget(layout, device, grad_dtype, param_dtype, options) {}
 
 OffloadStepper::~OffloadStepper() = default;
 

@@ -40,7 +40,22 @@ struct OffloadOptions {
   bool host_gradients = true;
 };
 
-class OffloadStepper {
+// What both ways of stepping an offloaded partition are built from (OffloadStepper here, which
+// steps after backward, and OffloadOverlap in offload_overlap.h, which steps during it), checked
+// once: the owner's layout, which a re-lay changes in place; the device of the gradient
+// partition and of the 16-bit parameters; their types (the staging slots'); the options.
+class OffloadTarget {
+ protected:
+  OffloadTarget(const FlatLayout& layout, c10::Device device, at::ScalarType grad_dtype,
+                at::ScalarType param_dtype, OffloadOptions options);
+
+  const FlatLayout& layout_;
+  c10::Device device_;
+  at::ScalarType grad_dtype_, param_dtype_;
+  OffloadOptions options_;
+};
+
+class OffloadStepper : private OffloadTarget {
  public:
   // device: where the gradient partition and the 16-bit parameters are. grad_dtype /
   // param_dtype: their types (the staging slots').
@@ -67,10 +82,6 @@ class OffloadStepper {
 
  private:
   struct Transfers;  // the staging slots, and the copy stream and events where the device has them
-  const FlatLayout& layout_;  // the owner's, which a re-lay changes in place
-  c10::Device device_;
-  at::ScalarType grad_dtype_, param_dtype_;
-  OffloadOptions options_;
   int64_t piece_ = 0;
   std::unique_ptr<Transfers> transfers_;
   double scale_read_ms_ = 0, cpu_update_ms_ = 0, copy_wait_ms_ = 0, publish_ms_ = 0,

@@ -191,13 +191,7 @@ struct OffloadOverlap::Worker {
 OffloadOverlap::OffloadOverlap(const FlatLayout& layout, c10::Device device,
                                at::ScalarType grad_dtype, at::ScalarType param_dtype,
                                OffloadOptions options)
-    : layout_(layout),
-      device_(device),
-      grad_dtype_(grad_dtype),
-      param_dtype_(param_dtype),
-      options_(options) {
-  if (options_.sub_group_size <= 0) throw Error("offload: sub_group_size must be positive");
-}
+    : OffloadTarget(layout, device, grad_dtype, param_dtype, options) {}
 
 OffloadOverlap::~OffloadOverlap() = default;
 

@@ -30,7 +30,7 @@
 
 namespace dscpp::zero {
 
-class OffloadOverlap {
+class OffloadOverlap : private OffloadTarget {
  public:
   OffloadOverlap(const FlatLayout& layout, c10::Device device, at::ScalarType grad_dtype,
                  at::ScalarType param_dtype, OffloadOptions options);
@@ -61,10 +61,6 @@ class OffloadOverlap {
 
  private:
   struct Worker;  // the thread, its queue, the staging slots and the copy stream
-  const FlatLayout& layout_;
-  c10::Device device_;
-  at::ScalarType grad_dtype_, param_dtype_;
-  OffloadOptions options_;
   bool active_ = false;
   std::atomic<bool> backward_ended_{false};
   int64_t started_early_ = 0, steps_ = 0;
