@@ -36,11 +36,8 @@ std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTCo
 std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTConfig& config);
 
 // Throws FlagError when an MoE config asks for a layout train_gpt cannot train it on (a
-// pipeline with a tensor degree > 1: the tensor-parallel LayerSpecs have no MoE blocks), or
-// for checkpoints (--save, --load) at a tensor degree > 1, which the engine does not write for
-// experts yet: at start, not after the training.
-void check_moe_job(const model_zoo::GPTConfig& config, const GptOptions& options,
-                   const JobLayout& layout);
+// pipeline with a tensor degree > 1: the tensor-parallel LayerSpecs have no MoE blocks).
+void check_moe_job(const model_zoo::GPTConfig& config, const JobLayout& layout);
 
 class MoETraining {
  public:

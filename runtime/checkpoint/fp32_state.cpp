@@ -34,8 +34,49 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 PyValue zero_state_dict(const std::string& dir, const std::string& tag, const PyValue& model,
                         const std::string& path, const std::function<std::string(int)>& zero_file);
 
+// The state dict of one model-states file (a MoE one as the one-rank model names it, every
+// global expert a local one, from its expert files of `mp_rank`).
+PyValue model_file_state_dict(const std::string& dir, const std::string& tag, PyValue model,
+                              const std::string& path, int mp_rank,
+                              const std::function<std::string(int)>& zero_file) {
+  if (model.find(PyValue("num_experts")) && moe_ep_size(model) > 1) {
+    // MoE at ep_size > 1 (moe_relayout.h): the dense group over the data ranks, each
+    // expert-parallel rank's experts over its expert-data ranks, as the one-rank model names
+    // them (every global expert a local one).
+    const ExpertRelayout relayout(dir, tag, model, path, mp_rank, zero_file);
+    const auto one = one_rank_experts(experts_of_info(model, path));
+    ExpertFiles::of_model(dir, tag, model, path, mp_rank).check_model(one);
+    PyValue out = PyValue::ordered_dict();
+    const PyValue& module = need(model, "module", path);
+    for (size_t i = 0; i < module.size(); ++i) {
+      const std::string& name = module.keys()[i].as_string();
+      if (relayout.has(name)) {
+        out.set(PyValue(name), PyValue(relayout.param(name, {}).fp32));
+      } else if (module.values()[i].is_tensor()) {
+        const at::Tensor& t = module.values()[i].as_tensor();
+        out.set(PyValue(name), PyValue(t.is_floating_point() ? t.to(at::kFloat) : t));
+      }
+    }
+    for (const auto& [name, e] : one)
+      out.set(PyValue(name), PyValue(relayout.param(name, one).fp32));
+    if (const PyValue* shared = model.find(PyValue("shared_params")); shared && shared->is_dict())
+      for (size_t i = 0; i < shared->size(); ++i)
+        if (const PyValue* src = out.find(shared->values()[i])) out.set(shared->keys()[i], *src);
+    return out;
+  }
+  if (model.find(PyValue("num_experts"))) {
+    // MoE (moe_layout.h): the one-rank model's module, every global expert a local one.
+    auto files = ExpertFiles::of_model(dir, tag, model, path, mp_rank);
+    const auto one = one_rank_experts(experts_of_info(model, path));
+    files.check_model(one);
+    model.set(PyValue("module"), module_with_experts(need(model, "module", path), one, files));
+  }
+  return zero_state_dict(dir, tag, model, path, zero_file);
+}
+
 // A tensor-parallel checkpoint of the plain engine (dscpp_tensor_parallel in mp_rank_00): each
-// tensor rank's state dict, each split tensor merged over the ranks (tp_reshape.h).
+// tensor rank's state dict (a MoE one's with its experts: replicated over the tensor ranks), each
+// split tensor merged over the ranks (tp_reshape.h).
 PyValue tensor_parallel_state_dict(const std::string& dir, const std::string& tag,
                                    const PyValue& model0, const std::string& path0) {
   const PyValue& info = need(model0, "dscpp_tensor_parallel", path0);
@@ -53,7 +94,7 @@ PyValue tensor_parallel_state_dict(const std::string& dir, const std::string& ta
     if (b.save_id != b0.save_id || b.global_steps != b0.global_steps)
       throw CheckpointError("'" + path + "' was not written by the save of '" + path0 +
                             "': files of another run");
-    sds.push_back(zero_state_dict(dir, tag, model, path, [&](int dp) {
+    sds.push_back(model_file_state_dict(dir, tag, model, path, r, [&](int dp) {
       for (bool bf16 : {false, true}) {
         const std::string z = pipe_zero_states_path(dir, tag, dp, 0, r, t, bf16);
         if (std::filesystem::is_regular_file(z)) return z;
@@ -109,40 +150,8 @@ PyValue get_fp32_state_dict_from_zero_checkpoint(const std::string& dir,
   }
   if (model.find(PyValue("dscpp_tensor_parallel")))
     return tensor_parallel_state_dict(dir, tag, model, path);
-  if (model.find(PyValue("num_experts")) && moe_ep_size(model) > 1) {
-    // MoE at ep_size > 1 (moe_relayout.h): the dense group over the data ranks, each
-    // expert-parallel rank's experts over its expert-data ranks, as the one-rank model names
-    // them (every global expert a local one).
-    const ExpertRelayout relayout(dir, tag, model, path);
-    const auto one = one_rank_experts(experts_of_info(model, path));
-    ExpertFiles::of_model(dir, tag, model, path).check_model(one);
-    PyValue out = PyValue::ordered_dict();
-    const PyValue& module = need(model, "module", path);
-    for (size_t i = 0; i < module.size(); ++i) {
-      const std::string& name = module.keys()[i].as_string();
-      if (relayout.has(name)) {
-        out.set(PyValue(name), PyValue(relayout.param(name, {}).fp32));
-      } else if (module.values()[i].is_tensor()) {
-        const at::Tensor& t = module.values()[i].as_tensor();
-        out.set(PyValue(name), PyValue(t.is_floating_point() ? t.to(at::kFloat) : t));
-      }
-    }
-    for (const auto& [name, e] : one)
-      out.set(PyValue(name), PyValue(relayout.param(name, one).fp32));
-    if (const PyValue* shared = model.find(PyValue("shared_params")); shared && shared->is_dict())
-      for (size_t i = 0; i < shared->size(); ++i)
-        if (const PyValue* src = out.find(shared->values()[i])) out.set(shared->keys()[i], *src);
-    return out;
-  }
-  if (model.find(PyValue("num_experts"))) {
-    // MoE (moe_layout.h): the one-rank model's module, every global expert a local one.
-    auto files = ExpertFiles::of_model(dir, tag, model, path);
-    const auto one = one_rank_experts(experts_of_info(model, path));
-    files.check_model(one);
-    model.set(PyValue("module"), module_with_experts(need(model, "module", path), one, files));
-  }
-  return zero_state_dict(dir, tag, model, path,
-                         [&](int r) { return find_zero_states(dir, tag, r); });
+  return model_file_state_dict(dir, tag, model, path, 0,
+                               [&](int r) { return find_zero_states(dir, tag, r); });
 }
 
 namespace {

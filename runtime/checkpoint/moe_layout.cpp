@@ -158,6 +158,32 @@ PyValue module_with_experts(const PyValue& module,
   return out;
 }
 
+PyValue module_at_experts(const PyValue& one_rank_module,
+                          const std::map<std::string, nn::moe::ExpertParam>& experts,
+                          const std::string& where) {
+  const auto one = one_rank_experts(experts);
+  PyValue out = PyValue::ordered_dict();
+  for (size_t i = 0; i < one_rank_module.size(); ++i) {
+    const PyValue& k = one_rank_module.keys()[i];
+    if (!k.is_string() || !one.count(k.as_string())) out.set(k, one_rank_module.values()[i]);
+  }
+  for (const auto& [name, e] : experts) {
+    std::vector<at::Tensor> parts;
+    for (const auto& slot : expert_slots(name, e)) {
+      // A clone's slot key is its one-rank name; a stacked weight keeps its name, [E, ...].
+      const std::string& key = slot.slice < 0 ? slot.key : name;
+      const PyValue* v = one_rank_module.find(PyValue(key));
+      if (!v || !v->is_tensor())
+        throw CheckpointError(fmt::format("{} holds no '{}' (expert {} of '{}')", where, key,
+                                          slot.global_expert, name));
+      parts.push_back(slot.slice < 0 ? v->as_tensor()
+                                     : v->as_tensor().select(0, slot.global_expert));
+    }
+    out.set(PyValue(name), PyValue(e.local_expert >= 0 ? parts.at(0) : at::stack(parts)));
+  }
+  return out;
+}
+
 ExpertFiles::ExpertFiles(std::string dir, std::string tag, std::vector<int64_t> saved_num_experts,
                          std::string model_path, int mp_rank)
     : dir_(std::move(dir)),

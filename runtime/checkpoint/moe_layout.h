@@ -70,6 +70,15 @@ void save_expert_files(const std::string& dir, const std::string& tag,
 std::map<std::string, nn::moe::ExpertParam> one_rank_experts(
     const std::map<std::string, nn::moe::ExpertParam>& saved);
 
+// A state dict of the one-rank model of a MoE checkpoint (every global expert a local one:
+// clones under deepspeed_experts.<E>, stacked weights [E, ...]; a pipeline's or a tensor
+// rank's part read whole) as a model with expert map `experts` (any expert-parallel degree and
+// rank) names it: the one-rank expert entries dropped, this model's local values added after the
+// others. where: the checkpoint, for errors ("... holds no '<key>'").
+PyValue module_at_experts(const PyValue& one_rank_module,
+                          const std::map<std::string, nn::moe::ExpertParam>& experts,
+                          const std::string& where);
+
 class ExpertFiles;
 // `module` (a state dict without expert tensors, as the model-states file keeps it) with the
 // local value of every expert parameter of `experts` added, read from the expert files.

@@ -228,7 +228,8 @@ def _pipe_state_dict(folder, model0_path, model0):
 
 def _tp_state_dict(folder, model0_path, model0):
     """A tensor-parallel checkpoint of the plain engine: every tensor rank's mp_rank_XX state
-    dict, split tensors merged over the ranks."""
+    dict, split tensors merged over the ranks. A MoE one keeps each tensor rank's experts in its
+    layer_L_expert_E_mp_rank_XX files (replicated over the tensor ranks: no partition)."""
     info = model0["dscpp_tensor_parallel"]
     t, parts = info["tp_degree"], info["partitions"]
     sds = []
@@ -237,7 +238,7 @@ def _tp_state_dict(folder, model0_path, model0):
         m = model0 if r == 0 else _load(path)
         if m.get("dscpp_save_id") != model0.get("dscpp_save_id"):
             raise ValueError(f"'{path}' and '{model0_path}' are not of one save")
-        sds.append(_plain_state_dict(m, path, folder, lambda d, r=r: _mp_zero_file(
+        sds.append(_model_file_state_dict(folder, path, m, r, lambda d, r=r: _mp_zero_file(
             folder, d, r, f"tensor rank {r}")))
     return collections.OrderedDict((name, _merge([sd[name] for sd in sds], parts.get(name)))
                                    for name in sds[0])
@@ -256,11 +257,18 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
         return _pipe_state_dict(folder, model_path, model)
     if "dscpp_tensor_parallel" in model:
         return _tp_state_dict(folder, model_path, model)
+    return _model_file_state_dict(folder, model_path, model, 0, lambda r: _zero_file(folder, r))
+
+
+def _model_file_state_dict(folder, model_path, model, mp, zero_file):
+    """One model-states file's state dict, a MoE one's with every global expert (its files of
+    mp_rank_<mp>) as the one-rank model names them; zero_file(r): its data rank r's partition."""
     if "num_experts" in model and (model.get("dscpp_moe") or {}).get("ep_size", 1) > 1:
-        return _moe_ep_state_dict(folder, model_path, model)
+        return _moe_ep_state_dict(folder, model_path, model, mp, zero_file)
     if "num_experts" in model:
-        model["module"] = _module_with_experts(folder, model_path, model)
-    return _plain_state_dict(model, model_path, folder, lambda r: _zero_file(folder, r))
+        model = dict(model)
+        model["module"] = _module_with_experts(folder, model_path, model, mp)
+    return _plain_state_dict(model, model_path, folder, zero_file)
 
 
 def _module_with_experts(folder, model_path, model, mp=0):

@@ -409,9 +409,6 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
   // parameters): copying them into our buffers must not build an autograd graph.
   at::NoGradGuard no_grad;
   zero_->wait_all_published();  // nothing may still be writing the parameters it replaces
-  if (client_.expert_params)
-    EngineExperts::refuse_tensor_parallel_checkpoint("load_checkpoint", *client_.expert_params,
-                                                     tensor_parallel_size());
   LoadCheckpointResult result;
   std::string error;
   PyValue rng;
@@ -448,7 +445,8 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     if (pipe) {
       load_pipe_checkpoint(load_dir, tag, model, path, options, result, rng);
     } else if (!universal && model.find(PyValue("dscpp_tensor_parallel"))) {
-      load_tp_checkpoint(load_dir, tag, model, path, options, result, rng);
+      // (as saved: the tensor-parallel loader reads every tensor rank's expert files itself)
+      load_tp_checkpoint(load_dir, tag, saved_model, path, options, result, rng);
     } else if (!universal && tensor_parallel_size() > 1) {
       throw CheckpointError("'" + path +
                             "' has no tensor-parallel metadata (dscpp_tensor_parallel): a "

@@ -66,32 +66,16 @@ void EngineCore::load_pipe_checkpoint(const std::string& dir, const std::string&
   const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
   const Experts one = checkpoint::one_rank_experts(experts);
   const std::string where = checkpoint::tag_dir(dir, tag);
-  auto local_expert = [&](const std::string& name, const nn::moe::ExpertParam& e) {
-    std::vector<at::Tensor> parts;
-    for (const auto& slot : checkpoint::expert_slots(name, e)) {
-      // A clone's slot key is its one-rank name; a stacked weight keeps its name, [E, ...].
-      const PyValue* v = ck.module.find(PyValue(slot.slice < 0 ? slot.key : name));
-      if (!v || !v->is_tensor())
-        throw CheckpointError(
-            fmt::format("pipeline checkpoint '{}' holds no '{}' (expert {} of '{}')", where,
-                        slot.slice < 0 ? slot.key : name, slot.global_expert, name));
-      parts.push_back(slot.slice < 0 ? v->as_tensor()
-                                     : v->as_tensor().select(0, slot.global_expert));
-    }
-    return e.local_expert >= 0 ? parts.at(0) : at::stack(parts);
-  };
   // The module: the whole model's state dict, or (a pipeline stage) the part this engine holds.
+  const PyValue local = checkpoint::module_at_experts(
+      ck.module, experts, fmt::format("pipeline checkpoint '{}'", where));
   PyValue module = PyValue::ordered_dict();
   std::set<std::string> ours;
   for (const auto& [name, t] : named_params_()) ours.insert(name);
   for (const auto& [name, t] : named_buffers_()) ours.insert(name);
-  for (size_t i = 0; i < ck.module.size(); ++i) {
-    const std::string& name = ck.module.keys()[i].as_string();
-    if (one.count(name)) continue;  // an expert's: added below under this engine's names
-    if (!ckpt_layout_.partial_module || ours.count(name))
-      module.set(ck.module.keys()[i], ck.module.values()[i]);
-  }
-  for (const auto& [name, e] : experts) module.set(PyValue(name), PyValue(local_expert(name, e)));
+  for (size_t i = 0; i < local.size(); ++i)
+    if (!ckpt_layout_.partial_module || ours.count(local.keys()[i].as_string()))
+      module.set(local.keys()[i], local.values()[i]);
   PyValue view = model;
   view.set(PyValue("module"), std::move(module));
   const bool other_params = load_module(view, path, options, result);

@@ -326,8 +326,6 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   // MoE: DeepSpeed's layout (runtime/checkpoint/moe_layout.h), expert tensors per global expert.
   const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
   const int64_t ep = experts.empty() ? 1 : experts.begin()->second.ep_size;
-  EngineExperts::refuse_tensor_parallel_checkpoint("save_checkpoint", experts,
-                                                   tensor_parallel_size());
   if (!experts.empty() && zero_->stage() >= 3)
     throw dscpp::Error(
         "save_checkpoint: a model with expert parameters at ZeRO stage 3 (DeepSpeed refuses "

@@ -11,22 +11,35 @@
 // mp_rank_XX model-states file per tensor rank, not DeepSpeed's per-rank stage-3 files): its
 // module holds the buffers only, as a stage-3 file does, and the parameters' values come from
 // the ZeRO files, consolidated and cut as the other stages' are.
+// With experts (issue 20), DeepSpeed's MoE layout per tensor rank XX (its _get_expert_ckpt_name
+// takes the model-parallel rank): layer_L_expert_E_mp_rank_XX_model_states.pt per global
+// expert, written by tensor rank XX's expert-data rank 0 (the experts are replicated over the
+// tensor group, so every XX holds the same values), at ZeRO 0 expp_rank_R_mp_rank_XX, and the
+// experts' ZeRO group (ep_size > 1) in zero_pp_rank_D_mp_rank_XX beside the dense one. Loading
+// reads each tensor rank's part as the one-rank model's (moe_pipe_stage.h) and cuts this
+// engine's experts per global expert: any expert-parallel degree and tensor degree, ZeRO 0-2.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/moe_layout.h"
+#include "dscpp/runtime/checkpoint/moe_pipe_stage.h"
+#include "dscpp/runtime/checkpoint/moe_relayout.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/tp_reshape.h"
 #include "dscpp/runtime/checkpoint/universal_from_zero.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/engine_experts.h"
+#include "dscpp/runtime/engine/moe_checkpoint.h"
 #include "dscpp/runtime/engine/universal_load.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -34,6 +47,7 @@ namespace dscpp {
 
 using checkpoint::CheckpointError;
 using checkpoint::PyValue;
+using engine_checkpoint::Experts;
 
 namespace {
 std::string zero_file_of(const std::string& dir, const std::string& tag, int dp, int mp, int t) {
@@ -59,6 +73,9 @@ PyValue EngineCore::tensor_parallel_info() {
     if (auto it = shape_of.find(name); it != shape_of.end()) shape_of[alias] = it->second;
   PyValue parts = PyValue::dict();
   for (const auto& [name, p] : named_params_()) {
+    // Experts are replicated over the tensor group and saved per global expert in files of
+    // their own (moe_layout.h): no tensor-parallel partition.
+    if (client_.expert_params && client_.expert_params->count(name)) continue;
     auto it = tp_attrs_->find(name);
     const nn::TensorParallelAttr a = it == tp_attrs_->end() ? nn::TensorParallelAttr{} : it->second;
     const auto shape = shape_of.find(name);
@@ -82,6 +99,7 @@ void EngineCore::use_tensor_parallel_layout() {
   const int t = tensor_parallel_size(), r = tensor_parallel_rank();
   CheckpointLayout l;
   l.world = comm::init_distributed();  // agreement, tags and `latest` over every rank
+  l.mp_rank = r;  // DeepSpeed's expert files: layer_L_expert_E_mp_rank_<tensor rank>
   l.model_states_path = [r, t](const std::string& dir, const std::string& tag) {
     return checkpoint::pipe_model_states_path(dir, tag, 0, r, t);
   };
@@ -111,6 +129,19 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
   const PyValue* stage_v = model0.find(PyValue("dscpp_zero_stage"));
   const bool saved3 = stage_v && stage_v->as_int() >= 3, here3 = zero_->stage() >= 3;
   const bool whole_params = !options.load_module_only || saved3 || here3;
+  // Experts (DeepSpeed's MoE layout per tensor rank: its module without them, its experts in
+  // layer_L_expert_E_mp_rank_<r>, their ZeRO group in its zero_pp_rank_D_mp_rank_<r> files):
+  // each tensor rank's part read as the one-rank model's, every global expert a local one
+  // (moe_pipe_stage.h, as a pipeline stage's), then this engine's experts cut from it per
+  // global expert (moe_relayout.h), whatever expert-parallel degree saved it. The experts are
+  // replicated over the tensor group: tensor rank 0's are taken.
+  const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
+  const bool moe = model0.contains(PyValue("num_experts"));
+  if (moe && (saved3 || here3))
+    throw CheckpointError(fmt::format(
+        "'{}': a MoE checkpoint with tensor parallelism loads at ZeRO stages 0-2, this engine "
+        "runs stage {}",
+        path0, zero_->stage()));
   // Every tensor rank's model states and whole (data-consolidated) parameters.
   std::vector<PyValue> models;
   std::vector<std::map<std::string, checkpoint::UniversalParam>> params(saved_t);
@@ -118,6 +149,16 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
   for (int r = 0; r < saved_t; ++r) {
     const std::string path = checkpoint::pipe_model_states_path(dir, tag, 0, r, saved_t);
     models.push_back(r == 0 ? model0 : checkpoint::load_torch_file(path));
+    if (moe) {
+      checkpoint::PipeMoeStage part(dir, tag, models[r], path, r,
+                                    [&](int dp) { return zero_file_of(dir, tag, dp, r, saved_t); });
+      models[r].set(PyValue("module"), std::move(part.module));
+      for (auto& p : part.params) {  // (at ep 1 the experts are listed twice: dense and expert)
+        if (r == 0 && !params[r].count(p.name)) saved_names.push_back(p.name);
+        params[r][p.name] = std::move(p);
+      }
+      continue;
+    }
     if (!whole_params) continue;
     for (auto& p : checkpoint::consolidate_params(
              models[r], path, engine_checkpoint::need(models[r], "module", path),
@@ -166,7 +207,7 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
   // from `module` only what ZeRO does not hold, and checks param_shapes against its own.
   std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
   for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
-  const PyValue& module0 = engine_checkpoint::need(model0, "module", path0);
+  const PyValue& module0 = engine_checkpoint::need(models[0], "module", path0);
   PyValue module = PyValue::ordered_dict();
   for (size_t i = 0; i < module0.size(); ++i) {
     const std::string name = module0.keys()[i].as_string();
@@ -180,6 +221,18 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
       shards.push_back(models[r].at(PyValue("module")).at(PyValue(name)).as_tensor());
     module.set(module0.keys()[i], PyValue(cut(name, shards)));
   }
+  // A MoE checkpoint: the module and the parameters under this engine's expert names.
+  std::optional<checkpoint::ExpertRelayout> relayout;
+  if (moe) {
+    module = checkpoint::module_at_experts(module, experts,
+                                           fmt::format("tensor-parallel checkpoint '{}'", where));
+    std::vector<checkpoint::UniversalParam> whole;
+    for (const auto& name : saved_names) whole.push_back(mine_of(name));
+    relayout.emplace(where, std::move(whole), checkpoint::one_rank_experts(experts));
+  }
+  auto param_of = [&](const std::string& name) {
+    return relayout ? relayout->param(name, experts) : mine_of(name);
+  };
   PyValue view = model0;
   if (saved3 && !here3) {
     // The stage-3 module lacks the trainable parameters and their other names: the
@@ -198,19 +251,25 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
   }
   view.set(PyValue("module"), std::move(module));
   const bool other_params = load_module(view, path0, options, result);
+  EngineExperts* const ex = this->experts();  // the experts' own ZeroOptimizer (ep_size > 1)
   auto load_params = [&](bool optimizer_states) {
-    engine_checkpoint::load_whole_params(
-        *zero_, [&](size_t i) { return mine_of(param_names_.at(i)); },
-        [&](size_t i) {
-          return fmt::format("tensor-parallel checkpoint '{}': parameter '{}'", where,
-                             param_names_[i]);
-        },
-        optimizer_states);
+    auto load = [&](zero::ZeroOptimizer& z, const std::vector<std::string>& names) {
+      engine_checkpoint::load_whole_params(
+          z, [&](size_t i) { return param_of(names.at(i)); },
+          [&](size_t i) {
+            return fmt::format("tensor-parallel checkpoint '{}': parameter '{}'", where,
+                               names.at(i));
+          },
+          optimizer_states);
+    };
+    load(*zero_, param_names_);
+    if (ex) load(ex->zero(), ex->names());
   };
   if (here3) {  // (other parameters were refused by load_module at stage 3)
     load_params(options.load_optimizer_states && !options.load_module_only);
   } else if (options.load_module_only || other_params) {
     zero_->refresh_master_from_params();
+    if (ex) ex->zero().refresh_master_from_params();
   } else {
     load_params(options.load_optimizer_states);
   }

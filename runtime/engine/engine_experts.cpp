@@ -136,15 +136,6 @@ std::unique_ptr<EngineExperts> EngineExperts::take(
   return out;
 }
 
-void EngineExperts::refuse_tensor_parallel_checkpoint(const char* what, const ExpertMap& experts,
-                                                      int tensor_parallel_size) {
-  if (experts.empty() || tensor_parallel_size <= 1) return;
-  throw Error(fmt::format(
-      "{}: a model with expert parameters ('{}', ...) and tensor parallelism (degree {}): "
-      "checkpoints of experts with tensor parallelism are not implemented yet",
-      what, experts.begin()->first, tensor_parallel_size));
-}
-
 void EngineExperts::build(const zero::ZeroOptions& zo, std::unique_ptr<optim::Optimizer> optimizer,
                           const optim::Optimizer& dense) {
   zero::ZeroOptions eo = zo;

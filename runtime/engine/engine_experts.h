@@ -69,13 +69,6 @@ class EngineExperts {
       const std::shared_ptr<comm::ProcessGroup>& model_group,
       const std::map<std::string, nn::TensorParallelAttr>* tp_attrs);
 
-  // Checkpoints of a model with experts (any ep_size) and tensor parallelism are not written
-  // or read yet (DeepSpeed's layer_L_expert_E_mp_rank_XX per tensor rank, and the
-  // tensor-parallel loader's merge of the experts' files): a dscpp::Error naming `what`
-  // ("save_checkpoint", "load_checkpoint") when `experts` is not empty and t > 1.
-  static void refuse_tensor_parallel_checkpoint(const char* what, const ExpertMap& experts,
-                                                int tensor_parallel_size);
-
   // The experts' ZeroOptimizer, over the expert-data group, with the dense one's options `zo`
   // (after take: the dense ones) and an optimizer made alike. dense: the dense optimizer, which
   // must have every parameter group the experts have (the schedule writes its groups).

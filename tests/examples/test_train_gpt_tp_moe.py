@@ -6,8 +6,9 @@ data 2 with expert degree 2 (4 CPU ranks; the degrees from the model config's `p
 as the same model at tensor 1 x data 2, ep 1 (2 CPU ranks) on the same global batch (micro-batch 2
 x data 2 x GA 2): every step's logged loss within 1e-5 relative, the grad norm, lr, aux loss and load
 balance as printed; dropless at ZeRO 2 and with token dropping (capacity factor 1.0, per data rank
-in both layouts) at ZeRO 1. The start-up line names the layout. --save at a tensor degree with
-experts is refused at start, naming the flag (the engine writes no such checkpoints yet).
+in both layouts) at ZeRO 1. The start-up line names the layout. --save at tensor 2 x data 2, ep 2
+writes DeepSpeed's MoE layout per tensor rank (layer_L_expert_E_mp_rank_XX, XX the tensor rank),
+and --load of it continues at tensor 1 x data 2, ep 1 as the uninterrupted tensor-2 run does.
 """
 import argparse
 import os
@@ -72,11 +73,23 @@ def main():
                   log1 + "\n---\n" + log2)
             check(f"{name}: aux loss and load balance as printed at tensor 1, ep 1",
                   len(moe_fields(log1)) == 5 and moe_fields(log1) == moe_fields(log2), log1 + "\n---\n" + log2)
-        rc3, log3 = job.run("--deepspeed_config", ds, *common, "--save", os.path.join(tmp, "ck"), ranks=4)
-        check("--save at tensor 2 with experts is refused at start, naming the flag",
-              rc3 != 0 and "--save: an MoE model (num_experts 4) at tensor degree 2: checkpoints of "
-              "experts with tensor parallelism are not implemented yet" in log3
-              and "[train_gpt] step" not in log3, log3)
+        # The last layout (token dropping, ZeRO 1): 3 steps at tensor 2, ep 2 saved, the rest at
+        # tensor 1, ep 1 from the checkpoint, as the uninterrupted tensor-2 run (`got`) went on.
+        ck = os.path.join(tmp, "ck")
+        short = [c if c != "5" else "3" for c in common]
+        rc3, log3 = job.run("--deepspeed_config", ds, *short, "--save", ck, ranks=4)
+        tag = os.path.join(ck, "global_step3")
+        names = ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
+                 "layer_1_expert_3_mp_rank_01_model_states.pt", "zero_pp_rank_1_mp_rank_01_optim_states.pt"]
+        check("--save at tensor 2 x data 2, ep 2: DeepSpeed's MoE file names per tensor rank",
+              rc3 == 0 and all(os.path.isfile(os.path.join(tag, n)) for n in names), log3)
+        job.model = write_json(os.path.join(tmp, "one_resume.json"), dict(shape, moe_expert_capacity_factor=1.0))
+        rc4, log4 = job.run("--deepspeed_config", ds, *common, "--load", ck, ranks=2)
+        resumed = steps(log4)
+        check("--load at tensor 1 x data 2, ep 1: steps 4 and 5, the tensor-2 run's losses within 1e-5",
+              rc4 == 0 and [s["step"] for s in resumed] == [4, 5] and len(got) == 5
+              and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(resumed, got[3:])),
+              log4)
     if FAILED:
         print("FAILED:", FAILED)
         return 1

@@ -36,6 +36,7 @@
 #include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/zero/zero_optimizer.h"
 #include "tests/runtime/engine/tp_common.h"
+#include "tests/runtime/engine/tp_moe_common.h"
 
 using nlohmann::json;
 using tp_test::check;
@@ -44,52 +45,9 @@ namespace mz = dscpp::model_zoo;
 namespace moe = dscpp::nn::moe;
 using GroupPtr = std::shared_ptr<dscpp::comm::ProcessGroup>;
 
+using namespace tp_moe_test;
+
 namespace {
-
-constexpr int kMicro = 2, kSeq = 16;
-
-struct Case {
-  int ep = 2, k = 1, stage = 0, ga = 1;
-  bool dropless = true, shared = false;
-  std::string name;
-};
-
-Case parse_case(const std::string& s) {
-  Case c;
-  c.name = s;
-  int d = 0, sh = 0;
-  if (std::sscanf(s.c_str(), "e%dk%dd%ds%dz%dg%d", &c.ep, &c.k, &d, &sh, &c.stage, &c.ga) != 6)
-    throw dscpp::Error("tp_moe_engine: bad case '" + s + "' (e<E>k<k>d<0|1>s<0|1>z<stage>g<ga>)");
-  c.dropless = d != 0;
-  c.shared = sh != 0;
-  return c;
-}
-
-mz::GPTConfig moe_config(const Case& c, int t, int ep) {
-  json j = tp_test::tiny(t, false).to_json();
-  j["gelu_approximation"] = "none";  // the grouped experts' GELU is the exact one
-  j["num_experts"] = 4;
-  j["moe_router_topk"] = c.k;
-  j["moe_ffn_hidden_size"] = 32;
-  if (c.shared) j["moe_shared_expert_intermediate_size"] = 64;
-  if (!c.dropless) {
-    j["moe_expert_capacity_factor"] = 0.5;
-    j["moe_aux_loss_coeff"] = 0.01;
-  }
-  j["parallelism"]["expert_model_parallel_size"] = ep;
-  return mz::GPTConfig::from_json(j);
-}
-
-json ds_config(int micro, const Case& c, int stage) {
-  return {{"train_micro_batch_size_per_gpu", micro},
-          {"gradient_accumulation_steps", c.ga},
-          // SGD with momentum: Adam would turn rounding noise of a zero gradient into steps.
-          {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.3}, {"momentum", 0.9}}}}},
-          {"gradient_clipping", 0.5},  // active every step: the norm reaches the weights
-          {"zero_optimization",
-           {{"stage", stage}, {"overlap_comm", stage % 2 == 1}, {"reduce_bucket_size", 20000}}},
-          {"steps_per_print", 0}};
-}
 
 // The reference's tensor that the tensor-parallel MoE model's `name` holds on this rank: the
 // expert-parallel rank's experts of a routed expert, the tensor slice of a split parameter.
@@ -106,14 +64,6 @@ at::Tensor counterpart(const std::map<std::string, at::Tensor>& ref,
   return a.tensor_model_parallel
              ? dscpp::nn::partition_of(whole, a.partition_dim, a.partition_stride, tp_rank, t)
              : whole;
-}
-
-// A training forward and its loss: the model's loss plus the MoE blocks' aux losses.
-template <typename Engine, typename LossFn>
-at::Tensor train_loss(Engine& eng, const at::Tensor& rows, LossFn loss_of) {
-  dscpp::nn::AuxLossScope aux;
-  at::Tensor loss = loss_of(eng.forward(rows.narrow(1, 0, kSeq)), rows.narrow(1, 1, kSeq));
-  return aux.sum().defined() ? loss + aux.sum() : loss;
 }
 
 void run_case(dscpp::comm::ProcessGroup& world, const tp_test::Groups& g,
@@ -257,30 +207,7 @@ void refusals(const tp_test::Groups& g, const std::map<int, GroupPtr>& ep_groups
     check(std::string(e.what()).find("divide by the tensor-parallel degree") != std::string::npos,
           std::string("the token split's refusal says why: ") + e.what(), rank);
   }
-  // Checkpoints of experts with tensor parallelism: refused by name on every rank alike, before
-  // any file or collective (not implemented yet), at ep 2 and at ep 1.
-  for (int ep : {2, 1}) {
-    mz::TensorParallelGPT model(moe_config(c, g.t, ep), g.model,
-                                ep > 1 ? ep_groups.at(2) : nullptr);
-    dscpp::InitArgs args;
-    args.group = g.data;
-    args.model_group = g.model;
-    auto eng = dscpp::initialize(model, ds_config(kMicro, c, 1), std::move(args));
-    for (const std::string what : {"save_checkpoint", "load_checkpoint"}) {
-      try {
-        if (what == "save_checkpoint")
-          eng.save_checkpoint("tp_moe_never_written");
-        else
-          eng.load_checkpoint("tp_moe_never_written");
-        check(false, what + " with experts and tensor parallelism: accepted", rank);
-      } catch (const dscpp::Error& e) {
-        check(std::string(e.what()).find(what + ": a model with expert parameters") !=
-                      std::string::npos &&
-                  std::string(e.what()).find("not implemented yet") != std::string::npos,
-              what + "'s refusal names it: " + e.what(), rank);
-      }
-    }
-  }
+  // (Checkpoints of experts with tensor parallelism: tp_moe_checkpoint.cpp.)
 }
 
 }  // namespace

@@ -1,0 +1,76 @@
+// Shared by the tests of experts with tensor parallelism (tp_moe_engine.cpp,
+// tp_moe_checkpoint.cpp): the case string, the tiny MoE GPT (hidden 64, 2 layers both MoE, 4
+// experts of FFN 32, GPT-2's blocks), the ds_config (SGD with momentum, clipping active) and the
+// training loss. Header-only, test code.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "dscpp/error.h"
+#include "dscpp/model_zoo/gpt_config.h"
+#include "dscpp/nn/aux_loss.h"
+#include "tests/runtime/engine/tp_common.h"
+
+namespace tp_moe_test {
+
+using nlohmann::json;
+namespace mz = dscpp::model_zoo;
+
+constexpr int kMicro = 2, kSeq = 16;
+
+struct Case {
+  int ep = 2, k = 1, stage = 0, ga = 1;
+  bool dropless = true, shared = false;
+  std::string name;
+};
+
+inline Case parse_case(const std::string& s) {
+  Case c;
+  c.name = s;
+  int d = 0, sh = 0;
+  if (std::sscanf(s.c_str(), "e%dk%dd%ds%dz%dg%d", &c.ep, &c.k, &d, &sh, &c.stage, &c.ga) != 6)
+    throw dscpp::Error("tp_moe_engine: bad case '" + s + "' (e<E>k<k>d<0|1>s<0|1>z<stage>g<ga>)");
+  c.dropless = d != 0;
+  c.shared = sh != 0;
+  return c;
+}
+
+inline mz::GPTConfig moe_config(const Case& c, int t, int ep) {
+  json j = tp_test::tiny(t, false).to_json();
+  j["gelu_approximation"] = "none";  // the grouped experts' GELU is the exact one
+  j["num_experts"] = 4;
+  j["moe_router_topk"] = c.k;
+  j["moe_ffn_hidden_size"] = 32;
+  if (c.shared) j["moe_shared_expert_intermediate_size"] = 64;
+  if (!c.dropless) {
+    j["moe_expert_capacity_factor"] = 0.5;
+    j["moe_aux_loss_coeff"] = 0.01;
+  }
+  j["parallelism"]["expert_model_parallel_size"] = ep;
+  return mz::GPTConfig::from_json(j);
+}
+
+inline json ds_config(int micro, const Case& c, int stage) {
+  return {{"train_micro_batch_size_per_gpu", micro},
+          {"gradient_accumulation_steps", c.ga},
+          // SGD with momentum: Adam would turn rounding noise of a zero gradient into steps.
+          {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.3}, {"momentum", 0.9}}}}},
+          {"gradient_clipping", 0.5},  // active every step: the norm reaches the weights
+          {"zero_optimization",
+           {{"stage", stage}, {"overlap_comm", stage % 2 == 1}, {"reduce_bucket_size", 20000}}},
+          {"steps_per_print", 0}};
+}
+
+// A training forward and its loss: the model's loss plus the MoE blocks' aux losses.
+template <typename Engine, typename LossFn>
+at::Tensor train_loss(Engine& eng, const at::Tensor& rows, LossFn loss_of) {
+  dscpp::nn::AuxLossScope aux;
+  at::Tensor loss = loss_of(eng.forward(rows.narrow(1, 0, kSeq)), rows.narrow(1, 1, kSeq));
+  return aux.sum().defined() ? loss + aux.sum() : loss;
+}
+
+}  // namespace tp_moe_test
