@@ -7,7 +7,9 @@
 // MoE layers of the stage's own module from 0 (its moe_layer_id), E the global expert; at
 // ZeRO 0 expp_rank_<R>_mp_rank_<stage>_optim_states.pt. The files of one stage are the plain
 // engine's MoE layout (moe_layout.h, moe_relayout.h) under the stage's mp_rank and ZeRO file
-// names, and are read with the same code. Reads files only; CheckpointError naming the file.
+// names, and are read with the same code. A tensor-parallel MoE checkpoint's tensor rank XX
+// (mp_rank_XX, its expert files and ZeRO files: engine_checkpoint_tp.cpp, fp32_state.cpp) is
+// read the same way, at any ep_size. Reads files only; CheckpointError naming the file.
 #pragma once
 
 #include <functional>

@@ -6,8 +6,9 @@
 // ZeRO 0 expp_rank_R_mp_rank_XX) and that the two tensor ranks' expert files are equal, then
 // loads the checkpoint, from other initial weights,
 //   - at tensor 2 x data 2, ep 2: the next 3 steps' losses bit for bit the uninterrupted run's;
-//   - at tensor 2 x data 2, ep 1, and into the plain one-rank engine (model_zoo's GPT at tensor
-//     1, ep 1, the global batch on one rank, ZeRO 0): within 1e-5 relative;
+//   - at tensor 2 x data 2, ep 1, at tensor 1 x data 4, ep 2 (model_zoo's GPT, the saved ZeRO
+//     stage), and into the plain one-rank engine (model_zoo's GPT at tensor 1, ep 1, the global
+//     batch on one rank, ZeRO 0): within 1e-5 relative;
 // zero_to_fp32 of the checkpoint is the weights the one-rank engine loaded, bit for bit; and
 // with the first case: a missing expert file is refused naming it, loading at ZeRO 3 is refused
 // naming the stage.
@@ -164,9 +165,15 @@ void save_phase(const std::string& dir, const tp_test::Groups& g,
   if (g.dp_rank == 0 && g.tp_rank == 0) write_losses(dir + "/uninterrupted.txt", after);
 }
 
+// resume_phase's groups of tensor 1 x data 4 (the world) and its expert degree 2.
+struct DataWorld {
+  tp_test::Groups g;
+  GroupPtr ep2;
+};
+
 void resume_phase(const std::string& dir, dscpp::comm::ProcessGroup& world,
-                  const tp_test::Groups& g, const std::map<int, GroupPtr>& ep_groups, const Case& c,
-                  bool refusals) {
+                  const tp_test::Groups& g, const std::map<int, GroupPtr>& ep_groups,
+                  const DataWorld& d4, const Case& c, bool refusals) {
   const int rank = world.rank();
   const std::string tag = fmt::format("{}/global_step{}/", dir, kSaveAt);
   const auto want = read_losses(dir + "/uninterrupted.txt");
@@ -178,6 +185,17 @@ void resume_phase(const std::string& dir, dscpp::comm::ProcessGroup& world,
     check(run.eng.global_steps() == kSaveAt, c.name + ": the step count restored", rank);
     compare(fmt::format("{}: resumed at tensor 2 x data 2, ep {}", c.name, ep),
             train(run.eng, run.model, tp, c, kSaveAt, kSteps), want, ep == c.ep ? 0 : 1e-5, rank);
+  }
+  {  // tensor 1 x data 4 at ep 2: model_zoo's GPT, one row per rank
+    at::manual_seed(2);
+    mz::GPT m(moe_config(c, 1, 2), d4.ep2);
+    dscpp::InitArgs args;
+    args.group = d4.g.data;
+    auto eng = dscpp::initialize(m, ds_config(1, c, c.stage), std::move(args));
+    eng.load_checkpoint(dir);
+    compare(c.name + ": resumed at tensor 1 x data 4, ep 2",
+            train(eng, m, Place{d4.g.data, 4, d4.g.dp_rank, 1}, c, kSaveAt, kSteps), want, 1e-5,
+            rank);
   }
   {  // the plain one-rank engine: model_zoo's GPT at ep 1 on a group of this rank alone
     at::manual_seed(2);
@@ -249,6 +267,10 @@ int main(int argc, char** argv) {
     dscpp::comm::Topology topo({"pipe", "data", "model"}, {1, g.d, 2});
     const std::map<int, GroupPtr> ep_groups = {
         {2, dscpp::comm::new_expert_groups(*world, topo, 2).expert_parallel}};
+    DataWorld d4{tp_test::make_groups(*world, 1), nullptr};
+    d4.ep2 = dscpp::comm::new_expert_groups(
+                 *world, dscpp::comm::Topology({"pipe", "data", "model"}, {1, 4, 1}), 2)
+                 .expert_parallel;
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
       if (c.ep != 2 || !c.dropless)
@@ -257,7 +279,7 @@ int main(int argc, char** argv) {
       if (phase == "save") {
         save_phase(at, g, ep_groups, c);
       } else {
-        resume_phase(at, *world, g, ep_groups, c, i == 0);
+        resume_phase(at, *world, g, ep_groups, d4, c, i == 0);
         if (rank == 0) std::cout << "tp_moe_checkpoint: case " << c.name << " checked\n";
       }
     }
