@@ -47,6 +47,12 @@ PyValue without(const PyValue& dict, const std::set<std::string>& drop) {
 // the whole tensor and how it was cut, which the universal files carry.
 void tensor_parallel_params(const std::string& dir, const std::string& tag,
                             const std::string& path0, UniversalCheckpoint& ck, PyValue& module) {
+  // Its experts lie in per-tensor-rank expert files and ZeRO groups this reader does not take:
+  // refused rather than written without them.
+  if (ck.model.contains(PyValue("num_experts")))
+    throw CheckpointError("'" + path0 +
+                          "' is a MoE checkpoint with tensor parallelism: to_universal does not "
+                          "convert one yet (load_checkpoint and zero_to_fp32 read it)");
   const PyValue& info = need(ck.model, "dscpp_tensor_parallel", path0);
   const int t = static_cast<int>(need(info, "tp_degree", path0).as_int());
   std::map<std::string, ParamPartition> parts;

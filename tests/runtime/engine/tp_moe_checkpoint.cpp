@@ -11,7 +11,7 @@
 //     batch on one rank, ZeRO 0): within 1e-5 relative;
 // zero_to_fp32 of the checkpoint is the weights the one-rank engine loaded, bit for bit; and
 // with the first case: a missing expert file is refused naming it, loading at ZeRO 3 is refused
-// naming the stage.
+// naming the stage, to_universal (not done yet) is refused rather than dropping the experts.
 //   tp_moe_checkpoint --phase save|resume --dir DIR --case e2k<k>d1s<s>z<stage>g<ga> [...]
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -32,6 +32,7 @@
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/runtime/checkpoint/fp32_state.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
+#include "dscpp/runtime/checkpoint/universal_from_zero.h"
 #include "tests/runtime/engine/tp_common.h"
 #include "tests/runtime/engine/tp_moe_common.h"
 
@@ -221,6 +222,10 @@ void resume_phase(const std::string& dir, dscpp::comm::ProcessGroup& world,
             train(eng, m, Place{}, c, kSaveAt, kSteps), want, 1e-5, rank);
   }
   if (!refusals) return;
+  if (rank == 0)
+    refused(
+        c.name + ": to_universal", "to_universal does not convert one yet",
+        [&] { (void)dscpp::checkpoint::universal_from_zero_checkpoint(dir); }, rank);
   const std::string gone = "layer_1_expert_2_mp_rank_01_model_states.pt";
   const std::string missing = dir + "_missing";
   if (rank == 0) {
