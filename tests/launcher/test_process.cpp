@@ -106,11 +106,11 @@ TEST_F(ProcessTest, FailingRankStopsTheJobWithItsExitCode) {
 // "connection reset by peer"): the message says the peer had ended, and how.
 TEST_F(ProcessTest, FailureNamesThePeersThatHadAlreadyEnded) {
   const Result r =
-      run_dscpp({"--num_gpus", "3", kFake, out_arg(), "exit=1:0", "late_exit=0:5", "sleep=1"});
+      run_dscpp({"--num_gpus", "2", kFake, out_arg(), "exit=1:0", "late_exit=0:5", "sleep=1"});
   EXPECT_EQ(r.code, 5) << r.err;
   EXPECT_NE(r.err.find("rank 0 (pid"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("already ended: rank 1 exited with code 0)"), std::string::npos) << r.err;
-  expect_nothing_left(ranks(3));
+  expect_nothing_left(ranks(2));
 }
 
 TEST_F(ProcessTest, RankKilledBySignalGives128PlusSignal) {
