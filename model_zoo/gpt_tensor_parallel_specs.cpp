@@ -14,15 +14,18 @@
 namespace dscpp::model_zoo {
 
 std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& config,
-                                                           nn::GroupPtr group) {
+                                                           nn::GroupPtr group,
+                                                           const nn::GroupPtr& ep_group) {
   config.validate();
   validate_tensor_parallel(config, nn::tensor_model_parallel_size(group));
-  if (config.moe.enabled())
-    throw ConfigError("num_experts",
-                      fmt::format("{}: the tensor-parallel GPT's LayerSpec form (a pipeline with "
-                                  "a tensor degree > 1) has no MoE blocks yet; TensorParallelGPT "
-                                  "has them, and so has gpt_layer_specs at tensor degree 1",
-                                  config.moe.num_experts));
+  // Said here too (validate_tensor_parallel says it for TensorParallelGPT): a pipeline stage's
+  // MoE block would receive the sequence shard between stages.
+  if (config.moe.enabled() && config.parallelism.sequence_parallel)
+    throw ConfigError("parallelism.sequence_parallel",
+                      "expected false with num_experts in the tensor-parallel GPT's LayerSpec "
+                      "form (a pipeline's MoE blocks take their input whole on every tensor "
+                      "rank), found true");
+  const auto experts = checked_expert_parallel_group(config, ep_group);
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
   // With sequence parallelism the activation between layers (and between stages) is this
@@ -44,7 +47,9 @@ std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& conf
   const bool checkpointed = config.checkpoint_activations;
   for (int64_t i = 0; i < config.num_layers; ++i)
     specs.push_back({fmt::format("blocks.{}", i),
-                     [config, group] { return TensorParallelGPTBlock(config, group).ptr(); },
+                     [config, group, i, experts] {
+                       return TensorParallelGPTBlock(config, group, i, experts).ptr();
+                     },
                      [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
                        auto& block = static_cast<TensorParallelGPTBlockImpl&>(m);
                        if (!checkpointed) return block.forward(x);

@@ -15,6 +15,10 @@
 // engine sums their gradients over the model group) and the head all-gathers its input.
 // checkpoint_activations: each block a checkpointed segment (nn/activation_checkpointing.h,
 // which restores the model-parallel RNG tracker's states for the recompute).
+// An MoE config (num_experts): the blocks moe_layer_freq marks are TensorParallelGPT's MoE
+// blocks (the router and routed experts replicated over the model group, each tensor rank
+// dispatching 1/t of the tokens over its expert-parallel group), drawn as TensorParallelGPT
+// draws them, so a pipeline seeded per layer starts from GPT's MoE weights too.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,10 +32,14 @@
 namespace dscpp::model_zoo {
 
 // group: the model-parallel group of config.parallelism.tensor_model_parallel_size ranks (null
-// for 1). ConfigError for another degree or sizes that do not divide by t
-// (validate_tensor_parallel).
+// for 1); ep_group: an MoE config's expert-parallel group, of
+// parallelism.expert_model_parallel_size ranks inside this stage and tensor rank's data group
+// (comm::new_expert_groups on the pipe x data x model topology), null at 1. ConfigError for
+// another degree, sizes that do not divide by t (validate_tensor_parallel), or experts with
+// sequence parallelism.
 std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& config,
-                                                           nn::GroupPtr group);
+                                                           nn::GroupPtr group,
+                                                           const nn::GroupPtr& ep_group = nullptr);
 
 // The mean token cross entropy of this rank's logits [B,S,V/t] against targets [B,S] through
 // nn::vocab_parallel_cross_entropy on `group`, the logits never gathered (targets of -100 left

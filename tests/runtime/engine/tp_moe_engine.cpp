@@ -191,8 +191,9 @@ void refusals(const tp_test::Groups& g, const std::map<int, GroupPtr>& ep_groups
   sp.parallelism.sequence_parallel = true;
   refused("sequence parallelism with experts", "parallelism.sequence_parallel",
           [&] { mz::TensorParallelGPT m(sp, g.model, ep_groups.at(2)); });
-  refused("the LayerSpec form with experts", "num_experts",
-          [&] { mz::tensor_parallel_gpt_layer_specs(moe_config(c, g.t, 2), g.model); });
+  refused("the LayerSpec form with experts and sequence parallelism",
+          "parallelism.sequence_parallel",
+          [&] { mz::tensor_parallel_gpt_layer_specs(sp, g.model, ep_groups.at(2)); });
   c.shared = true;
   mz::GPTConfig odd = moe_config(c, g.t, 2);
   odd.moe.moe_shared_expert_intermediate_size = 63;
