@@ -8,10 +8,11 @@
 // (runtime/checkpoint/moe_pipe_stage.h): no layer files, its module (without the experts) in
 // its model states, the engine's expert files under its mp_rank (layer_<L>_expert_<E>_mp_rank_
 // <stage>, L counted in the stage's module as DeepSpeed's moe_layer_id); its layers are still
-// listed (file "") so that a reader finds each layer's names.
-#include <fmt/format.h>
-
-#include "dscpp/error.h"
+// listed (file "") so that a reader finds each layer's names. With a model axis too (pipeline x
+// tensor x experts) each (stage, model rank) writes that layout under its own mp_rank
+// (stage * t + model, DeepSpeed's checkpoint_mp_rank: layer_<L>_expert_<E>_mp_rank_<that>), its
+// module's split tensors recorded in dscpp_tensor_parallel (the experts, replicated over the
+// model ranks, are not split).
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
@@ -87,23 +88,9 @@ CheckpointLayout PipelineEngine::checkpoint_layout() {
   return layout;
 }
 
-namespace {
-
-// Experts with a model axis: the engine has no such training (engine_experts.h), nor layout.
-void refuse_model_axis_experts(EngineCore& core, const PipelineModule& module, const char* what) {
-  if (core.expert_zero_optimizer() && module.model_parallel_size() > 1)
-    throw Error(fmt::format(
-        "PipelineEngine::{}: expert parallelism (ep_size > 1) with a model axis (t = {}) has "
-        "no checkpoint layout",
-        what, module.model_parallel_size()));
-}
-
-}  // namespace
-
 void PipelineEngine::save_checkpoint(const std::string& save_dir, const std::string& tag,
                                      const PyValue& client_state) {
   core_->check_deferred_error();
-  refuse_model_axis_experts(*core_, module_, "save_checkpoint");
   core_->save_checkpoint(save_dir, tag, client_state);
 }
 
@@ -113,7 +100,6 @@ LoadCheckpointResult PipelineEngine::load_checkpoint(const std::string& load_dir
                                                      bool load_lr_scheduler_states,
                                                      bool load_module_only) {
   core_->check_deferred_error();
-  refuse_model_axis_experts(*core_, module_, "load_checkpoint");
   return core_->load_checkpoint(load_dir, tag,
                                 {/*load_module_strict=*/true, load_optimizer_states,
                                  load_lr_scheduler_states, load_module_only});

@@ -71,8 +71,9 @@ class PipelineEngine {
   // load_checkpoint's switches are the plain engine's (LoadCheckpointOptions), strict.
   // A stage with expert parallelism writes no layer files: its module (less its experts) stays
   // in its model states and its experts go to layer_L_expert_E_mp_rank_<stage> files, as
-  // DeepSpeed's; such a checkpoint loads at any expert-parallel degree too. Expert
-  // parallelism with a model axis is refused.
+  // DeepSpeed's; such a checkpoint loads at any expert-parallel degree too. With a model axis
+  // each (stage, model rank) does so under its own mp_rank_<stage * t + model>, and the
+  // checkpoint loads at any tensor degree and expert-parallel degree (ZeRO 0-2).
   void save_checkpoint(const std::string& save_dir, const std::string& tag = "",
                        const checkpoint::PyValue& client_state = checkpoint::PyValue::dict());
   LoadCheckpointResult load_checkpoint(const std::string& load_dir, const std::string& tag = "",

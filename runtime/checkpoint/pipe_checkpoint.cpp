@@ -190,14 +190,14 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
   std::vector<std::unique_ptr<PipeMoeStage>> moe(static_cast<size_t>(files));
   for (int k = 0; k < files; ++k) {
     if (is_pipe_moe_stage(ck.models[static_cast<size_t>(k)])) {
-      if (T > 1)
-        throw CheckpointError(fmt::format(
-            "'{}': expert parallelism with a model axis is not supported (no such checkpoint "
-            "is written)",
-            ck.model_paths[static_cast<size_t>(k)]));
+      // With a model axis each (stage, tensor rank) is such a part of its own, mp_rank_<k>
+      // (k = stage * T + model, DeepSpeed's checkpoint_mp_rank); its experts are replicas over
+      // the tensor ranks (no partition: the merge below takes tensor rank 0's), its dense
+      // tensors shards, merged like a layer file's.
+      const int s = k / T, m = k % T;
       moe[static_cast<size_t>(k)] = std::make_unique<PipeMoeStage>(
           dir, tag, ck.models[static_cast<size_t>(k)], ck.model_paths[static_cast<size_t>(k)], k,
-          [&dir, &tag, k](int r) { return find_pipe_zero_states(dir, tag, r, k, 0, 1); });
+          [&dir, &tag, s, m, T](int r) { return find_pipe_zero_states(dir, tag, r, s, m, T); });
       shard_module[static_cast<size_t>(k)] = moe[static_cast<size_t>(k)]->module;
       keys[static_cast<size_t>(k)] =
           layer_keys(shard_module[static_cast<size_t>(k)], layers[static_cast<size_t>(k)],

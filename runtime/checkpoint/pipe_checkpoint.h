@@ -41,7 +41,10 @@ std::string find_pipe_zero_states(const std::string& dir, const std::string& tag
 // own mp_rank_<stage*t+model> model states, layer_XX-model_TT files and ZeRO partitions, and
 // its model states hold dscpp_tensor_parallel (each parameter's partition metadata); every
 // split tensor (module, fp32 weights, optimizer states) is merged over the t model ranks
-// (tp_reshape.h), so `module` and `params` are the one-rank model's whatever saved them.
+// (tp_reshape.h), so `module` and `params` are the one-rank model's whatever saved them. A
+// stage with expert parallelism writes DeepSpeed's MoE layout per tensor rank
+// (moe_pipe_stage.h under mp_rank_<stage*t+model>): its experts, replicated over the tensor
+// ranks, are read from tensor rank 0's files; its dense tensors are merged like the others.
 struct PipeCheckpoint {
   int stages = 0, data_parallel_size = 0, model_parallel_size = 1;
   std::vector<std::string> model_paths;  // per saved (stage, model rank): stage * t + model

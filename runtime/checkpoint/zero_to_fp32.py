@@ -197,12 +197,15 @@ def _pipe_state_dict(folder, model0_path, model0):
             layers.append(ms["dscpp_pipe"]["layers"])
             parts.update((ms.get("dscpp_tensor_parallel") or {}).get("partitions", {}))
         shard_modules, shard_fp32 = [], []
-        if t == 1 and "num_experts" in models[0][1] and (models[0][1].get("dscpp_moe") or {}).get("ep_size", 1) > 1:
-            path, ms = models[0]
-            sd = _moe_ep_state_dict(folder, path, ms, s, lambda r, s=s: _mp_zero_file(folder, r, s, f"stage {s}"))
-            sds.append((layers[0], [sd], [sd]))
-            continue
         for m, (path, ms) in enumerate(models):
+            if "num_experts" in ms and (ms.get("dscpp_moe") or {}).get("ep_size", 1) > 1:
+                # A stage (and tensor rank) at ep_size > 1: its MoE layout under its mp_rank; the
+                # experts, replicas over the tensor ranks, hold no partition (tensor rank 0's kept).
+                sd = _moe_ep_state_dict(folder, path, ms, s * t + m, lambda r, mp=s * t + m: _mp_zero_file(
+                    folder, r, mp, f"stage {s}, model rank {mp % t}"))
+                shard_modules.append(sd)
+                shard_fp32.append(sd)
+                continue
             module = collections.OrderedDict()
             for layer in layers[m]:
                 for key, v in _load(os.path.join(folder, layer["file"])).items():

@@ -47,12 +47,12 @@ class Runner:
     def __init__(self, args, tmp):
         self.args, self.tmp, self.n = args, tmp, 0
 
-    def train(self, stages, data, ep, zero, extra=(), expect_fail=False, steps=STEPS):
+    def train(self, stages, data, ep, zero, extra=(), expect_fail=False, steps=STEPS, tensor=1):
         self.n += 1
         out = os.path.join(self.tmp, f"run{self.n}.json")
-        cmd = [self.args.launcher, "--num_gpus", str(stages * data), "--master_port", str(free_port()),
-               self.args.train, "--stages", str(stages), "--ep", str(ep), "--zero", str(zero),
-               "--steps", str(steps), "--out", out, *extra]
+        cmd = [self.args.launcher, "--num_gpus", str(stages * data * tensor), "--master_port", str(free_port()),
+               self.args.train, "--stages", str(stages), "--tensor", str(tensor), "--ep", str(ep),
+               "--zero", str(zero), "--steps", str(steps), "--out", out, *extra]
         p = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                            timeout=300)
         if expect_fail:

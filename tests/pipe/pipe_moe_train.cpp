@@ -1,15 +1,18 @@
 // Trains a tiny MoE GPT (model_zoo's gpt_layer_specs: hidden 16, 4 blocks each MoE of 4 experts
 // top-2 of FFN 16 plus a shared expert, dropless, tied head) on a pipeline of the launcher's
-// ranks, for pipe_moe_checkpoint_oracle.py:
-//   pipe_moe_train --stages P --ep E --zero Z --steps N --out OUT.json
+// ranks, for pipe_moe_checkpoint_oracle.py and pipe_tp_moe_checkpoint_oracle.py (a tensor degree):
+//   pipe_moe_train --stages P [--tensor T] --ep E --zero Z --steps N --out OUT.json
 //                  [--load DIR] [--save DIR --save-at S] [--weights PREFIX]
-// The ranks form P stages x (world / P) data ranks, the expert-parallel groups of E inside each
-// stage's data group (comm::new_expert_groups on the pipe x data topology). Layers are seeded
-// per layer (seed_layers: experts by global id), so every layout starts from the same model;
+// The ranks form P stages x (world / (P T)) data ranks x T tensor ranks, the expert-parallel
+// groups of E inside each stage and tensor rank's data group (comm::new_expert_groups on the
+// pipe x data x model topology); at T > 1 the GPT is tensor_parallel_gpt_layer_specs on the
+// model group, its loss tensor_parallel_gpt_loss. Layers are seeded per layer (seed_layers:
+// experts by global id), so every layout starts from the same model;
 // each step is one global batch of 8 sequences in 2 micro-batches per data rank's share.
 // Rank 0 writes {"first_step", "losses"}; --weights: every rank writes PREFIX.rank<r>, a torch
-// file {"stage", "data", "ep", "params": its stage module's parameters, fp32, local names}, from
-// which the oracle puts the one-rank model together itself.
+// file {"stage", "data", "model", "ep", "params": its stage module's trained parameters, fp32,
+// local names (a tensor rank's shards)}, from which the oracle puts the one-rank model together
+// itself (at T 1) or compares rank by rank.
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
@@ -19,6 +22,7 @@
 #include "dscpp/comm/expert_groups.h"
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
 
@@ -30,7 +34,7 @@ namespace {
 
 constexpr int64_t kGlobalBatch = 8, kMicroBatches = 2, kSeq = 8, kVocab = 32;
 
-dscpp::model_zoo::GPTConfig moe_gpt(int64_t ep) {
+dscpp::model_zoo::GPTConfig moe_gpt(int64_t ep, int64_t t) {
   return dscpp::model_zoo::GPTConfig::from_json(
       {{"model",
         {{"hidden_size", 16},
@@ -47,7 +51,7 @@ dscpp::model_zoo::GPTConfig moe_gpt(int64_t ep) {
          {"moe_router_topk", 2},
          {"moe_ffn_hidden_size", 16},
          {"moe_shared_expert_intermediate_size", 16}}},
-       {"parallelism", {{"expert_model_parallel_size", ep}}}});
+       {"parallelism", {{"expert_model_parallel_size", ep}, {"tensor_model_parallel_size", t}}}});
 }
 
 // Sequences [first, first + count) of a deterministic token data set, next-token targets.
@@ -62,10 +66,11 @@ std::pair<at::Tensor, at::Tensor> samples(int64_t first, int64_t count) {
 
 int main(int argc, char** argv) {
   std::string load, save, out_path, weights;
-  int stages = 2, zero = 1, steps = 0, save_at = -1;
+  int stages = 2, tensor = 1, zero = 1, steps = 0, save_at = -1;
   int64_t ep = 1;
   po::options_description desc("pipe_moe_train");
-  desc.add_options()("stages", po::value(&stages), "pipeline stages")(
+  desc.add_options()("stages", po::value(&stages), "pipeline stages")("tensor", po::value(&tensor),
+                                                                      "tensor-parallel degree")(
       "ep", po::value(&ep), "expert_model_parallel_size")("zero", po::value(&zero), "ZeRO stage")(
       "steps", po::value(&steps)->required(), "optimizer steps in all")(
       "load", po::value(&load), "load this folder's latest first")(
@@ -79,22 +84,30 @@ int main(int argc, char** argv) {
   po::notify(vm);
   try {
     auto world = dscpp::comm::init_distributed();
-    const int n = world->size(), data = n / stages;
-    const auto topo = dscpp::pipe::pipe_model_data_topology(stages, 1, data);
+    const int n = world->size(), data = n / (stages * tensor);
+    const auto topo = dscpp::pipe::pipe_model_data_topology(stages, tensor, data);
+    // The groups first (the tensor-parallel layers need the model group), then the experts'.
+    const auto groups = dscpp::pipe::make_parallel_groups(world, topo);
     std::shared_ptr<dscpp::comm::ProcessGroup> ep_group;
     if (ep > 1)
       ep_group = dscpp::comm::new_expert_groups(*world, topo, static_cast<int>(ep)).expert_parallel;
+    const auto model_group = groups->model;
     auto options = dscpp::pipe::PipelineOptions(stages)
-                       .group(world)
-                       .topology(topo)
+                       .groups(groups)
                        .partition_method("uniform")
                        .seed_layers(true)
                        .base_seed(1234)
-                       .loss_fn(dscpp::pipe::loss_of([](const at::Tensor& o, const at::Tensor& y) {
-                         return dscpp::model_zoo::gpt_loss(o, y, /*fused=*/false);
-                       }));
-    dscpp::pipe::PipelineModule module(dscpp::model_zoo::gpt_layer_specs(moe_gpt(ep), ep_group),
-                                       options);
+                       .loss_fn(dscpp::pipe::loss_of(
+                           [tensor, model_group](const at::Tensor& o, const at::Tensor& y) {
+                             if (tensor > 1)
+                               return dscpp::model_zoo::tensor_parallel_gpt_loss(o, y, model_group);
+                             return dscpp::model_zoo::gpt_loss(o, y, /*fused=*/false);
+                           }));
+    dscpp::pipe::PipelineModule module(
+        tensor > 1 ? dscpp::model_zoo::tensor_parallel_gpt_layer_specs(moe_gpt(ep, tensor),
+                                                                       model_group, ep_group)
+                   : dscpp::model_zoo::gpt_layer_specs(moe_gpt(ep, 1), ep_group),
+        options);
     json cfg = {
         {"train_batch_size", kGlobalBatch},
         {"gradient_accumulation_steps", kMicroBatches},
@@ -124,11 +137,15 @@ int main(int argc, char** argv) {
     }
     if (!weights.empty()) {
       PyValue params = PyValue::ordered_dict();
+      // What trains: the last stage's copy of the tied embedding keeps a frozen, unused
+      // position embedding (a load gives it the first stage's values, the run its own).
       for (const auto& p : engine.module().stage_module()->named_parameters())
-        params.set(PyValue(p.key()), PyValue(p.value().detach().to(torch::kFloat).clone()));
+        if (p.value().requires_grad())
+          params.set(PyValue(p.key()), PyValue(p.value().detach().to(torch::kFloat).clone()));
       PyValue file = PyValue::dict();
       file.set(PyValue("stage"), PyValue(engine.stage_id()));
       file.set(PyValue("data"), PyValue(d));
+      file.set(PyValue("model"), PyValue(engine.module().model_parallel_id()));
       file.set(PyValue("ep"), PyValue(ep));
       file.set(PyValue("params"), std::move(params));
       dscpp::checkpoint::save_torch_file(file, weights + ".rank" + std::to_string(world->rank()));
