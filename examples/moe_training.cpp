@@ -28,25 +28,17 @@ std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTCo
   return expert_parallel_group(config, comm::Topology({"pipe", "data", "model"}, {1, world, 1}));
 }
 
-void check_moe_job(const model_zoo::GPTConfig& config, const JobLayout& layout) {
-  if (!config.moe.enabled() || layout.pipeline <= 1 || layout.tensor <= 1) return;
-  throw FlagError(fmt::format(
-      "an MoE model (num_experts {}) trains on a pipeline ({} stages) or with a tensor degree "
-      "({}) in train_gpt, not both yet: the tensor-parallel GPT's LayerSpec form has no MoE "
-      "blocks",
-      config.moe.num_experts, layout.pipeline, layout.tensor));
-}
-
 MoETraining::MoETraining(const model_zoo::GPTConfig& config, torch::nn::Module& model,
                          std::shared_ptr<comm::ProcessGroup> data_group, at::Device device,
-                         std::shared_ptr<comm::ProcessGroup> report_group)
+                         std::shared_ptr<comm::ProcessGroup> report_group, int64_t replicas)
     : active_(config.moe.enabled()),
       expert_bias_(config.moe.moe_router_enable_expert_bias),
       model_(&model),
       data_group_(std::move(data_group)),
       report_group_(report_group ? std::move(report_group) : data_group_),
       device_(device),
-      num_experts_(config.moe.num_experts) {
+      num_experts_(config.moe.num_experts),
+      replicas_(std::max<int64_t>(replicas, 1)) {
   int64_t row = 0;
   for (int64_t i = 0; i < config.num_layers; ++i)
     moe_row_.push_back(config.moe.is_moe_layer(i) ? row++ : -1);
@@ -83,6 +75,7 @@ std::string MoETraining::interval_report(int64_t steps) {
         .copy_(s.tokens_per_expert.reshape({-1}));
   }
   report_group_->all_reduce(flat, comm::ReduceOp::kSum).wait();
+  if (replicas_ > 1) flat.div_(static_cast<double>(replicas_));
   const double aux_mean = flat[0].item<double>() /
                           static_cast<double>(data_group_->size() * std::max<int64_t>(steps, 1));
   aux_ = at::Tensor();

@@ -35,20 +35,18 @@ std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTCo
 // The same for a data-parallel job (data x 1: the world is the data axis).
 std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTConfig& config);
 
-// Throws FlagError when an MoE config asks for a layout train_gpt cannot train it on (a
-// pipeline with a tensor degree > 1: the tensor-parallel LayerSpecs have no MoE blocks).
-void check_moe_job(const model_zoo::GPTConfig& config, const JobLayout& layout);
-
 class MoETraining {
  public:
   // `data_group`: what the engine averages over; `model`: the trained module (GPT, its
   // LayerSpec form, or a pipeline stage's module); `device`: where the report's all-reduce
   // runs; `report_group`: over which the report sums the MoE layers' counts and aux losses
-  // (null: data_group; a pipeline: the world, each layer living on one stage). Inactive
-  // (every call a no-op) for a dense config.
+  // (null: data_group; a pipeline: the world, each layer living on one stage); replicas: how
+  // many ranks of the report group hold each layer's same routing beside one data rank (a
+  // pipeline's tensor degree: its tensor ranks route alike), counted once. Inactive (every
+  // call a no-op) for a dense config.
   MoETraining(const model_zoo::GPTConfig& config, torch::nn::Module& model,
               std::shared_ptr<comm::ProcessGroup> data_group, at::Device device,
-              std::shared_ptr<comm::ProcessGroup> report_group = nullptr);
+              std::shared_ptr<comm::ProcessGroup> report_group = nullptr, int64_t replicas = 1);
   bool active() const { return active_; }
   // One micro-batch's aux-loss sum (undefined: none), weighted 1 / gradient accumulation (a
   // pipeline stage: its PipelineEngine::last_aux_loss(), accumulation 1).
@@ -67,7 +65,8 @@ class MoETraining {
   at::Device device_;
   std::vector<int64_t> moe_row_;  // per block: its row among the MoE layers (-1: dense)
   int64_t num_experts_ = 0;
-  at::Tensor aux_;  // fp64 0-dim, the interval's sum
+  int64_t replicas_ = 1;  // copies of each layer's routing over the report group
+  at::Tensor aux_;        // fp64 0-dim, the interval's sum
 };
 
 }  // namespace dscpp::examples

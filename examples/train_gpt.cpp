@@ -520,7 +520,6 @@ int main(int argc, char** argv) {
     // parallelism, and runs tensor parallelism itself.
     const auto raw = dscpp::config::read_config(args.ds_config);
     layout = dscpp::examples::job_layout(*cfg, raw, args, world);
-    dscpp::examples::check_moe_job(*cfg, layout);
     ds_config = dscpp::examples::apply_gpt_flags(raw, args, layout.data);
   } catch (const dscpp::examples::FlagError& e) {
     return report_once(quiet, e.what(), 2);

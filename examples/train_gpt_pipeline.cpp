@@ -124,16 +124,18 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
       (*pipe_section)["partition"] != "best")
     options.partition_method((*pipe_section)["partition"].get<std::string>());
   // t > 1: the (pipe x data x model) groups first, the tensor-parallel layers on the model
-  // group, the vocabulary-parallel cross entropy as the loss.
+  // group, the vocabulary-parallel cross entropy as the loss; an MoE model's expert-parallel
+  // groups split each stage and tensor rank's data group.
   std::vector<nn::LayerSpec> specs;
   if (layout.tensor > 1) {
-    auto groups = pipe::make_parallel_groups(
-        comm::init_distributed(), pipe::pipe_model_data_topology(static_cast<int>(layout.pipeline),
-                                                                 static_cast<int>(layout.tensor),
-                                                                 static_cast<int>(layout.data)));
+    const auto topology = pipe::pipe_model_data_topology(static_cast<int>(layout.pipeline),
+                                                         static_cast<int>(layout.tensor),
+                                                         static_cast<int>(layout.data));
+    auto groups = pipe::make_parallel_groups(comm::init_distributed(), topology);
     model_zoo::GPTConfig tp_cfg = cfg;
     tp_cfg.parallelism.tensor_model_parallel_size = layout.tensor;
-    specs = model_zoo::tensor_parallel_gpt_layer_specs(tp_cfg, groups->model);
+    specs = model_zoo::tensor_parallel_gpt_layer_specs(tp_cfg, groups->model,
+                                                       expert_parallel_group(cfg, topology));
     options.groups(groups).loss_fn(
         pipe::loss_of([group = groups->model](const at::Tensor& logits, const at::Tensor& labels) {
           return model_zoo::tensor_parallel_gpt_loss(logits, labels, group);
@@ -154,10 +156,11 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   auto& world = *engine.module().world();
   const int rank = world.rank();
   const auto device = engine.device();
-  // An MoE model's aux losses and load balance, summed over every stage's layers for the log;
-  // its expert biases move after each batch, each stage its own (moe_training.h).
+  // An MoE model's aux losses and load balance, summed over every stage's layers for the log
+  // (each layer's routing is the same on its t tensor ranks: counted once); its expert biases
+  // move after each batch, each stage its own (moe_training.h).
   MoETraining moe(cfg, *engine.module().stage_module(), engine.module().data_group(), device,
-                  engine.module().world());
+                  engine.module().world(), layout.tensor);
   // Dropout in the split attention heads draws under the tracker's fork (differing across
   // model ranks), the replicated regions' from the default generator (agreeing).
   if (layout.tensor > 1)

@@ -15,7 +15,9 @@
 // one rank with --seed-layers starts from the same weights. An MoE GPT
 // (parallelism.expert_model_parallel_size E dividing the data degree) builds its MoE blocks on
 // expert-parallel groups that split each stage's data group (comm::new_expert_groups on the
-// pipe x data topology); the engine reduces the experts over the expert-data group; the log
+// pipe x data topology; with a tensor degree, each stage and tensor rank's data group on the
+// pipe x data x model topology, the MoE blocks tensor_parallel_gpt_layer_specs'); the engine
+// reduces the experts over the expert-data group; the log
 // adds the aux loss and load balance of every stage's MoE layers, and the expert biases move
 // after each batch.
 #pragma once
