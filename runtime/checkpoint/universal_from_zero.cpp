@@ -140,13 +140,14 @@ void tensor_parallel_params(const std::string& dir, const std::string& tag,
 // each split tensor merged over the model ranks): the one-rank model's module and parameters,
 // each with how the save cut it. The model states are stage 0's (model rank 0's), made the
 // whole model's: param_shapes lists every parameter, the per-stage entries (dscpp_pipe,
-// dscpp_tensor_parallel, and the RNG states of stage 0's ranks) go, since the folder is no
-// longer cut by stage or model rank.
+// dscpp_tensor_parallel, the RNG states of stage 0's ranks, and a MoE stage's num_experts and
+// dscpp_moe, which list stage 0's MoE layers and its ep cut only) go, since the folder is no
+// longer cut by stage, model rank or expert-parallel rank.
 void pipe_params(const std::string& dir, const std::string& tag, UniversalCheckpoint& ck,
                  PyValue& module) {
   PipeCheckpoint pipe = read_pipe_checkpoint(dir, tag);
-  ck.model =
-      without(pipe.models.at(0), {"dscpp_pipe", "dscpp_tensor_parallel", "dscpp_rng_states"});
+  ck.model = without(pipe.models.at(0), {"dscpp_pipe", "dscpp_tensor_parallel", "dscpp_rng_states",
+                                         "num_experts", "dscpp_moe"});
   PyValue shapes = PyValue::ordered_dict();
   for (const UniversalParam& p : pipe.params) {
     PyValue dims = PyValue::list();

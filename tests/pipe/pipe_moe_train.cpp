@@ -2,7 +2,7 @@
 // top-2 of FFN 16 plus a shared expert, dropless, tied head) on a pipeline of the launcher's
 // ranks, for pipe_moe_checkpoint_oracle.py and pipe_tp_moe_checkpoint_oracle.py (a tensor degree):
 //   pipe_moe_train --stages P [--tensor T] --ep E --zero Z --steps N --out OUT.json
-//                  [--load DIR] [--save DIR --save-at S] [--weights PREFIX]
+//                  [--load DIR [--universal]] [--save DIR --save-at S] [--weights PREFIX]
 // The ranks form P stages x (world / (P T)) data ranks x T tensor ranks, the expert-parallel
 // groups of E inside each stage and tensor rank's data group (comm::new_expert_groups on the
 // pipe x data x model topology); at T > 1 the GPT is tensor_parallel_gpt_layer_specs on the
@@ -67,6 +67,7 @@ std::pair<at::Tensor, at::Tensor> samples(int64_t first, int64_t count) {
 int main(int argc, char** argv) {
   std::string load, save, out_path, weights;
   int stages = 2, tensor = 1, zero = 1, steps = 0, save_at = -1;
+  bool universal = false;
   int64_t ep = 1;
   po::options_description desc("pipe_moe_train");
   desc.add_options()("stages", po::value(&stages), "pipeline stages")("tensor", po::value(&tensor),
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
       "ep", po::value(&ep), "expert_model_parallel_size")("zero", po::value(&zero), "ZeRO stage")(
       "steps", po::value(&steps)->required(), "optimizer steps in all")(
       "load", po::value(&load), "load this folder's latest first")(
+      "universal", po::bool_switch(&universal), "load its latest_universal (to_universal's)")(
       "save", po::value(&save), "save into this folder")("save-at", po::value(&save_at),
                                                          "after this many steps")(
       "out", po::value(&out_path)->required(), "rank 0's JSON")(
@@ -118,6 +120,7 @@ int main(int argc, char** argv) {
          {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"eps", 1e-4}, {"weight_decay", 0.01}}}}},
         {"zero_optimization", {{"stage", zero}}},
         {"steps_per_print", 0}};
+    if (universal) cfg["checkpoint"] = {{"load_universal", true}};
     auto engine = dscpp::initialize(module, cfg);
     const int64_t mb = engine.train_micro_batch_size_per_gpu();
     const int d = engine.module().data_parallel_id();

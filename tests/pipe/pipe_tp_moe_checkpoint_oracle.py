@@ -21,6 +21,11 @@ relayout: the checkpoint loaded at tensor 2 x data 2 at ep 1, at tensor 1 (2 x 2
           tensor 2 x data 1, and (--matrix) on one rank: the next 3 losses within 1e-5 of the
           uninterrupted run's; a tensor-1 checkpoint (2 x 2 at ep 2) loaded at tensor 2 x data 2,
           ep 2: within 1e-5 of the uninterrupted tensor-1 run.
+universal: tools/to_universal of it: zero/<name>/fp32.pt bit-equal to zero_to_fp32's, no stage's
+          num_experts / dscpp_moe in its model states; checkpoint.load_universal at 2 stages x
+          tensor 2 x data 1, ep 1 (and --matrix: one rank): the next losses within 1e-5 of the
+          uninterrupted run's; at ep 2 refused by name (the engine's universal load has no
+          expert cut).
 refusals: a missing expert file of stage 1's tensor rank 1 (mp_rank_03), and mp_rank_03's model
           states claiming ep 4 over 2 data ranks: each load fails naming the file.
 Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
@@ -35,7 +40,8 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pipe_moe_checkpoint_oracle import EXPERTS, SAVE_AT, Runner, one_rank_weights, rel  # noqa: E402
+from pipe_moe_checkpoint_oracle import (EXPERTS, SAVE_AT, Runner, check_universal,  # noqa: E402
+                                        one_rank_weights, rel)
 
 T = 2
 
@@ -106,6 +112,7 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", required=True)
+    ap.add_argument("--to-universal", required=True)
     ap.add_argument("--matrix", action="store_true", help="ZeRO 0, 1 and 2, and more layouts")
     args = ap.parse_args()
     passed = failed = 0
@@ -197,6 +204,10 @@ def main():
                 assert e < 1e-5, f"{out['losses']} vs {full1['losses'][SAVE_AT:]} ({e:.1e})"
                 return f"{e:.1e}"
             case(f"a tensor-1 checkpoint (ep 2) loaded at tensor 2 x data 2, ep 2, {kind}", onto)
+
+            loads = [(2, 1, T)] + ([(1, 1, 1)] if args.matrix else [])
+            case(f"to_universal of it: the one-rank model, loaded at ep 1; ep 2 refused, {kind}",
+                 lambda: check_universal(r, args, ckpt, tag_dir, zero, full, loads, (2, 2, T)))
 
         ckpt = os.path.join(tmp, "t2ep2z1")
 
