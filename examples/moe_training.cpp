@@ -30,12 +30,14 @@ std::shared_ptr<comm::ProcessGroup> expert_parallel_group(const model_zoo::GPTCo
 
 MoETraining::MoETraining(const model_zoo::GPTConfig& config, torch::nn::Module& model,
                          std::shared_ptr<comm::ProcessGroup> data_group, at::Device device,
-                         std::shared_ptr<comm::ProcessGroup> report_group, int64_t replicas)
+                         std::shared_ptr<comm::ProcessGroup> report_group, int64_t replicas,
+                         std::shared_ptr<comm::ProcessGroup> shard_group)
     : active_(config.moe.enabled()),
       expert_bias_(config.moe.moe_router_enable_expert_bias),
       model_(&model),
       data_group_(std::move(data_group)),
       report_group_(report_group ? std::move(report_group) : data_group_),
+      shard_group_(shard_group && shard_group->size() > 1 ? std::move(shard_group) : nullptr),
       device_(device),
       num_experts_(config.moe.num_experts),
       replicas_(std::max<int64_t>(replicas, 1)) {
@@ -67,6 +69,12 @@ std::string MoETraining::interval_report(int64_t steps) {
       std::count_if(moe_row_.begin(), moe_row_.end(), [](int64_t r) { return r >= 0; }));
   at::Tensor flat = at::zeros({1 + layers * num_experts_}, f64);
   if (aux_.defined()) flat[0].copy_(aux_.reshape({}));
+  if (shard_group_) {
+    // Each tensor rank's aux losses are its shard's parts: the micro-batch's are their sum.
+    at::Tensor parts = flat.narrow(0, 0, 1).clone();
+    shard_group_->all_reduce(parts, comm::ReduceOp::kSum).wait();
+    flat.narrow(0, 0, 1).copy_(parts);
+  }
   for (const auto& s : model_zoo::take_moe_stats(*model_)) {
     if (!s.tokens_per_expert.defined() || s.layer < 0 ||
         s.layer >= static_cast<int64_t>(moe_row_.size()) || moe_row_[s.layer] < 0)

@@ -42,11 +42,14 @@ class MoETraining {
   // runs; `report_group`: over which the report sums the MoE layers' counts and aux losses
   // (null: data_group; a pipeline: the world, each layer living on one stage); replicas: how
   // many ranks of the report group hold each layer's same routing beside one data rank (a
-  // pipeline's tensor degree: its tensor ranks route alike), counted once. Inactive (every
-  // call a no-op) for a dense config.
+  // pipeline's tensor degree: its tensor ranks route alike), counted once; `shard_group`: with
+  // sequence parallelism the tensor group, over which each rank's aux loss is a part of the
+  // whole micro-batch's (nn/moe/router.h), summed for the report (null: none; the counts are
+  // already the group's). Inactive (every call a no-op) for a dense config.
   MoETraining(const model_zoo::GPTConfig& config, torch::nn::Module& model,
               std::shared_ptr<comm::ProcessGroup> data_group, at::Device device,
-              std::shared_ptr<comm::ProcessGroup> report_group = nullptr, int64_t replicas = 1);
+              std::shared_ptr<comm::ProcessGroup> report_group = nullptr, int64_t replicas = 1,
+              std::shared_ptr<comm::ProcessGroup> shard_group = nullptr);
   bool active() const { return active_; }
   // One micro-batch's aux-loss sum (undefined: none), weighted 1 / gradient accumulation (a
   // pipeline stage: its PipelineEngine::last_aux_loss(), accumulation 1).
@@ -54,14 +57,14 @@ class MoETraining {
   // After the step at the accumulation boundary: the expert-bias update, when enabled.
   void after_boundary();
   // " | aux loss A | load balance B (worst C)" for `steps` optimizer steps, then resets.
-  // Collective over the report group: every rank calls it.
+  // Collective over the report group (and the shard group): every rank calls it.
   std::string interval_report(int64_t steps);
 
  private:
   bool active_ = false;
   bool expert_bias_ = false;
   torch::nn::Module* model_ = nullptr;
-  std::shared_ptr<comm::ProcessGroup> data_group_, report_group_;
+  std::shared_ptr<comm::ProcessGroup> data_group_, report_group_, shard_group_;
   at::Device device_;
   std::vector<int64_t> moe_row_;  // per block: its row among the MoE layers (-1: dense)
   int64_t num_experts_ = 0;

@@ -210,7 +210,9 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   // The data group's holder: the MoE expert biases sum their counts over it.
   auto data_group = init.group ? init.group : dscpp::comm::init_distributed();
   auto engine = dscpp::initialize(model, ds_config, std::move(init));
-  dscpp::examples::MoETraining moe(cfg, *model, data_group, engine.device());
+  // With sequence parallelism the aux losses are each tensor rank's part (nn/moe/router.h).
+  dscpp::examples::MoETraining moe(cfg, *model, data_group, engine.device(), nullptr, 1,
+                                   cfg.parallelism.sequence_parallel ? groups.model : nullptr);
   const double init_s = seconds_since(init_start);
   const int dp_rank = engine.global_rank(), world = engine.world_size();
   // The job's rank, for what one rank prints or profiles: with tensor parallelism t ranks share

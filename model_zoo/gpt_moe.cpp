@@ -70,7 +70,8 @@ nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::Proces
       .ffn_hidden_size(c.moe_ffn_size())
       .activation(c.swiglu ? moe::Activation::kSwiglu : moe::Activation::kGelu)
       .latent_size(m.moe_latent_size)
-      .tensor_group(tensor_parallel ? tensor_group : nullptr);
+      .tensor_group(tensor_parallel ? tensor_group : nullptr)
+      .sequence_parallel(tensor_parallel && c.parallelism.sequence_parallel);
   if (m.moe_shared_expert_intermediate_size > 0) {
     GPTConfig shared = c;
     shared.ffn_hidden_size = m.moe_shared_expert_intermediate_size;

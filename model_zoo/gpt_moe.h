@@ -12,7 +12,10 @@
 //   as the dense MLP is (Megatron's shared experts are tensor-parallel too).
 // - tensor parallelism (tensor_group of t > 1 ranks): the routed experts are replicas over the
 //   tensor group (DeepSpeed's default; its enable_expert_tensor_parallelism off) and each
-//   tensor rank dispatches 1/t of the tokens (nn/moe/moe.h's token split).
+//   tensor rank dispatches 1/t of the tokens (nn/moe/moe.h's token split); with
+//   parallelism.sequence_parallel each tensor rank routes and dispatches its own sequence shard
+//   instead (nn/moe/moe.h; the router's counts summed over the tensor group, its aux losses
+//   Megatron's parts, the capacity per shard).
 // - LatentMoE: moe_latent_size.
 // Initialisation is the GPT's (Megatron's): the router, the experts' first products and the
 // latent down-projection ~ normal(0, init_method_std); the experts' second products and the

@@ -251,11 +251,6 @@ void validate_tensor_parallel(const GPTConfig& c, int t) {
     throw ConfigError("seq_length", fmt::format("expected a multiple of the tensor-parallel "
                                                 "degree {} (sequence parallelism), found {}",
                                                 t, c.seq_length));
-  if (c.moe.enabled() && c.parallelism.sequence_parallel)
-    throw ConfigError("parallelism.sequence_parallel",
-                      "expected false with num_experts: the tensor-parallel GPT's MoE layers "
-                      "take their input whole on every tensor rank (each rank dispatches 1/t of "
-                      "the tokens itself), not a sequence shard; found true");
   if (c.moe.enabled())
     check_divides(c.moe.moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size",
                   t);

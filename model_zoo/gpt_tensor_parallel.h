@@ -31,7 +31,9 @@
 // token alike and dispatches 1/t of them over its expert-parallel group: nn/moe/moe.h), the
 // shared expert cut as the dense MLP is. The expert-parallel group is formed among the
 // data-parallel ranks of one tensor rank (comm::new_expert_groups on the pipe x data x model
-// topology); null at expert degree 1. Not with sequence parallelism (a ConfigError).
+// topology); null at expert degree 1. With sequence parallelism each tensor rank's MoE layer
+// routes and dispatches the tokens of its own sequence shard [S/t, B, h] (Megatron's MoE with
+// sequence parallelism; nn/moe/moe.h): the router's weight is then sequence_parallel too.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -142,7 +144,7 @@ TORCH_MODULE(TensorParallelGPT);
 
 // ConfigError unless `config` can be cut over t ranks: its tensor_model_parallel_size is t,
 // the heads, FFN width (and an MoE config's shared-expert width) and vocabulary divide by t,
-// and with sequence parallelism t > 1, the sequence divides by t and the model has no experts.
+// and with sequence parallelism t > 1 and the sequence divides by t.
 void validate_tensor_parallel(const GPTConfig& config, int t);
 
 // The embedding's output [B,S,h] in the blocks' layout: with sequence parallelism this rank's

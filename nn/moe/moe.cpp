@@ -36,16 +36,28 @@ TopKGateOptions gate_options(const MoEOptions& o) {
       .num_groups(o.num_groups() > 0 ? o.num_groups() : o.ep_size())
       .group_topk(o.group_topk())
       .enable_expert_bias(o.enable_expert_bias())
-      .bias_update_rate(o.bias_update_rate());
+      .bias_update_rate(o.bias_update_rate())
+      .sequence_partition_group(o.sequence_parallel() ? o.tensor_group() : nullptr);
+}
+
+nn::TensorParallelAttr partial() {
+  nn::TensorParallelAttr a;
+  a.sequence_parallel = true;
+  return a;
 }
 
 }  // namespace
 
 MOELayerImpl::MOELayerImpl(TopKGate gate_, std::shared_ptr<torch::nn::Module> experts_,
-                           std::unique_ptr<TokenDispatcher> dispatcher_, GroupPtr tensor_group_)
+                           std::unique_ptr<TokenDispatcher> dispatcher_, GroupPtr tensor_group_,
+                           bool sequence_parallel_)
     : dispatcher(std::move(dispatcher_)),
       tensor_group(tensor_model_parallel_size(tensor_group_) > 1 ? std::move(tensor_group_)
-                                                                 : nullptr) {
+                                                                 : nullptr),
+      sequence_parallel(sequence_parallel_) {
+  check(!sequence_parallel || tensor_group,
+        "sequence_parallel needs the tensor_group of more than one rank whose shard the tokens "
+        "are");
   gate = register_module("gate", std::move(gate_));
   experts = register_module("experts", std::move(experts_));
   local_experts = dynamic_cast<LocalExperts*>(experts.get());
@@ -58,7 +70,8 @@ std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, i
                                                      const at::Tensor& used_token) {
   Routing routing = gate->forward(tokens, seq_length, used_token);
   const at::Tensor& dispatched = expert_tokens.defined() ? expert_tokens : tokens;
-  if (!tensor_group) {
+  // Sequence parallelism: the tokens are already this rank's own.
+  if (!tensor_group || sequence_parallel) {
     ExpertInput in = dispatcher->dispatch(dispatched, routing);
     at::Tensor out = local_experts->run_experts(in.rows, in.counts);
     return {dispatcher->combine(out), std::move(routing)};
@@ -84,10 +97,20 @@ std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, i
 
 std::map<std::string, nn::TensorParallelAttr> MOELayerImpl::tensor_parallel_attributes() const {
   if (!tensor_group) return {};
-  nn::TensorParallelAttr partial;
-  partial.sequence_parallel = true;
   std::map<std::string, nn::TensorParallelAttr> out;
-  for (const auto& p : experts->named_parameters()) out["experts." + p.key()] = partial;
+  for (const auto& p : experts->named_parameters()) out["experts." + p.key()] = partial();
+  if (sequence_parallel) out["gate.wg.weight"] = partial();
+  return out;
+}
+
+std::map<std::string, nn::TensorParallelAttr> MoEImpl::tensor_parallel_attributes() const {
+  if (!deepspeed_moe->sequence_parallel) return {};
+  std::map<std::string, nn::TensorParallelAttr> out;
+  for (const auto& p : named_parameters()) {
+    const std::string& name = p.key();
+    for (const char* part : {"latent_down.", "latent_up.", "coefficient.", "mlp."})
+      if (name.rfind(part, 0) == 0) out[name] = partial();
+  }
   return out;
 }
 
@@ -126,8 +149,8 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
   else
     dispatcher = std::make_unique<LocalTokenDispatcher>();
   deepspeed_moe = register_module(
-      "deepspeed_moe",
-      MOELayer(TopKGate(gate_options(o)), experts, std::move(dispatcher), o.tensor_group()));
+      "deepspeed_moe", MOELayer(TopKGate(gate_options(o)), experts, std::move(dispatcher),
+                                o.tensor_group(), o.sequence_parallel()));
   if (o.use_residual()) {
     check(!o.expert().is_empty(), "use_residual needs the expert module (its dense MLP)");
     mlp = o.expert();
@@ -153,7 +176,9 @@ MoEOutput MoEImpl::forward(const at::Tensor& hidden_states, const at::Tensor& us
   check(hidden_states.dim() >= 1 && hidden_states.size(-1) == h,
         "hidden_states must end in hidden_size " + std::to_string(h));
   at::Tensor tokens = hidden_states.reshape({-1, h});
-  const int64_t seq_length = hidden_states.dim() == 3 ? hidden_states.size(1) : 0;
+  // [B, T, H], or with sequence parallelism the shard [T/t, B, H].
+  const int64_t seq_length =
+      hidden_states.dim() == 3 ? hidden_states.size(options.sequence_parallel() ? 0 : 1) : 0;
   at::Tensor expert_tokens;
   if (latent_down) expert_tokens = nn::linear(tokens, latent_down->weight);
   auto [combined, routing] =

@@ -32,6 +32,16 @@
 // rank's chunk: the experts' gradients are partial sums over the tensor group, which
 // tensor_parallel_attributes() marks (sequence_parallel: the engine sums them over the model
 // group, and the experts stay equal on every tensor rank). S must divide by t.
+//
+// With sequence parallelism as well (sequence_parallel, Megatron's layout): the input is this
+// tensor rank's shard of the sequence, [T/t, B, H] sequence-major, and the layer routes and
+// dispatches its own tokens, with no split and no gather; the router runs over the shard with
+// the tensor group as its sequence_partition_group (router.h: the counts summed over the group,
+// each aux loss this rank's part, the capacity the shard's own, as Megatron's). Every parameter
+// the shard's tokens reach but no collective sums (the experts, the router's weight, the latent
+// projections, Residual MoE's mlp and coefficient) then has a partial gradient: all marked
+// sequence_parallel. The shared expert is the caller's module, sequence-parallel itself where it
+// must be (model_zoo's TensorParallelGPTMLP).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -63,6 +73,8 @@ struct MoEOptions {
   TORCH_ARG(GroupPtr, ep_group);  // ep_size > 1: the expert-parallel group, of ep_size ranks
   // The model-parallel group of a tensor-parallel model (see above); null or one rank: none.
   TORCH_ARG(GroupPtr, tensor_group);
+  // The input is tensor_group's sequence shard (see above); false: replicated over the group.
+  TORCH_ARG(bool, sequence_parallel) = false;
   TORCH_ARG(int64_t, k) = 1;
   TORCH_ARG(double, capacity_factor) = 1.0;  // 0: dropless
   TORCH_ARG(double, eval_capacity_factor) = 1.0;
@@ -94,34 +106,39 @@ struct MoEOutput {
 };
 
 // DeepSpeed's MOELayer: gate, dispatcher, experts on [S, H] tokens. tensor_group: the token
-// split above (null: none).
+// split above (null: none), or with sequence_parallel the group whose shard the tokens are.
 class MOELayerImpl : public torch::nn::Module, public nn::TensorParallelModule {
  public:
   MOELayerImpl(TopKGate gate, std::shared_ptr<torch::nn::Module> experts,
-               std::unique_ptr<TokenDispatcher> dispatcher, GroupPtr tensor_group = nullptr);
+               std::unique_ptr<TokenDispatcher> dispatcher, GroupPtr tensor_group = nullptr,
+               bool sequence_parallel = false);
   // tokens [S, H] -> ([S, H'], the routing). expert_tokens: what is dispatched (LatentMoE:
   // the down-projected tokens); undefined: `tokens` itself.
   std::pair<at::Tensor, Routing> forward(const at::Tensor& tokens, int64_t seq_length = 0,
                                          const at::Tensor& expert_tokens = {},
                                          const at::Tensor& used_token = {});
   // With the token split: every expert parameter is sequence_parallel (partial gradients over
-  // the tensor group); none otherwise.
+  // the tensor group); with sequence parallelism the router's weight too; none otherwise.
   std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;
 
   TopKGate gate{nullptr};
   std::shared_ptr<torch::nn::Module> experts;
   LocalExperts* local_experts = nullptr;
   std::unique_ptr<TokenDispatcher> dispatcher;
-  GroupPtr tensor_group;  // the token split's group; null: none
+  GroupPtr tensor_group;           // the token split's (or the shard's) group; null: none
+  bool sequence_parallel = false;  // the tokens are tensor_group's shard: no split
 };
 TORCH_MODULE(MOELayer);
 
-class MoEImpl : public torch::nn::Module {
+class MoEImpl : public torch::nn::Module, public nn::TensorParallelModule {
  public:
   explicit MoEImpl(const MoEOptions& options);
   // used_token (DeepSpeed's, k = 1 only): [...] over hidden_states' tokens, 0 for a token
   // that is neither counted nor routed.
   MoEOutput forward(const at::Tensor& hidden_states, const at::Tensor& used_token = {});
+  // With sequence parallelism: latent_down, latent_up, coefficient and mlp are
+  // sequence_parallel (see above); none otherwise.
+  std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;
 
   MoEOptions options;
   MOELayer deepspeed_moe{nullptr};

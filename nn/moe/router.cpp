@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "dscpp/comm/process_group.h"
 #include "dscpp/error.h"
@@ -136,9 +137,35 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
     route_with_masks(r, scores, used_token, dropless, factor, ce, mask);
   }
 
-  // DeepSpeed's aux loss (its operation order).
+  // Sequence parallelism: the shard's counts summed over the group (router.h), in one
+  // all-reduce: the aux loss's route counts, exp_counts and the per-sequence counts.
+  const auto& group = o.sequence_partition_group();
+  const int64_t t = group && group->size() > 1 ? group->size() : 1;
+  const bool seq_aux = o.seq_aux_loss_coeff() > 0;
+  int64_t b = 0;
+  if (seq_aux) {
+    check(seq_length > 0 && s % seq_length == 0,
+          "seq_aux_loss_coeff needs the sequence length of [batch, seq] tokens; got seq_length " +
+              std::to_string(seq_length) + " for " + std::to_string(s) + " tokens");
+    b = s / seq_length;  // (the kernel path leaves seq_aux_loss to this one)
+  }
+  at::Tensor seq_counts;  // fp32 [B, E]: each sequence's routes per expert (the group's)
+  if (t > 1) {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> parts{ce.mul(static_cast<double>(s)).round_(),
+                                  r.exp_counts.to(at::kFloat)};
+    if (seq_aux) parts.push_back(mask.to(at::kFloat).view({seq_length, b, e}).sum(0).view({-1}));
+    at::Tensor flat = at::cat(parts);
+    group->all_reduce(flat).wait();
+    ce = flat.narrow(0, 0, e).div(static_cast<double>(s * t));
+    r.exp_counts = flat.narrow(0, e, e).round().to(at::kLong);
+    if (seq_aux) seq_counts = flat.narrow(0, 2 * e, b * e).view({b, e});
+  }
+
+  // DeepSpeed's aux loss (its operation order); with sequence parallelism this shard's part:
+  // its scores summed over the whole token count.
   at::Tensor p = softmax ? scores : scores / (scores.sum(1, true) + 1e-20);
-  at::Tensor me = p.mean(0);
+  at::Tensor me = t > 1 ? p.sum(0).div(static_cast<double>(s * t)) : p.mean(0);
   if (k == 1)
     r.l_aux = (me * ce).sum() * static_cast<double>(e);
   else if (k == 2)
@@ -146,16 +173,22 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
   else
     r.l_aux =
         (me * ce).mean() * static_cast<double>(e) * static_cast<double>(e) / static_cast<double>(k);
-  if (o.z_loss_coeff() > 0) r.z_loss = at::logsumexp(logits, 1).square().mean() * o.z_loss_coeff();
-  if (o.seq_aux_loss_coeff() > 0) {
-    check(seq_length > 0 && s % seq_length == 0,
-          "seq_aux_loss_coeff needs the sequence length of [batch, seq] tokens; got seq_length " +
-              std::to_string(seq_length) + " for " + std::to_string(s) + " tokens");
-    const int64_t b = s / seq_length;  // (the kernel path leaves seq_aux_loss to this one)
-    at::Tensor cost = mask.to(at::kFloat).view({b, seq_length, e}).sum(1) /
-                      (static_cast<double>(seq_length) * k / e);
-    r.seq_aux_loss =
-        (cost * p.view({b, seq_length, e}).mean(1)).sum(1).mean() * o.seq_aux_loss_coeff();
+  if (o.z_loss_coeff() > 0)
+    r.z_loss =
+        at::logsumexp(logits, 1).square().mean() * (o.z_loss_coeff() / static_cast<double>(t));
+  if (seq_aux) {
+    if (t == 1) {
+      at::Tensor cost = mask.to(at::kFloat).view({b, seq_length, e}).sum(1) /
+                        (static_cast<double>(seq_length) * k / e);
+      r.seq_aux_loss =
+          (cost * p.view({b, seq_length, e}).mean(1)).sum(1).mean() * o.seq_aux_loss_coeff();
+    } else {
+      // Sequence-major shard [T/t, B]: each sequence's whole counts, this shard's scores.
+      const double whole = static_cast<double>(seq_length * t);
+      at::Tensor cost = seq_counts / (whole * k / e);
+      at::Tensor mean_p = p.view({seq_length, b, e}).sum(0).div(whole);
+      r.seq_aux_loss = (cost * mean_p).sum(1).mean() * o.seq_aux_loss_coeff();
+    }
   }
 
   if (train) {

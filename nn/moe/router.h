@@ -27,6 +27,18 @@
 // fp32 when the module is cast to fp16/bf16 (as Megatron's router keeps it,
 // _maintain_float32_expert_bias): the update rate, 1e-3 by default, is below bf16's
 // resolution near 1 (2^-7), so a 16-bit bias would stop moving once it reached that size.
+//
+// Sequence parallelism (sequence_partition_group of t > 1 ranks, Megatron's tp_cp_group): x is
+// this rank's shard of the tokens, [T/t, B] flattened sequence-major (Megatron's layout), and
+// seq_length is T/t. Selection and the capacity are this shard's own (Megatron's: capacity from
+// the shard's tokens, drops among them); the counts are summed over the group (one all-reduce
+// per forward) so that exp_counts, the expert-bias counts and the aux losses' fractions are
+// those of all t·S tokens, and each loss is this rank's part of the whole batch's: l_aux and
+// seq_aux_loss with the scores summed over this shard and divided by the whole token count
+// (Megatron's switch_load_balancing_loss_func with tokens_per_expert reduced over the group and
+// total_num_tokens = S·t), z_loss with its coefficient divided by t. Their sum over the group,
+// which the gradients' sum over it (the router weight is marked sequence_parallel) turns into,
+// is the loss of t = 1 on the same tokens.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -67,6 +79,8 @@ struct TopKGateOptions {
   TORCH_ARG(int64_t, group_topk) = 0;            // groups a token may use; 0: unlimited
   TORCH_ARG(bool, enable_expert_bias) = false;   // moe_router_enable_expert_bias
   TORCH_ARG(double, bias_update_rate) = 1e-3;    // moe_router_bias_update_rate
+  // Sequence parallelism's group (see above); null or one rank: x holds every token.
+  TORCH_ARG(std::shared_ptr<comm::ProcessGroup>, sequence_partition_group);
 };
 
 // One forward's routing of S tokens; indices, weights and kept are [S, k], route j of token s
@@ -79,7 +93,7 @@ struct Routing {
   at::Tensor l_aux;         // DeepSpeed's aux loss, 0-dim fp32
   at::Tensor z_loss;        // coefficient applied; undefined when the coefficient is 0
   at::Tensor seq_aux_loss;  // coefficient applied; undefined when the coefficient is 0
-  at::Tensor exp_counts;    // int64 [E], before dropping
+  at::Tensor exp_counts;    // int64 [E], before dropping (sequence parallelism: the group's)
   int64_t capacity = -1;    // -1: dropless
   int64_t num_experts = 0;
 };
@@ -88,7 +102,8 @@ class TopKGateImpl : public torch::nn::Module {
  public:
   explicit TopKGateImpl(const TopKGateOptions& options);
   // x [S, model_dim] in any floating dtype. seq_length: tokens per sequence when x holds
-  // [B, T] flattened batch-major (needed by the sequence-wise aux loss; 0: unknown).
+  // [B, T] flattened batch-major, or with sequence parallelism [T, B] sequence-major (needed by
+  // the sequence-wise aux loss; 0: unknown).
   // used_token [S] (k = 1 only, DeepSpeed's): tokens with 0 are neither counted nor routed.
   Routing forward(const at::Tensor& x, int64_t seq_length = 0, const at::Tensor& used_token = {});
   // The bias step from the tokens counted since the last call (summed over `group` when it

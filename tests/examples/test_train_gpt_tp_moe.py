@@ -6,7 +6,10 @@ data 2 with expert degree 2 (4 CPU ranks; the degrees from the model config's `p
 as the same model at tensor 1 x data 2, ep 1 (2 CPU ranks) on the same global batch (micro-batch 2
 x data 2 x GA 2): every step's logged loss within 1e-5 relative, the grad norm, lr, aux loss and load
 balance as printed; dropless at ZeRO 2 and with token dropping (capacity factor 1.0, per data rank
-in both layouts) at ZeRO 1. The start-up line names the layout. --save at tensor 2 x data 2, ep 2
+in both layouts) at ZeRO 1; with sequence parallelism too (the model config's
+parallelism.sequence_parallel; dropless at ZeRO 2: each tensor rank routes its own sequence shard,
+the aux loss printed is the tensor ranks' parts summed, the grad norm and aux loss within 1e-5
+relative). The start-up line names the layout. --save at tensor 2 x data 2, ep 2
 writes DeepSpeed's MoE layout per tensor rank (layer_L_expert_E_mp_rank_XX, XX the tensor rank),
 and --load of it continues at tensor 1 x data 2, ep 1 as the uninterrupted tensor-2 run does.
 """
@@ -49,32 +52,54 @@ def main():
                 "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "eps": 1e-6}}}
         common = ["--data-path", prefix, "--train-iters", "5", "--log-interval", "1", "--seed", "7"]
 
-        for label, extra, stage in (("dropless", {}, 2), ("token dropping", {"moe_expert_capacity_factor": 1.0}, 1)):
+        layouts = (("dropless", {}, 2, False), ("token dropping", {"moe_expert_capacity_factor": 1.0}, 1, False),
+                   ("sequence parallel, dropless", {}, 2, True))
+        for label, extra, stage, sp in layouts:
             ds = write_json(os.path.join(tmp, f"z{stage}.json"), dict(base, zero_optimization={"stage": stage}))
             job.model = write_json(os.path.join(tmp, f"one_{stage}.json"), dict(shape, **extra))
             rc1, log1 = job.run("--deepspeed_config", ds, *common, ranks=2)
-            job.model = write_json(os.path.join(tmp, f"tp_{stage}.json"),
-                                   dict(shape, **extra, parallelism={"tensor_model_parallel_size": 2,
-                                                                     "expert_model_parallel_size": 2}))
+            par = {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2}
+            if sp:
+                par["sequence_parallel"] = True
+            job.model = write_json(os.path.join(tmp, f"tp_{stage}_{int(sp)}.json"), dict(shape, **extra, parallelism=par))
             rc2, log2 = job.run("--deepspeed_config", ds, *common, ranks=4)
             ref, got = steps(log1), steps(log2)
+            if label == "token dropping":
+                dropping = got
             name = f"tensor 2 x data 2 at ep 2, {label}, ZeRO {stage}"
             check(f"{name}: both layouts train 5 steps", rc1 == 0 and rc2 == 0 and len(ref) == 5 and len(got) == 5,
                   log1 + "\n---\n" + log2)
-            check(f"{name}: the start-up line names the layout", "tensor parallel 2 x data 2" in log2, log2)
+            check(f"{name}: the start-up line names the layout",
+                  ("tensor parallel 2 x data 2, sequence parallel" if sp else "tensor parallel 2 x data 2") in log2, log2)
             if len(ref) != 5 or len(got) != 5:
                 continue
             worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref, got))
             print(f"note: {name} against tensor 1 x data 2 at ep 1: worst loss {worst:.2e}")
             check(f"{name}: the losses of tensor 1 x data 2 at ep 1 within 1e-5 relative (worst {worst:.2e})",
                   worst <= 1e-5, log1 + "\n---\n" + log2)
+            if sp:
+                # The shards' parts in another order: the printed digits may differ in the last place.
+                close = lambda a, b: abs(float(a) - float(b)) <= 1e-5 * abs(float(b)) + 1e-6
+                check(f"{name}: lr as printed, grad norm within 1e-5 of tensor 1, ep 1",
+                      [a["lr"] for a in ref] == [b["lr"] for b in got]
+                      and all(close(a["norm"], b["norm"]) for a, b in zip(ref, got)), log1 + "\n---\n" + log2)
+                f1, f2 = moe_fields(log1), moe_fields(log2)
+                check(f"{name}: aux loss (the tensor ranks' parts summed) within 1e-5, load balance as printed",
+                      len(f1) == 5 and len(f2) == 5 and all(a[0] == b[0] and close(a[1], b[1]) and a[2:] == b[2:]
+                                                            for a, b in zip(f1, f2)), log1 + "\n---\n" + log2)
+                continue
             check(f"{name}: lr and grad norm as printed at tensor 1, ep 1",
                   [(a["lr"], a["norm"]) for a in ref] == [(b["lr"], b["norm"]) for b in got],
                   log1 + "\n---\n" + log2)
             check(f"{name}: aux loss and load balance as printed at tensor 1, ep 1",
                   len(moe_fields(log1)) == 5 and moe_fields(log1) == moe_fields(log2), log1 + "\n---\n" + log2)
-        # The last layout (token dropping, ZeRO 1): 3 steps at tensor 2, ep 2 saved, the rest at
-        # tensor 1, ep 1 from the checkpoint, as the uninterrupted tensor-2 run (`got`) went on.
+        # Token dropping at ZeRO 1: 3 steps at tensor 2, ep 2 saved, the rest at tensor 1, ep 1
+        # from the checkpoint, as the uninterrupted tensor-2 run (`dropping`) went on.
+        got = dropping
+        ds = write_json(os.path.join(tmp, "z1.json"), dict(base, zero_optimization={"stage": 1}))
+        job.model = write_json(os.path.join(tmp, "tp_1_0.json"),
+                               dict(shape, moe_expert_capacity_factor=1.0,
+                                    parallelism={"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2}))
         ck = os.path.join(tmp, "ck")
         short = [c if c != "5" else "3" for c in common]
         rc3, log3 = job.run("--deepspeed_config", ds, *short, "--save", ck, ranks=4)

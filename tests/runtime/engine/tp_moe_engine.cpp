@@ -12,8 +12,16 @@
 //   - token dropping (capacity factor 0.5, 0.01 l_aux in the loss): against the GPT at t 1,
 //     ep 1 on this tensor rank's data group (capacity and l_aux are per data rank): so also
 //     E = 1 at t 2 (DeepSpeed's "dropping = tensor 2 ep 1") is the same model.
-//   tp_moe_engine --tensor T --case e<E>k<k>d<dropless>s<shared>z<stage>g<ga> [--case ...]
-//                 [--steps N] [--refusals]
+//   - suffix a (dropless, with every balancing term: the sigmoid router's aux loss, z-loss and
+//     expert bias, the bias moved after each step from the data group's counts): against the
+//     GPT at t 1, ep 1 on the data group as well (the losses are per data rank); the biases too.
+//   - suffix p: with sequence parallelism (each tensor rank routing its own sequence shard,
+//     nn/moe/moe.h): the router's weights are marked partial too, and the loss compared is the
+//     model's plus the aux losses summed over the tensor group (each rank's is its shard's
+//     part, Megatron's). Only dropless: with a capacity the shard's own decides the drops
+//     (tests/nn/moe_sp_layer.cpp compares that layer with the one-rank layer on each shard).
+//   tp_moe_engine --tensor T --case e<E>k<k>d<dropless>s<shared>z<stage>g<ga>[p][a]
+//                 [--case ...] [--steps N] [--refusals]
 // Exits 0 when every check holds on this rank; prints what failed otherwise.
 #include <ATen/ATen.h>
 
@@ -32,6 +40,7 @@
 #include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/moe/expert_params.h"
+#include "dscpp/nn/moe/router.h"
 #include "dscpp/nn/parallel_weight_init.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/zero/zero_optimizer.h"
@@ -69,16 +78,21 @@ at::Tensor counterpart(const std::map<std::string, at::Tensor>& ref,
 void run_case(dscpp::comm::ProcessGroup& world, const tp_test::Groups& g,
               const std::map<int, GroupPtr>& ep_groups, const Case& c, int steps) {
   const int rank = world.rank(), t = g.t, d = g.d;
+  // Against one rank with the global batch, or at t 1 on the data group where the loss is
+  // per data rank (a capacity, or the aux losses).
+  const bool one_rank = c.dropless && !c.aux;
   const std::string where = "case " + c.name + " t" + std::to_string(t) + "d" + std::to_string(d) +
-                            (c.dropless ? " (against one rank)" : " (against t1 ep1 on d ranks)") +
+                            (one_rank ? " (against one rank)" : " (against t1 ep1 on d ranks)") +
                             ": ";
   if (d % c.ep != 0) throw dscpp::Error(where + "ep must divide the data degree");
+  if (c.sp && !c.dropless)
+    throw dscpp::Error(where + "sequence parallelism is compared dropless only (see the top)");
 
   at::manual_seed(1);
   mz::GPT ref_model(moe_config(c, 1, 1));
   dscpp::InitArgs ref_args;
-  ref_args.group = c.dropless ? g.self : g.data;
-  const int ref_micro = c.dropless ? kMicro * d : kMicro;
+  ref_args.group = one_rank ? g.self : g.data;
+  const int ref_micro = one_rank ? kMicro * d : kMicro;
   auto ref = dscpp::initialize(ref_model, ds_config(ref_micro, c, 0), std::move(ref_args));
   std::map<std::string, at::Tensor> ref_params;
   for (const auto& p : ref_model->named_parameters()) ref_params[p.key()] = p.value();
@@ -98,6 +112,13 @@ void run_case(dscpp::comm::ProcessGroup& world, const tp_test::Groups& g,
       routed == 4 && marked == routed,
       where + "the routed experts (2 weights x 2 layers) are marked partial over the tensor group",
       rank);
+  // The router sees the whole tokens (its gradient whole) or, with sequence parallelism, its
+  // shard (partial).
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string wg = "blocks." + std::to_string(layer) + ".mlp.deepspeed_moe.gate.wg.weight";
+    check(attrs.at(wg).sequence_parallel == c.sp,
+          where + wg + (c.sp ? " marked" : " not marked") + " sequence_parallel", rank);
+  }
   // Started from the reference's weights (the same seed draws the same master weights).
   double start = 0;
   for (const auto& p : model->named_parameters())
@@ -127,21 +148,31 @@ void run_case(dscpp::comm::ProcessGroup& world, const tp_test::Groups& g,
     for (int m = 0; m < c.ga; ++m) {
       const at::Tensor all = tokens.narrow(0, int64_t{m} * kMicro * d, kMicro * d);
       const at::Tensor mine = all.narrow(0, int64_t{g.dp_rank} * kMicro, kMicro);
-      at::Tensor ref_loss = train_loss(ref, c.dropless ? all : mine, ref_loss_of);
+      at::Tensor ref_loss = train_loss(ref, one_rank ? all : mine, ref_loss_of);
       ref.backward(ref_loss);
       ref.step();
-      at::Tensor loss = train_loss(eng, mine, loss_of);
-      eng.backward(loss);
+      auto [model_loss, aux] = train_losses(eng, mine, loss_of);
+      eng.backward(aux.defined() ? model_loss + aux : model_loss);
       eng.step();
-      double got = loss.item<double>();
-      if (c.dropless) {
-        at::Tensor mean = loss.detach().clone();
+      double got = model_loss.item<double>();
+      if (aux.defined()) {
+        // With sequence parallelism each tensor rank's aux losses are its shard's part.
+        at::Tensor whole = aux.detach().clone();
+        if (c.sp) g.model->all_reduce(whole).wait();
+        got += whole.item<double>();
+      }
+      if (one_rank) {
+        at::Tensor mean = at::scalar_tensor(got, at::kDouble);
         g.data->all_reduce(mean).wait();
         got = mean.item<double>() / d;
       }
       const double want = ref_loss.item<double>();
       check_close(got, want, where + "step " + std::to_string(step) + " loss", rank);
     }
+    // The expert biases from the step's routing: the data group's counts (with sequence
+    // parallelism each tensor rank's router counts its group's tokens).
+    moe::update_expert_biases(*ref_model, one_rank ? g.self : g.data);
+    moe::update_expert_biases(*model, g.data);
     const double n = eng.get_global_grad_norm(), n_ref = ref.get_global_grad_norm();
     check_close(n, n_ref, where + "step " + std::to_string(step) + " grad norm", rank);
     if (step == 0) check(n_ref > 0.5, where + "the clip is active (norm > 0.5)", rank);
@@ -168,6 +199,23 @@ void run_case(dscpp::comm::ProcessGroup& world, const tp_test::Groups& g,
     if (ez) ez->release();
   }
   check(worst <= 1e-5, where + "weights: worst " + worst_name + " " + std::to_string(worst), rank);
+  if (c.aux) {
+    // The expert biases moved, and alike (the same counts give the same signs).
+    std::map<std::string, at::Tensor> ref_buffers;
+    for (const auto& b : ref_model->named_buffers()) ref_buffers[b.key()] = b.value();
+    int biases = 0;
+    double moved = 0, bias_err = 0;
+    for (const auto& b : model->named_buffers()) {
+      if (b.key().find("expert_bias") == std::string::npos) continue;
+      ++biases;
+      moved = std::max(moved, b.value().abs().max().item<double>());
+      bias_err =
+          std::max(bias_err, (b.value() - ref_buffers.at(b.key())).abs().max().item<double>());
+    }
+    check(biases == 2 && moved > 0, where + "the expert biases moved", rank);
+    check(bias_err == 0,
+          where + "the expert biases equal the reference's: " + std::to_string(bias_err), rank);
+  }
   check(apart == 0, where + "the experts equal on every tensor rank: " + std::to_string(apart),
         rank);
   if (rank == 0)
@@ -189,8 +237,6 @@ void refusals(const tp_test::Groups& g, const std::map<int, GroupPtr>& ep_groups
   Case c;
   mz::GPTConfig sp = moe_config(c, g.t, 2);
   sp.parallelism.sequence_parallel = true;
-  refused("sequence parallelism with experts", "parallelism.sequence_parallel",
-          [&] { mz::TensorParallelGPT m(sp, g.model, ep_groups.at(2)); });
   refused("the LayerSpec form with experts and sequence parallelism",
           "parallelism.sequence_parallel",
           [&] { mz::tensor_parallel_gpt_layer_specs(sp, g.model, ep_groups.at(2)); });
