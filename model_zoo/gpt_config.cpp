@@ -310,13 +310,6 @@ void GPTConfig::validate_moe() const {
     throw ConfigError("gelu_approximation",
                       "expected \"none\" with num_experts and no swiglu: the grouped experts' "
                       "GELU is the exact one (Megatron's F.gelu), found \"tanh\" (the default)");
-  // The MoE layer's load-balancing losses reach backward through the aux-loss channel of the
-  // forward that made them; a checkpointed block's first forward keeps no graph, and its
-  // recomputation runs outside the loss's scope.
-  if (checkpoint_activations)
-    throw ConfigError("checkpoint_activations",
-                      "expected false with num_experts: activation checkpointing of MoE blocks "
-                      "is not implemented (their aux losses would lose their gradient)");
 }
 
 int64_t GPTConfig::padded_vocab_size(int64_t vocab, int64_t multiple) {

@@ -12,6 +12,7 @@
 #include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
+#include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/normal_init.h"
 
@@ -106,7 +107,9 @@ at::Tensor run_moe_mlp(nn::moe::MoEImpl& layer, const at::Tensor& x, double l_au
                        bool training, MoELayerStats& stats) {
   moe::MoEOutput out = layer.forward(x);
   if (training && l_aux_coeff > 0.0) nn::add_aux_loss(out.l_aux * l_aux_coeff);
-  if (training) {
+  // (A checkpointed block's recompute adds its loss again, to the recompute's own scope, but
+  // its routing was counted in forward.)
+  if (training && !activation_checkpointing::recomputing()) {
     at::NoGradGuard no_grad;
     const at::Tensor counts = out.exp_counts.detach().to(at::kLong);
     const at::Tensor l_aux = out.l_aux.detach().to(at::kFloat);

@@ -28,7 +28,9 @@
 // "aux_loss"; Megatron's switch loss E * sum_e f_e P_e equals DeepSpeed's top-k l_aux) goes to
 // nn::add_aux_loss, beside the router's own z-loss and sequence-wise loss ("seq_aux_loss",
 // moe_aux_loss_coeff its coefficient): a training forward runs under an nn::AuxLossScope and
-// adds its sum to the loss (train_gpt does).
+// adds its sum to the loss (train_gpt does). With checkpoint_activations a block's losses reach
+// that scope through the checkpoint (nn/activation_checkpointing.h), and its routing is counted
+// once, in forward, not again when backward recomputes the block.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -69,7 +71,7 @@ std::shared_ptr<comm::ProcessGroup> checked_expert_parallel_group(
 double moe_l_aux_coeff_of(const GPTConfig& config);
 
 // Runs the layer on x [B, S, h]; in training adds l_aux_coeff x l_aux to the aux-loss channel
-// (when not 0) and counts the routing into `stats`. Returns [B, S, h].
+// (when not 0) and counts the routing into `stats` (not when recomputing). Returns [B, S, h].
 at::Tensor run_moe_mlp(nn::moe::MoEImpl& moe, const at::Tensor& x, double l_aux_coeff,
                        bool training, MoELayerStats& stats);
 

@@ -19,11 +19,23 @@
 #include <mutex>
 #include <utility>
 
+#include "dscpp/error.h"
+#include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/rng_tracker.h"
 
 namespace dscpp::activation_checkpointing {
 
 namespace {
+
+// Recomputes running on this thread (nested checkpoints recompute inside one another).
+thread_local int recompute_depth = 0;
+
+struct Recomputing {
+  Recomputing() { ++recompute_depth; }
+  ~Recomputing() { --recompute_depth; }
+  Recomputing(const Recomputing&) = delete;
+  Recomputing& operator=(const Recomputing&) = delete;
+};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -101,7 +113,26 @@ struct State : torch::CustomClassHolder {
   std::vector<bool> requires_grad;       // per input
   std::vector<bool> offloaded;           // per input: saved on the host by cpu_checkpointing
   std::vector<at::Device> input_device;  // per input: where backward puts it back
+  bool has_aux = false;                  // the first run added aux losses: the last output
 };
+
+// fn(inputs) under its own AuxLossScope, the sum of the aux losses it added appended as the
+// last output (the header says why). The recompute must add them as the first run did.
+std::vector<at::Tensor> run_with_aux(State& state, const std::vector<at::Tensor>& inputs,
+                                     bool recompute) {
+  nn::AuxLossScope aux;
+  std::vector<at::Tensor> outputs = state.fn(inputs);
+  const bool has_aux = aux.sum().defined();
+  if (!recompute)
+    state.has_aux = has_aux;
+  else if (has_aux != state.has_aux)
+    throw Error(std::string("activation checkpointing: the recomputed function ") +
+                (has_aux ? "added auxiliary losses its first run did not"
+                         : "added no auxiliary loss where its first run did") +
+                " (it must compute the same function each time)");
+  if (has_aux) outputs.push_back(aux.sum());
+  return outputs;
+}
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   // Runs in no-grad mode (Function::apply's guard): fn builds no graph and keeps nothing.
@@ -112,7 +143,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     if (o.synchronize) synchronize(state->devices);
     const double start = o.profile ? now_ms() : 0;
     state->rng = capture(state->devices);
-    variable_list outputs = state->fn(inputs.vec());
+    variable_list outputs = run_with_aux(*state, inputs.vec(), /*recompute=*/false);
 
     variable_list to_save;
     for (const auto& x : inputs) {
@@ -170,7 +201,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       restore(state->rng);
       try {
         at::AutoGradMode grad_on(true);
-        outputs = state->fn(inputs);
+        Recomputing recomputing;
+        outputs = run_with_aux(*state, inputs, /*recompute=*/true);
       } catch (...) {
         restore(now);
         throw;
@@ -236,7 +268,13 @@ std::vector<at::Tensor> checkpoint(Function fn, const std::vector<at::Tensor>& i
   state->fn = std::move(fn);
   state->options = options;
   state->devices = rng_devices(inputs);
-  return CheckpointFunction::apply(state, at::TensorList(inputs));
+  std::vector<at::Tensor> outputs = CheckpointFunction::apply(state, at::TensorList(inputs));
+  if (state->has_aux) {
+    // The first run's aux losses, now an output with a gradient path into the recompute.
+    nn::add_aux_loss(outputs.back());
+    outputs.pop_back();
+  }
+  return outputs;
 }
 
 at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& input,
@@ -245,6 +283,10 @@ at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at:
     return std::vector<at::Tensor>{fn(in[0])};
   };
   return checkpoint(Function(std::move(wrapped)), std::vector<at::Tensor>{input}, options)[0];
+}
+
+bool recomputing() {
+  return recompute_depth > 0;
 }
 
 }  // namespace dscpp::activation_checkpointing

@@ -10,6 +10,16 @@
 // their gradients during backward(); torch::autograd::grad() through a checkpoint is refused.
 // Outside grad mode, or when no input requires grad, the function simply runs (with a
 // warning in the second case: a checkpoint there would leave the parameters without grads).
+//
+// Auxiliary losses (nn/aux_loss.h, the MoE layers' balancing losses) survive the checkpoint:
+// each run of the function has its own AuxLossScope, the first run's sum becomes one more
+// output of the checkpoint, added to the caller's innermost scope, and backward
+// back-propagates the recomputed run's sum with that output's gradient (the caller's loss
+// scale, micro-batch division and all). So the side channel stays the one mechanism, for a
+// training loop and the pipeline engine alike; Megatron's MoEAuxLossAutoScaler, which injects
+// the aux gradient at the layer's output, would be a second one with its own loss scale.
+// recomputing() says when a run is the recompute: what a layer counts once per forward (the
+// router's expert-bias counts, training statistics) it skips then.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -50,5 +60,8 @@ std::vector<at::Tensor> checkpoint(Function fn, const std::vector<at::Tensor>& i
 // The one-tensor form every layer of a GPT has.
 at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& input,
                       const Options& options = {});
+
+// True on this thread while backward recomputes a checkpointed function.
+bool recomputing();
 
 }  // namespace dscpp::activation_checkpointing

@@ -13,6 +13,7 @@
 
 #include "dscpp/comm/process_group.h"
 #include "dscpp/error.h"
+#include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/ops/moe_router.h"
 
@@ -191,7 +192,8 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
     }
   }
 
-  if (train) {
+  // A checkpointed block's recompute routes the same tokens again: counted once, in forward.
+  if (train && !activation_checkpointing::recomputing()) {
     at::NoGradGuard no_grad;
     tokens_per_expert_ = tokens_per_expert_.to(r.exp_counts.device());
     tokens_per_expert_.add_(r.exp_counts.to(at::kFloat));

@@ -22,7 +22,8 @@
 //
 // Bias-based balancing (enable_expert_bias): a per-expert fp32 buffer `expert_bias` (in the
 // state dict, never a parameter) added to the scores for selection only; training forwards
-// count the tokens per expert, and update_expert_bias() adds rate · sign(mean - count) from
+// count the tokens per expert (not again when an activation checkpoint recomputes them), and
+// update_expert_bias() adds rate · sign(mean - count) from
 // those counts (summed over the given group first) and restarts the count. The buffer stays
 // fp32 when the module is cast to fp16/bf16 (as Megatron's router keeps it,
 // _maintain_float32_expert_bias): the update rate, 1e-3 by default, is below bf16's

@@ -1,9 +1,13 @@
 // Activation checkpointing on model_zoo's GPT and on any function: gradients bit for bit
 // against plain ones (dropout on and off), the model-parallel RNG tracker restored on
-// recompute, the refusals, and the peak memory it saves (CPU allocator events; CUDA caching
+// recompute, auxiliary losses carried through it (the MoE GPT's, its routing counted once),
+// the refusals, and the peak memory it saves (CPU allocator events; CUDA caching
 // allocator stats in the CUDA build).
 
 #include "tests/model_zoo/gpt_test_util.h"
+
+#include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/moe/router.h"
 
 using namespace gpt_test;
 
@@ -111,6 +115,170 @@ TEST(ActivationCheckpointing, RefusesAutogradGradAndNamesWhatItIgnores) {
   json j = small_json();
   j["checkpoint_activations"] = true;
   EXPECT_EQ(mz::GPT(mz::GPTConfig::from_json(j))->activation_checkpointing_segments(), 3);
+}
+
+// An auxiliary loss added inside a checkpoint (nn/aux_loss.h) reaches the caller's scope and
+// gets its gradient through the recompute; recomputing() holds only while backward recomputes.
+TEST(ActivationCheckpointing, AuxLossesSurviveTheRecompute) {
+  at::manual_seed(0);
+  at::Tensor w = at::randn({5, 5}).requires_grad_();
+  at::Tensor x = at::randn({3, 5}).requires_grad_();
+  std::vector<bool> seen;  // recomputing() at each run
+  auto fn = [&](const at::Tensor& in) {
+    seen.push_back(ac::recomputing());
+    at::Tensor h = at::dropout(at::tanh(in.matmul(w)), 0.3, true);
+    dscpp::nn::add_aux_loss(0.1 * h.pow(2).mean());
+    dscpp::nn::add_aux_loss(w.abs().sum() * 0.01);
+    return h;
+  };
+  auto run = [&](bool checkpointed) {
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+    seen.clear();
+    at::manual_seed(4);
+    dscpp::nn::AuxLossScope scope;
+    at::Tensor out = checkpointed ? ac::checkpoint(fn, x) : fn(x);
+    EXPECT_TRUE(scope.sum().defined());
+    EXPECT_FALSE(ac::recomputing());
+    (out.sum() + 3.0 * scope.sum()).backward();
+    return std::vector<at::Tensor>{scope.sum().detach(), w.grad().clone(), x.grad().clone()};
+  };
+  auto plain = run(false);
+  EXPECT_EQ(seen, std::vector<bool>({false}));
+  auto ckpt = run(true);
+  EXPECT_EQ(seen, std::vector<bool>({false, true}));  // the forward, then the recompute
+  const char* what[] = {"aux sum", "w.grad", "x.grad"};
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ckpt[i])) << what[i];
+  // Outside every scope the checkpoint's losses are refused as the layer's own would be.
+  EXPECT_THROW(ac::checkpoint(fn, x), dscpp::Error);
+}
+
+// A checkpoint inside a checkpoint: the inner one's aux loss reaches the outer run's scope
+// (in the outer first run directly, the inner checkpoint not recording there; in the outer
+// recompute through the inner checkpoint's output), counted once, its gradient as without
+// checkpoints; recomputing() holds in both recomputes.
+TEST(ActivationCheckpointing, NestedCheckpointsCarryAuxLossesOnce) {
+  at::manual_seed(0);
+  at::Tensor w = at::randn({5, 5}).requires_grad_();
+  at::Tensor x = at::randn({3, 5}).requires_grad_();
+  std::vector<bool> seen;  // recomputing() at each run of the inner function
+  auto inner = [&](const at::Tensor& in) {
+    seen.push_back(ac::recomputing());
+    at::Tensor h = at::tanh(in.matmul(w));
+    dscpp::nn::add_aux_loss(0.2 * h.pow(2).mean());
+    return h;
+  };
+  bool nested = false;
+  auto outer = [&](const at::Tensor& in) {
+    at::Tensor h = nested ? ac::checkpoint(inner, in * 2) : inner(in * 2);
+    dscpp::nn::add_aux_loss(0.05 * in.abs().sum());
+    return h.sin();
+  };
+  auto run = [&](bool checkpointed) {
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+    seen.clear();
+    nested = checkpointed;
+    dscpp::nn::AuxLossScope scope;
+    at::Tensor out = checkpointed ? ac::checkpoint(outer, x) : outer(x);
+    (out.sum() + 2.0 * scope.sum()).backward();
+    return std::vector<at::Tensor>{scope.sum().detach(), w.grad().clone(), x.grad().clone()};
+  };
+  auto plain = run(false);
+  auto ckpt = run(true);
+  // The outer forward (no grad: the inner function runs plainly), the outer recompute (the
+  // inner checkpoint's first run), the inner recompute.
+  EXPECT_EQ(seen, std::vector<bool>({false, true, true}));
+  const char* what[] = {"aux sum", "w.grad", "x.grad"};
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ckpt[i])) << what[i];
+}
+
+// The recompute must add aux losses exactly when the first run did: otherwise the loss the
+// caller took and the gradient backward gives would disagree, which is refused by name.
+TEST(ActivationCheckpointing, RecomputeWithOtherAuxLossesIsRefused) {
+  at::Tensor x = at::randn({4}).requires_grad_();
+  for (bool first_adds : {true, false}) {
+    int runs = 0;
+    auto fn = [&](const at::Tensor& in) {
+      if ((runs++ == 0) == first_adds) dscpp::nn::add_aux_loss(in.sum());
+      return in * 3;
+    };
+    dscpp::nn::AuxLossScope scope;
+    at::Tensor out = ac::checkpoint(fn, x);
+    EXPECT_EQ(scope.sum().defined(), first_adds);
+    at::Tensor loss = scope.sum().defined() ? out.sum() + scope.sum() : out.sum();
+    try {
+      loss.backward();
+      ADD_FAILURE() << "a recompute with other aux losses than its first run was accepted";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("the recomputed function"), std::string::npos) << what;
+      EXPECT_NE(what.find(first_adds ? "added no auxiliary loss" : "added auxiliary losses"),
+                std::string::npos)
+          << what;
+    }
+    EXPECT_EQ(runs, 2);
+  }
+}
+
+// The MoE GPT (aux loss, z-loss, expert bias) with checkpoint_activations: the same loss, aux
+// sum and gradients bit for bit, and the routing counted once (the routers' expert-bias counts
+// and the blocks' statistics as without checkpoints).
+TEST(ActivationCheckpointing, MoEGPTMatchesPlainAndCountsOnce) {
+  json j = small_json();
+  j.update({{"hidden_dropout", 0.1},
+            {"gelu_approximation", "none"},
+            {"num_experts", 4},
+            {"moe_router_topk", 2},
+            {"moe_ffn_hidden_size", 16},
+            {"moe_router_score_function", "sigmoid"},
+            {"moe_aux_loss_coeff", 0.01},
+            {"moe_z_loss_coeff", 0.001},
+            {"moe_router_enable_expert_bias", true}});
+  const mz::GPTConfig c = mz::GPTConfig::from_json(j);
+  at::manual_seed(3);
+  mz::GPT model(c);
+  const Batch b = random_batch(c, 4, 16, 4);
+  struct Result {
+    at::Tensor loss, aux;
+    std::map<std::string, at::Tensor> grads;
+    std::vector<at::Tensor> counts;
+    std::vector<mz::MoELayerStats> stats;
+  };
+  auto run = [&] {
+    zero_grads(*model);
+    at::manual_seed(11);
+    dscpp::nn::AuxLossScope scope;
+    at::Tensor loss = model->loss(model->forward(b.ids), b.targets);
+    (loss + scope.sum()).backward();
+    Result r{loss.detach(), scope.sum().detach(), grads_of(*model), {}, mz::take_moe_stats(*model)};
+    for (const auto& m : model->modules())
+      if (auto* gate = m->as<dscpp::nn::moe::TopKGateImpl>()) {
+        r.counts.push_back(gate->tokens_per_expert().clone());
+        // Restart the count, the bias kept: the next run routes as this one did.
+        const at::Tensor bias = gate->expert_bias.clone();
+        gate->update_expert_bias();
+        gate->expert_bias.copy_(bias);
+      }
+    return r;
+  };
+  const Result plain = run();
+  model->enable_activation_checkpointing();
+  const Result ckpt = run();
+  EXPECT_TRUE(at::equal(plain.loss, ckpt.loss));
+  EXPECT_TRUE(at::equal(plain.aux, ckpt.aux));
+  expect_grads_identical(plain.grads, ckpt.grads);
+  ASSERT_EQ(plain.counts.size(), 3u);
+  ASSERT_EQ(ckpt.counts.size(), 3u);
+  for (size_t i = 0; i < plain.counts.size(); ++i) {
+    EXPECT_TRUE(at::equal(plain.counts[i], ckpt.counts[i])) << "router " << i;
+    EXPECT_EQ(ckpt.counts[i].sum().item<double>(), 4 * 16 * 2);  // B x S tokens x top-2
+  }
+  ASSERT_EQ(ckpt.stats.size(), 3u);
+  for (size_t i = 0; i < ckpt.stats.size(); ++i) {
+    EXPECT_EQ(ckpt.stats[i].forwards, 1);
+    EXPECT_TRUE(at::equal(plain.stats[i].tokens_per_expert, ckpt.stats[i].tokens_per_expert));
+  }
 }
 
 TEST(ActivationCheckpointing, PeakCpuMemoryDrops) {

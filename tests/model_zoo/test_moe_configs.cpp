@@ -168,7 +168,6 @@ TEST(MoEConfigs, BadOrInconsistentValuesNameTheirKey) {
       {{{"num_experts", nullptr}, {"parallelism", {{"expert_model_parallel_size", 2}}}},
        "parallelism.expert_model_parallel_size",
        "dense model"},
-      {{{"checkpoint_activations", true}}, "checkpoint_activations", "not implemented"},
       {{{"swiglu", false}}, "gelu_approximation", "exact"},
   };
   for (const auto& c : cases) {
