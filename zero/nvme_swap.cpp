@@ -34,16 +34,26 @@ void check_nvme_path(const std::string& path, const std::string& key) {
 std::string make_swap_folder(const std::string& path, const std::string& key,
                              const std::vector<std::string>& parts) {
   check_nvme_path(path, key);
-  fs::path folder(path);
-  for (const std::string& part : parts) {
-    folder /= part;
+  // Another rank's remove_swap_folder may take an empty parent away between our making it and
+  // making its child (ENOENT): start again from the top. Once our folder is in it, a parent is
+  // no longer empty and stays, so a few tries always suffice.
+  constexpr int kTries = 64;
+  for (int attempt = 1;; ++attempt) {
+    fs::path folder(path);
     std::error_code ec;
-    if (fs::is_directory(folder, ec)) continue;
-    if (!fs::create_directory(folder, ec) && !fs::is_directory(folder))
+    bool made = true;
+    for (const std::string& part : parts) {
+      folder /= part;
+      if (fs::is_directory(folder, ec)) continue;
+      if (fs::create_directory(folder, ec) || fs::is_directory(folder)) continue;
+      made = false;
+      break;
+    }
+    if (made) return folder.string();
+    if (ec != std::errc::no_such_file_or_directory || attempt == kTries)
       throw Error(fmt::format("{} '{}': cannot make the swap folder '{}': {}", key, path,
                               folder.string(), ec.message()));
   }
-  return folder.string();
 }
 
 void remove_swap_folder(const std::string& folder, int levels) {

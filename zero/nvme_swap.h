@@ -36,7 +36,8 @@ struct NvmeOptions {
 
 // The swap folders both swappers share. check_nvme_path: nvme_path exists, is a directory
 // and is writable (else an Error naming `key` and the path). make_swap_folder: nvme_path/parts...
-// made where missing (an Error naming the folder where that fails); returns it.
+// made where missing (an Error naming the folder where that fails; a parent another rank removes
+// meanwhile is made again); returns it.
 // remove_swap_folder: the folder, then each of its `levels` parents where empty (another rank's
 // folder may still be beside ours: the last to go removes them, whoever made them).
 void check_nvme_path(const std::string& path, const std::string& key);

@@ -7,6 +7,7 @@
 // write's buffer serving the next read, giving up reads ahead when buffers run short, and a
 // file too large for what the disk allows as an error naming it.
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <thread>
 
 #include "dscpp/error.h"
 #include "dscpp/zero/nvme_file.h"
@@ -24,11 +26,13 @@
 
 namespace fs = std::filesystem;
 using dscpp::zero::AioOptions;
+using dscpp::zero::make_swap_folder;
 using dscpp::zero::NvmeFile;
 using dscpp::zero::NvmeOptions;
 using dscpp::zero::NvmeSwapper;
 using dscpp::zero::ParamNvmeOptions;
 using dscpp::zero::ParamSwapper;
+using dscpp::zero::remove_swap_folder;
 
 namespace {
 
@@ -131,6 +135,33 @@ TEST(NvmeSwapper, BadNvmePathIsAnErrorNamingIt) {
   const std::string err = error_of([&] { NvmeSwapper s(o, 10); });
   EXPECT_NE(err.find("zero_optimization.offload_optimizer.nvme_path '/proc'"), std::string::npos)
       << err;
+  fs::remove_all(dir);
+}
+
+// Two ranks share nvme_path/zero_stage_3/float32params: one remaking its swapper (its old
+// folder and the then-empty parents go) while the other makes its own folder must not make
+// the second fail on a parent taken away between its two mkdirs (seen in CI as ENOENT).
+TEST(NvmeSwapper, FoldersMadeWhileAnotherRankRemovesTheirParents) {
+  const fs::path dir = temp_dir();
+  const auto parts = [](int rank) {
+    return std::vector<std::string>{"zero_stage_3", "float32params", fmt::format("rank{}", rank)};
+  };
+  constexpr int kRounds = 2000;
+  std::string errors[2];
+  const auto churn = [&](int rank) {
+    try {
+      for (int i = 0; i < kRounds; ++i)
+        remove_swap_folder(make_swap_folder(dir.string(), "nvme_path", parts(rank)), 2);
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  };
+  std::thread other(churn, 1);
+  churn(0);
+  other.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_TRUE(fs::is_empty(dir));  // the last to go removed the shared parents
   fs::remove_all(dir);
 }
 
