@@ -23,7 +23,9 @@
 #                   GPU_PROFILE_MODEL / GPU_PROFILE_DS: another model and ds_config, e.g. the
 #                   6.66 B GPT: bench/configs/gpt_6.7B_bench.json, gpt_6.7B_bf16_zero2.json)
 #   GPU_FLOPS=1     DeepSpeed's flops profiler at step 5 of train_gpt (GPT 1.3B, ZeRO-2, one GPU,
-#                   bench/configs/gpt_bf16_zero2_flops.json) -> flops_profile.log
+#                   bench/configs/gpt_bf16_zero2_flops.json) -> flops_profile.log; GPU_FLOPS_MODEL and
+#                   GPU_FLOPS_DS: another model and ds_config (the MoE GPT: model_zoo/configs/
+#                   moe_1gpu.yaml with bench/configs/moe_1gpu_bf16_zero1_flops.json)
 #   GPU_CPU_ADAM=1  dscpp's CPU Adam beside DeepSpeed's DeepSpeedCPUAdam on this machine's cores
 #                   (bench/cpu_adam_bench.py; DeepSpeed's op JIT-builds with g++) -> cpu_adam.log
 #   GPU_OFFLOAD=1   issue 21's ZeRO-Offload rows on one GPU (bench/offload_rows.sh: the bf16 offload
@@ -223,9 +225,10 @@ if [ "${GPU_PROFILE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes
   step gpt_profile gpt_profile
 fi
 if [ "${GPU_FLOPS:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
-  step flops_profile ./build-cuda/launcher/dscpp --num_gpus 1 --master_port 29745 ./build-cuda/examples/train_gpt \
-    --model-config bench/configs/gpt_1.3B_bench.json --train-data-path .gpu/corpus/fortunes_text_document \
-    --deepspeed_config bench/configs/gpt_bf16_zero2_flops.json --train-iters 8 --log-interval 4
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step flops_profile ./build-cuda/launcher/dscpp --num_gpus 1 \
+    --master_port 29745 ./build-cuda/examples/train_gpt \
+    --model-config "${GPU_FLOPS_MODEL:-bench/configs/gpt_1.3B_bench.json}" --train-data-path .gpu/corpus/fortunes_text_document \
+    --deepspeed_config "${GPU_FLOPS_DS:-bench/configs/gpt_bf16_zero2_flops.json}" --train-iters 8 --log-interval 4
 fi
 # Predicted (thirteenth session, cpuadam: the step on LibTorch's OpenMP team instead of at::launch
 # tasks, constants hoisted out of the kernels' loops), 16 cores, against the eleventh session's
