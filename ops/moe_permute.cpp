@@ -225,6 +225,44 @@ MoePermutation moe_permute(const at::Tensor& tokens, const at::Tensor& indices,
   return permute_aten(tokens, indices, kept, num_experts);
 }
 
+MoePermutation moe_permute_padded(const at::Tensor& tokens, const at::Tensor& indices,
+                                  const at::Tensor& kept, int64_t num_experts, int64_t capacity) {
+  RECORD_FUNCTION("dscpp::moe_permute_padded", std::vector<c10::IValue>({tokens, indices, kept}));
+  check_permute_args(tokens, indices, kept, num_experts);
+  if (capacity < 0)
+    throw Error("moe_permute_padded: capacity must be >= 0, got " + std::to_string(capacity));
+  const int64_t k = indices.size(1), routes = indices.numel(), slots = num_experts * capacity;
+  const auto long_opts = indices.options();
+  const at::Tensor expert = indices.reshape({-1});
+  // Dropped routes (and kept ones outside the experts) sort last, under key num_experts.
+  const at::Tensor key =
+      at::where(kept.reshape({-1}).logical_and(expert.ge(0)).logical_and(expert.lt(num_experts)),
+                expert, num_experts);
+  const at::Tensor order =
+      std::get<1>(at::sort(key, /*stable=*/std::optional<bool>(true), 0, false));
+  const at::Tensor sorted = key.index_select(0, order);
+  // Per-key counts by scatter_add, not bincount: bincount sizes its output from a host read.
+  const at::Tensor per_key =
+      at::zeros({num_experts + 1}, long_opts).scatter_add_(0, key, at::ones_like(key));
+  const at::Tensor starts = per_key.cumsum(0) - per_key;  // each key's first sorted position
+  const at::Tensor pos = at::arange(routes, long_opts) - starts.index_select(0, sorted);
+  const at::Tensor placed = sorted.lt(num_experts).logical_and(pos.lt(capacity));
+  // Routes left out all go to one spare slot past the layout, cut off below.
+  const at::Tensor slot = at::where(placed, sorted * capacity + pos, slots);
+  const at::Tensor minus_one = at::full({}, -1, long_opts);
+  MoePermutation p;
+  p.route_dest =
+      at::full({routes}, -1, long_opts).scatter_(0, order, at::where(placed, slot, minus_one));
+  p.row_route = at::full({slots + 1}, -1, long_opts)
+                    .scatter_(0, slot, at::where(placed, order, minus_one))
+                    .narrow(0, 0, slots);
+  p.counts = per_key.narrow(0, 0, num_experts).clamp_max(capacity);
+  const at::Tensor filled = p.row_route.ge(0).unsqueeze(1);
+  p.rows = at::where(filled, tokens.index_select(0, p.row_route.clamp_min(0).div(k, "floor")), 0);
+  p.padded = true;
+  return p;
+}
+
 at::Tensor moe_unpermute(const at::Tensor& expert_rows, const at::Tensor& weights,
                          const MoePermutation& p, bool allow_kernels) {
   RECORD_FUNCTION("dscpp::moe_unpermute", std::vector<c10::IValue>({expert_rows, weights}));

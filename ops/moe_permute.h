@@ -43,6 +43,15 @@ struct MoePermutation {
 MoePermutation moe_permute(const at::Tensor& tokens, const at::Tensor& indices,
                            const at::Tensor& kept, int64_t num_experts, bool allow_kernels = true);
 
+// The fixed layout of a capacity C (DeepSpeed's [E, C, H] dispatch buffer, for a fixed-size
+// exchange): rows [E * C, H], expert e's in [e*C, (e+1)*C): its kept routes in the order above,
+// then zero rows (row_route -1). padded is true, counts the kept routes per expert. Made on the
+// device by a stable sort, a scan and a gather: nothing is read on the host, on any device. The
+// router keeps at most C routes per expert; a kept route past C, or one whose expert lies
+// outside [0, num_experts), is left out as if dropped (what the kernels do with the latter).
+MoePermutation moe_permute_padded(const at::Tensor& tokens, const at::Tensor& indices,
+                                  const at::Tensor& kept, int64_t num_experts, int64_t capacity);
+
 // out[s] = sum over the kept routes j of token s of weights[s, j] * expert_rows[row of (s, j)],
 // accumulated in fp32, in expert_rows' dtype: [S, H']. expert_rows [N', H'] are the experts'
 // outputs in the permuted order, sum(counts) <= N' <= N (rows past sum(counts) are ignored, so

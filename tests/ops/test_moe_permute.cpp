@@ -2,7 +2,7 @@
 // their own test against this path, test_moe_permute_cuda.cpp): a hand-computed routing with
 // dropped routes (rows, counts, both maps), the weighted combine against a loop in double,
 // gradients against central differences in float64, a padded permutation (the kernels'
-// format) whose NaN padding rows change nothing, and the refusals.
+// format) whose NaN padding rows change nothing, the capacity's fixed layout, and the refusals.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -47,6 +47,28 @@ TEST(MoePermute, SortsTheKeptRoutesByExpertStably) {
   const at::Tensor want = tokens.index_select(0, at::tensor({0, 1, 2, 0, 2, 3}, at::kLong));
   EXPECT_TRUE(at::equal(p.rows, want));
   EXPECT_FALSE(dscpp::ops::moe_permute_uses_kernels(tokens, 3));  // CPU: the ATen path
+}
+
+// The capacity layout (moe_permute_padded): C slots per expert, kept routes first, zero rows
+// after; a kept route past C is left out (the router never keeps one; hand-computed).
+TEST(MoePermute, PaddedLaysEachExpertsRoutesInItsCapacitySlots) {
+  const at::Tensor tokens = at::arange(8, at::kFloat).view({4, 2}) + 1;  // no zero token
+  const MoePermutation p = dscpp::ops::moe_permute_padded(tokens, kIndices(), kKept(), 3, 2);
+  // expert 0: routes 1, 2; expert 1: route 5, then padding; expert 2: routes 0, 4 (7 is past C).
+  EXPECT_EQ(values(p.counts), (std::vector<int64_t>{2, 1, 2}));
+  EXPECT_EQ(values(p.row_route), (std::vector<int64_t>{1, 2, 5, -1, 0, 4}));
+  EXPECT_EQ(values(p.route_dest), (std::vector<int64_t>{4, 0, 1, -1, 5, 2, -1, -1}));
+  EXPECT_TRUE(p.padded);
+  at::Tensor want = tokens.index_select(0, at::tensor({0, 1, 2, 0, 0, 2}, at::kLong));
+  want[3].zero_();
+  EXPECT_TRUE(at::equal(p.rows, want));
+  // With room for every kept route, combining equals the exact permutation's.
+  const at::Tensor weights = at::rand({4, 2}) * kKept().to(at::kFloat);
+  const MoePermutation roomy = dscpp::ops::moe_permute_padded(tokens, kIndices(), kKept(), 3, 3);
+  const MoePermutation exact = moe_permute(tokens, kIndices(), kKept(), 3);
+  EXPECT_TRUE(at::allclose(moe_unpermute(roomy.rows * 2, weights, roomy),
+                           moe_unpermute(exact.rows * 2, weights, exact)));
+  EXPECT_THROW(dscpp::ops::moe_permute_padded(tokens, kIndices(), kKept(), 3, -1), dscpp::Error);
 }
 
 TEST(MoePermute, UnpermuteWeighsAndSumsIntoTheTokens) {
