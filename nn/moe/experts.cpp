@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "dscpp/error.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/moe/token_dispatcher.h"
 #include "dscpp/nn/normal_init.h"
 #include "dscpp/ops/fused_ops.h"
 #include "dscpp/ops/grouped_mm.h"
@@ -21,6 +23,7 @@ std::vector<int64_t> host_counts(const at::Tensor& counts, int64_t experts, int6
   if (counts.dim() != 1 || counts.size(0) != experts)
     throw dscpp::Error("MoE experts: counts must be [" + std::to_string(experts) + "], got " +
                        std::to_string(counts.numel()) + " values");
+  note_host_count_read();
   at::Tensor c = counts.to(at::kCPU, at::kLong).contiguous();
   std::vector<int64_t> out(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + experts);
   int64_t total = 0;
@@ -31,7 +34,22 @@ std::vector<int64_t> host_counts(const at::Tensor& counts, int64_t experts, int6
   return out;
 }
 
+void check_padded(const at::Tensor& rows, int64_t experts) {
+  if (!rows.defined() || rows.dim() != 3 || rows.size(0) != experts)
+    throw dscpp::Error("MoE experts: padded rows must be [" + std::to_string(experts) +
+                       ", R, H], got " + std::to_string(rows.defined() ? rows.dim() : 0) +
+                       " dimensions");
+}
+
 }  // namespace
+
+at::Tensor LocalExperts::run_padded_experts(const at::Tensor& rows) {
+  check_padded(rows, num_local_experts());
+  const int64_t e = rows.size(0), r = rows.size(1);
+  // The counts are the layout's, known here: nothing routed is read.
+  at::Tensor out = run_experts(rows.reshape({e * r, rows.size(2)}), at::full({e}, r, at::kLong));
+  return out.view({e, r, -1});
+}
 
 at::Tensor apply_activation(const at::Tensor& x, Activation activation) {
   switch (activation) {
@@ -104,6 +122,14 @@ at::Tensor ExpertsImpl::run_experts(const at::Tensor& rows, const at::Tensor& co
   return at::cat(out, 0);
 }
 
+at::Tensor ExpertsImpl::run_padded_experts(const at::Tensor& rows) {
+  check_padded(rows, num_local_experts());
+  std::vector<at::Tensor> out;
+  for (size_t e = 0; e < experts.size(); ++e)
+    out.push_back(experts[e].forward(rows.select(0, static_cast<int64_t>(e))));
+  return at::stack(out, 0);
+}
+
 GroupedMLPImpl::GroupedMLPImpl(const GroupedMLPOptions& options_) : options(options_) {
   const int64_t e = options.num_local_experts(), h = options.hidden_size(),
                 f = options.ffn_hidden_size();
@@ -129,6 +155,11 @@ at::Tensor GroupedMLPImpl::run_experts(const at::Tensor& rows, const at::Tensor&
   at::Tensor h =
       apply_activation(ops::grouped_mm(rows, weight1, counts, offsets), options.activation());
   return ops::grouped_mm(h, weight2, counts, offsets);
+}
+
+at::Tensor GroupedMLPImpl::run_padded_experts(const at::Tensor& rows) {
+  check_padded(rows, num_local_experts());
+  return at::bmm(apply_activation(at::bmm(rows, weight1), options.activation()), weight2);
 }
 
 }  // namespace dscpp::nn::moe

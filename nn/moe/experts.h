@@ -30,11 +30,14 @@ namespace dscpp::nn::moe {
 
 enum class Activation { kGelu, kRelu, kSilu, kSwiglu };  // GELU: the exact (erf) one
 
-// What the MoE layer calls on its experts.
+// What the MoE layer calls on its experts. run_padded_experts: the padded layout of a capacity
+// (rows [E_l, R, H], expert e on rows[e], padding rows among them) -> [E_l, R, H']; by default
+// run_experts on R rows each; Experts and GroupedMLP run it reading no count on the host.
 class LocalExperts {
  public:
   virtual ~LocalExperts() = default;
   virtual at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& counts) = 0;
+  virtual at::Tensor run_padded_experts(const at::Tensor& rows);
   virtual int64_t num_local_experts() const = 0;
 };
 
@@ -63,6 +66,7 @@ class ExpertsImpl : public torch::nn::Module, public LocalExperts {
  public:
   ExpertsImpl(const torch::nn::AnyModule& expert, int64_t num_local_experts);
   at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& counts) override;
+  at::Tensor run_padded_experts(const at::Tensor& rows) override;  // each clone on its rows
   int64_t num_local_experts() const override { return static_cast<int64_t>(experts.size()); }
 
   std::vector<torch::nn::AnyModule> experts;  // what forward calls
@@ -87,6 +91,8 @@ class GroupedMLPImpl : public torch::nn::Module, public LocalExperts {
  public:
   explicit GroupedMLPImpl(const GroupedMLPOptions& options);
   at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& counts) override;
+  // Two batched products (at::bmm over the experts): equal groups need no offsets.
+  at::Tensor run_padded_experts(const at::Tensor& rows) override;
   int64_t num_local_experts() const override { return options.num_local_experts(); }
 
   GroupedMLPOptions options;

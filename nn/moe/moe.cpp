@@ -46,6 +46,12 @@ nn::TensorParallelAttr partial() {
   return a;
 }
 
+// The padded layout (a 3-D ExpertInput) or the grouped rows.
+at::Tensor run_local_experts(LocalExperts& experts, const ExpertInput& in) {
+  return in.rows.dim() == 3 ? experts.run_padded_experts(in.rows)
+                            : experts.run_experts(in.rows, in.counts);
+}
+
 }  // namespace
 
 MOELayerImpl::MOELayerImpl(TopKGate gate_, std::shared_ptr<torch::nn::Module> experts_,
@@ -67,14 +73,15 @@ MOELayerImpl::MOELayerImpl(TopKGate gate_, std::shared_ptr<torch::nn::Module> ex
 
 std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, int64_t seq_length,
                                                      const at::Tensor& expert_tokens,
-                                                     const at::Tensor& used_token) {
+                                                     const at::Tensor& used_token,
+                                                     const BesideExchanges& beside) {
   Routing routing = gate->forward(tokens, seq_length, used_token);
   const at::Tensor& dispatched = expert_tokens.defined() ? expert_tokens : tokens;
   // Sequence parallelism: the tokens are already this rank's own.
   if (!tensor_group || sequence_parallel) {
-    ExpertInput in = dispatcher->dispatch(dispatched, routing);
-    at::Tensor out = local_experts->run_experts(in.rows, in.counts);
-    return {dispatcher->combine(out), std::move(routing)};
+    ExpertInput in = dispatcher->dispatch(dispatched, routing, beside.dispatch);
+    at::Tensor out = run_local_experts(*local_experts, in);
+    return {dispatcher->combine(out, beside.combine), std::move(routing)};
   }
   // The token split (moe.h): this rank's 1/t of the routed tokens, by the same chunks as the
   // scatter's.
@@ -88,9 +95,9 @@ std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, i
   if (routing.kept.defined()) mine.kept = routing.kept.narrow(0, first, n);
   // The combine weights' gradient all-gathered back: the gate's gradient is whole everywhere.
   mine.weights = scatter_to_sequence_parallel_region(routing.weights, tensor_group);
-  ExpertInput in =
-      dispatcher->dispatch(scatter_to_sequence_parallel_region(dispatched, tensor_group), mine);
-  at::Tensor out = dispatcher->combine(local_experts->run_experts(in.rows, in.counts));
+  ExpertInput in = dispatcher->dispatch(
+      scatter_to_sequence_parallel_region(dispatched, tensor_group), mine, beside.dispatch);
+  at::Tensor out = dispatcher->combine(run_local_experts(*local_experts, in), beside.combine);
   // The output's gradient is whole on every rank (a replicated region): keep this chunk's.
   return {gather_from_sequence_parallel_region(out, tensor_group, false), std::move(routing)};
 }
@@ -181,16 +188,29 @@ MoEOutput MoEImpl::forward(const at::Tensor& hidden_states, const at::Tensor& us
       hidden_states.dim() == 3 ? hidden_states.size(options.sequence_parallel() ? 0 : 1) : 0;
   at::Tensor expert_tokens;
   if (latent_down) expert_tokens = nn::linear(tokens, latent_down->weight);
+  // What depends on nothing routed, beside the exchanges (moe.h), or after the routed path.
+  at::Tensor shared, out_mlp, coef;
+  const auto run_shared = [&] { shared = shared_experts.forward(hidden_states); };
+  const auto run_residual = [&] {
+    out_mlp = mlp.forward(hidden_states);
+    coef = at::softmax(nn::linear(hidden_states, coefficient->weight, coefficient->bias), -1);
+  };
+  BesideExchanges beside;
+  if (options.shared_expert_overlap() && options.ep_size() > 1) {
+    if (!shared_experts.is_empty()) beside.dispatch = run_shared;
+    if (options.use_residual()) beside.combine = run_residual;
+  }
   auto [combined, routing] =
       deepspeed_moe->forward(tokens, seq_length, expert_tokens,
-                             used_token.defined() ? used_token.reshape({-1}) : used_token);
+                             used_token.defined() ? used_token.reshape({-1}) : used_token, beside);
   if (latent_up) combined = nn::linear(combined, latent_up->weight);
   at::Tensor output = combined.reshape(hidden_states.sizes());
-  if (!shared_experts.is_empty()) output = output + shared_experts.forward(hidden_states);
+  if (!shared_experts.is_empty()) {
+    if (!shared.defined()) run_shared();
+    output = output + shared;
+  }
   if (options.use_residual()) {
-    at::Tensor out_mlp = mlp.forward(hidden_states);
-    at::Tensor coef =
-        at::softmax(nn::linear(hidden_states, coefficient->weight, coefficient->bias), -1);
+    if (!out_mlp.defined()) run_residual();
     output = output * coef.narrow(-1, 0, 1) + out_mlp * coef.narrow(-1, 1, 1);
   }
   if (routing.z_loss.defined()) add_aux_loss(routing.z_loss);

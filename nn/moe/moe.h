@@ -17,9 +17,20 @@
 // Expert parallelism (ep_size > 1): ep_group is the expert-parallel group (ep_size ranks,
 // comm::new_expert_groups, DeepSpeed's groups for ep_size); this rank holds experts
 // [r*E_l, (r+1)*E_l), E_l = num_experts / ep_size, named locally 0..E_l-1 as DeepSpeed's;
-// tokens go permute -> all-to-all -> local experts -> all-to-all -> unpermute. The gate, the
-// capacity, l_aux and exp_counts are this rank's own (DeepSpeed). The caller reduces expert
-// gradients over the expert-data-parallel group and the rest over the data group.
+// tokens go permute -> all-to-all -> local experts -> all-to-all -> unpermute (with a
+// capacity, in DeepSpeed's fixed [E, C, H] layout: one fixed-size all-to-all each way and no
+// count read on the host; dropless, a variable-size one after the counts' exchange:
+// expert_parallel_dispatch.h). The gate, the capacity, l_aux and exp_counts are this rank's
+// own (DeepSpeed). The caller reduces expert gradients over the expert-data-parallel group and
+// the rest over the data group.
+//
+// Overlap (shared_expert_overlap, on by default, at ep_size > 1): the shared expert runs while
+// the dispatch's all-to-all is on the wire, use_residual's MLP and coefficient while the
+// combine's is; in backward, by the order autograd runs its nodes (all_to_all_in_flight.h),
+// the shared expert's backward runs while the dispatch's reverse exchange is on the wire and
+// the residual's while the combine's is. The gate's backward and the experts' do not overlap
+// (they need the exchanged gradients, or run after both). Off: the serial order, the shared
+// expert and the residual after the routed path; the results are the same bit for bit.
 //
 // Inside a tensor-parallel model (tensor_group of t > 1 ranks; Megatron's tensor parallelism
 // without sequence parallelism, so the layer's input and output are replicated over the
@@ -96,6 +107,7 @@ struct MoEOptions {
   TORCH_ARG(int64_t, ffn_hidden_size) = 0;  // the GroupedMLP experts' width
   TORCH_ARG(Activation, activation) = Activation::kGelu;
   TORCH_ARG(torch::nn::AnyModule, shared_expert);  // empty: none
+  TORCH_ARG(bool, shared_expert_overlap) = true;   // Megatron's moe_shared_expert_overlap
   TORCH_ARG(int64_t, latent_size) = 0;             // 0: the experts work in hidden_size
 };
 
@@ -103,6 +115,12 @@ struct MoEOutput {
   at::Tensor output;
   at::Tensor l_aux;
   at::Tensor exp_counts;
+};
+
+// Work that MOELayer hands its dispatcher to run beside the exchanges (token_dispatcher.h).
+struct BesideExchanges {
+  Beside dispatch;  // while the dispatch's all-to-all is on the wire
+  Beside combine;   // while the combine's is
 };
 
 // DeepSpeed's MOELayer: gate, dispatcher, experts on [S, H] tokens. tensor_group: the token
@@ -116,7 +134,8 @@ class MOELayerImpl : public torch::nn::Module, public nn::TensorParallelModule {
   // the down-projected tokens); undefined: `tokens` itself.
   std::pair<at::Tensor, Routing> forward(const at::Tensor& tokens, int64_t seq_length = 0,
                                          const at::Tensor& expert_tokens = {},
-                                         const at::Tensor& used_token = {});
+                                         const at::Tensor& used_token = {},
+                                         const BesideExchanges& beside = {});
   // With the token split: every expert parameter is sequence_parallel (partial gradients over
   // the tensor group); with sequence parallelism the router's weight too; none otherwise.
   std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;

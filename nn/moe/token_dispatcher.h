@@ -10,12 +10,21 @@
 // routes' count is known there only on the device), ATen's index_select / index_add elsewhere,
 // where N = sum(counts).
 //
-// An expert-parallel dispatcher exchanges the permuted rows over its group (all-to-all by
-// counts: experts are laid on ranks in contiguous blocks) between the two; LocalTokenDispatcher
-// is ep_size = 1, where the exchange is the identity.
+// With a capacity C (the router's, Routing::capacity >= 0), permute_tokens_padded lays the
+// kept routes in DeepSpeed's fixed [E, C, H] layout instead: expert e's rows are slots
+// [e*C, (e+1)*C), its kept routes first in the same order, then zero rows; computed on the
+// device from the routing alone (no count is read on the host, on any device), for the
+// fixed-size exchange.
+//
+// An expert-parallel dispatcher exchanges the permuted rows over its group (all-to-all:
+// experts are laid on ranks in contiguous blocks) between the two; LocalTokenDispatcher is
+// ep_size = 1, where the exchange is the identity.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
 
 #include "dscpp/nn/moe/router.h"
 #include "dscpp/ops/moe_permute.h"
@@ -35,27 +44,45 @@ PermutedTokens permute_tokens(const at::Tensor& tokens, const Routing& routing,
 // expert_rows' dtype (the weighted sum accumulates in fp32, as DeepSpeed's _sparse_decode).
 at::Tensor unpermute_tokens(const at::Tensor& expert_rows, const PermutedTokens& permuted,
                             bool use_kernels = true);
+// The [E * C, H] layout above (routing.capacity = C >= 0); unpermute_tokens takes it.
+PermutedTokens permute_tokens_padded(const at::Tensor& tokens, const Routing& routing);
 
 // Rows for this rank's local experts and their counts.
 struct ExpertInput {
-  at::Tensor rows;    // [N, H], N >= sum(counts): rows past sum(counts) are padding
-  at::Tensor counts;  // int64 [num_local_experts]
+  // [N, H], N >= sum(counts): rows past sum(counts) are padding. The padded layout:
+  // [E_l, R, H], R rows for each local expert, its padding rows zero anywhere among them.
+  at::Tensor rows;
+  at::Tensor counts;  // int64 [num_local_experts]; undefined in the padded layout
 };
+
+// Work that does not depend on an exchange, run while the exchange is on the wire (and its
+// backward while the gradient's is): a dispatcher runs it once, inside dispatch or combine
+// (one without an exchange, at once). Empty: nothing.
+using Beside = std::function<void()>;
 
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
   // tokens [S, H] and their routing -> the local experts' rows. Keeps what combine needs.
-  virtual ExpertInput dispatch(const at::Tensor& tokens, const Routing& routing) = 0;
-  // The local experts' outputs (rows in dispatch's order, at least sum(counts) of them) -> [S, H'].
-  virtual at::Tensor combine(const at::Tensor& expert_rows) = 0;
+  virtual ExpertInput dispatch(const at::Tensor& tokens, const Routing& routing,
+                               const Beside& beside = {}) = 0;
+  // The local experts' outputs (rows in dispatch's order and layout, at least sum(counts) of
+  // them) -> [S, H'].
+  virtual at::Tensor combine(const at::Tensor& expert_rows, const Beside& beside = {}) = 0;
 };
+
+// How many times this process has read routed counts on the host (the variable-size
+// exchange's splits, the cloned experts' row ranges): a debug counter, so that tests can
+// show that a path reads none.
+int64_t host_count_reads();
+void note_host_count_read();
 
 class LocalTokenDispatcher : public TokenDispatcher {
  public:
   explicit LocalTokenDispatcher(bool use_kernels = true) : use_kernels_(use_kernels) {}
-  ExpertInput dispatch(const at::Tensor& tokens, const Routing& routing) override;
-  at::Tensor combine(const at::Tensor& expert_rows) override;
+  ExpertInput dispatch(const at::Tensor& tokens, const Routing& routing,
+                       const Beside& beside = {}) override;
+  at::Tensor combine(const at::Tensor& expert_rows, const Beside& beside = {}) override;
 
  private:
   bool use_kernels_;
