@@ -47,7 +47,9 @@
 #                   MoeTopKCuda.*, SwigluCuda.*; GPU_MOE_TESTS: another gtest filter, '*' for all
 #                   of test_kernels_cuda) and bench/moe_bench (the MoE layer at moe_1gpu's shape,
 #                   kernels against the ATen path, and the grouped GEMM's share) -> moe_kernels.log,
-#                   moe_bench.log; with GPU_TESTS=0 or quick it builds only those two
+#                   moe_bench.log; on 2 GPUs also bench/moe_overlap_bench over NCCL (the shared
+#                   expert beside the all-to-alls against the serial order, capacity and
+#                   dropless) -> moe_overlap.log; with GPU_TESTS=0 or quick it builds only those
 #   GPU_CMAKE_ARGS  more CMake arguments for both builds (e.g. -DDSCPP_WERROR=OFF: g++ 13
 #                   there warns where clang++ here does not; the warnings stay in build.log)
 #   GPU_SKIP="a b"  skip the named steps (e.g. "nccl_collectives checkpoint_resume ctest")
@@ -115,7 +117,7 @@ targets=()
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
 [ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train)
 [ "${GPU_NVME:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_nvme_file engine_train dscpp_launcher)
-[ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_kernels_cuda moe_bench)
+[ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_kernels_cuda moe_bench moe_overlap_bench dscpp_launcher)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 baseline_build() {
   (cd "$GPU_BASELINE" && configure && ninja -C build-cuda -j "$(nproc)" train_gpt dscpp_launcher)
@@ -173,6 +175,12 @@ if [ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$gpus" -ge 1 ]; then
   step moe_kernels ./build-cuda/tests/ops/test_kernels_cuda \
     --gtest_filter="${GPU_MOE_TESTS:-MoePermuteKernels.*:MoeTopKCuda.*:SwigluCuda.*}"
   step moe_bench ./build-cuda/bench/moe_bench
+fi
+# Issue 20's shared-expert overlap over NCCL (predictions in bench/moe_overlap_bench.cpp).
+if [ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$gpus" -ge 2 ]; then
+  step moe_overlap ./build-cuda/launcher/dscpp --num_gpus 2 --master_port 29767 \
+    ./build-cuda/bench/moe_overlap_bench --backend nccl --tokens 16384 --hidden 2048 \
+    --experts 8 --k 2 --ffn 1024 --shared-ffn 2048 --iters 20 --warmup 5
 fi
 # GPT 1.3B training throughput: dscpp's train_gpt beside plain PyTorch in the same call
 # (GPU.md: compare only figures of one call). Data: the fortunes corpus carried in .gpu/corpus.
@@ -393,6 +401,7 @@ grep -E "PASSED|FAILED" "$out/kernels_cuda.log" 2>/dev/null
 tail -40 "$out/kernels_bench.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/moe_kernels.log" 2>/dev/null
 tail -12 "$out/moe_bench.log" 2>/dev/null
+tail -11 "$out/moe_overlap.log" 2>/dev/null
 grep -E "PASS|FAIL|passed" "$out/checkpoint_resume.log" 2>/dev/null
 grep -E "train_gpt\] (GPT|step)" "$out/gpt_dscpp.log" 2>/dev/null
 grep -h "^pytorch" "$out"/gpt_pytorch_*.log 2>/dev/null
