@@ -48,6 +48,11 @@ PyValue model_file_state_dict(const std::string& dir, const std::string& tag, Py
     ExpertFiles::of_model(dir, tag, model, path, mp_rank).check_model(one);
     PyValue out = PyValue::ordered_dict();
     const PyValue& module = need(model, "module", path);
+    // Stage 3's module holds no partitioned parameter: the dense ones come first, in
+    // param_shapes' order (as zero_state_dict gives them).
+    const PyValue& dense = need(model, "param_shapes", path).items().at(0);
+    for (const auto& k : dense.keys())
+      if (!module.contains(k)) out.set(k, PyValue(relayout.param(k.as_string(), {}).fp32));
     for (size_t i = 0; i < module.size(); ++i) {
       const std::string& name = module.keys()[i].as_string();
       if (relayout.has(name)) {
@@ -238,8 +243,11 @@ PyValue zero_state_dict(const std::string& dir, const std::string& tag, const Py
   }
 
   PyValue out = PyValue::ordered_dict();
-  // Stage 3's module holds no partitioned parameter: those come in param_shapes' order.
-  if (module.size() == 0 || !module.contains(PyValue(fp32.empty() ? "" : fp32.begin()->first))) {
+  // Stage 3's module holds no partitioned parameter (a MoE one's only the experts from their
+  // files): those come in param_shapes' order.
+  bool partitioned = false;
+  for (const auto& [name, t] : fp32) partitioned |= !module.contains(PyValue(name));
+  if (partitioned) {
     if (!shapes_v.is_none())
       for (const auto& g : shapes_v.items())
         for (const auto& k : g.keys())

@@ -67,28 +67,29 @@ def _trainable_fp32(model, model_path, folder, zero_file):
             f = _load(path)
             _check_binding(model, model_path, f, path, r)
             parts.append(f["optimizer_state_dict"])
-        stage3 = "fp32_flat_groups" in parts[0]
-        key = "fp32_flat_groups" if stage3 else "single_partition_of_fp32_groups"
         for g, shapes in enumerate(groups):
-            flats = [p[key][g].float().flatten() for p in parts]
-            numels = [math.prod(s) for s in shapes.values()]
-            if stage3:
-                # Each parameter alone: rank r holds elements [r*c, (r+1)*c), c = ceil(n/W),
-                # padded to c, the parameters' slices end to end in every file.
-                at = 0
-                for (name, shape), n in zip(shapes.items(), numels):
-                    c = -(-n // world)
-                    fp32[name] = torch.cat([f[at:at + c] for f in flats])[:n].view(shape).clone()
-                    at += c
-            else:
-                fp32.update(_flat_group(parts, g, shapes, folder))
+            fp32.update(_flat_group(parts, g, shapes, folder))
     return fp32
 
 
 def _flat_group(parts, g, shapes, folder):
-    """Group g of ZeRO 1-2 partitions (parts: the files' optimizer_state_dicts, partition
-    order): one flat buffer in param_shapes' order, partition r holding [r*P, (r+1)*P) without
-    the padding past the end, so the files end to end are the buffer."""
+    """Group g of ZeRO 1-3 partitions (parts: the files' optimizer_state_dicts, partition
+    order). Stages 1-2: one flat buffer in param_shapes' order, partition r holding
+    [r*P, (r+1)*P) without the padding past the end, so the files end to end are the buffer."""
+    if "fp32_flat_groups" in parts[0]:
+        # Stage 3, each parameter alone: partition r holds elements [r*c, (r+1)*c),
+        # c = ceil(n/W), padded to c, the parameters' slices end to end in every file.
+        flats = [p["fp32_flat_groups"][g].float().flatten() for p in parts]
+        fp32, at, world = {}, 0, len(parts)
+        for name, shape in shapes.items():
+            n = math.prod(shape)
+            c = -(-n // world)
+            if at + c > flats[0].numel():
+                raise ValueError(f"'{folder}': the partitions hold {flats[0].numel()} elements, "
+                                 "fewer than param_shapes needs")
+            fp32[name] = torch.cat([f[at:at + c] for f in flats])[:n].view(shape).clone()
+            at += c
+        return fp32
     key = "single_partition_of_fp32_groups"
     flat = torch.cat([p[key][g].float().flatten() for p in parts])
     numels = [math.prod(s) for s in shapes.values()]
@@ -108,7 +109,7 @@ def _moe_ep_state_dict(folder, model_path, model, mp=0, zero_file=None):
     param_shapes[0] the dense parameters, partitioned over the data ranks (group 0 of every
     ZeRO file); param_shapes[1] expert-parallel rank 0's local expert names (every rank's are
     alike), rank R's experts being group 1 of the files of data ranks R, R+E, ... (its
-    expert-data group). Stage 0: the dense fp32 copies in the model states' optimizer, rank R's
+    expert-data group; stage 3: each group's partitions per parameter). Stage 0: the dense fp32 copies in the model states' optimizer, rank R's
     experts' after them in expp_rank_R's. Gives the one-rank model's names. mp: the files'
     mp_rank_XX (a pipeline stage's); zero_file(r): data rank r's ZeRO file."""
     zero_file = zero_file or (lambda r: _zero_file(folder, r))
@@ -302,7 +303,7 @@ def _plain_state_dict(model, model_path, folder, zero_file):
     groups = model["param_shapes"]
     fp32 = _trainable_fp32(model, model_path, folder, zero_file)
     out = collections.OrderedDict()
-    if fp32 and next(iter(fp32)) not in module:  # stage 3: no partitioned parameter in module
+    if any(name not in module for name in fp32):  # stage 3: no partitioned parameter in module
         for shapes in groups:
             for name in shapes:
                 out[name] = fp32[name]

@@ -81,21 +81,38 @@ bool EngineCore::load_module(const PyValue& model, const std::string& path,
   if (zero_->stage() < 3) {
     visit(named_params_());
   } else {
-    // Parameters outside ZeRO (frozen ones) are in `module` as at the other stages.
+    // Parameters outside ZeRO (frozen ones) are in `module` as at the other stages. The
+    // experts' own ZeroOptimizer (ep_size > 1) partitions its parameters too.
+    EngineExperts* ex = experts();
     std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
     for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
+    if (ex) partitioned.insert(ex->names().begin(), ex->names().end());
     NamedParams others;
     for (const auto& [name, p] : named_params_())
       if (!partitioned.count(name)) others.emplace_back(name, p);
     visit(others);
+    // A MoE checkpoint's view holds this rank's experts from their files (moe_checkpoint.h):
+    // their values come from the ZeRO files too.
+    ours.insert(partitioned.begin(), partitioned.end());
     // The parameters' values come from the ZeRO files; their names and shapes must match.
+    // Expert parameters are left to the expert files' checks (moe_model_view: the MoE layers
+    // and their expert counts), since their local names and shapes follow the saving
+    // expert-parallel degree.
+    std::set<std::string> expert_names;
+    if (client_.expert_params)
+      for (const auto& [name, e] : *client_.expert_params) expert_names.insert(name);
+    if (model.contains(PyValue("dscpp_moe")))
+      for (const auto& [name, e] : checkpoint::experts_of_info(model, path))
+        expert_names.insert(name);
     const PyValue& shapes_v = need(model, "param_shapes", path);
     std::map<std::string, std::vector<int64_t>> saved;
     if (shapes_v.is_list())
       for (const auto& g : shapes_v.items())
         for (size_t i = 0; i < g.size(); ++i)
-          saved[g.keys()[i].as_string()] = g.values()[i].as_ints();
+          if (!expert_names.count(g.keys()[i].as_string()))
+            saved[g.keys()[i].as_string()] = g.values()[i].as_ints();
     for (size_t i = 0; i < param_names_.size(); ++i) {
+      if (expert_names.count(param_names_[i])) continue;
       auto it = saved.find(param_names_[i]);
       if (it == saved.end()) {
         missing.push_back(param_names_[i]);
@@ -430,8 +447,13 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     // another expert-parallel degree, the weights and optimizer state are re-selected.
     const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
     const PyValue saved_model = model;
-    const bool moe_relayout = !universal && !experts.empty() &&
-                              checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size;
+    // ... and saved at another ZeRO stage (3 <-> 1-2: stage 3 partitions each parameter on
+    // its own, and its module holds none), each parameter is consolidated whole the same way.
+    const PyValue* stage_v = model.find(PyValue("dscpp_zero_stage"));
+    const bool other_stage = stage_v && stage_v->as_int() != zero_->stage();
+    const bool moe_relayout =
+        !universal && !experts.empty() &&
+        (checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size || other_stage);
     // The experts' own ZeroOptimizer (ep_size > 1): loaded beside the dense one.
     EngineExperts* ex = this->experts();
     if (universal && ex)
@@ -485,28 +507,30 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
           if (v && v->is_tensor() && v->as_tensor().sizes() == b.sizes()) b.copy_(v->as_tensor());
         }
       }
-      const bool other_params = !universal && load_module(model, path, options, result);
+      // A MoE checkpoint of another layout: the module and every parameter from it whole
+      // (engine_checkpoint_moe.cpp).
+      bool other_params = false;
+      if (moe_relayout) {
+        load_moe_relayout(load_dir, tag, saved_model, path, saved_stage, model, options, result);
+      } else if (!universal) {
+        other_params = load_module(model, path, options, result);
+      }
       if (options.load_module_only) {
-        if (!universal) zero_->refresh_master_from_params();
-        if (ex) ex->zero().refresh_master_from_params();
+        if (moe_relayout) {
+          // loaded above
+        } else if (zero_->stage() >= 3 && !experts.empty()) {
+          // At stage 3 the module takes no values: a MoE model's come from the partitions.
+          load_zero_partitions(load_dir, tag, model, path, false);
+        } else {
+          if (!universal) zero_->refresh_master_from_params();
+          if (ex) ex->zero().refresh_master_from_params();
+        }
       } else {
-        if (universal) {
+        if (universal || moe_relayout) {
           // loaded above
         } else if (other_params) {  // its partitions hold other parameters: the module's stand
           zero_->refresh_master_from_params();
           if (ex) ex->zero().refresh_master_from_params();
-        } else if (moe_relayout) {
-          const checkpoint::ExpertRelayout relayout(load_dir, tag, saved_model, path);
-          auto whole = [&](zero::ZeroOptimizer& z, const std::vector<std::string>& names) {
-            load_whole_params(
-                z, [&](size_t i) { return relayout.param(names.at(i), experts); },
-                [&](size_t i) {
-                  return fmt::format("MoE checkpoint '{}': parameter '{}'", result.path, names[i]);
-                },
-                options.load_optimizer_states);
-          };
-          whole(*zero_, param_names_);
-          if (ex) whole(ex->zero(), ex->names());
         } else if (zero_->stage() == 0) {
           load_stage0_optimizer(model, path, options.load_optimizer_states);
           if (ex) {

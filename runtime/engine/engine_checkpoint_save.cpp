@@ -18,6 +18,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "dscpp/error.h"
@@ -34,6 +35,7 @@
 #include "dscpp/runtime/engine/moe_checkpoint.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
 #include "dscpp/runtime/profiler/engine_profiler.h"
+#include "dscpp/zero/gathered_parameters.h"
 #include "dscpp/zero/zero_optimizer.h"
 
 namespace dscpp {
@@ -177,6 +179,7 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
   // and `module` holds the buffers (as DeepSpeed's stage-3 files do).
   std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
   for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
+  if (EngineExperts* ex = experts()) partitioned.insert(ex->names().begin(), ex->names().end());
   for (const auto& [name, p] : named_params_())
     if (zero_->stage() < 3 || !partitioned.count(name))
       module.set(PyValue(name), PyValue(p.detach()));
@@ -326,10 +329,10 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   // MoE: DeepSpeed's layout (runtime/checkpoint/moe_layout.h), expert tensors per global expert.
   const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
   const int64_t ep = experts.empty() ? 1 : experts.begin()->second.ep_size;
-  if (!experts.empty() && zero_->stage() >= 3)
+  if (!experts.empty() && zero_->stage() >= 3 && ckpt_layout_.model_states_path)
     throw dscpp::Error(
-        "save_checkpoint: a model with expert parameters at ZeRO stage 3 (DeepSpeed refuses "
-        "its MoE layers at stage 3 too)");
+        "save_checkpoint: experts with tensor parallelism at ZeRO stage 3 (the tensor-parallel "
+        "MoE layout is written at ZeRO stages 0-2)");
   EngineExperts* const own = this->experts();  // the experts' ZeroOptimizer (ep_size > 1)
   if (ep > 1 && !own)
     throw dscpp::Error(fmt::format(
@@ -349,6 +352,20 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
   // Every file of this save carries rank 0's save id (checkpoint/save_binding.h).
   checkpoint::SaveBinding binding{shared_save_id(), group_->rank(), group_->size(), global_steps_};
   if (!zero_file.is_none()) checkpoint::write_binding(zero_file, binding);
+  // Stage 3: the expert files hold whole experts, so their partitions are gathered (only
+  // theirs: the experts' own ZeroOptimizer at ep_size > 1, else the dense one's buckets that
+  // hold them), collectively on every rank, for the writers below.
+  std::optional<zero::GatheredParameters> gathered_experts;
+  if (!experts.empty() && zero_->stage() >= 3) {
+    if (own) {
+      gathered_experts.emplace(own->zero());
+    } else {
+      std::vector<at::Tensor> tensors;
+      for (const auto& [name, p] : named_params_())
+        if (experts.count(name)) tensors.push_back(p);
+      gathered_experts.emplace(*zero_, *group_, std::move(tensors));
+    }
+  }
   auto bound = [&](PyValue model) {
     checkpoint::write_binding(model, binding);
     return model;
@@ -382,9 +399,10 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
     // Stage 3: every rank writes its own model-states file, as DeepSpeed does; a layout of
     // its own (tensor parallelism: mp_rank_XX) keeps its one file per data group.
     if (zero_->stage() >= 3 && !ckpt_layout_.model_states_path) {
-      checkpoint::save_torch_file(
-          bound(model_states(client_state, std::move(rng))),
-          checkpoint::zero_model_states_path(save_dir, tag, group_->rank()));
+      PyValue model = model_states(client_state, std::move(rng));
+      if (!experts.empty()) to_moe_model_states(model, experts);
+      checkpoint::save_torch_file(bound(std::move(model)), checkpoint::zero_model_states_path(
+                                                               save_dir, tag, group_->rank()));
     } else if (group_->rank() == 0) {
       PyValue model = model_states(client_state, std::move(rng));
       if (!experts.empty()) to_moe_model_states(model, experts);
@@ -398,6 +416,7 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
     error = fmt::format("save_checkpoint '{}' (rank {}): {}", checkpoint::tag_dir(save_dir, tag),
                         group_->rank(), e.what());
   }
+  gathered_experts.reset();  // back to rest
   agree(error, "save_checkpoint");
   // Only now is the tag complete on every rank: a crash before this line leaves `latest`
   // naming the previous checkpoint.

@@ -2,30 +2,33 @@
 """DeepSpeed's MoE checkpoint layout in dscpp's engine (moe_train.cpp: 4 experts, top-2,
 dropless; cloned ExpertMLPs and the grouped MLP), fp32 on CPU, real ranks:
 
-resume:   2 ranks at ep 1, ZeRO 0 and 2: 6 steps in one go equal 3 steps, save, new processes,
-          load, 3 steps (losses and final weights): bit for bit with the grouped MLP, within 1e-6
-          with cloned experts (see resume()).
+resume:   2 ranks at ep 1, ZeRO 0, 2 and 3: 6 steps in one go equal 3 steps, save, new
+          processes, load, 3 steps (losses and final weights): bit for bit with the grouped MLP,
+          within 1e-6 with cloned experts (see resume()).
 files:    the tag holds DeepSpeed's file set: layer_0_expert_<E>_mp_rank_00_model_states.pt for
           E = 0..3 (names from DeepSpeed's own _get_expert_ckpt_name), each with that expert's
           tensors only, under DeepSpeed's keys with the global id; mp_rank_00 without expert
           tensors, with num_experts [4]; at stage 0 expp_rank_0_mp_rank_00_optim_states.pt;
-          every file opens with torch.load(weights_only=True).
+          every file opens with torch.load(weights_only=True); at stage 3 every rank's
+          zero_pp_rank_D model states (no mp_rank_00) and stage 3's partition sizes.
 relayout: the ep-1 checkpoint loaded on 1 and 4 ranks at ep 1 trains on as the uninterrupted
-          run (1e-5); loaded at ep 2 (2 ranks) and ep 4 (4 ranks) (stage 0), the first loss
-          after the load (its forward reads only the loaded weights) equals the uninterrupted
-          run's (1e-6).
+          run (1e-5); loaded at ep 2 (2 ranks) and ep 4 (4 ranks) (stages 0 and 3), the first
+          loss after the load (its forward reads only the loaded weights) equals the
+          uninterrupted run's (1e-6); the stage-3 checkpoint loaded at stage 2 and the stage-2
+          ones at stage 3, the next 3 losses as the uninterrupted run's (1e-6).
 fp32:     tools/zero_to_fp32 and the folder's zero_to_fp32.py give the one-rank model's state
           dict, equal to the weights the saving run held (torch.equal).
 refusals: a missing expert file, a model of another num_experts, a dense checkpoint for the MoE
-          model: each load fails naming the problem.
+          model, the stage-3 checkpoint at stage 0: each load fails naming the problem.
 --ep2:    instead, checkpoints written at ep 2 (the engine's expert ZeroOptimizer over the
-          expert-data group) on 2 and 4 ranks: resume at ep 2 (bit for bit with the grouped MLP,
-          1e-6 with clones); the files (DeepSpeed's names, expp_rank_0/1 at stage 0, two groups
-          in the ZeRO files at stages 1-2, the experts' partitioned over ranks / 2); loaded at
-          ep 1 (2 ranks) and ep 4 (4 ranks), the next 3 losses equal the uninterrupted ep-2
-          run's (1e-6); zero_to_fp32 (tool and script) equals the saving ranks' weights put
-          together as the one-rank model (torch.equal). A covering set of (stage, ranks,
-          experts) by default, the rest with --matrix.
+          expert-data group) on 2 and 4 ranks at ZeRO 0-3: resume at ep 2 (bit for bit with the
+          grouped MLP, 1e-6 with clones); the files (DeepSpeed's names, expp_rank_0/1 at stage 0,
+          two groups in the ZeRO files at stages 1-3, the experts' partitioned over ranks / 2);
+          loaded at ep 1 (2 ranks) and ep 4 (4 ranks), at stage 2 <-> 3, and (stage 3) at ep 2
+          on the other number of ranks, the next 3 losses equal the uninterrupted ep-2 run's
+          (1e-6); zero_to_fp32 (tool and script) equals the saving ranks' weights put together
+          as the one-rank model (torch.equal). A covering set of (stage, ranks, experts) by
+          default, the rest with --matrix.
 Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
 import argparse
 import glob
@@ -100,13 +103,20 @@ def check_files(tag_dir, stage, grouped, ep=1, ranks=2):
     problems = []
     for path in sorted(glob.glob(os.path.join(tag_dir, "*.pt"))):
         torch.load(path)  # weights_only=True: our files hold no pickled objects
-    model = torch.load(os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
-    if model.get("num_experts") != [4]:
-        problems.append(f"num_experts {model.get('num_experts')}")
-    if any("deepspeed_moe.experts." in k for k in model["module"]):
-        problems.append("expert tensors in mp_rank_00's module")
-    if "moe.deepspeed_moe.gate.wg.weight" not in model["module"]:
-        problems.append("the gate is not in mp_rank_00's module")
+    # DeepSpeed's stage 3 names a model-states file per data rank (_get_ckpt_name).
+    names = (["mp_rank_00_model_states.pt"] if stage < 3 else
+             [f"zero_pp_rank_{d}_mp_rank_00_model_states.pt" for d in range(ranks)])
+    if stage == 3 and os.path.isfile(os.path.join(tag_dir, "mp_rank_00_model_states.pt")):
+        problems.append("mp_rank_00_model_states.pt written at stage 3")
+    for name in names:
+        model = torch.load(os.path.join(tag_dir, name))
+        if model.get("num_experts") != [4]:
+            problems.append(f"{name}: num_experts {model.get('num_experts')}")
+        if any("deepspeed_moe.experts." in k for k in model["module"]):
+            problems.append(f"expert tensors in {name}'s module")
+        # Stage 3: the module holds no partitioned parameter, the gate's included.
+        if ("moe.deepspeed_moe.gate.wg.weight" in model["module"]) != (stage < 3):
+            problems.append(f"the gate is {'not ' if stage < 3 else ''}in {name}'s module")
     ckpt, tag = os.path.dirname(tag_dir), os.path.basename(tag_dir)
     for e in range(4):
         name = DeepSpeedEngine._get_expert_ckpt_name(ckpt, 0, e, tag)
@@ -125,7 +135,26 @@ def check_files(tag_dir, stage, grouped, ep=1, ranks=2):
         expp = os.path.join(tag_dir, f"expp_rank_{r}_mp_rank_00_optim_states.pt")
         if (stage == 0) != os.path.isfile(expp):
             problems.append(f"expp_rank_{r} file {'missing' if stage == 0 else 'written at stage ' + str(stage)}")
-    if stage > 0 and ep > 1:
+    if stage == 3:
+        # Stage 3 (DeepSpeed's DeepSpeedZeroOptimizer_Stage3.state_dict keys): every group
+        # partitioned per parameter, ceil(n / W) elements each; the experts' group (ep > 1)
+        # over the expert-data group of ranks / ep.
+        shapes = model["param_shapes"]
+        counts = [ranks] + [ranks // ep] * (len(shapes) - 1)
+        want = [sum(-(-s.numel() // w) for s in g.values()) for g, w in zip(shapes, counts)]
+        for d in range(ranks):
+            osd = torch.load(os.path.join(tag_dir, f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))
+            osd = osd["optimizer_state_dict"]
+            got = [t.numel() for t in osd["fp32_flat_groups"]]
+            if osd["zero_stage"] != 3 or osd["partition_count"] != ranks or got != want:
+                problems.append(f"rank {d}: stage {osd['zero_stage']}, partition_count "
+                                f"{osd['partition_count']}, fp32_flat_groups {got} (want {want})")
+            groups = osd["optimizer_state_dict"]["param_groups"]
+            if [g.get("moe", False) for g in groups] != [False] + [True] * (len(shapes) - 1):
+                problems.append(f"rank {d}: param_groups {groups}")
+        if len(shapes) != (2 if ep > 1 else 1):
+            problems.append(f"param_shapes has {len(shapes)} groups at ep {ep}")
+    elif stage > 0 and ep > 1:
         for d in range(ranks):
             osd = torch.load(os.path.join(tag_dir, f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))
             osd = osd["optimizer_state_dict"]
@@ -139,8 +168,9 @@ def check_files(tag_dir, stage, grouped, ep=1, ranks=2):
 
 def ep2_cases(r, args, tmp, case):
     """Checkpoints written at ep 2 (see the module's docstring)."""
-    covering = [(0, 2, False), (1, 4, True), (2, 2, False), (2, 4, True), (0, 4, False)]
-    every = [(s, n, g) for s in (0, 1, 2) for n in (2, 4) for g in (False, True)]
+    covering = [(0, 2, False), (1, 4, True), (2, 2, False), (2, 4, True), (0, 4, False), (3, 2, False),
+                (3, 4, True)]
+    every = [(s, n, g) for s in (0, 1, 2, 3) for n in (2, 4) for g in (False, True)]
     combos = [c for c in every if c not in covering] if args.matrix else covering
     for stage, ranks, grouped in combos:
         kind = f"ep 2 on {ranks} ranks stage {stage} {'grouped' if grouped else 'clones'}"
@@ -195,6 +225,20 @@ def ep2_cases(r, args, tmp, case):
                 return f"{e:.1e}"
             case(f"load at ep {ep} on {n} ranks, {kind}", other_ep)
 
+        # Another ZeRO stage (3 <-> 2, through the whole parameters) and, at stage 3, another
+        # data-parallel world at the same ep.
+        others = [(s2, ranks) for s2 in {3: (2,), 2: (3,)}.get(stage, ())]
+        if stage == 3:
+            others.append((3, 6 - ranks))
+        for s2, n in others:
+            def other_layout(s2=s2, n=n):
+                out = r.train(n, s2, ep=2, grouped=grouped, extra=["--load", ckpt])
+                assert out["first_step"] == SAVE_AT, out["first_step"]
+                e = rel(out["losses"], full["losses"][SAVE_AT:])
+                assert e < 1e-6, f"{out['losses']} vs {full['losses'][SAVE_AT:]} ({e:.1e})"
+                return f"{e:.1e}"
+            case(f"load at ep 2, stage {s2} on {n} ranks, {kind}", other_layout)
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -222,7 +266,7 @@ def main():
             ep2_cases(r, args, tmp, case)
             print(f"{passed} passed, {failed} failed")
             return 1 if failed else 0
-        for stage, grouped in ((0, False), (2, False), (2, True)):
+        for stage, grouped in ((0, False), (2, False), (2, True), (3, False), (3, True)):
             kind = f"stage {stage} {'grouped' if grouped else 'clones'}"
             ckpt = os.path.join(tmp, f"ckpt{stage}{int(grouped)}")
             w_full, w_resumed = (os.path.join(tmp, f"w{stage}{int(grouped)}{x}.pt") for x in "ab")
@@ -279,16 +323,24 @@ def main():
                     assert e < 1e-5, f"{out['losses']} vs {full['losses'][SAVE_AT:]} ({e:.1e})"
                     return f"{e:.1e}"
                 case(f"load ep 1 on {ranks} ranks {kind}", other_ranks)
-            # Other degrees at stage 0 only: until the engine gives expert parameters their own
-            # ZeRO optimizer over the expert-data group, a partitioned (stage 1-2) dense one
-            # publishes one rank's copy of an expert parameter to ranks holding other experts.
-            for ep in ((2, 4) if stage == 0 else ()):
+            # Other degrees at stages 0 and 3 (at 1-2: checkpoint.MoeLayoutEp2 loads ep 2 at
+            # ep 1 and 4).
+            for ep in ((2, 4) if stage in (0, 3) else ()):
                 def other_ep(ep=ep):
                     out = r.train(ep, stage, ep=ep, grouped=grouped, steps=SAVE_AT + 1, extra=["--load", ckpt])
                     e = rel(out["losses"][:1], full["losses"][SAVE_AT:SAVE_AT + 1])
                     assert e < 1e-6, f"{out['losses'][0]} vs {full['losses'][SAVE_AT]} ({e:.1e})"
                     return f"{e:.1e}"
                 case(f"load at ep {ep} {kind}", other_ep)
+            # Another ZeRO stage: 3 -> 2 and 2 -> 3 on 2 ranks, the next losses as the
+            # uninterrupted run's.
+            for s2 in {3: (2,), 2: (3,)}.get(stage, ()):
+                def other_stage(s2=s2):
+                    out = r.train(2, s2, grouped=grouped, extra=["--load", ckpt])
+                    e = rel(out["losses"], full["losses"][SAVE_AT:])
+                    assert e < 1e-6, f"{out['losses']} vs {full['losses'][SAVE_AT:]} ({e:.1e})"
+                    return f"{e:.1e}"
+                case(f"load at stage {s2} {kind}", other_stage)
 
         # Refusals, on the stage-2 clones checkpoint.
         ckpt = os.path.join(tmp, "ckpt20")
@@ -324,6 +376,11 @@ def main():
             assert "not a MoE checkpoint" in text, text[-2000:]
         case("refuses a dense checkpoint", dense)
         del tag_dir
+
+        def stage0():
+            text = r.train(2, 0, extra=["--load", os.path.join(tmp, "ckpt30")], expect_fail=True)
+            assert "is a ZeRO stage 3 checkpoint; this engine runs stage 0" in text, text[-2000:]
+        case("refuses a stage-3 checkpoint at stage 0", stage0)
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -5,12 +5,14 @@
 // Every rank builds the same model (seed 0) and takes its micro-batches of the same global
 // batch. Rank 0 writes {"first_step", "losses": [global batch loss per step], "files": ...};
 // --weights: rank 0's fp32 state dict after training (at ep 1 the one-rank model's); at ep > 1
-// ranks 1..ep-1 write theirs (their own experts) to <weights>.rank<r> as well.
+// ranks 1..ep-1 write theirs (their own experts) to <weights>.rank<r> as well (at ZeRO 3
+// gathered whole first).
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "dscpp/comm/expert_groups.h"
 #include "dscpp/comm/rendezvous.h"
@@ -118,13 +120,20 @@ int main(int argc, char** argv) {
       result["losses"].push_back(l.item<double>());
       if (s + 1 == save_at) engine.save_checkpoint(save);
     }
-    if (!weights.empty() && r < ep) {
-      auto sd = dscpp::checkpoint::PyValue::ordered_dict();
-      for (const auto& p : model->named_parameters())
-        sd.set(dscpp::checkpoint::PyValue(p.key()),
-               dscpp::checkpoint::PyValue(p.value().detach().to(torch::kFloat).clone()));
-      dscpp::checkpoint::save_torch_file(sd,
-                                         r == 0 ? weights : weights + ".rank" + std::to_string(r));
+    if (!weights.empty()) {
+      // Whole values (stage 3: gathered on every rank, the dense parameters by the engine's
+      // scope, the experts at ep > 1 by their own ZeroOptimizer's; no-ops at stages 0-2).
+      auto gathered = engine.gathered_parameters(model->parameters());
+      std::optional<dscpp::zero::GatheredParameters> experts;
+      if (auto* ez = engine.core().expert_zero_optimizer()) experts.emplace(*ez);
+      if (r < ep) {
+        auto sd = dscpp::checkpoint::PyValue::ordered_dict();
+        for (const auto& p : model->named_parameters())
+          sd.set(dscpp::checkpoint::PyValue(p.key()),
+                 dscpp::checkpoint::PyValue(p.value().detach().to(torch::kFloat).clone()));
+        dscpp::checkpoint::save_torch_file(
+            sd, r == 0 ? weights : weights + ".rank" + std::to_string(r));
+      }
     }
     if (r == 0) std::ofstream(out_path) << result.dump() << "\n";
     world->barrier().wait();
