@@ -10,6 +10,7 @@
 
 #include "dscpp/error.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/module_scope.h"
 #include "dscpp/nn/moe/token_dispatcher.h"
 #include "dscpp/nn/normal_init.h"
 #include "dscpp/ops/fused_ops.h"
@@ -81,6 +82,7 @@ void ExpertMLPImpl::reset() {
 }
 
 at::Tensor ExpertMLPImpl::forward(const at::Tensor& x) {
+  nn::ModuleScope scope(*this);  // names it to the flops profiler (module_scope.h)
   at::Tensor h = apply_activation(nn::linear(x, fc1->weight, fc1->bias), options.activation());
   return nn::linear(h, fc2->weight, fc2->bias);
 }
@@ -105,6 +107,7 @@ ExpertsImpl::ExpertsImpl(const torch::nn::AnyModule& expert, int64_t num_local_e
 }
 
 at::Tensor ExpertsImpl::run_experts(const at::Tensor& rows, const at::Tensor& counts) {
+  nn::ModuleScope scope(*this);  // names it to the flops profiler (module_scope.h)
   std::vector<int64_t> n = host_counts(counts, num_local_experts(), rows.size(0));
   std::vector<at::Tensor> out;
   int64_t begin = 0;
@@ -123,6 +126,7 @@ at::Tensor ExpertsImpl::run_experts(const at::Tensor& rows, const at::Tensor& co
 }
 
 at::Tensor ExpertsImpl::run_padded_experts(const at::Tensor& rows) {
+  nn::ModuleScope scope(*this);  // names it to the flops profiler (module_scope.h)
   check_padded(rows, num_local_experts());
   std::vector<at::Tensor> out;
   for (size_t e = 0; e < experts.size(); ++e)
@@ -148,6 +152,7 @@ GroupedMLPImpl::GroupedMLPImpl(const GroupedMLPOptions& options_) : options(opti
 }
 
 at::Tensor GroupedMLPImpl::run_experts(const at::Tensor& rows, const at::Tensor& counts) {
+  nn::ModuleScope scope(*this);  // names it to the flops profiler (module_scope.h)
   // One grouping for both products and their backward: the offsets are formed once.
   const at::Tensor offsets = ops::grouped_mm_uses_aten(rows, weight1)
                                  ? ops::grouped_mm_offsets(counts, rows.device())
@@ -158,6 +163,7 @@ at::Tensor GroupedMLPImpl::run_experts(const at::Tensor& rows, const at::Tensor&
 }
 
 at::Tensor GroupedMLPImpl::run_padded_experts(const at::Tensor& rows) {
+  nn::ModuleScope scope(*this);  // names it to the flops profiler (module_scope.h)
   check_padded(rows, num_local_experts());
   return at::bmm(apply_activation(at::bmm(rows, weight1), options.activation()), weight2);
 }

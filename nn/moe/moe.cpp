@@ -9,6 +9,7 @@
 #include "dscpp/error.h"
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/module_scope.h"
 #include "dscpp/nn/tensor_parallel_mappings.h"
 
 namespace dscpp::nn::moe {
@@ -75,6 +76,7 @@ std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, i
                                                      const at::Tensor& expert_tokens,
                                                      const at::Tensor& used_token,
                                                      const BesideExchanges& beside) {
+  nn::ModuleScope scope(*this);  // names it to the flops profiler (module_scope.h)
   Routing routing = gate->forward(tokens, seq_length, used_token);
   const at::Tensor& dispatched = expert_tokens.defined() ? expert_tokens : tokens;
   // Sequence parallelism: the tokens are already this rank's own.

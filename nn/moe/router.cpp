@@ -15,6 +15,7 @@
 #include "dscpp/error.h"
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/nn/module_scope.h"
 #include "dscpp/ops/moe_router.h"
 
 namespace dscpp::nn::moe {
@@ -100,6 +101,7 @@ TopKGateImpl::TopKGateImpl(const TopKGateOptions& options_) : options(options_) 
 
 Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
                               const at::Tensor& used_token) {
+  nn::ModuleScope scope(*this);  // names it to the flops profiler (module_scope.h)
   const TopKGateOptions& o = options;
   check(x.dim() == 2 && x.size(1) == o.model_dim(), "input must be [tokens, " +
                                                         std::to_string(o.model_dim()) + "], got " +

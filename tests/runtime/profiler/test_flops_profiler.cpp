@@ -16,6 +16,7 @@
 
 #include "dscpp/dscpp.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/ops/grouped_mm.h"
 #include "dscpp/runtime/profiler/flops_profiler.h"
@@ -241,6 +242,44 @@ TEST(FlopsProfiler, ModuleTreeNamesTheModelsModules) {
   EXPECT_EQ(lt.macs(node_at(lt, "blocks.0")), t.macs(node_at(t, "blocks.0")));
   EXPECT_EQ(lt.flops(node_at(lt, "final_norm")), 5 * tokens * h);
   EXPECT_EQ(lt.node(0).type, "LayerModule");
+}
+
+// (d) The MoE GPT's tree reaches inside the MoE layer: the router's and the experts' products
+// are counted in their own modules (they were all the MoE block's own before their scopes).
+TEST(FlopsProfiler, MoETreeCountsTheRouterAndTheExpertsInTheirModules) {
+  auto cfg = dscpp::model_zoo::GPTConfig::from_file(std::string(DSCPP_SOURCE_DIR) +
+                                                    "/model_zoo/configs/moe_tiny.yaml");
+  const int64_t batch = 2, seq = 16, h = cfg.hidden_size, tokens = batch * seq;
+  const int64_t experts = cfg.moe.num_experts, k = cfg.moe.moe_router_topk, f = cfg.moe_ffn_size();
+  torch::manual_seed(0);
+  dscpp::model_zoo::GPT gpt(cfg);
+  FlopsProfiler prof(*gpt);
+  dscpp::nn::AuxLossScope aux;  // the router's aux and z losses go there
+  prof.start_profile();
+  gpt->forward(at::randint(cfg.vocab_size, {batch, seq}, at::kLong));
+  prof.stop_profile();
+  const ModuleTree& t = prof.tree();
+  int moe_blocks = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const std::string mlp = fmt::format("blocks.{}.mlp", l);
+    bool is_moe = false;
+    for (const auto& node : t.nodes()) is_moe |= node.path == mlp + ".deepspeed_moe";
+    if (!is_moe) continue;
+    ++moe_blocks;
+    const int layer = node_at(t, mlp + ".deepspeed_moe"),
+              gate = node_at(t, mlp + ".deepspeed_moe.gate"),
+              grouped = node_at(t, mlp + ".deepspeed_moe.experts");
+    // Dropless top-k: every token's k routes through SwiGLU experts ([H, 2F] then [F, H]).
+    EXPECT_EQ(t.macs(grouped), tokens * k * 3 * h * f) << mlp;
+    EXPECT_EQ(t.macs(gate), tokens * h * experts) << mlp;
+    EXPECT_EQ(t.macs(layer), t.macs(gate) + t.macs(grouped)) << mlp;
+    EXPECT_EQ(t.macs(node_at(t, mlp)),
+              t.macs(layer) + tokens * 3 * h * cfg.moe.moe_shared_expert_intermediate_size)
+        << mlp;
+    EXPECT_GT(t.duration(gate), 0) << mlp;
+    EXPECT_GT(t.duration(grouped), 0) << mlp;
+  }
+  EXPECT_EQ(moe_blocks, cfg.num_layers / 2);
 }
 
 TEST(FlopsProfiler, ReportFormatsNumbersAsDeepSpeed) {
