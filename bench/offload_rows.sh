@@ -61,7 +61,7 @@ train() {  # train PORT MODEL DS_CONFIG: dscpp's train_gpt on one GPU
 }
 row_cmd() {  # sets `cmd` and `model` for a row; returns 1 if unknown
   case "$1" in
-    oracle) model="" cmd=("$py" tests/runtime/engine/offload_oracle.py --bf16 --port-base 29861
+    oracle) model="" cmd=("$py" tests/runtime/engine/offload_oracle.py --bf16
       --launcher "$build/launcher/dscpp" --train "$build/tests/runtime/engine/engine_train" "${oracle_only[@]}") ;;
     d2off9) model=$m9; train 29862 "$m9" "$off2" ;;
     d2off46) model=$m46; train 29863 "$m46" "$off2" ;;
