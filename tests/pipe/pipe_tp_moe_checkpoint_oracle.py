@@ -40,6 +40,8 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from oracle_cases import Cases  # noqa: E402
 from pipe_moe_checkpoint_oracle import (EXPERTS, SAVE_AT, Runner, check_universal,  # noqa: E402
                                         one_rank_weights, rel)
 
@@ -115,17 +117,7 @@ def main():
     ap.add_argument("--to-universal", required=True)
     ap.add_argument("--matrix", action="store_true", help="ZeRO 0, 1 and 2, and more layouts")
     args = ap.parse_args()
-    passed = failed = 0
-
-    def case(name, fn):
-        nonlocal passed, failed
-        try:
-            msg = fn()
-            print(f"PASS {name}{': ' + msg if msg else ''}", flush=True)
-            passed += 1
-        except Exception as e:  # noqa: BLE001  (every failure is reported, then the next case)
-            print(f"FAIL {name}: {e}", flush=True)
-            failed += 1
+    case = Cases()
 
     with tempfile.TemporaryDirectory() as tmp:
         r = Runner(args, tmp)
@@ -233,8 +225,7 @@ def main():
         case("refuses stage 1 tensor rank 1's files at an ep that cannot be re-laid, naming the file",
              ep_mismatch)
 
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return case.summary()
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
 from dscpp_test_ports import free_port  # noqa: E402
+from oracle_cases import Cases  # noqa: E402
 
 STEPS, SAVE_AT = 6, 3
 
@@ -248,24 +249,13 @@ def main():
     ap.add_argument("--ep2", action="store_true", help="the checkpoints written at ep 2")
     ap.add_argument("--matrix", action="store_true", help="with --ep2: the combinations past the covering set")
     args = ap.parse_args()
-    passed = failed = 0
-
-    def case(name, fn):
-        nonlocal passed, failed
-        try:
-            msg = fn()
-            print(f"PASS {name}{': ' + msg if msg else ''}", flush=True)
-            passed += 1
-        except Exception as e:  # noqa: BLE001  (every failure is reported, then the next case)
-            print(f"FAIL {name}: {e}", flush=True)
-            failed += 1
+    case = Cases()
 
     with tempfile.TemporaryDirectory() as tmp:
         r = Runner(args, tmp)
         if args.ep2:
             ep2_cases(r, args, tmp, case)
-            print(f"{passed} passed, {failed} failed")
-            return 1 if failed else 0
+            return case.summary()
         for stage, grouped in ((0, False), (2, False), (2, True), (3, False), (3, True)):
             kind = f"stage {stage} {'grouped' if grouped else 'clones'}"
             ckpt = os.path.join(tmp, f"ckpt{stage}{int(grouped)}")
@@ -382,8 +372,7 @@ def main():
             assert "is a ZeRO stage 3 checkpoint; this engine runs stage 0" in text, text[-2000:]
         case("refuses a stage-3 checkpoint at stage 0", stage0)
 
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return case.summary()
 
 
 if __name__ == "__main__":
