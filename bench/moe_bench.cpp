@@ -25,6 +25,12 @@
 // (two strided kernels forward; four, and the copy into one gradient, backward); moe_1gpu's
 // layer (its experts' first product twice as wide as GELU's, plus the shared expert) ~5.5 ms
 // forward + backward.
+// Predicted for the eighteenth session's weight-gradient rows (before their first run; 65,536
+// routed rows): _grouped_mm alone ~0.9 ms for [2048, 2048] (550 GFLOP at ~600 TFLOP/s) and
+// ~0.45 ms for [1024, 2048]; its add into the slot ~0.35 / ~0.17 ms more (1.6 / 0.8 GB at
+// ~4.5 TB/s); cuBLAS's grouped GEMM into the slot within 10% of _grouped_mm alone at beta 0 and
+// beta 1 (the slot's read hidden under a compute-bound product): ~0.35 ms a layer's
+// micro-batch saved on the wider product.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -40,6 +46,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_util.h"
@@ -48,6 +55,8 @@
 #include "dscpp/nn/moe/router.h"
 #include "dscpp/nn/moe/token_dispatcher.h"
 #include "dscpp/ops/fused_ops.h"
+#include "dscpp/ops/grouped_mm.h"
+#include "dscpp/ops/grouped_weight_grad.h"
 #include "dscpp/ops/moe_permute.h"
 #include "dscpp/ops/moe_router.h"
 
@@ -153,6 +162,43 @@ void moe_1gpu_rows(const Options& o, const at::Tensor& x, const at::Tensor& grad
           {h}, hgrad, o, stream));
 }
 
+// The experts' weight gradients of one routing, as the two products of moe_1gpu's experts
+// need them (in = hidden, out = 2 x ffn; in = ffn, out = hidden), into a gradient buffer's slot:
+// today's ATen product (_grouped_mm, a new tensor) followed by the add autograd's accumulator
+// does into the buffer, against cuBLAS's grouped GEMM writing into the slot itself (beta = 1:
+// the slot holds earlier micro-batches; beta = 0: the first). Counts on the host, as backward
+// has them.
+void weight_grad_rows(const Options& o, const at::Tensor& counts, int64_t rows_n,
+                      cudaStream_t stream) {
+  const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor host = counts.to(at::kCPU, at::kLong);
+  const std::vector<int64_t> c(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  const at::Tensor offs = dscpp::ops::grouped_mm_offsets(counts, counts.device());
+  int64_t routed = 0;
+  for (int64_t n : c) routed += n;
+  fmt::print("experts' weight gradients into the gradient buffer ({} rows routed, {} experts)\n",
+             routed, o.experts);
+  fmt::print("  {:<46} {:>8} {:>11}\n", "", "ms", "TFLOP/s");
+  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{o.hidden, 2 * o.ffn},
+                                std::pair<int64_t, int64_t>{o.ffn, o.hidden}}) {
+    const at::Tensor rows = at::randn({rows_n, in}, bf16), grad = at::randn({rows_n, out}, bf16);
+    at::Tensor slot = at::zeros({o.experts, in, out}, bf16);
+    const double tflop = 2.0 * static_cast<double>(routed) * in * out / 1e12;
+    auto line = [&](const std::string& name, const std::function<void()>& fn) {
+      const double ms = median_ms(fn, o, stream);
+      fmt::print("  {:<46} {:>8.3f} {:>11.1f}\n", name, ms, tflop / (ms / 1e3));
+    };
+    const std::string shape = fmt::format("[{}, {}]", in, out);
+    line(shape + " _grouped_mm alone", [&] { at::_grouped_mm(rows.t(), grad, offs); });
+    line(shape + " _grouped_mm + add_ into the slot",
+         [&] { slot.add_(at::_grouped_mm(rows.t(), grad, offs)); });
+    line(shape + " cuBLAS grouped into the slot, beta 1",
+         [&] { dscpp::ops::grouped_weight_grad_into(slot, rows, grad, c, true); });
+    line(shape + " cuBLAS grouped into the slot, beta 0",
+         [&] { dscpp::ops::grouped_weight_grad_into(slot, rows, grad, c, false); });
+  }
+}
+
 int run(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -221,6 +267,7 @@ int run(int argc, char** argv) {
     row(fmt::format("grouped experts alone, {} ({} rows)", what, rows.size(0)),
         time_pair([&] { return mlp->run_experts(rows, p.counts); },
                   {rows, mlp->weight1, mlp->weight2}, rows_grad, o, stream));
+    if (factor == 0.0) weight_grad_rows(o, p.counts, rows.size(0), stream);
   }
   moe_1gpu_rows(o, x, grad, stream);
   return 0;

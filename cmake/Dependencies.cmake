@@ -96,12 +96,20 @@ if(DSCPP_CUDA)
     HINTS ${_site_packages}/nvidia/nccl/lib ${CUDAToolkit_LIBRARY_DIR}
           ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64 REQUIRED)
   message(STATUS "dscpp: NCCL ${DSCPP_NCCL_LIB}")
+  # cuBLAS (ops/grouped_weight_grad: its grouped GEMM): likewise the copy torch loads, the
+  # toolkit's where torch's wheels hold none.
+  find_library(DSCPP_CUBLAS_LIB NAMES cublas libcublas.so.13 libcublas.so.12 NAMES_PER_DIR
+    HINTS ${_site_packages}/nvidia/cu13/lib ${_site_packages}/nvidia/cublas/lib NO_DEFAULT_PATH)
+  if(NOT DSCPP_CUBLAS_LIB)
+    set(DSCPP_CUBLAS_LIB CUDA::cublas)
+  endif()
+  message(STATUS "dscpp: cuBLAS ${DSCPP_CUBLAS_LIB}")
   target_compile_definitions(dscpp_torch INTERFACE USE_C10D_NCCL USE_CUDA DSCPP_CUDA=1)
   target_include_directories(dscpp_torch SYSTEM INTERFACE $<BUILD_INTERFACE:${DSCPP_NCCL_INCLUDE}>)
   # --no-as-needed: libtorch_cuda registers CUDA kernels at load time, and nothing we
   # call may name one of its symbols directly.
   target_link_libraries(dscpp_torch INTERFACE -Wl,--no-as-needed torch_cuda c10_cuda
-                        -Wl,--as-needed CUDA::cudart ${DSCPP_NCCL_LIB})
+                        -Wl,--as-needed CUDA::cudart ${DSCPP_NCCL_LIB} ${DSCPP_CUBLAS_LIB})
 endif()
 
 # ---------------------------------------------------------------------------------------

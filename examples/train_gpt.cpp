@@ -53,7 +53,7 @@
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/aux_loss.h"
-#include "dscpp/nn/grad_destination.h"
+#include "dscpp/ops/grad_destination.h"
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/monitor/monitor.h"
@@ -531,7 +531,7 @@ int main(int argc, char** argv) {
   try {
     at::manual_seed(static_cast<uint64_t>(args.seed));
     // The model config's switch for the linears' writes into ZeRO's buckets.
-    dscpp::nn::set_gradient_accumulation_fusion(cfg->gradient_accumulation_fusion);
+    dscpp::ops::set_gradient_accumulation_fusion(cfg->gradient_accumulation_fusion);
     if (layout.pipeline > 1)
       return dscpp::examples::train_gpt_pipeline(args, *cfg, ds_config, layout);
     // ZeRO stage 3 gathers a model given as layers one layer at a time, and any other module

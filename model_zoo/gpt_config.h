@@ -62,8 +62,8 @@ struct GPTConfig {
   // step, PERFORMANCE.md), off with RMSNorm (no fused kernel); off in a default-built struct.
   bool residual_layernorm_fusion = false;
   // Megatron's gradient_accumulation_fusion: the linears' weight-gradient products write into
-  // ZeRO's gradient buckets (nn/grad_destination.h); false: through autograd, then copied in.
-  // Process-wide: the program applies it (nn::set_gradient_accumulation_fusion). A runtime
+  // ZeRO's gradient buckets (ops/grad_destination.h); false: through autograd, then copied in.
+  // Process-wide: the program applies it (ops::set_gradient_accumulation_fusion). A runtime
   // path only (the same gradients): not written by to_json().
   bool gradient_accumulation_fusion = true;
   // The mixture-of-experts keys (Megatron's num_experts, moe_*; moe_config.h); dense when

@@ -3,7 +3,7 @@
 
 #include "dscpp/nn/linear.h"
 
-#include "dscpp/nn/grad_destination.h"
+#include "dscpp/ops/grad_destination.h"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -35,8 +35,8 @@ variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bo
   if (ctx->needs_input_grad(0)) out[0] = at::mm(g, weight).view(x.sizes());
   if (ctx->needs_input_grad(1)) {
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    // Written into ZeRO's bucket when it gives a destination (nn/grad_destination.h).
-    if (!write_weight_grad(weight, g.t(), x2)) out[1] = at::mm(g.t(), x2);
+    // Written into ZeRO's bucket when it gives a destination (ops/grad_destination.h).
+    if (!ops::write_weight_grad(weight, g.t(), x2)) out[1] = at::mm(g.t(), x2);
   }
   if (with_bias && ctx->needs_input_grad(2)) out[2] = g.sum(0);
   return out;

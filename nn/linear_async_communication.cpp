@@ -9,7 +9,7 @@
 #include <ATen/record_function.h>
 
 #include "dscpp/nn/autograd_group.h"
-#include "dscpp/nn/grad_destination.h"
+#include "dscpp/ops/grad_destination.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/tp_comm_overlap.h"
 
@@ -155,7 +155,7 @@ variable_list backward_impl(AutogradContext* ctx, const at::Tensor& grad, bool w
   }
   if (need_weight) {
     const at::Tensor t2 = total.reshape({-1, total.size(-1)});
-    if (!write_weight_grad(weight, g2.t(), t2)) out[1] = at::mm(g2.t(), t2);
+    if (!ops::write_weight_grad(weight, g2.t(), t2)) out[1] = at::mm(g2.t(), t2);
     trace("grad_weight");
   }
   if (with_bias && ctx->needs_input_grad(2)) {

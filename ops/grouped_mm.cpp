@@ -13,6 +13,13 @@
 #include <vector>
 
 #include "dscpp/error.h"
+#include "dscpp/ops/grad_destination.h"
+#include "dscpp/ops/grouped_weight_grad.h"
+
+#ifdef DSCPP_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace dscpp::ops {
 
@@ -86,6 +93,34 @@ at::Tensor loop_weight_grad(const at::Tensor& a, const at::Tensor& g,
   return dw;
 }
 
+// The counts on their way to the host, for backward's grouped GEMM into the gradient
+// destination (which takes its shapes from the host): copied in forward, behind the routing
+// that made them, so that by backward the copy has long landed and waiting for it costs
+// nothing. Held by the autograd context as an opaque capsule.
+struct HostCounts : torch::CustomClassHolder {
+  at::Tensor host;  // int64 [E], pinned
+#ifdef DSCPP_CUDA
+  at::cuda::CUDAEvent landed;
+#endif
+  std::vector<int64_t> wait() {
+#ifdef DSCPP_CUDA
+    landed.synchronize();
+#endif
+    return std::vector<int64_t>(host.const_data_ptr<int64_t>(),
+                                host.const_data_ptr<int64_t>() + host.numel());
+  }
+};
+
+c10::intrusive_ptr<HostCounts> start_host_counts(const at::Tensor& counts) {
+  auto hc = c10::make_intrusive<HostCounts>();
+  hc->host = at::empty({counts.numel()}, at::dtype(at::kLong).pinned_memory(true));
+  hc->host.copy_(counts, /*non_blocking=*/true);
+#ifdef DSCPP_CUDA
+  hc->landed.record(c10::cuda::getCurrentCUDAStream(counts.device().index()));
+#endif
+  return hc;
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -104,6 +139,10 @@ class GroupedMm : public torch::autograd::Function<GroupedMm> {
         !aten ? at::Tensor()
               : (given_offsets ? *given_offsets : grouped_mm_offsets(counts, r.device()));
     ctx->save_for_backward({r, w, counts, offs});
+    // The weight gradient goes straight into its destination when it has one; on a GPU that
+    // needs the counts on the host by then.
+    if (aten && !r.is_cpu() && w.requires_grad() && has_grad_destination(w))
+      ctx->saved_data["host_counts"] = c10::IValue::make_capsule(start_host_counts(counts));
     if (aten) return at::_grouped_mm(r, w, offs);
     return loop_forward(r, w, c);
   }
@@ -113,14 +152,27 @@ class GroupedMm : public torch::autograd::Function<GroupedMm> {
     const at::Tensor &rows = saved[0], &weights = saved[1], &counts = saved[2];
     const at::Tensor g = grads[0].contiguous();
     at::Tensor d_rows, d_weights;
-    if (ctx->saved_data["aten"].toBool() && aligned(g)) {
+    const bool aten = ctx->saved_data["aten"].toBool() && aligned(g);
+    // Where the counts are on the host (the CPU, or copied there in forward), the weight
+    // gradient may be written into its destination (gradient accumulation fusion).
+    std::optional<std::vector<int64_t>> c;
+    auto hc = ctx->saved_data.find("host_counts");
+    if (hc != ctx->saved_data.end())
+      c = c10::static_intrusive_pointer_cast<HostCounts>(hc->second.toCapsule())->wait();
+    else if (rows.is_cpu() || !aten)
+      c = host_counts(counts, rows.size(0));
+    const bool written =
+        ctx->needs_input_grad(1) && c &&
+        write_grad_into(weights, weights.sizes(), rows, [&](at::Tensor slot, bool accumulate) {
+          grouped_weight_grad_into(slot, rows, g, *c, accumulate);
+        });
+    if (aten) {
       const at::Tensor& offs = saved[3];
       if (ctx->needs_input_grad(0)) d_rows = at::_grouped_mm(g, weights.transpose(1, 2), offs);
-      if (ctx->needs_input_grad(1)) d_weights = at::_grouped_mm(rows.t(), g, offs);
+      if (ctx->needs_input_grad(1) && !written) d_weights = at::_grouped_mm(rows.t(), g, offs);
     } else {
-      const auto c = host_counts(counts, rows.size(0));
-      if (ctx->needs_input_grad(0)) d_rows = loop_forward(g, weights.transpose(1, 2), c);
-      if (ctx->needs_input_grad(1)) d_weights = loop_weight_grad(rows, g, c);
+      if (ctx->needs_input_grad(0)) d_rows = loop_forward(g, weights.transpose(1, 2), *c);
+      if (ctx->needs_input_grad(1) && !written) d_weights = loop_weight_grad(rows, g, *c);
     }
     return {d_rows, d_weights, at::Tensor(), at::Tensor()};
   }

@@ -16,7 +16,7 @@
 // no whole buffer is kept: a bucket's storage is made when its first gradient arrives, each
 // gradient is copied in and the parameter's .grad dropped, and the storage goes as soon as
 // its collective is issued. Only buckets in flight hold 16-bit gradients.
-// Gradient accumulation fusion (nn/grad_destination.h): slot() gives a linear's weight-gradient
+// Gradient accumulation fusion (ops/grad_destination.h): slot() gives a linear's weight-gradient
 // product its place in the buffer (the flat view, or the bucket's storage), so that the
 // gradient arrives in place and mark_ready copies nothing (copies() counts what it did copy).
 // With one rank in the group a reduction is the identity: none is issued, and where it would

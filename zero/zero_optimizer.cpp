@@ -9,7 +9,7 @@
 #include <stdexcept>
 
 #include "dscpp/error.h"
-#include "dscpp/nn/grad_destination.h"
+#include "dscpp/ops/grad_destination.h"
 #include "dscpp/zero/grad_hooks.h"
 #include "dscpp/zero/relayout.h"
 #include "dscpp/zero/step_scale.h"
@@ -77,11 +77,11 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   relaid_ = params.empty() || !options_.unit_of.empty() || options_.defer_allgather;
   hooks_ = register_ready_hooks(params, [this](int i) { buckets_->mark_ready(i); });
   // Gradient accumulation fusion: linears write their weight gradients into the buckets.
-  std::vector<nn::GradDestination> destinations;
+  std::vector<ops::GradDestination> destinations;
   for (int i = 0; i < static_cast<int>(params.size()); ++i)
     destinations.push_back({[this, i](bool& accumulate) { return buckets_->slot(i, accumulate); },
                             [this, i] { buckets_->written(i); }});
-  destinations_ = nn::register_grad_destinations(params, std::move(destinations));
+  destinations_ = ops::register_grad_destinations(params, std::move(destinations));
   // Stage 3: this rank keeps only its 16-bit chunks; the parameters are
   // released until their buckets are gathered. After the hooks: autograd's
   // accumulator nodes record a parameter's shape when they are made, and must

@@ -281,7 +281,7 @@ class ZeroOptimizer {
   std::vector<at::Tensor> overlap_destinations_;  // per bucket, during an overlapped step
   std::shared_ptr<void> hooks_;
   std::shared_ptr<void>
-      destinations_;  // the products' gradient destinations (nn/grad_destination.h)
+      destinations_;  // the products' gradient destinations (ops/grad_destination.h)
   ReduceOptions reduce_options_;
   at::TensorOptions param_options_;
   bool relaid_ = false;

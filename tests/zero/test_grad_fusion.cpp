@@ -1,4 +1,4 @@
-// Gradient accumulation fusion (nn/grad_destination.h): nn::linear writes its weight gradient
+// Gradient accumulation fusion (ops/grad_destination.h): nn::linear writes its weight gradient
 // into ZeRO's buckets. Run by the launcher on 1 and 2 Gloo ranks. After one backward the
 // reduced gradient partition equals the float64 reference gradient of the global batch, is
 // the same bits as with the fusion off, and the buckets copied only what autograd produced
@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "dscpp/comm/rendezvous.h"
-#include "dscpp/nn/grad_destination.h"
+#include "dscpp/ops/grad_destination.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/zero/zero_optimizer.h"
@@ -69,7 +69,7 @@ struct Result {
 };
 
 Result run(const Case& c, bool fusion) {
-  dscpp::nn::set_gradient_accumulation_fusion(fusion);
+  dscpp::ops::set_gradient_accumulation_fusion(fusion);
   const int n = world->size(), r = world->rank();
   Net net = make_net(c.dtype);
   dscpp::zero::ZeroOptions o;
@@ -115,7 +115,7 @@ Result run(const Case& c, bool fusion) {
     res.got.push_back(c.stage >= 1 ? res.partition.slice(0, b.part_offset, b.part_offset + chunk)
                                    : res.partition.slice(0, b.begin, b.end));
   }
-  dscpp::nn::set_gradient_accumulation_fusion(true);
+  dscpp::ops::set_gradient_accumulation_fusion(true);
   return res;
 }
 

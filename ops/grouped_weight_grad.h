@@ -1,0 +1,29 @@
+// The experts' weight gradient written where the caller says: dw[e] = rows_e^T grad_e, rows_e
+// and grad_e the counts[e] consecutive rows of group e (rows [N, in], grad [N, out], dw
+// [E, in, out]); with accumulate, added to what dw[e] holds (beta = 1), which is what lets
+// ZeRO's gradient buffer take the product's result without an add pass of its own (ATen's
+// _grouped_mm returns a new tensor and has no beta). An empty group's dw[e] is zeroed (left as
+// it is when accumulating). counts are on the host: cuBLAS's grouped GEMM takes its shapes from
+// there.
+//
+// Which path runs: on a CUDA device (DSCPP_CUDA build) with bf16, fp16 or fp32 operands whose
+// rows are 16-byte multiples, one cublasGemmGroupedBatchedEx call (fp32 accumulation); otherwise
+// a loop of at::mm_out / addmm_ over the groups (the reference). Throws dscpp::Error on shapes,
+// dtypes or counts that do not fit.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace dscpp::ops {
+
+void grouped_weight_grad_into(const at::Tensor& dw, const at::Tensor& rows, const at::Tensor& grad,
+                              const std::vector<int64_t>& counts, bool accumulate);
+
+// Whether grouped_weight_grad_into takes cuBLAS's grouped GEMM for these operands.
+bool grouped_weight_grad_uses_cublas(const at::Tensor& dw, const at::Tensor& rows,
+                                     const at::Tensor& grad);
+
+}  // namespace dscpp::ops
