@@ -192,10 +192,14 @@ void weight_grad_rows(const Options& o, const at::Tensor& counts, int64_t rows_n
     line(shape + " _grouped_mm alone", [&] { at::_grouped_mm(rows.t(), grad, offs); });
     line(shape + " _grouped_mm + add_ into the slot",
          [&] { slot.add_(at::_grouped_mm(rows.t(), grad, offs)); });
-    line(shape + " cuBLAS grouped into the slot, beta 1",
-         [&] { dscpp::ops::grouped_weight_grad_into(slot, rows, grad, c, true); });
-    line(shape + " cuBLAS grouped into the slot, beta 0",
-         [&] { dscpp::ops::grouped_weight_grad_into(slot, rows, grad, c, false); });
+    using dscpp::ops::WeightGradKernel;
+    for (const auto kernel : {WeightGradKernel::kGrouped, WeightGradKernel::kLoop})
+      for (const bool beta1 : {true, false})
+        line(
+            fmt::format("{} {} into the slot, beta {}", shape,
+                        kernel == WeightGradKernel::kGrouped ? "cuBLAS grouped" : "GEMM per expert",
+                        beta1 ? 1 : 0),
+            [&] { dscpp::ops::grouped_weight_grad_into(slot, rows, grad, c, beta1, kernel); });
   }
 }
 

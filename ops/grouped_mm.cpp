@@ -141,7 +141,8 @@ class GroupedMm : public torch::autograd::Function<GroupedMm> {
     ctx->save_for_backward({r, w, counts, offs});
     // The weight gradient goes straight into its destination when it has one; on a GPU that
     // needs the counts on the host by then.
-    if (aten && !r.is_cpu() && w.requires_grad() && has_grad_destination(w))
+    if (aten && !r.is_cpu() && w.requires_grad() && grouped_weight_grad_mode().into_destination &&
+        has_grad_destination(w))
       ctx->saved_data["host_counts"] = c10::IValue::make_capsule(start_host_counts(counts));
     if (aten) return at::_grouped_mm(r, w, offs);
     return loop_forward(r, w, c);
@@ -162,7 +163,7 @@ class GroupedMm : public torch::autograd::Function<GroupedMm> {
     else if (rows.is_cpu() || !aten)
       c = host_counts(counts, rows.size(0));
     const bool written =
-        ctx->needs_input_grad(1) && c &&
+        ctx->needs_input_grad(1) && c && grouped_weight_grad_mode().into_destination &&
         write_grad_into(weights, weights.sizes(), rows, [&](at::Tensor slot, bool accumulate) {
           grouped_weight_grad_into(slot, rows, g, *c, accumulate);
         });

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "dscpp/error.h"
 
@@ -169,17 +171,32 @@ bool grouped_weight_grad_uses_cublas(const at::Tensor& dw, const at::Tensor& row
 #endif
 }
 
+GroupedWeightGradMode grouped_weight_grad_mode() {
+  static const GroupedWeightGradMode mode = [] {
+    const char* env = std::getenv("DSCPP_GROUPED_WGRAD");
+    const std::string v = env ? env : "loop";
+    if (v == "loop") return GroupedWeightGradMode{true, WeightGradKernel::kLoop};
+    if (v == "grouped") return GroupedWeightGradMode{true, WeightGradKernel::kGrouped};
+    if (v == "off") return GroupedWeightGradMode{false, WeightGradKernel::kLoop};
+    throw Error("DSCPP_GROUPED_WGRAD: expected loop, grouped or off, got '" + v + "'");
+  }();
+  return mode;
+}
+
 void grouped_weight_grad_into(const at::Tensor& dw, const at::Tensor& rows, const at::Tensor& grad,
-                              const std::vector<int64_t>& counts, bool accumulate) {
+                              const std::vector<int64_t>& counts, bool accumulate,
+                              WeightGradKernel kernel) {
   check_args(dw, rows, grad, counts);
   // Named for the profilers (it is not an ATen op): the trace shows the products here.
   RECORD_FUNCTION("dscpp::grouped_weight_grad", std::vector<c10::IValue>({rows, grad}));
   at::NoGradGuard no_grad;
 #ifdef DSCPP_CUDA
-  if (grouped_weight_grad_uses_cublas(dw, rows, grad)) {
+  if (kernel == WeightGradKernel::kGrouped && grouped_weight_grad_uses_cublas(dw, rows, grad)) {
     cublas_into(dw, rows, grad, counts, accumulate);
     return;
   }
+#else
+  (void)kernel;  // the loop is the only path without CUDA
 #endif
   loop_into(dw, rows, grad, counts, accumulate);
 }

@@ -6,10 +6,10 @@
 // it is when accumulating). counts are on the host: cuBLAS's grouped GEMM takes its shapes from
 // there.
 //
-// Which path runs: on a CUDA device (DSCPP_CUDA build) with bf16, fp16 or fp32 operands whose
-// rows are 16-byte multiples, one cublasGemmGroupedBatchedEx call (fp32 accumulation); otherwise
-// a loop of at::mm_out / addmm_ over the groups (the reference). Throws dscpp::Error on shapes,
-// dtypes or counts that do not fit.
+// Which path runs: with WeightGradKernel::kGrouped on a CUDA device (DSCPP_CUDA build) with
+// bf16, fp16 or fp32 operands whose rows are 16-byte multiples, one cublasGemmGroupedBatchedEx
+// call (fp32 accumulation); otherwise a loop of at::mm_out / addmm_ over the groups (one cuBLAS
+// GEMM each on a GPU). Throws dscpp::Error on shapes, dtypes or counts that do not fit.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,8 +19,21 @@
 
 namespace dscpp::ops {
 
+enum class WeightGradKernel { kGrouped, kLoop };
+
+// Whether ops::grouped_mm's backward writes the weight gradient into a gradient destination, and
+// by which kernel: the environment's DSCPP_GROUPED_WGRAD, read once: "loop" (the default),
+// "grouped" (cuBLAS's grouped GEMM), or "off" (the gradient returned to autograd, which adds it
+// into the buffer: the path before this one). A benchmarking switch: the three in one call.
+struct GroupedWeightGradMode {
+  bool into_destination;
+  WeightGradKernel kernel;
+};
+GroupedWeightGradMode grouped_weight_grad_mode();
+
 void grouped_weight_grad_into(const at::Tensor& dw, const at::Tensor& rows, const at::Tensor& grad,
-                              const std::vector<int64_t>& counts, bool accumulate);
+                              const std::vector<int64_t>& counts, bool accumulate,
+                              WeightGradKernel kernel = grouped_weight_grad_mode().kernel);
 
 // Whether grouped_weight_grad_into takes cuBLAS's grouped GEMM for these operands.
 bool grouped_weight_grad_uses_cublas(const at::Tensor& dw, const at::Tensor& rows,

@@ -39,7 +39,9 @@
 #                   parameters, 1.28 B active) in train_gpt, bf16 ZeRO-1, 8 x 2048 tokens a step
 #                   (GPU_MOE_DS: another ds_config), then its PyTorch reference (bench/
 #                   pytorch_moe_gpt.py) -> train_gpt_moe.log (tokens/s, MFU on active parameters,
-#                   aux loss, balance), pytorch_moe.log, moe_table.md (both rows and the ratio)
+#                   aux loss, balance), pytorch_moe.log, moe_table.md (both rows and the ratio);
+#                   GPU_MOE_WGRAD="off grouped": train_gpt again with each DSCPP_GROUPED_WGRAD;
+#                   GPU_MOE_DS_MORE="a.json b.json": train_gpt again with each ds_config
 #   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
 #                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
 #                   (CUDA hidden: fp32 within 1e-6 of no offload) -> nvme_file.log, nvme_oracle.log
@@ -336,6 +338,11 @@ moe_train() {  # moe_train DS_CONFIG
     --train-data-path .gpu/corpus/fortunes_text_document --deepspeed_config "$1" \
     --train-iters "${GPU_MOE_ITERS:-12}" --log-interval 4
 }
+moe_train_wgrad() {  # moe_train_wgrad MODE DS_CONFIG
+  local DSCPP_GROUPED_WGRAD=$1
+  export DSCPP_GROUPED_WGRAD
+  moe_train "$2"
+}
 moe_reference() {
   local limit=900 micro batch
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 10))
@@ -354,6 +361,13 @@ if [ "${GPU_MOE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_tex
     moe_ds "$moe_cfg" "$out/moe_half.json" && moe_cfg=$out/moe_half.json
     step train_gpt_moe_half moe_train "$moe_cfg"
   fi
+  # The experts' weight-gradient paths beside the default in this call (ops/grouped_weight_grad.h).
+  for mode in ${GPU_MOE_WGRAD:-}; do
+    step "train_gpt_moe_wgrad_$mode" moe_train_wgrad "$mode" "$moe_cfg"
+  done
+  for extra in ${GPU_MOE_DS_MORE:-}; do
+    step "train_gpt_moe_$(basename "$extra" .json)" moe_train "$extra"
+  done
   step pytorch_moe moe_reference
   moe_log=$out/train_gpt_moe.log
   [ -f "$out/train_gpt_moe_half.log" ] && moe_log=$out/train_gpt_moe_half.log

@@ -1,4 +1,5 @@
-// The experts' weight gradient by cuBLAS's grouped GEMM (ops/grouped_weight_grad.h) against a
+// The experts' weight gradient by cuBLAS's grouped GEMM and by a GEMM per expert
+// (ops/grouped_weight_grad.h) against a
 // float64 CPU reference of the products per group: bf16 and fp32, 64 experts with empty groups
 // and padding rows, overwriting and accumulating into a slot; then ops::grouped_mm on the GPU
 // with a gradient destination (the counts copied to the host in forward) writing there over two
@@ -51,7 +52,7 @@ std::vector<int64_t> random_counts(int64_t experts, int64_t rows) {
   return c;
 }
 
-TEST(GroupedWeightGradCuda, CublasMatchesTheProductsOfEachGroup) {
+TEST(GroupedWeightGradCuda, BothKernelsMatchTheProductsOfEachGroup) {
   DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(5);
   for (const auto dtype : {at::kBFloat16, at::kFloat}) {
@@ -63,16 +64,19 @@ TEST(GroupedWeightGradCuda, CublasMatchesTheProductsOfEachGroup) {
     ASSERT_TRUE(dscpp::ops::grouped_weight_grad_uses_cublas(before, rows, grad));
     const at::Tensor want = reference(rows, grad, counts);
     const double tol = dtype == at::kBFloat16 ? 1e-2 : 1e-5;
-    for (const bool accumulate : {false, true}) {
-      SCOPED_TRACE(fmt::format("{} accumulate {}", c10::toString(dtype), accumulate));
-      at::Tensor slot = before.clone();
-      dscpp::ops::grouped_weight_grad_into(slot, rows, grad, counts, accumulate);
-      const at::Tensor expected = accumulate ? want + before.cpu().to(at::kDouble) : want;
-      EXPECT_LT(rel_err(slot.cpu().to(at::kDouble), expected), tol);
-      // The empty groups: zero when overwriting, untouched when accumulating.
-      EXPECT_TRUE(
-          at::equal(slot[4].cpu(), accumulate ? before[4].cpu() : at::zeros_like(slot[4]).cpu()));
-    }
+    using dscpp::ops::WeightGradKernel;
+    for (const auto kernel : {WeightGradKernel::kGrouped, WeightGradKernel::kLoop})
+      for (const bool accumulate : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} accumulate {} {}", c10::toString(dtype), accumulate,
+                                 kernel == WeightGradKernel::kGrouped ? "grouped" : "loop"));
+        at::Tensor slot = before.clone();
+        dscpp::ops::grouped_weight_grad_into(slot, rows, grad, counts, accumulate, kernel);
+        const at::Tensor expected = accumulate ? want + before.cpu().to(at::kDouble) : want;
+        EXPECT_LT(rel_err(slot.cpu().to(at::kDouble), expected), tol);
+        // The empty groups: zero when overwriting, untouched when accumulating.
+        EXPECT_TRUE(
+            at::equal(slot[4].cpu(), accumulate ? before[4].cpu() : at::zeros_like(slot[4]).cpu()));
+      }
   }
 }
 
