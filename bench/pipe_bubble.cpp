@@ -215,8 +215,10 @@ int zero(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, int m, int ste
     }
     const at::Tensor& flat = zo.grad_buckets().flat_grads();
     const double held =
-        static_cast<double>((flat.defined() ? flat.numel() * flat.element_size() : 0) +
-                            zo.grad_partition().numel() * zo.grad_partition().element_size());
+        // (on one data rank the flat buffer may be the partition itself: counted once)
+        static_cast<double>(
+            (flat.defined() && !zo.grads_aliased() ? flat.numel() * flat.element_size() : 0) +
+            zo.grad_partition().numel() * zo.grad_partition().element_size());
     const auto times = gather(*world, time_sum / (steps - 1));
     const auto wrote = gather(*world, wrote_sum / (steps - 1));
     const auto mem = gather(*world, held);

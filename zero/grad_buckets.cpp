@@ -77,7 +77,30 @@ void GradBuckets::take_phase_times(PhaseTimes& times) {
   if (landing_) landing_->take_times(times);
 }
 
+bool GradBuckets::may_alias_partition(const ReduceOptions& options, int group_size,
+                                      at::ScalarType grad_type, at::ScalarType partition_type,
+                                      bool on_host) {
+  // launch()'s identity on one rank: the flat slice itself is the reduced data when nothing
+  // converts or scales it; complete() adds it into the partition unchanged (a 16-bit partition,
+  // or an fp32 one whose post-scale is 1), which for the alias is already the case.
+  const int averaged = options.average_over > 0 ? options.average_over : group_size;
+  const bool post_one = partition_type != at::kFloat || averaged == 1;
+  return group_size == 1 && !on_host && grad_type == partition_type &&
+         options.communication_data_type.value_or(grad_type) == grad_type &&
+         !options.prescale_gradients && options.gradient_predivide_factor == 1.0 && post_one;
+}
+
 void GradBuckets::set_partition(at::Tensor partition, bool fresh, bool on_host) {
+  aliased_ = flat_grads_.defined() && partition.defined() &&
+             partition.data_ptr() == flat_grads_.data_ptr();
+  if (aliased_ &&
+      (partition.numel() != flat_grads_.numel() || partition.device() != flat_grads_.device() ||
+       !may_alias_partition(options_, group_->size(), flat_grads_.scalar_type(),
+                            partition.scalar_type(), on_host)))
+    throw dscpp::Error(
+        "GradBuckets: the gradient partition is the flat gradient buffer, but the reduction "
+        "is not the identity there (several ranks, another type or size, a host partition, a "
+        "communication type or a pre-/post-scaling): give the partition its own buffer");
   partition_ = std::move(partition);
   fresh_ = fresh;
   host_ = on_host;
@@ -104,8 +127,18 @@ int64_t GradBuckets::in_flight_bytes() const {
   return n;
 }
 
+void GradBuckets::cleared() {
+  fresh_ = true;
+  landed_valid_ = false;
+  // The alias: the step zeroed the partition, which is the flat buffer (overwrites_partition()
+  // is false for it), so the first product into each view may overwrite it again.
+  if (aliased_) std::fill(dirty_.begin(), dirty_.end(), 0);
+}
+
 void GradBuckets::add_memory(MemoryBreakdown& m) const {
-  if (flat_grads_.defined()) m.push_back({"grads16.flat", bytes_of(flat_grads_), true});
+  // (the alias: the buffer is the partition, listed once, by its owner)
+  if (flat_grads_.defined() && !aliased_)
+    m.push_back({"grads16.flat", bytes_of(flat_grads_), true});
   m.push_back({"reduce_buckets", in_flight_bytes(), true});
 }
 
@@ -130,7 +163,7 @@ bool GradBuckets::overwrites_partition() const {
   const auto comm_type =
       options_.communication_data_type.value_or(grad_options_.dtype().toScalarType());
   const bool overwrites = options_.scatter ? options_.use_reduce_scatter : group_->size() == 1;
-  return raw() && overwrites && comm_type == partition_.scalar_type() &&
+  return !aliased_ && raw() && overwrites && comm_type == partition_.scalar_type() &&
          grad_options_.dtype().toScalarType() == partition_.scalar_type();
 }
 
@@ -301,7 +334,9 @@ void GradBuckets::launch(int b) {
     // One rank: the reduction is the identity. Into the partition directly where the
     // collective would have written it (the storage may be that slice already).
     // (a host partition takes the sums through a copy: start_landing)
-    direct_[b] = fresh_ && overwrites_partition() && !host_;
+    // The alias: the data is the partition's own slice (may_alias_partition: nothing
+    // converted or scaled it), which holds the sums already, fresh or not.
+    direct_[b] = aliased_ || (fresh_ && overwrites_partition() && !host_);
     if (direct_[b]) {
       at::Tensor into = target(b);
       if (into.data_ptr() != data.data_ptr()) {
@@ -397,7 +432,8 @@ void GradBuckets::finish() {
   issued_early_ = 0;
   for (int calls : ready_at_launch_) issued_early_ += calls < ready_calls_;
   // The reduced 16-bit gradients are in the partition now: start the next window empty.
-  if (!per_bucket()) {
+  // (the alias: the buffer is the partition the step reads; the step zeroes it: cleared())
+  if (!per_bucket() && !aliased_) {
     flat_grads_.zero_();
     std::fill(dirty_.begin(), dirty_.end(), 0);
   }

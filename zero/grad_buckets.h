@@ -21,7 +21,11 @@
 // gradient arrives in place and mark_ready copies nothing (copies() counts what it did copy).
 // With one rank in the group a reduction is the identity: none is issued, and where it would
 // write the partition directly (a fresh 16-bit one), the bucket's storage is that partition's
-// slice itself.
+// slice itself. In flat mode the partition may even be the flat buffer itself (the alias: the
+// caller passes the same tensor to both, where may_alias_partition() says the identity is exact):
+// then no second copy of the gradients exists, the reduction moves nothing, finish() leaves the
+// buffer as it is (it is what the step reads), and the step's zeroing of the partition
+// (overwrites_partition() is false) starts the next window.
 // With overlap_comm the collectives run while backward goes on (on CUDA, on NCCL's own
 // stream behind an event); without it each one is waited for as it is issued.
 //
@@ -121,17 +125,29 @@ class GradBuckets {
   // it, cleared() says so again (a reduction may then overwrite it instead of adding).
   // fresh: whether it holds nothing yet (false: a re-lay carried reduced gradients over).
   // on_host: the partition is in host memory (see above), whatever the device of a CPU run.
+  // A partition that is the flat buffer itself (same storage and size: the alias) must be
+  // one may_alias_partition() allows: a dscpp::Error otherwise.
   void set_partition(at::Tensor partition, bool fresh = true, bool on_host = false);
-  void cleared() {
-    fresh_ = true;
-    landed_valid_ = false;
-  }
+  void cleared();
+  // Whether a gradient partition of type partition_type (on the host: on_host) may be the flat
+  // gradient buffer itself, the gradients being of type grad_type and reduced over group_size
+  // ranks with `options`: the reduction is then the identity on every element and the
+  // partition's values are the flat buffer's bit for bit. One rank; the same type; on the
+  // device; no conversion for the communication; no scaling before the sum (prescale,
+  // predivide); and nothing after it that an fp32 partition would have to apply itself (a
+  // 16-bit one defers the averaging to the step).
+  static bool may_alias_partition(const ReduceOptions& options, int group_size,
+                                  at::ScalarType grad_type, at::ScalarType partition_type,
+                                  bool on_host);
+  // The partition is the flat buffer (set_partition).
+  bool aliases_partition() const { return aliased_; }
   bool fresh() const { return fresh_; }
   const at::Tensor& flat_grads() const { return flat_grads_; }  // stages 0-1
   // Whether the flat buffer holds only zeros (no gradient written since it was last zeroed).
   bool flat_grads_zero() const;
   // Whether the next reduction writes every element of the partition rather than adding to
   // it (a 16-bit partition filled by reduce-scatters), so that it need not be zeroed first.
+  // Never for the alias: the flat buffer accumulates into what it holds.
   bool overwrites_partition() const;
   // Reduces what backward left (unused parameters), waits, and adds the results into the
   // partition.
@@ -163,7 +179,8 @@ class GradBuckets {
   // Of the buckets the last finished backward reduced, how many were issued while gradients
   // were still to come (the reductions that overlap backward, with overlap_comm).
   int issued_during_backward() const { return issued_early_; }
-  // The buffers held now (grads16.flat; the buckets in flight: reduce_buckets), and the most
+  // The buffers held now (grads16.flat, unless it is the partition, which its owner lists;
+  // the buckets in flight: reduce_buckets), and the most
   // bytes the buckets in flight held at once since construction (on the device).
   void add_memory(MemoryBreakdown& m) const;
   int64_t peak_in_flight_bytes() const { return peak_in_flight_; }
@@ -218,6 +235,7 @@ class GradBuckets {
   std::vector<at::Tensor> results_;  // per bucket: the reduced data (chunk or whole bucket)
   std::vector<char> direct_;         // per bucket: results_ is the partition's own slice
   at::Tensor partition_;
+  bool aliased_ = false;  // partition_ is flat_grads_ (set_partition)
   bool fresh_ = true;
   std::vector<int> seen_order_;       // parameters, as first seen ready
   std::vector<char> seen_;            // per parameter: in seen_order_

@@ -73,6 +73,9 @@ class MasterPartition {
   bool split() const { return device_opt_ != nullptr; }
   // Options of the given optimizer's side (the host with offload): where scales are made.
   at::TensorOptions options() const { return primary_.options(); }
+  // The gradient partition. On one rank at stages 0-1 with accumulation it may also be
+  // GradBuckets' flat gradient buffer (ZeroOptions::alias_grad_partition): the parameters'
+  // .grad are then views of it, and clear_gradients(true) is what empties that buffer.
   const at::Tensor& grads() const { return grads_; }
   at::Tensor& grads() { return grads_; }
   bool grads_on_host() const { return grads_on_host_; }

@@ -67,8 +67,19 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // Stages 0-1 accumulate gradients over micro-steps in one flat buffer whose
   // views are the parameters' .grad; stages 2-3, and 0-1 without accumulation, reduce
   // every micro-step from per-bucket storage.
+  // On one rank the flat buffer may be the gradient partition itself (the alias, where the
+  // reduction is the identity bit for bit): the 16-bit model's gradients once, not twice (13.8
+  // GB less at 6.92 B parameters), and no copy at the boundary. Not with offload, whose
+  // stepper reads the partition a bucket at a time while the next window could write it.
   at::Tensor flat_grads;
-  if (options_.stage < 2 && options_.accumulates) flat_grads = at::zeros({layout_.total}, opts);
+  const bool alias =
+      options_.alias_grad_partition && options_.stage < 2 && options_.accumulates &&
+      !options_.offload.enabled && layout_.partition == layout_.total &&
+      master_->grads().device() == opts.device() &&
+      GradBuckets::may_alias_partition(ro, group_->size(), opts.dtype().toScalarType(),
+                                       options_.grad_dtype, master_->grads_on_host());
+  if (options_.stage < 2 && options_.accumulates)
+    flat_grads = alias ? master_->grads() : at::zeros({layout_.total}, opts);
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, params, opts, group_, ro,
                                            /*flat_grads_zero=*/true);
   reduce_options_ = ro;
@@ -193,6 +204,7 @@ void ZeroOptimizer::relay_from_first_backward() {
   layout_ = std::move(fresh);
   store_->relayout(old);
   const int rank = store_->chunk_rank();
+  const bool aliased = buckets_->aliases_partition();
   // Every buffer is re-laid in host memory, its chunks through the training device a bucket at
   // a time (where the collectives run): the device never holds a second copy of a buffer (at
   // 4.64 B parameters an offloaded fp32 master and its re-laid copy on the device were 35 GiB,
@@ -203,8 +215,9 @@ void ZeroOptimizer::relay_from_first_backward() {
   });
   // The gradient buckets start over on the new layout, with the gradients of this backward
   // (accumulated in the flat buffer, or reduced into the partition) carried over.
-  at::Tensor flat_grads = buckets_->flat_grads();
-  if (flat_grads.defined())
+  // (the alias: the flat buffer is the partition, re-laid with the master; once, not twice)
+  at::Tensor flat_grads = aliased ? master_->grads() : buckets_->flat_grads();
+  if (flat_grads.defined() && !aliased)
     relay_in_place(old, layout_, flat_grads, /*partition=*/false, rank, *group_, device);
   const bool fresh_partition = buckets_->fresh();
   const bool flat_zero = buckets_->flat_grads_zero();  // (a re-lay moves zeros as zeros)

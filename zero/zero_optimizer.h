@@ -59,6 +59,12 @@ struct ZeroOptions {
   // straight into the partition (a model's worth of 16-bit gradients less, and no add and
   // zeroing each step).
   bool accumulates = true;
+  // Stages 0-1 with accumulation, where the reduction over the data group is the identity on
+  // every element (one rank, the partition of the gradients' type on the device: GradBuckets::
+  // may_alias_partition): the gradient partition is the flat gradient buffer itself, so the
+  // model's gradients are held once, not twice, and the boundary copies nothing into the
+  // partition. false keeps two buffers (the same numbers; for tests and comparisons).
+  bool alias_grad_partition = true;
   int64_t alignment = 8;  // elements; keeps every chunk 16-byte aligned in 16 bits
   // Parameter groups: each parameter's group (empty: one group) and each
   // group's optimizer settings over the optimizer's defaults (lr, weight_decay,
@@ -158,8 +164,10 @@ class ZeroOptimizer {
   // devices) a host copy that set_master_partition() writes back.
   at::Tensor master_partition() { return master_->whole(); }
   void set_master_partition(const at::Tensor& values) { master_->assign(values); }
-  const at::Tensor& grad_partition() const { return master_->grads(); }  // options.grad_dtype
-  at::Tensor& flat_params() { return store_->flat_params(); }            // stages 0-2
+  // options.grad_dtype; with the alias, the flat gradient buffer itself (grads_aliased()).
+  const at::Tensor& grad_partition() const { return master_->grads(); }
+  bool grads_aliased() const { return buckets_->aliases_partition(); }
+  at::Tensor& flat_params() { return store_->flat_params(); }  // stages 0-2
   // With defer_allgather: waits for bucket b's all-gather after the last step,
   // if it is still pending (on a GPU the current stream waits; the host does
   // not), or for every bucket's. No-ops otherwise. Every method here that reads
@@ -244,7 +252,9 @@ class ZeroOptimizer {
   bool offloaded() const { return offload_ != nullptr; }
   // Every buffer the three parts hold now, by name (zero/memory_breakdown.h): params16.*,
   // grads16.flat, reduce_buckets, grad_partition, fp32_master, optimizer.<state>,
-  // offload.staging. The reduce buckets' peak since construction: reduce_buckets_peak().
+  // offload.staging. An aliased partition (ZeroOptions::alias_grad_partition) is listed once,
+  // as grad_partition, with no grads16.flat beside it. The reduce buckets' peak since construction:
+  // reduce_buckets_peak().
   MemoryBreakdown memory_breakdown() const;
   int64_t reduce_buckets_peak() const { return buckets_->peak_in_flight_bytes(); }
   // Host time of the step's phases since the last call, by name (phase_times.h; for

@@ -4,7 +4,9 @@
 // process), Adam (two fp32 states): 2N of 16-bit parameters (2N / W at stage 3), 2N of 16-bit
 // gradients at stages 0-1 when they accumulate (none without accumulation), a gradient
 // partition of 2N / W (bf16) or 4N / W (fp32), 4N / W of fp32 master and 8N / W of Adam state
-// (W = 1 at stage 0). With offload_optimizer everything
+// (W = 1 at stage 0). On one rank (a group of 1) at stages 0-1 with accumulation the gradient
+// partition is the flat buffer itself (ZeroOptions::alias_grad_partition): 2N once, listed as
+// grad_partition, no grads16.flat. With offload_optimizer everything
 // but the parameters (and stage 1's flat gradients) is on the host, as DeepSpeed's
 // ZeRO-Offload keeps it; with offload_param too, nothing stays on the device at rest. After a
 // step, the reduce buckets in flight held at most a few buckets at once, never a whole
@@ -33,12 +35,14 @@ struct Case {
   bool offload, offload_param;
   at::ScalarType grad_dtype;
   bool accumulates = true;  // gradient_accumulation_steps > 1: stages 0-1 keep a flat buffer
+  bool alias = true;        // ZeroOptions::alias_grad_partition
 };
 
 std::string name(const Case& c) {
   return "stage " + std::to_string(c.stage) + " world " + std::to_string(c.world) +
          (c.offload ? " offload" : "") + (c.offload_param ? " offload_param" : "") + " grads " +
-         c10::toString(c.grad_dtype) + (c.accumulates ? "" : " no accumulation");
+         c10::toString(c.grad_dtype) + (c.accumulates ? "" : " no accumulation") +
+         (c.alias ? "" : " no alias");
 }
 
 struct Trainer {
@@ -56,6 +60,7 @@ Trainer make(const Case& c) {
   o.reduce_bucket_size = kEach;  // one parameter a bucket: 15 buckets
   o.grad_dtype = c.grad_dtype;
   o.accumulates = c.accumulates;
+  o.alias_grad_partition = c.alias;
   o.offload.enabled = c.offload;
   o.offload_param.enabled = c.offload_param;
   dscpp::OptimizerConfig oc;
@@ -80,6 +85,13 @@ void step(Trainer& r) {
   r.zero->step(1.0);
 }
 
+// Whether the gradient partition is the flat buffer: one rank of a group of one, the flat
+// buffer's type, on the device (the bf16 parameters' gradients into a bf16 partition).
+bool aliased(const Case& c) {
+  return c.alias && c.stage < 2 && c.accumulates && c.world == 1 && !c.offload &&
+         c.grad_dtype == at::kBFloat16;
+}
+
 // The hand formula: name -> (bytes, on the device).
 std::map<std::string, std::pair<int64_t, bool>> expected(const Case& c) {
   const int64_t W = c.stage == 0 ? 1 : c.world, g = c.grad_dtype == at::kFloat ? 4 : 2;
@@ -87,7 +99,7 @@ std::map<std::string, std::pair<int64_t, bool>> expected(const Case& c) {
   std::map<std::string, std::pair<int64_t, bool>> e;
   if (c.stage < 3) e["params16.flat"] = {2 * N, true};
   if (c.stage == 3) e["params16.partition"] = {2 * N / W, !c.offload_param};
-  if (c.stage < 2 && c.accumulates) e["grads16.flat"] = {2 * N, true};
+  if (c.stage < 2 && c.accumulates && !aliased(c)) e["grads16.flat"] = {2 * N, true};
   e["grad_partition"] = {g * N / W, !host};
   e["fp32_master"] = {4 * N / W, !host};
   e["optimizer.exp_avg"] = {4 * N / W, !host};
@@ -125,6 +137,7 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
         cases.push_back({stage, world, offload, false, at::kBFloat16});
   cases.push_back({2, 4, true, false, at::kFloat});  // an fp32 partition (accumulation)
   cases.push_back({2, 1, false, false, at::kFloat});
+  cases.push_back({1, 1, false, false, at::kFloat});   // fp32 partition of bf16 gradients: two
   cases.push_back({3, 4, true, true, at::kBFloat16});  // both offloads: nothing on the device
   // Stage 0 holds everything whole; without accumulation stages 0-1 keep no flat gradients.
   for (int world : {1, 4}) {
@@ -136,6 +149,11 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
   for (const Case& c : cases) {
     Trainer r = make(c);
     check(r.zero->memory_breakdown(), c, "at start");
+    EXPECT_EQ(r.zero->grads_aliased(), aliased(c)) << name(c);
+    if (c.stage < 2 && c.accumulates)  // (the flat buffer and the partition: one storage or two)
+      EXPECT_EQ(r.zero->grad_partition().is_alias_of(r.zero->grad_buckets().flat_grads()),
+                aliased(c))
+          << name(c);
     step(r);
     step(r);
     const MemoryBreakdown after = r.zero->memory_breakdown();
@@ -157,6 +175,19 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
       EXPECT_LT(6 * bucket, 2 * N);  // (the bound means something)
     }
     if (c.offload) EXPECT_GT(bytes_named(after, "offload.staging"), 0) << name(c);
+    if (aliased(c)) {
+      // The same steps with two buffers (the alias off) give the same bits, and list both.
+      Case two = c;
+      two.alias = false;
+      Trainer reference = make(two);
+      step(reference);
+      step(reference);
+      EXPECT_FALSE(reference.zero->grads_aliased());
+      check(reference.zero->memory_breakdown(), two, "after two steps");
+      EXPECT_EQ(bytes_named(reference.zero->memory_breakdown(), "grads16.flat"), 2 * N);
+      for (size_t i = 0; i < r.params.size(); ++i)
+        EXPECT_TRUE(r.params[i].equal(reference.params[i])) << name(c) << ": parameter " << i;
+    }
     if (c.stage < 2 && !c.accumulates) {
       // The same steps through the flat buffer (what accumulation uses) give the same bits.
       Case flat = c;
