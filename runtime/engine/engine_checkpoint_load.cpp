@@ -521,7 +521,7 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       if (options.load_module_only) {
         if (moe_relayout) {
           // loaded above
-        } else if (zero_->stage() >= 3 && !experts.empty()) {
+        } else if (!universal && zero_->stage() >= 3 && !experts.empty()) {
           // At stage 3 the module takes no values: a MoE model's come from the partitions.
           load_zero_partitions(load_dir, tag, model, path, false);
         } else if (!universal) {  // a universal load's weights came from zero/ above
