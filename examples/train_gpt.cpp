@@ -59,6 +59,7 @@
 #include "dscpp/runtime/monitor/monitor.h"
 #include "gpt_flags.h"
 #include "moe_training.h"
+#include "train_gpt_checkpoint.h"
 #include "train_gpt_log.h"
 #include "train_gpt_pipeline.h"
 #ifdef DSCPP_CUDA
@@ -234,21 +235,8 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
 
   if (first >= args.train_iters) {
     // A finished run resumed: nothing to do, and the user should learn why and what next.
-    if (rank == 0) {
-      std::cout << fmt::format(
-          "[train_gpt] finished: the checkpoint is at step {} and --train-iters is {}, so "
-          "there is nothing left to train. To train further, raise --train-iters (e.g. "
-          "--train-iters {})",
-          first, args.train_iters, first + std::max<int64_t>(args.train_iters, 1));
-      const auto sched = ds_config.find("scheduler");
-      if (sched != ds_config.end() && sched->is_object() && sched->contains("params") &&
-          (*sched)["params"].is_object() && (*sched)["params"].contains("total_num_steps"))
-        std::cout << fmt::format(
-            "; the LR schedule ends at total_num_steps={} too: raise it in the ds_config (or "
-            "write \"auto\" there, which --train-iters fills)",
-            (*sched)["params"]["total_num_steps"].dump());
-      std::cout << "\n" << std::flush;
-    }
+    if (rank == 0)
+      std::cout << dscpp::examples::finished_line(first, args.train_iters, ds_config) << std::flush;
     return 0;
   }
 
@@ -305,10 +293,8 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
         << std::flush;
 
   auto save = [&](int64_t step) {
-    auto client = dscpp::checkpoint::PyValue::dict();
-    client.set("iteration", step);
-    client.set("consumed_samples", step * ds.train_batch_size);
-    engine.save_checkpoint(args.save, "", client);
+    engine.save_checkpoint(args.save, "",
+                           dscpp::examples::train_gpt_client_state(step, ds.train_batch_size));
     if (rank == 0)
       std::cout << fmt::format("[train_gpt] saved {}/global_step{}\n", args.save, step)
                 << std::flush;

@@ -1,11 +1,13 @@
 // train_gpt on a pipeline: see train_gpt_pipeline.h. The log lines are train_gpt.cpp's, with
-// the bubble added; what a pipeline run cannot do yet is refused by name.
+// the bubble added, and so are --save / --save-interval / --load (PipelineEngine's checkpoints);
+// what a pipeline run cannot do yet is refused by name.
 #include "train_gpt_pipeline.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <utility>
 
@@ -17,6 +19,7 @@
 #include "dscpp/nn/rng_tracker.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "moe_training.h"
+#include "train_gpt_checkpoint.h"
 #include "train_gpt_log.h"
 
 namespace dscpp::examples {
@@ -28,10 +31,6 @@ void refuse_unsupported(const GptOptions& args) {
   auto refuse = [](const std::string& flag, const std::string& why) {
     throw FlagError(fmt::format("{} with a pipeline: {}", flag, why));
   };
-  if (!args.save.empty() || !args.load.empty())
-    refuse(args.save.empty() ? "--load" : "--save",
-           "pipeline checkpoints are not in train_gpt yet (the engine's save_checkpoint / "
-           "load_checkpoint in DeepSpeed's layer_XX layout come with them)");
   if (args.profile_step > 0) refuse("--profile-step", "not supported on a pipeline yet");
   if (!args.memory_snapshot.empty()) refuse("--memory-snapshot", "not supported on a pipeline yet");
   if (args.bench_no_comm)
@@ -167,6 +166,25 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     nn::model_parallel_cuda_manual_seed(static_cast<uint64_t>(args.seed),
                                         engine.module().model_parallel_id(), device);
 
+  // --load: weights, optimizer, schedule and counters from the checkpoint's latest tag
+  // (DeepSpeed's pipeline layout, or one the engine re-lays onto this layout); the data
+  // position follows from the step, as in train_gpt's other loop.
+  int64_t first = 0;
+  if (!args.load.empty()) {
+    auto r = engine.load_checkpoint(args.load);  // warns (rank 0) when there is no `latest`
+    first = engine.global_steps();
+    if (rank == 0)
+      std::cout << (r.path.empty()
+                        ? fmt::format("[train_gpt] no checkpoint in {}: starting from scratch\n",
+                                      args.load)
+                        : fmt::format("[train_gpt] resumed from {} at step {}\n", r.path, first))
+                << std::flush;
+  }
+  if (first >= args.train_iters) {
+    if (rank == 0) std::cout << finished_line(first, args.train_iters, ds_config) << std::flush;
+    return 0;
+  }
+
   // The first and the last stage read the same micro-batches: the data index's share of the
   // global batch, as a data-parallel rank of train_gpt reads it.
   const bool reads = engine.is_first_stage() || engine.is_last_stage();
@@ -181,6 +199,7 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   lo.rank = engine.module().data_parallel_id();
   lo.world_size = engine.module().data_parallel_size();
   lo.num_epochs = 0;
+  lo.start_batch = first * ga;  // resume where the checkpoint's data left off
   lo.prefetch = reads ? 2 : 0;
   data::DataLoader loader(dataset, lo);
   if (loader.batches_per_epoch() == 0)
@@ -221,17 +240,19 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
                      built_s, init_s, peak_memory(device))
               << std::flush;
 
+  // Collective over every stage (each writes its layers' files); out of the interval's timing.
+  auto save = [&](int64_t step) {
+    engine.save_checkpoint(args.save, "", train_gpt_client_state(step, engine.train_batch_size()));
+    if (rank == 0)
+      std::cout << fmt::format("[train_gpt] saved {}/global_step{}\n", args.save, step)
+                << std::flush;
+  };
+
   double interval_loss = 0;
   int64_t interval_steps = 0;
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < args.train_iters; ++step) {
-    const int64_t done = step + 1;
-    // Every stage returns the batch's loss (the mean over micro-batches and data ranks).
-    interval_loss += engine.train_batch(data_iter).item<double>();
-    moe.add_aux(engine.last_aux_loss(), 1);
-    moe.after_boundary();  // the expert biases, from the global batch's routing
-    ++interval_steps;
-    if (done % args.log_interval != 0 && done != args.train_iters) continue;
+  // The log line of the interval that ends with step `done` (collective: every rank calls it).
+  auto log_interval = [&](int64_t done) {
     // The bubble of this step: the mean over every rank's stage.
     at::Tensor bubble = at::full({}, engine.last_bubble_fraction(), at::kDouble).to(device);
     world.all_reduce(bubble, comm::ReduceOp::kAvg).wait();
@@ -259,8 +280,33 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     interval_loss = 0;
     interval_steps = 0;
     t0 = std::chrono::steady_clock::now();
+  };
+  for (int64_t step = first; step < args.train_iters; ++step) {
+    const int64_t done = step + 1;
+    // Every stage returns the batch's loss (the mean over micro-batches and data ranks).
+    interval_loss += engine.train_batch(data_iter).item<double>();
+    moe.add_aux(engine.last_aux_loss(), 1);
+    moe.after_boundary();  // the expert biases, from the global batch's routing
+    ++interval_steps;
+    if (done % args.log_interval == 0 || done == args.train_iters) log_interval(done);
+    // Every --save-interval steps (and at the end, below), kept out of the interval's timing.
+    if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) {
+      const auto s0 = std::chrono::steady_clock::now();
+      save(done);
+      t0 += std::chrono::steady_clock::now() - s0;
+    }
   }
-  if (rank == 0) std::cout << "[train_gpt] done. Logs: the lines above\n" << std::flush;
+  if (!args.save.empty() &&
+      (args.save_interval <= 0 || args.train_iters % args.save_interval != 0) &&
+      engine.global_steps() > first)
+    save(engine.global_steps());
+  if (rank == 0)
+    std::cout << "[train_gpt] done. Logs: the lines above"
+              << (args.save.empty()
+                      ? std::string()
+                      : "; checkpoint: " + std::filesystem::absolute(args.save).string())
+              << "\n"
+              << std::flush;
   return 0;
 }
 

@@ -19,7 +19,8 @@
 // pipe x data x model topology, the MoE blocks tensor_parallel_gpt_layer_specs'); the engine
 // reduces the experts over the expert-data group; the log
 // adds the aux loss and load balance of every stage's MoE layers, and the expert biases move
-// after each batch.
+// after each batch. --save / --save-interval / --load are train_gpt's (PipelineEngine's
+// checkpoints in DeepSpeed's pipeline layout; the data position follows the restored step).
 #pragma once
 
 #include <cstdint>

@@ -12,6 +12,7 @@
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/ds_partition.h"
 #include "dscpp/runtime/checkpoint/moe_layout.h"
+#include "dscpp/runtime/checkpoint/moe_pipe_stage.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/pipe_layout.h"
 #include "dscpp/runtime/checkpoint/py_dict.h"
@@ -136,6 +137,19 @@ void tensor_parallel_params(const std::string& dir, const std::string& tag,
   module = std::move(whole);
 }
 
+// param_shapes as one group, the one-rank model's: every parameter of `params` at its shape.
+void set_one_rank_shapes(PyValue& model, const std::vector<UniversalParam>& params) {
+  PyValue shapes = PyValue::ordered_dict();
+  for (const UniversalParam& p : params) {
+    PyValue dims = PyValue::list();
+    for (int64_t d : p.fp32.sizes()) dims.append(PyValue(d));
+    shapes.set(PyValue(p.name), std::move(dims));
+  }
+  PyValue groups = PyValue::list();
+  groups.append(std::move(shapes));
+  model.set("param_shapes", std::move(groups));
+}
+
 // A pipeline or 3D checkpoint (pipe_checkpoint.h reads it whole: every stage's layer files,
 // each split tensor merged over the model ranks): the one-rank model's module and parameters,
 // each with how the save cut it. The model states are stage 0's (model rank 0's), made the
@@ -148,15 +162,7 @@ void pipe_params(const std::string& dir, const std::string& tag, UniversalCheckp
   PipeCheckpoint pipe = read_pipe_checkpoint(dir, tag);
   ck.model = without(pipe.models.at(0), {"dscpp_pipe", "dscpp_tensor_parallel", "dscpp_rng_states",
                                          "num_experts", "dscpp_moe"});
-  PyValue shapes = PyValue::ordered_dict();
-  for (const UniversalParam& p : pipe.params) {
-    PyValue dims = PyValue::list();
-    for (int64_t d : p.fp32.sizes()) dims.append(PyValue(d));
-    shapes.set(PyValue(p.name), std::move(dims));
-  }
-  PyValue groups = PyValue::list();
-  groups.append(std::move(shapes));
-  ck.model.set("param_shapes", std::move(groups));
+  set_one_rank_shapes(ck.model, pipe.params);
   ck.model.set("mp_world_size", PyValue(1));
   PyValue dims = PyValue::dict();
   dims.set(PyValue("pp_degree"), PyValue(1));
@@ -165,6 +171,39 @@ void pipe_params(const std::string& dir, const std::string& tag, UniversalCheckp
   ck.params = std::move(pipe.params);
   ck.optimizer_state = std::move(pipe.optimizer_state);
   module = std::move(pipe.module);
+}
+
+// A MoE checkpoint of the plain engine (moe_layout.h: num_experts, the experts in their own
+// files): the one-rank model's module and parameters, every global expert a local one under its
+// whole-model name (clones deepspeed_experts.<E>, stacked weights [E, ...]), as a pipeline's MoE
+// stage is read. At ep_size 1 the experts are ordinary parameters of the one ZeRO group (the
+// saving ranks' names are the one-rank model's); at E > 1 they are expert-parallel rank R's over
+// its expert-data ranks (moe_relayout.h). The model states lose num_experts and dscpp_moe (the
+// folder is no longer cut by expert-parallel rank: a universal load reads every expert from
+// zero/), and param_shapes becomes the one-rank model's single group.
+void moe_params(const std::string& dir, const std::string& tag, const std::string& path,
+                UniversalCheckpoint& ck, PyValue& module) {
+  auto zero_file = [&](int r) { return find_zero_states(dir, tag, r); };
+  if (moe_ep_size(ck.model) > 1) {
+    PipeMoeStage stage(dir, tag, ck.model, path, 0, zero_file);
+    // The optimizer's settings, as from a dense checkpoint: those of the dense group's files
+    // (their param_groups list the experts' too, marked moe as DeepSpeed's). This reads the
+    // dense partitions a second time: an offline tool's cost, for one reader of the settings.
+    consolidate_params(ck.model, path, need(ck.model, "module", path), zero_file,
+                       &ck.optimizer_state);
+    ck.params = std::move(stage.params);
+    module = std::move(stage.module);
+  } else {
+    auto files = ExpertFiles::of_model(dir, tag, ck.model, path);
+    const auto saved = experts_of_info(ck.model, path);
+    files.check_model(saved);
+    module = module_with_experts(need(ck.model, "module", path), saved, files);
+    PyValue view = ck.model;
+    view.set(PyValue("module"), module);
+    ck.params = consolidate_params(view, path, module, zero_file, &ck.optimizer_state);
+  }
+  ck.model = without(ck.model, {"num_experts", "dscpp_moe"});
+  set_one_rank_shapes(ck.model, ck.params);
 }
 
 }  // namespace
@@ -340,6 +379,8 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
     module = need(ck.model, "module", path);
     if (ck.model.find(PyValue("dscpp_tensor_parallel"))) {
       tensor_parallel_params(dir, tag, path, ck, module);
+    } else if (ck.model.find(PyValue("num_experts"))) {
+      moe_params(dir, tag, path, ck, module);
     } else {
       ck.params = consolidate_params(
           ck.model, path, module, [&](int r) { return find_zero_states(dir, tag, r); },

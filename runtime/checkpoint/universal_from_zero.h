@@ -18,7 +18,9 @@ namespace dscpp::checkpoint {
 // universal_checkpoint_info added. A tensor-parallel checkpoint of the plain engine
 // (dscpp_tensor_parallel in mp_rank_00) gives whole tensors, merged over its tensor ranks, each
 // with its dscpp_partition (how it was cut); a pipeline or 3D checkpoint (pipe_checkpoint.h)
-// gives the one-rank model's parameters, merged over stages and model ranks, the same way.
+// gives the one-rank model's parameters, merged over stages and model ranks, the same way; a MoE
+// checkpoint (num_experts; any ep_size) gives the one-rank model's too, every global expert a
+// local one under its whole-model name, without num_experts / dscpp_moe in the model states.
 // Throws CheckpointError naming the file.
 // The trainable parameters of one model-states file `model` (read from `path`), in its
 // param_shapes' order, each whole: the fp32 weights and optimizer states gathered from its ZeRO

@@ -456,9 +456,6 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
         (checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size || other_stage);
     // The experts' own ZeroOptimizer (ep_size > 1): loaded beside the dense one.
     EngineExperts* ex = this->experts();
-    if (universal && ex)
-      throw CheckpointError(
-          "checkpoint.load_universal with expert parameters at ep_size > 1 is not supported");
     // A pipeline checkpoint (layer files, or a MoE stage's model states and expert files; one
     // model-states file per stage) is read whole, as the one-rank model's, and this engine's
     // part taken from it, onto any layout and expert-parallel degree.
@@ -501,6 +498,12 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
             *zero_, param_names_, result.path,
             options.load_optimizer_states && !options.load_module_only,
             tensor_parallel_size() > 1 ? &parts : nullptr, tensor_parallel_rank());
+        // The folder holds the one-rank model's experts (every global expert; replicated over
+        // tensor ranks): this expert-parallel rank's are cut from them per global expert.
+        if (ex)
+          engine_checkpoint::load_universal_experts(
+              ex->zero(), ex->names(), experts, result.path,
+              options.load_optimizer_states && !options.load_module_only);
         const PyValue* module = model.find(PyValue("module"));
         for (const auto& [name, b] : named_buffers_()) {
           const PyValue* v = module && module->is_dict() ? module->find(PyValue(name)) : nullptr;
@@ -518,11 +521,11 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       if (options.load_module_only) {
         if (moe_relayout) {
           // loaded above
-        } else if (zero_->stage() >= 3 && !experts.empty()) {
+        } else if (!universal && zero_->stage() >= 3 && !experts.empty()) {
           // At stage 3 the module takes no values: a MoE model's come from the partitions.
           load_zero_partitions(load_dir, tag, model, path, false);
-        } else {
-          if (!universal) zero_->refresh_master_from_params();
+        } else if (!universal) {  // a universal load's weights came from zero/ above
+          zero_->refresh_master_from_params();
           if (ex) ex->zero().refresh_master_from_params();
         }
       } else {

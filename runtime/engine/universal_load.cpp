@@ -5,8 +5,11 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <set>
 
 #include "dscpp/runtime/checkpoint/ds_partition.h"
+#include "dscpp/runtime/checkpoint/moe_layout.h"
+#include "dscpp/runtime/checkpoint/moe_relayout.h"
 #include "dscpp/runtime/checkpoint/tp_reshape.h"
 #include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
@@ -51,6 +54,43 @@ void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::
         return p;
       },
       [&](size_t i) { return checkpoint::universal_param_dir(tag_dir, names[i]); },
+      load_optimizer_states);
+}
+
+void load_universal_experts(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
+                            const std::map<std::string, nn::moe::ExpertParam>& experts,
+                            const std::string& tag_dir, bool load_optimizer_states) {
+  if (names.size() != zero.layout().params.size())
+    throw CheckpointError(fmt::format("load_universal: {} expert parameter names for {} parameters",
+                                      names.size(), zero.layout().params.size()));
+  // The one-rank model's parameters this rank's experts come from, read whole: a clone's
+  // folder is its global expert's (the slot's key is that expert's one-rank name), a stacked
+  // weight's the one tensor [E, ...] of every expert of its layer.
+  std::vector<checkpoint::UniversalParam> whole;
+  std::set<std::string> read;
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto e = experts.find(names[i]);
+    if (e == experts.end())
+      throw CheckpointError("load_universal: '" + names[i] + "' is not an expert parameter");
+    std::vector<int64_t> shape = zero.param_shape(i);
+    std::string source = names[i];
+    if (e->second.local_expert < 0) {
+      shape.at(0) *= e->second.ep_size;
+    } else {
+      source = checkpoint::expert_slots(names[i], e->second).at(0).key;
+    }
+    if (read.insert(source).second)
+      whole.push_back(checkpoint::read_universal_param(tag_dir, source, shape));
+  }
+  const checkpoint::ExpertRelayout relayout("universal checkpoint '" + tag_dir + "'",
+                                            std::move(whole),
+                                            checkpoint::one_rank_experts(experts));
+  load_whole_params(
+      zero, [&](size_t i) { return relayout.param(names.at(i), experts); },
+      [&](size_t i) {
+        return fmt::format("universal checkpoint '{}': expert parameter '{}'", tag_dir,
+                           names.at(i));
+      },
       load_optimizer_states);
 }
 

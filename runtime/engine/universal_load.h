@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dscpp/nn/moe/expert_params.h"
 #include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -33,5 +34,16 @@ void load_universal_partition(
     zero::ZeroOptimizer& zero, const std::vector<std::string>& names, const std::string& tag_dir,
     bool load_optimizer_states,
     const std::map<std::string, checkpoint::ParamPartition>* tp_parts = nullptr, int tp_rank = 0);
+
+// The experts' own ZeroOptimizer (ep_size > 1; names: its order, each a key of `experts`, this
+// rank's expert map) from a universal folder, which holds the one-rank model's experts whole
+// (every global expert a local one: clones under deepspeed_experts.<E>, stacked weights
+// [E, ...]: checkpoint::one_rank_experts): each local parameter's fp32 weights and, when
+// load_optimizer_states, its optimizer states and step, cut per global expert of this
+// expert-parallel rank (moe_layout.h's slots, checkpoint::ExpertRelayout). Reads only the folders
+// of this rank's experts (a stacked weight's whole). Throws CheckpointError naming the folder.
+void load_universal_experts(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
+                            const std::map<std::string, nn::moe::ExpertParam>& experts,
+                            const std::string& tag_dir, bool load_optimizer_states);
 
 }  // namespace dscpp::engine_checkpoint

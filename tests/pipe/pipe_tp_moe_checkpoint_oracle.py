@@ -23,9 +23,8 @@ relayout: the checkpoint loaded at tensor 2 x data 2 at ep 1, at tensor 1 (2 x 2
           ep 2: within 1e-5 of the uninterrupted tensor-1 run.
 universal: tools/to_universal of it: zero/<name>/fp32.pt bit-equal to zero_to_fp32's, no stage's
           num_experts / dscpp_moe in its model states; checkpoint.load_universal at 2 stages x
-          tensor 2 x data 1, ep 1 (and --matrix: one rank): the next losses within 1e-5 of the
-          uninterrupted run's; at ep 2 refused by name (the engine's universal load has no
-          expert cut).
+          tensor 2 x data 1, ep 1 (and --matrix: one rank) and at 2 x tensor 2 x data 2, ep 2: the
+          next losses within 1e-5 of the uninterrupted run's.
 refusals: a missing expert file of stage 1's tensor rank 1 (mp_rank_03), and mp_rank_03's model
           states claiming ep 4 over 2 data ranks: each load fails naming the file.
 Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
@@ -198,7 +197,7 @@ def main():
             case(f"a tensor-1 checkpoint (ep 2) loaded at tensor 2 x data 2, ep 2, {kind}", onto)
 
             loads = [(2, 1, T)] + ([(1, 1, 1)] if args.matrix else [])
-            case(f"to_universal of it: the one-rank model, loaded at ep 1; ep 2 refused, {kind}",
+            case(f"to_universal of it: the one-rank model, loaded at ep 1 and ep 2, {kind}",
                  lambda: check_universal(r, args, ckpt, tag_dir, zero, full, loads, (2, 2, T)))
 
         ckpt = os.path.join(tmp, "t2ep2z1")

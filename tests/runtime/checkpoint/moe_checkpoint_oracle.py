@@ -61,11 +61,11 @@ class Runner:
     def __init__(self, args, tmp):
         self.args, self.tmp, self.n = args, tmp, 0
 
-    def train(self, ranks, stage, ep=1, grouped=False, extra=(), expect_fail=False, steps=STEPS):
+    def train(self, ranks, stage, ep=1, grouped=False, extra=(), expect_fail=False, steps=STEPS, more_config=None):
         self.n += 1
         out = os.path.join(self.tmp, f"run{self.n}.json")
         cmd = [self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), self.args.train,
-               "--config", json.dumps(config(stage, ranks)), "--steps", str(steps), "--ep", str(ep), "--out",
+               "--config", json.dumps({**config(stage, ranks), **(more_config or {})}), "--steps", str(steps), "--ep", str(ep), "--out",
                out, *(["--grouped"] if grouped else []), *extra]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
