@@ -164,6 +164,7 @@ class GroupedMm : public torch::autograd::Function<GroupedMm> {
       c = host_counts(counts, rows.size(0));
     const bool written =
         ctx->needs_input_grad(1) && c && grouped_weight_grad_mode().into_destination &&
+        (!grouped_weight_grad_mode().automatic || per_expert_gemm_pays(weights, *c)) &&
         write_grad_into(weights, weights.sizes(), rows, [&](at::Tensor slot, bool accumulate) {
           grouped_weight_grad_into(slot, rows, g, *c, accumulate);
         });

@@ -171,14 +171,30 @@ bool grouped_weight_grad_uses_cublas(const at::Tensor& dw, const at::Tensor& row
 #endif
 }
 
+bool per_expert_gemm_pays(const at::Tensor& dw, const std::vector<int64_t>& counts) {
+  if (!dw.is_cuda()) return true;
+  int64_t busy = 0;
+  for (int64_t c : counts) busy += c > 0;
+  if (4 * busy <= static_cast<int64_t>(counts.size())) return true;
+#ifdef DSCPP_CUDA
+  // cuBLAS's bf16 tiles on Hopper are about 128 x 256: one GEMM must give every SM one.
+  const int64_t tiles = (dw.size(1) + 127) / 128 * ((dw.size(2) + 255) / 256);
+  const int64_t sms = at::cuda::getDeviceProperties(dw.device().index())->multiProcessorCount;
+  return 10 * tiles >= 9 * sms;
+#else
+  return false;
+#endif
+}
+
 GroupedWeightGradMode grouped_weight_grad_mode() {
   static const GroupedWeightGradMode mode = [] {
     const char* env = std::getenv("DSCPP_GROUPED_WGRAD");
-    const std::string v = env ? env : "loop";
-    if (v == "loop") return GroupedWeightGradMode{true, WeightGradKernel::kLoop};
-    if (v == "grouped") return GroupedWeightGradMode{true, WeightGradKernel::kGrouped};
-    if (v == "off") return GroupedWeightGradMode{false, WeightGradKernel::kLoop};
-    throw Error("DSCPP_GROUPED_WGRAD: expected loop, grouped or off, got '" + v + "'");
+    const std::string v = env ? env : "auto";
+    if (v == "auto") return GroupedWeightGradMode{true, true, WeightGradKernel::kLoop};
+    if (v == "loop") return GroupedWeightGradMode{true, false, WeightGradKernel::kLoop};
+    if (v == "grouped") return GroupedWeightGradMode{true, false, WeightGradKernel::kGrouped};
+    if (v == "off") return GroupedWeightGradMode{false, false, WeightGradKernel::kLoop};
+    throw Error("DSCPP_GROUPED_WGRAD: expected auto, loop, grouped or off, got '" + v + "'");
   }();
   return mode;
 }

@@ -22,14 +22,23 @@ namespace dscpp::ops {
 enum class WeightGradKernel { kGrouped, kLoop };
 
 // Whether ops::grouped_mm's backward writes the weight gradient into a gradient destination, and
-// by which kernel: the environment's DSCPP_GROUPED_WGRAD, read once: "loop" (the default),
-// "grouped" (cuBLAS's grouped GEMM), or "off" (the gradient returned to autograd, which adds it
-// into the buffer: the path before this one). A benchmarking switch: the three in one call.
+// by which kernel: the environment's DSCPP_GROUPED_WGRAD, read once: "auto" (the default: a GEMM
+// per expert where per_expert_gemm_pays says so, else the gradient returned to autograd),
+// "loop" (a GEMM per expert always), "grouped" (cuBLAS's grouped GEMM), or "off" (returned to
+// autograd, which adds it into the buffer). A benchmarking switch: the four in one call.
 struct GroupedWeightGradMode {
   bool into_destination;
+  bool automatic;
   WeightGradKernel kernel;
 };
 GroupedWeightGradMode grouped_weight_grad_mode();
+
+// Whether a GEMM per non-empty expert into the slot should beat ATen's grouped product followed
+// by the buffer's add over every expert (measured on the H200, docs/PERFORMANCE.md, eighteenth
+// session: with balanced routing the per-expert GEMMs of a [1,024, 2,048] gradient fill half the
+// SMs and take twice as long; where one GEMM's output tiles fill the GPU, or most experts got no
+// rows, whose blocks the loop skips and the add still reads, they win). Always true off a GPU.
+bool per_expert_gemm_pays(const at::Tensor& dw, const std::vector<int64_t>& counts);
 
 void grouped_weight_grad_into(const at::Tensor& dw, const at::Tensor& rows, const at::Tensor& grad,
                               const std::vector<int64_t>& counts, bool accumulate,

@@ -3,12 +3,14 @@
 // float64 CPU reference of the products per group: bf16 and fp32, 64 experts with empty groups
 // and padding rows, overwriting and accumulating into a slot; then ops::grouped_mm on the GPU
 // with a gradient destination (the counts copied to the host in forward) writing there over two
-// backwards, autograd's gradient left undefined. Skips without a GPU.
+// backwards, autograd's gradient left undefined, or returned to autograd where the GEMMs per
+// expert would not pay. Skips without a GPU.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "dscpp/ops/grad_destination.h"
@@ -80,36 +82,52 @@ TEST(GroupedWeightGradCuda, BothKernelsMatchTheProductsOfEachGroup) {
   }
 }
 
+// With DSCPP_GROUPED_WGRAD unset (auto): where 4 of 16 experts got rows the GEMMs per expert pay
+// and write into the destination over two backwards; with every expert busy at this narrow
+// width they do not, and the gradient goes back to autograd (per_expert_gemm_pays).
 TEST(GroupedWeightGradCuda, GroupedMmWritesIntoItsDestinationOnTheGpu) {
   DSCPP_SKIP_WITHOUT_CUDA();
+  if (std::getenv("DSCPP_GROUPED_WGRAD")) GTEST_SKIP() << "DSCPP_GROUPED_WGRAD is set";
   at::manual_seed(6);
   const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const int64_t experts = 16, n = 1024, in = 64, out = 128;
-  const at::Tensor weights = at::randn({experts, in, out}, opts).requires_grad_(true);
-  at::Tensor slot = at::full({experts, in, out}, 3.0, opts);  // stale until overwritten
-  bool dirty = false;
-  int writes = 0;
-  dscpp::ops::GradDestination d;
-  d.slot = [&](bool& accumulate) {
-    accumulate = dirty;
-    return slot;
-  };
-  d.written = [&] {
-    dirty = true;
-    ++writes;
-  };
-  const auto handle = dscpp::ops::register_grad_destinations({weights}, {d});
-  at::Tensor want = at::zeros({experts, in, out}, at::kDouble);
-  for (int micro = 0; micro < 2; ++micro) {
-    const std::vector<int64_t> counts = random_counts(experts, n);
-    const at::Tensor c = at::tensor(counts, at::kLong).to(at::kCUDA);
-    const at::Tensor rows = at::randn({n, in}, opts), grad = at::randn({n, out}, opts);
-    dscpp::ops::grouped_mm(rows, weights, c).backward(grad);
-    want += reference(rows, grad, counts);
+  for (const bool concentrated : {true, false}) {
+    SCOPED_TRACE(concentrated ? "4 experts busy" : "every expert busy");
+    const at::Tensor weights = at::randn({experts, in, out}, opts).requires_grad_(true);
+    at::Tensor slot = at::full({experts, in, out}, 3.0, opts);  // stale until overwritten
+    bool dirty = false;
+    int writes = 0;
+    dscpp::ops::GradDestination d;
+    d.slot = [&](bool& accumulate) {
+      accumulate = dirty;
+      return slot;
+    };
+    d.written = [&] {
+      dirty = true;
+      ++writes;
+    };
+    const auto handle = dscpp::ops::register_grad_destinations({weights}, {d});
+    at::Tensor want = at::zeros({experts, in, out}, at::kDouble);
+    for (int micro = 0; micro < 2; ++micro) {
+      std::vector<int64_t> counts(experts, n / experts);
+      if (concentrated)
+        for (int64_t e = 0; e < experts; ++e) counts[e] = e % 4 == micro ? n / 4 : 0;
+      const at::Tensor c = at::tensor(counts, at::kLong).to(at::kCUDA);
+      const at::Tensor rows = at::randn({n, in}, opts), grad = at::randn({n, out}, opts);
+      dscpp::ops::grouped_mm(rows, weights, c).backward(grad);
+      want += reference(rows, grad, counts);
+    }
+    if (concentrated) {
+      EXPECT_EQ(writes, 2);
+      EXPECT_FALSE(weights.grad().defined());
+      // Experts 2 and 3 got no rows in either backward: overwritten with zeros by the first.
+      EXPECT_LT(rel_err(slot.cpu().to(at::kDouble), want), 2e-2);
+    } else {
+      EXPECT_EQ(writes, 0);
+      ASSERT_TRUE(weights.grad().defined());
+      EXPECT_LT(rel_err(weights.grad().cpu().to(at::kDouble), want), 2e-2);
+    }
   }
-  EXPECT_EQ(writes, 2);
-  EXPECT_FALSE(weights.grad().defined());
-  EXPECT_LT(rel_err(slot.cpu().to(at::kDouble), want), 2e-2);
 }
 
 }  // namespace
