@@ -9,9 +9,9 @@
 #include <ATen/record_function.h>
 
 #include "dscpp/nn/autograd_group.h"
-#include "dscpp/ops/grad_destination.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/tp_comm_overlap.h"
+#include "dscpp/ops/grad_destination.h"
 
 namespace dscpp::nn {
 

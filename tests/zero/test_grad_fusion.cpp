@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 
 #include "dscpp/comm/rendezvous.h"
-#include "dscpp/ops/grad_destination.h"
 #include "dscpp/nn/linear.h"
+#include "dscpp/ops/grad_destination.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/zero/zero_optimizer.h"
 
