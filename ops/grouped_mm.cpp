@@ -78,18 +78,11 @@ at::Tensor loop_forward(const at::Tensor& a, const at::Tensor& b, const std::vec
   return out;
 }
 
-// dw[e] = a[rows of e]^T @ g[rows of e].
+// dw[e] = a[rows of e]^T @ g[rows of e]: the loop of grouped_weight_grad_into, into a new tensor.
 at::Tensor loop_weight_grad(const at::Tensor& a, const at::Tensor& g,
                             const std::vector<int64_t>& c) {
-  at::Tensor dw = at::zeros({static_cast<int64_t>(c.size()), a.size(1), g.size(1)}, a.options());
-  int64_t o = 0;
-  for (size_t e = 0; e < c.size(); ++e) {
-    if (c[e] > 0) {
-      at::Tensor block = dw[e];
-      at::mm_out(block, a.narrow(0, o, c[e]).t(), g.narrow(0, o, c[e]));
-    }
-    o += c[e];
-  }
+  at::Tensor dw = at::empty({static_cast<int64_t>(c.size()), a.size(1), g.size(1)}, a.options());
+  grouped_weight_grad_into(dw, a, g, c, /*accumulate=*/false, WeightGradKernel::kLoop);
   return dw;
 }
 
