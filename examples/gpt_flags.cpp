@@ -105,6 +105,10 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
     ("bench-no-comm", po::bool_switch(&a.bench_no_comm),
      "a benchmark's bound: the engine gets a no-op process group, so ZeRO's collectives move "
      "no data (the model does not train correctly; only the step time means something)")
+    ("grouped-wgrad", po::value(&a.grouped_wgrad)->default_value(a.grouped_wgrad),
+     "the experts' weight gradient: auto (a GEMM per expert into ZeRO's buffer where that "
+     "pays), loop (always that), grouped (cuBLAS's grouped GEMM into the buffer) or off "
+     "(returned to autograd); a benchmarking switch")
     ("seed-layers", po::bool_switch(&a.seed_layers),
      "build the GPT as its LayerSpecs, each layer seeded with --seed + its index (DeepSpeed's "
      "seed_layers): the initial weights of a pipeline run, on any number of stages")

@@ -57,11 +57,12 @@ struct GptOptions {
   bool profile_all_ranks = false;
   std::string memory_snapshot;  // empty: none
   int64_t memory_snapshot_step = 2;
-  bool layer_specs = false;    // the GPT as LayerSpecs at any stage (always at stage 3)
-  bool bench_no_comm = false;  // a no-op process group: the communication-off bound
-  bool seed_layers = false;    // each layer seeded with seed + its index (always on a pipeline)
-  bool dry_run = false;        // --dry-run: the figures of examples/dry_run.h, no training
-  bool help = false;           // --help: `help_text` holds the flags' descriptions
+  bool layer_specs = false;            // the GPT as LayerSpecs at any stage (always at stage 3)
+  bool bench_no_comm = false;          // a no-op process group: the communication-off bound
+  std::string grouped_wgrad = "auto";  // checked by ops::parse_grouped_weight_grad_mode
+  bool seed_layers = false;  // each layer seeded with seed + its index (always on a pipeline)
+  bool dry_run = false;      // --dry-run: the figures of examples/dry_run.h, no training
+  bool help = false;         // --help: `help_text` holds the flags' descriptions
   std::string help_text;
 };
 

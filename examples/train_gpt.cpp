@@ -55,6 +55,7 @@
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/ops/grad_destination.h"
+#include "dscpp/ops/grouped_weight_grad.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/monitor/monitor.h"
 #include "gpt_flags.h"
@@ -502,6 +503,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (args.dry_run) return dscpp::examples::run_dry_run(args, launched ? world : 0, quiet);
+    try {
+      dscpp::ops::set_grouped_weight_grad_mode(
+          dscpp::ops::parse_grouped_weight_grad_mode(args.grouped_wgrad));
+    } catch (const dscpp::Error& e) {
+      throw dscpp::examples::FlagError(std::string("--grouped-wgrad: ") + e.what());
+    }
     cfg = dscpp::model_zoo::GPTConfig::from_file(args.model_config);
     apply_tensor_flags(*cfg, args, world);
     // A pipeline (train_gpt_pipeline.h) leaves world / (stages x tensor) ranks to data

@@ -8,10 +8,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "dscpp/error.h"
 
@@ -186,17 +189,41 @@ bool per_expert_gemm_pays(const at::Tensor& dw, const std::vector<int64_t>& coun
 #endif
 }
 
+namespace {
+
+// The four modes by name; the process's setting is an index into them (an atomic the size of a
+// word: a struct of three fields would need libatomic).
+constexpr std::array<std::pair<std::string_view, GroupedWeightGradMode>, 4> kModes = {{
+    {"auto", {true, true, WeightGradKernel::kLoop}},
+    {"loop", {true, false, WeightGradKernel::kLoop}},
+    {"grouped", {true, false, WeightGradKernel::kGrouped}},
+    {"off", {false, false, WeightGradKernel::kLoop}},
+}};
+std::atomic<int> g_mode{0};
+
+bool same(const GroupedWeightGradMode& a, const GroupedWeightGradMode& b) {
+  return a.into_destination == b.into_destination && a.automatic == b.automatic &&
+         a.kernel == b.kernel;
+}
+
+}  // namespace
+
+GroupedWeightGradMode parse_grouped_weight_grad_mode(const std::string& name) {
+  for (const auto& [n, mode] : kModes)
+    if (n == name) return mode;
+  throw Error("grouped weight-gradient mode: expected auto, loop, grouped or off, found '" + name +
+              "'");
+}
+
 GroupedWeightGradMode grouped_weight_grad_mode() {
-  static const GroupedWeightGradMode mode = [] {
-    const char* env = std::getenv("DSCPP_GROUPED_WGRAD");
-    const std::string v = env ? env : "auto";
-    if (v == "auto") return GroupedWeightGradMode{true, true, WeightGradKernel::kLoop};
-    if (v == "loop") return GroupedWeightGradMode{true, false, WeightGradKernel::kLoop};
-    if (v == "grouped") return GroupedWeightGradMode{true, false, WeightGradKernel::kGrouped};
-    if (v == "off") return GroupedWeightGradMode{false, false, WeightGradKernel::kLoop};
-    throw Error("DSCPP_GROUPED_WGRAD: expected auto, loop, grouped or off, got '" + v + "'");
-  }();
-  return mode;
+  return kModes[static_cast<size_t>(g_mode.load(std::memory_order_relaxed))].second;
+}
+
+void set_grouped_weight_grad_mode(GroupedWeightGradMode mode) {
+  for (size_t i = 0; i < kModes.size(); ++i)
+    if (same(kModes[i].second, mode))
+      return g_mode.store(static_cast<int>(i), std::memory_order_relaxed);
+  throw Error("set_grouped_weight_grad_mode: not one of parse_grouped_weight_grad_mode's modes");
 }
 
 void grouped_weight_grad_into(const at::Tensor& dw, const at::Tensor& rows, const at::Tensor& grad,

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dscpp::ops {
@@ -22,16 +23,21 @@ namespace dscpp::ops {
 enum class WeightGradKernel { kGrouped, kLoop };
 
 // Whether ops::grouped_mm's backward writes the weight gradient into a gradient destination, and
-// by which kernel: the environment's DSCPP_GROUPED_WGRAD, read once: "auto" (the default: a GEMM
-// per expert where per_expert_gemm_pays says so, else the gradient returned to autograd),
-// "loop" (a GEMM per expert always), "grouped" (cuBLAS's grouped GEMM), or "off" (returned to
-// autograd, which adds it into the buffer). A benchmarking switch: the four in one call.
+// by which kernel, one setting for the process: "auto" (the default: a GEMM per expert where
+// per_expert_gemm_pays says so, else the gradient returned to autograd), "loop" (a GEMM per
+// expert always), "grouped" (cuBLAS's grouped GEMM), or "off" (returned to autograd, which adds
+// it into the buffer). A benchmarking switch (train_gpt's --grouped-wgrad); the library reads no
+// environment for it (the launch contract is all it reads).
 struct GroupedWeightGradMode {
   bool into_destination;
   bool automatic;
   WeightGradKernel kernel;
 };
+// Throws dscpp::Error naming `name` unless it is auto, loop, grouped or off.
+GroupedWeightGradMode parse_grouped_weight_grad_mode(const std::string& name);
 GroupedWeightGradMode grouped_weight_grad_mode();
+// Set before training starts (it is read by backward passes on autograd's threads).
+void set_grouped_weight_grad_mode(GroupedWeightGradMode mode);
 
 // Whether a GEMM per non-empty expert into the slot should beat ATen's grouped product followed
 // by the buffer's add over every expert (measured on the H200, docs/PERFORMANCE.md, eighteenth

@@ -40,7 +40,7 @@
 #                   (GPU_MOE_DS: another ds_config), then its PyTorch reference (bench/
 #                   pytorch_moe_gpt.py) -> train_gpt_moe.log (tokens/s, MFU on active parameters,
 #                   aux loss, balance), pytorch_moe.log, moe_table.md (both rows and the ratio);
-#                   GPU_MOE_WGRAD="off grouped": train_gpt again with each DSCPP_GROUPED_WGRAD;
+#                   GPU_MOE_WGRAD="off grouped": train_gpt again with each --grouped-wgrad;
 #                   GPU_MOE_DS_MORE="a.json b.json": train_gpt again with each ds_config
 #   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
 #                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
@@ -329,19 +329,14 @@ c["train_micro_batch_size_per_gpu"] = max(1, c["train_micro_batch_size_per_gpu"]
 json.dump(c, open(sys.argv[2], "w"))
 PY
 }
-moe_train() {  # moe_train DS_CONFIG
+moe_train() {  # moe_train DS_CONFIG [train_gpt flags]
   local limit=900
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - ${GPU_MOE_REF_S:-130}))  # the rest: the reference
   [ "$limit" -ge 60 ] || { echo "moe_train: ${limit} s left before GPU_DEADLINE_S: not run"; return 1; }
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 "$limit" ./build-cuda/launcher/dscpp \
     --num_gpus 1 --master_port 29765 ./build-cuda/examples/train_gpt --model-config model_zoo/configs/moe_1gpu.yaml \
     --train-data-path .gpu/corpus/fortunes_text_document --deepspeed_config "$1" \
-    --train-iters "${GPU_MOE_ITERS:-12}" --log-interval 4
-}
-moe_train_wgrad() {  # moe_train_wgrad MODE DS_CONFIG
-  local DSCPP_GROUPED_WGRAD=$1
-  export DSCPP_GROUPED_WGRAD
-  moe_train "$2"
+    --train-iters "${GPU_MOE_ITERS:-12}" --log-interval 4 "${@:2}"
 }
 moe_reference() {
   local limit=900 micro batch
@@ -363,7 +358,7 @@ if [ "${GPU_MOE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_tex
   fi
   # The experts' weight-gradient paths beside the default in this call (ops/grouped_weight_grad.h).
   for mode in ${GPU_MOE_WGRAD:-}; do
-    step "train_gpt_moe_wgrad_$mode" moe_train_wgrad "$mode" "$moe_cfg"
+    step "train_gpt_moe_wgrad_$mode" moe_train "$moe_cfg" --grouped-wgrad "$mode"
   done
   for extra in ${GPU_MOE_DS_MORE:-}; do
     step "train_gpt_moe_$(basename "$extra" .json)" moe_train "$extra"

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <string>
 #include <vector>
 
 #include "dscpp/error.h"
@@ -138,6 +139,31 @@ TEST(GroupedMm, ReturnsItsWeightGradientWhereTheDestinationHasNoSlot) {
   EXPECT_EQ(buffer.writes, 0);
   EXPECT_TRUE(
       at::allclose(weights.grad().to(at::kDouble), reference(rows, grad, counts), 1e-5, 1e-5));
+}
+
+// The process setting (train_gpt's --grouped-wgrad): "off" returns the gradient to autograd even
+// where the destination has a slot; an unknown name is refused by name.
+TEST(GroupedMm, ModeOffReturnsItsWeightGradientToAutograd) {
+  at::manual_seed(13);
+  const std::vector<int64_t> counts = {3, 2};
+  const at::Tensor weights = at::randn({2, 8, 4}).requires_grad_(true);
+  Buffer buffer;
+  buffer.slot = at::zeros({2, 8, 4});
+  const auto handle = register_buffer(weights, buffer);
+  const at::Tensor rows = at::randn({5, 8}), grad = at::randn({5, 4});
+  dscpp::ops::set_grouped_weight_grad_mode(dscpp::ops::parse_grouped_weight_grad_mode("off"));
+  dscpp::ops::grouped_mm(rows, weights, at::tensor(counts, at::kLong)).backward(grad);
+  dscpp::ops::set_grouped_weight_grad_mode(dscpp::ops::parse_grouped_weight_grad_mode("auto"));
+  EXPECT_EQ(buffer.writes, 0);
+  ASSERT_TRUE(weights.grad().defined());
+  EXPECT_TRUE(
+      at::allclose(weights.grad().to(at::kDouble), reference(rows, grad, counts), 1e-5, 1e-5));
+  try {
+    (void)dscpp::ops::parse_grouped_weight_grad_mode("fast");
+    ADD_FAILURE() << "'fast' was accepted";
+  } catch (const dscpp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fast'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

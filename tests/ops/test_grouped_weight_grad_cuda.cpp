@@ -82,12 +82,12 @@ TEST(GroupedWeightGradCuda, BothKernelsMatchTheProductsOfEachGroup) {
   }
 }
 
-// With DSCPP_GROUPED_WGRAD unset (auto): where 4 of 16 experts got rows the GEMMs per expert pay
+// In the mode auto: where 4 of 16 experts got rows the GEMMs per expert pay
 // and write into the destination over two backwards; with every expert busy at this narrow
 // width they do not, and the gradient goes back to autograd (per_expert_gemm_pays).
 TEST(GroupedWeightGradCuda, GroupedMmWritesIntoItsDestinationOnTheGpu) {
   DSCPP_SKIP_WITHOUT_CUDA();
-  if (std::getenv("DSCPP_GROUPED_WGRAD")) GTEST_SKIP() << "DSCPP_GROUPED_WGRAD is set";
+  dscpp::ops::set_grouped_weight_grad_mode(dscpp::ops::parse_grouped_weight_grad_mode("auto"));
   at::manual_seed(6);
   const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const int64_t experts = 16, n = 1024, in = 64, out = 128;
