@@ -37,7 +37,9 @@ One line, read by
 scripts/gpu_run.sh:
     pytorch_moe mode=single compile=0|1 gpus=1 micro_batch=B accumulation=G seq=S steps=K
         params=P active_params=A tokens_per_s_per_gpu=X tflops_per_gpu=Y mfu=M
-        peak_mem_gib=Z loss=L secs=T [oom_at_micro_batch=B0] [compile_failed=1]
+        peak_mem_gib=Z loss=L secs=T [load_balance=R load_balance_worst=W]
+        [oom_at_micro_batch=B0] [compile_failed=1]
+(load_balance: the last step's max/mean routes per expert over the MoE layers, train_gpt's.)
 TFLOP/s count 6 * active parameters + 12 * L * h * s per token (train_gpt's formula for the MoE
 GPT); MFU is against 989 TFLOP/s (--peak-tflops)."""
 import argparse
@@ -322,11 +324,17 @@ def parameter_counts(model, c):
 
 @torch.no_grad()
 def update_expert_biases(model, rate):
+    """Moves the biases; returns the step's max/mean routes per expert of each MoE layer, a
+    device tensor (read once after the timing: an .item() a step would be a host wait)."""
+    balance = []
     for m in model.modules():
-        if isinstance(m, Gate) and m.expert_bias is not None:
+        if isinstance(m, Gate):
             counts = m.tokens_per_expert
-            m.expert_bias.add_(torch.sign(counts.mean() - counts) * rate)
+            balance.append(counts.max() / counts.mean().clamp_min(1e-9))
+            if m.expert_bias is not None:
+                m.expert_bias.add_(torch.sign(counts.mean() - counts) * rate)
             counts.zero_()
+    return torch.stack(balance) if balance else None
 
 
 def read_corpus(prefix):
@@ -371,6 +379,9 @@ def main():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype (fp32: none)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--lr-warmup-steps", type=int, default=0,
+                    help="linear warmup from 0 over N steps, as train_gpt's --lr-warmup-iters (the "
+                         "benchmark's balanced routing: the router barely moves in its few steps)")
     args = ap.parse_args()
     c = load_config(args.model_config)
     torch.manual_seed(0)
@@ -385,6 +396,8 @@ def main():
             b.compile()  # in place: the names stay dscpp's; the blocks share one graph
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                             fused=args.device == "cuda")
+    warm = args.lr_warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, k / warm) if warm > 0 else 1.0)
 
     def head_loss(x, targets):
         return loss_of(model.logits(x), targets)
@@ -392,6 +405,7 @@ def main():
     fn = {"head_loss": torch.compile(head_loss) if compiled else head_loss}
     steps_total = args.warmup + args.steps
     oom_at, compile_error = 0, ""
+    state = {"balance": None}
 
     def run_step(batches):
         last = None
@@ -403,8 +417,9 @@ def main():
             last = loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
-        update_expert_biases(model, c["moe_router_bias_update_rate"])
+        state["balance"] = update_expert_biases(model, c["moe_router_bias_update_rate"])
         return last
 
     batches = make_batches(args, c, steps_total * args.accumulation)
@@ -463,6 +478,8 @@ def main():
           f"accumulation={args.accumulation} seq={seq} steps={args.steps} params={total} active_params={active} "
           f"tokens_per_s_per_gpu={tps:.1f} tflops_per_gpu={tflops:.2f} mfu={100 * tflops / args.peak_tflops:.1f}% "
           f"peak_mem_gib={peak:.3f} loss={loss.item():.4f} secs={secs:.3f}"
+          + (f" load_balance={state['balance'].mean().item():.2f} load_balance_worst="
+             f"{state['balance'].max().item():.2f}" if state["balance"] is not None else "")
           + (f" oom_at_micro_batch={oom_at}" if oom_at else "")
           + (" compile_failed=1" if compile_error else ""), flush=True)
 

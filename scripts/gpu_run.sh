@@ -41,7 +41,10 @@
 #                   pytorch_moe_gpt.py) -> train_gpt_moe.log (tokens/s, MFU on active parameters,
 #                   aux loss, balance), pytorch_moe.log, moe_table.md (both rows and the ratio);
 #                   GPU_MOE_WGRAD="off grouped": train_gpt again with each --grouped-wgrad;
-#                   GPU_MOE_DS_MORE="a.json b.json": train_gpt again with each ds_config
+#                   GPU_MOE_DS_MORE="a.json b.json": train_gpt again with each ds_config;
+#                   both sides warm the lr up over GPU_MOE_WARMUP steps (default 1000: balanced
+#                   routing; 0: none, the router collapses); GPU_MOE_COLLAPSED=1: train_gpt again
+#                   without the warmup
 #   GPU_NVME=1      ZeRO-Infinity's io_uring swap files on this machine's disk (liburing from the
 #                   .gpu/ .debs): tests/zero/test_nvme_file, then the NVMe oracle on CPU ranks
 #                   (CUDA hidden: fp32 within 1e-6 of no offload) -> nvme_file.log, nvme_oracle.log
@@ -336,8 +339,18 @@ moe_train() {  # moe_train DS_CONFIG [train_gpt flags]
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 "$limit" ./build-cuda/launcher/dscpp \
     --num_gpus 1 --master_port 29765 ./build-cuda/examples/train_gpt --model-config model_zoo/configs/moe_1gpu.yaml \
     --train-data-path .gpu/corpus/fortunes_text_document --deepspeed_config "$1" \
-    --train-iters "${GPU_MOE_ITERS:-12}" --log-interval 4 "${@:2}"
+    --train-iters "${GPU_MOE_ITERS:-12}" --log-interval 4 $(moe_warmup_flags --lr-warmup-iters) "${@:2}"
 }
+# Balanced routing: without an lr warmup the router collapses within these few steps (load
+# balance 8.00 by step 8 on both sides, every token on the same 8 experts), which a long run's
+# bias balancing keeps from happening; a warmup of GPU_MOE_WARMUP steps (default 1000, 0: none)
+# keeps it near its initial balance. Both sides get the same.
+moe_warmup_flags() {  # moe_warmup_flags FLAG_NAME
+  local w=${GPU_MOE_WARMUP:-1000}
+  [ "$w" -gt 0 ] || return 0
+  if [ "$1" = --lr-warmup-iters ]; then echo "--lr-warmup-iters $w --lr-decay-style constant"; else echo "$1 $w"; fi
+}
+moe_train_collapsed() { GPU_MOE_WARMUP=0 moe_train "$@"; }
 moe_reference() {
   local limit=900 micro batch
   [ "${GPU_DEADLINE_S:-0}" -gt 0 ] && limit=$((GPU_DEADLINE_S - SECONDS - 10))
@@ -347,7 +360,8 @@ moe_reference() {
   PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 "$limit" python3 \
     bench/pytorch_moe_gpt.py --model-config model_zoo/configs/moe_1gpu.yaml \
     --data-path .gpu/corpus/fortunes_text_document --micro-batch "$micro" --accumulation $((batch / micro)) \
-    --fallback-micro-batch $((micro / 2)) --warmup $(( ${GPU_MOE_ITERS:-12} - 4 )) --steps 4
+    --fallback-micro-batch $((micro / 2)) --warmup $(( ${GPU_MOE_ITERS:-12} - 4 )) --steps 4 \
+    $(moe_warmup_flags --lr-warmup-steps)
 }
 if [ "${GPU_MOE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
   moe_cfg=${GPU_MOE_DS:-bench/configs/moe_1gpu_bf16_zero1.json}
@@ -363,6 +377,7 @@ if [ "${GPU_MOE:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_tex
   for extra in ${GPU_MOE_DS_MORE:-}; do
     step "train_gpt_moe_$(basename "$extra" .json)" moe_train "$extra"
   done
+  [ "${GPU_MOE_COLLAPSED:-0}" = 1 ] && step train_gpt_moe_collapsed moe_train_collapsed "$moe_cfg"
   step pytorch_moe moe_reference
   moe_log=$out/train_gpt_moe.log
   [ -f "$out/train_gpt_moe_half.log" ] && moe_log=$out/train_gpt_moe_half.log
