@@ -116,10 +116,12 @@ def main():
                             "--accumulation", "2", "--warmup", "1", "--steps", "2"],
                            capture_output=True, text=True, env=dict(os.environ, PYTORCH_MOE_GPT_THREADS="1"))
         line = re.search(r"^pytorch_moe mode=single compile=0 gpus=1 micro_batch=2 accumulation=2 seq=16 steps=2 "
-                         r"params=\d+ active_params=\d+ tokens_per_s_per_gpu=(\S+) .* loss=(\S+) secs=\S+$",
+                         r"params=\d+ active_params=\d+ tokens_per_s_per_gpu=(\S+) .* loss=(\S+) secs=\S+ "
+                         r"load_balance=(\S+) load_balance_worst=(\S+)$",
                          r.stdout, re.M)
         check("script runs on the CPU", r.returncode == 0 and line is not None
-              and float(line[1]) > 0 and 0 < float(line[2]) < 10, r.stdout + r.stderr)
+              and float(line[1]) > 0 and 0 < float(line[2]) < 10
+              and 1 <= float(line[3]) <= float(line[4]), r.stdout + r.stderr)
     c = ref.load_config(os.path.join(ROOT, "model_zoo", "configs", "moe_1gpu.yaml"))
     with torch.device("meta"):
         total, active = ref.parameter_counts(ref.GPT(c), c)
