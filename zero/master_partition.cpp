@@ -191,6 +191,19 @@ void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)
   // buffer). The shards are re-seated, not set_data'd: a shard is a view of the master, and a
   // view keeps its base alive (a whole old fp32 partition stayed held, measured on an H200).
   for (const auto& name : state_names()) {
+    // A state never written (the re-lay comes before the first step; nothing loaded) is zeros
+    // in any layout: nothing to move, and no second copy of it (at billions of elements the
+    // host's peak). Padding is zeros in both layouts.
+    if (state_is_zero(name)) {
+      if (layout_.partition == whole_.numel()) continue;
+      const at::Tensor zeros =
+          at::zeros({layout_.partition}, optimizer_->state(0).at(name).options());
+      for (int g = 0; g < optimizer_->num_shards(); ++g) {
+        const auto& gr = layout_.groups[g];
+        optimizer_->state(g)[name] = zeros.slice(0, gr.part_begin, gr.part_end);
+      }
+      continue;
+    }
     at::Tensor whole = state_partition(name);
     if (whole.numel() != whole_.numel()) continue;
     at::Tensor moved = relay(whole);
@@ -373,6 +386,18 @@ at::Tensor MasterPartition::state_partition(const std::string& name) {
       parts.push_back(two_devices ? t.cpu() : t);
     }
   return at::cat(parts);
+}
+
+bool MasterPartition::state_is_zero(const std::string& name) {
+  if (swap_ || !whole_.defined()) return false;  // (a file's read costs what the re-lay does)
+  int64_t n = 0;
+  for (const Side& s : sides())
+    for (int g = 0; g < s.opt->num_shards(); ++g) {
+      const at::Tensor& t = s.opt->state(g).at(name);
+      if (!t.is_floating_point() || t.any().item<bool>()) return false;
+      n += t.numel();
+    }
+  return n == whole_.numel();  // (a state over the partition, not a scalar one)
 }
 
 void MasterPartition::load_state_partition(const std::string& name, const at::Tensor& values) {

@@ -119,6 +119,9 @@ class MasterPartition {
   at::Tensor state_partition(const std::string& name);
   void load_state_partition(const std::string& name, const at::Tensor& values);
   std::vector<std::string> state_names();
+  // Whether the state spans the partition and every element is zero (a read, no copy; false
+  // with NVMe).
+  bool state_is_zero(const std::string& name);
   int64_t step_count() { return optimizer_->step_count(0); }
   void set_step_count(int64_t steps);
 
