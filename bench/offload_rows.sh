@@ -16,6 +16,10 @@
 #              (16 B per parameter of model states, 135 GiB, do not fit 139 GiB with activations)
 #   d3both     the 8.27 B GPT at stage 3 with both offloads (gpt_bf16_zero3_offload_both.json):
 #              about the largest the 128 GiB host holds (14 B per parameter there)
+#   d2off83    the 8.27 B GPT at stage 2 with offload_optimizer cpu: "about 8 B" where the 9.08 B
+#              one's 14 B per parameter on the host (118.4 GiB) is too close to the 128 GiB limit
+#   d2x83      the 8.27 B GPT at stage 2 without offload: 16 B per parameter of model states
+#              (123 GiB) and its activations do not fit 139 GiB
 # The offload ds_configs set wall_clock_breakdown (and steps_per_print 1): every step prints both
 # systems' timers, dscpp's with ZeRO's phases (zero/phase_times.h); offload_table.md ends with
 # each row's last step of them. $LOGDIR/cpu.txt: the machine's CPUs and LibTorch's thread count.
@@ -70,6 +74,8 @@ row_cmd() {  # sets `cmd` and `model` for a row; returns 1 if unknown
     d2off46o) model=$m46; train 29867 "$m46" bench/configs/gpt_bf16_zero2_offload_noclip.json ;;
     d2x9) model=$m9; train 29864 "$m9" bench/configs/gpt_6.7B_bf16_zero2.json ;;
     d3both) model=$m83; train 29865 "$m83" bench/configs/gpt_bf16_zero3_offload_both.json ;;
+    d2off83) model=$m83; train 29869 "$m83" "$off2" ;;
+    d2x83) model=$m83; train 29870 "$m83" bench/configs/gpt_6.7B_bf16_zero2.json ;;
     ds2off46) model=$m46
       cmd=(env TORCH_CUDA_ARCH_LIST=9.0 MASTER_PORT=29866 "$py" bench/peak_rss.py "$py" bench/deepspeed_gpt.py
         --model-config "$m46" --deepspeed_config "$off2" --adam fused --steps "$ds_steps" --warmup "$ds_warmup") ;;

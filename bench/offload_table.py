@@ -21,8 +21,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_table import last_error, num_parameters, parse_deepspeed, parse_dscpp, trailer  # noqa: E402
 
-ORDER = ["d2x9", "d2off9", "d2off46", "d2off46o", "ds2off46", "d3both"]
+ORDER = ["d2x9", "d2off9", "d2x83", "d2off83", "d2off46", "d2off46o", "ds2off46", "d3both"]
 WHAT = {"d2x9": "dscpp ZeRO-2, no offload", "d2off9": "dscpp ZeRO-2 + offload_optimizer cpu",
+        "d2x83": "dscpp ZeRO-2, no offload", "d2off83": "dscpp ZeRO-2 + offload_optimizer cpu",
         "d2off46": "dscpp ZeRO-2 + offload_optimizer cpu",
         "d2off46o": "dscpp ZeRO-2 + offload_optimizer cpu, no clipping: update overlaps backward",
         "ds2off46": "DeepSpeed ZeRO-2 + offload_optimizer cpu",

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "dscpp/error.h"
+#include "dscpp/ops/pinned_memory.h"
 #include "dscpp/ops/sum_of_squares.h"
 
 namespace dscpp::zero {
@@ -38,7 +39,7 @@ MasterPartition::MasterPartition(const FlatLayout& layout, at::TensorOptions opt
   grads_on_host_ = on_host && host_begin_ == 0 && grads_on_host;
   pin_grads_ = grads_on_host_ && pin_grads;
   if (grads_on_host_) {
-    grads_ = at::empty({n}, host.dtype(grad_dtype).pinned_memory(pin_grads_));
+    grads_ = ops::host_empty(n, grad_dtype, pin_grads_);
     grads_.zero_();
   } else {
     grads_ = at::zeros({n}, options.dtype(grad_dtype));
@@ -242,7 +243,7 @@ void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)
 
 void MasterPartition::replace_grads(const at::Tensor& g) {
   if (grads_on_host_) {
-    grads_ = at::empty({g.numel()}, g.options().device(at::kCPU).pinned_memory(pin_grads_));
+    grads_ = ops::host_empty(g.numel(), g.scalar_type(), pin_grads_);
     grads_.copy_(g);
   } else {
     grads_ = g.to(grads_.device());

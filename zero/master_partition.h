@@ -60,7 +60,8 @@ class MasterPartition {
   void add_shards(const std::vector<optim::Hyper>& group_options);
   // After the layout changed (the re-lay after the first backward): relay(t) gives a tensor
   // laid out as the old partition laid out as the new one, on t's device or on the host (the
-  // buffers are copied into their own places). The master, the gradient partition
+  // buffers are copied into their own places), or t itself, rewritten in its storage (t is not
+  // read again after relay returns). The master, the gradient partition
   // and every optimizer state of the partition's size move; the shards follow.
   void relayout(const std::function<at::Tensor(const at::Tensor&)>& relay);
 

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "dscpp/error.h"
+#include "dscpp/ops/pinned_memory.h"
 
 namespace dscpp::zero {
 
@@ -40,10 +41,9 @@ struct OffloadStepper::Transfers {
   Transfers(c10::Device d, int64_t piece, at::ScalarType grad_dtype, at::ScalarType param_dtype,
             bool pin)
       : device(d), streams(!d.is_cpu()) {
-    const auto host = at::TensorOptions().device(at::kCPU).pinned_memory(streams && pin);
     for (Slot& s : slots) {
-      s.grad = at::empty({piece}, host.dtype(grad_dtype));
-      s.copy = at::empty({piece}, host.dtype(param_dtype));
+      s.grad = ops::host_empty(piece, grad_dtype, streams && pin);
+      s.copy = ops::host_empty(piece, param_dtype, streams && pin);
     }
     if (streams) {
       c10::impl::VirtualGuardImpl impl(device.type());

@@ -19,6 +19,7 @@
 #include "dscpp/error.h"
 #include "dscpp/ops/cpu_adam.h"
 #include "dscpp/ops/cpu_parallel.h"
+#include "dscpp/ops/pinned_memory.h"
 
 namespace dscpp::zero {
 
@@ -87,10 +88,9 @@ struct OffloadOverlap::Worker {
       piece = n;
       return;
     }
-    const auto host = at::TensorOptions().device(at::kCPU).pinned_memory(pin);
     for (Slot& s : slots) {
       if (s.up) s.up->synchronize();
-      s = Slot{at::empty({n}, host.dtype(grad_dtype)), at::empty({n}, host.dtype(param_dtype)),
+      s = Slot{ops::host_empty(n, grad_dtype, pin), ops::host_empty(n, param_dtype, pin),
                std::nullopt, std::nullopt};
     }
     piece = n;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "dscpp/error.h"
+#include "dscpp/ops/pinned_memory.h"
 #include "dscpp/zero/relayout.h"
 
 namespace dscpp::zero {
@@ -89,9 +90,7 @@ void ParamStore::keep_partition16(const at::Tensor& values) {
     swap_ = std::make_unique<ParamSwapper>(offload_.nvme, device_options_.dtype().toScalarType(),
                                            std::move(chunks), std::move(in_file));
   }
-  part16_ = at::empty(
-      {resident},
-      at::TensorOptions().dtype(device_options_.dtype().toScalarType()).pinned_memory(pin));
+  part16_ = ops::host_empty(resident, device_options_.dtype().toScalarType(), pin);
   part16_.copy_(values.narrow(0, 0, resident));
   for (int b = 0; b < static_cast<int>(layout_.buckets.size()); ++b)
     if (swapped(b)) store_chunk(b, partition_chunk(values, b));

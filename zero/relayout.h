@@ -24,11 +24,20 @@ at::Tensor relay_partition(const FlatLayout& from, const FlatLayout& to, const a
                            int rank, comm::ProcessGroup& group, c10::Device collective_device);
 
 // Buffer t (a flat buffer of `from` when !partition, else this rank's partition) re-laid:
-// a host buffer becomes a new tensor; one on an accelerator is written in place where the
-// size stays, else replaced by a new tensor of its type there. A
-// buffer on an accelerator is re-laid in host memory and copied back, so the accelerator never
-// holds a second copy of it (a 16-bit model, or its gradient partition, sized to fit).
+// a host buffer becomes a new tensor; one on an accelerator is re-laid there when the device has
+// room for a second copy, else in host memory and copied back (a 16-bit model, or its gradient
+// partition, sized to fit); it is written in place where the size stays, else replaced by a new
+// tensor of its type there.
 void relay_in_place(const FlatLayout& from, const FlatLayout& to, at::Tensor& t, bool partition,
                     int rank, comm::ProcessGroup& group, c10::Device collective_device);
+
+// Host buffer t re-laid in its own storage, through a copy of it on `scratch`: the host never
+// holds a second copy (an offloaded fp32 master of 9 B parameters is 36 GB beside 90 GB more of
+// optimizer state on a 128 GiB host). False, t untouched, where the new layout has another size
+// or scratch has no room for the copy; the caller then takes relay_partition's new tensor.
+// Collective as relay_partition is (the same collectives in the same order).
+bool relay_host_through(const FlatLayout& from, const FlatLayout& to, const at::Tensor& t,
+                        bool partition, int rank, comm::ProcessGroup& group,
+                        c10::Device collective_device, c10::Device scratch);
 
 }  // namespace dscpp::zero

@@ -205,12 +205,16 @@ void ZeroOptimizer::relay_from_first_backward() {
   store_->relayout(old);
   const int rank = store_->chunk_rank();
   const bool aliased = buckets_->aliases_partition();
-  // Every buffer is re-laid in host memory, its chunks through the training device a bucket at
-  // a time (where the collectives run): the device never holds a second copy of a buffer (at
-  // 4.64 B parameters an offloaded fp32 master and its re-laid copy on the device were 35 GiB,
-  // the run's peak), and the master's are on the host already with offload.
+  // The master's buffers are re-laid in host memory, their chunks through the training device a
+  // bucket at a time (where the collectives run): the device never holds a second copy of a
+  // device buffer (at 4.64 B parameters an offloaded fp32 master and its re-laid copy on the
+  // device were 35 GiB, the run's peak). A host buffer (offload) is re-laid in its own storage
+  // from a copy on the device, where it fits there: the host, which an offloaded run fills with
+  // 14 bytes a parameter, never holds a second copy (at 9 B parameters 36 GB more).
   const c10::Device device = param_options_.device();
   master_->relayout([&](const at::Tensor& t) {
+    if (relay_host_through(old, layout_, t, /*partition=*/true, rank, *group_, device, device))
+      return t;
     return relay_partition(old, layout_, t.is_cpu() ? t : t.cpu(), rank, *group_, device);
   });
   // The gradient buckets start over on the new layout, with the gradients of this backward
