@@ -6,6 +6,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "dscpp/comm/process_group.h"
 #include "dscpp/zero/flat_layout.h"
 
@@ -24,20 +27,29 @@ at::Tensor relay_partition(const FlatLayout& from, const FlatLayout& to, const a
                            int rank, comm::ProcessGroup& group, c10::Device collective_device);
 
 // Buffer t (a flat buffer of `from` when !partition, else this rank's partition) re-laid:
-// a host buffer becomes a new tensor; one on an accelerator is re-laid there when the device has
-// room for a second copy, else in host memory and copied back (a 16-bit model, or its gradient
-// partition, sized to fit); it is written in place where the size stays, else replaced by a new
-// tensor of its type there.
+// a host buffer becomes a new tensor; one on an accelerator is permuted in its own storage
+// (relay_flat_in_place) where it is a flat buffer of an unchanged size, else re-laid in host
+// memory and copied back (a 16-bit model, or its gradient partition, sized to fit: the device
+// never holds a second copy), in place where the size stays, else replaced by a new tensor there.
 void relay_in_place(const FlatLayout& from, const FlatLayout& to, at::Tensor& t, bool partition,
                     int rank, comm::ProcessGroup& group, c10::Device collective_device);
 
-// Host buffer t re-laid in its own storage, through a copy of it on `scratch`: the host never
-// holds a second copy (an offloaded fp32 master of 9 B parameters is 36 GB beside 90 GB more of
-// optimizer state on a 128 GiB host). False, t untouched, where the new layout has another size
-// or scratch has no room for the copy; the caller then takes relay_partition's new tensor.
-// Collective as relay_partition is (the same collectives in the same order).
-bool relay_host_through(const FlatLayout& from, const FlatLayout& to, const at::Tensor& t,
-                        bool partition, int rank, comm::ProcessGroup& group,
-                        c10::Device collective_device, c10::Device scratch);
+// The order a flat buffer is permuted in its own storage (relay_flat_in_place): the parameters
+// that move, by their new offset, and before placing order[k] the ones whose old place it
+// overwrites (still unplaced) set aside; peak: the elements aside at once. A parameter that keeps
+// its offset is never touched. When the new order is the old one with a few parameters moved
+// (the first backward's order against the registration order's guess) only those are aside.
+struct InPlacePlan {
+  std::vector<int> order;
+  std::vector<std::vector<int>> aside;  // one list per entry of order
+  int64_t peak = 0;
+};
+InPlacePlan plan_in_place(const FlatLayout& from, const FlatLayout& to);
+
+// Flat buffer t (from.total == to.total elements, on any device) laid out as `to` in its own
+// storage, as relay_flat would lay it into a new tensor (padding zero): the extra memory is
+// the plan's peak, beside t where it fits, else on the host; no communication. A one-rank
+// partition is its flat buffer.
+void relay_flat_in_place(const FlatLayout& from, const FlatLayout& to, const at::Tensor& t);
 
 }  // namespace dscpp::zero

@@ -205,16 +205,19 @@ void ZeroOptimizer::relay_from_first_backward() {
   store_->relayout(old);
   const int rank = store_->chunk_rank();
   const bool aliased = buckets_->aliases_partition();
-  // The master's buffers are re-laid in host memory, their chunks through the training device a
-  // bucket at a time (where the collectives run): the device never holds a second copy of a
-  // device buffer (at 4.64 B parameters an offloaded fp32 master and its re-laid copy on the
-  // device were 35 GiB, the run's peak). A host buffer (offload) is re-laid in its own storage
-  // from a copy on the device, where it fits there: the host, which an offloaded run fills with
-  // 14 bytes a parameter, never holds a second copy (at 9 B parameters 36 GB more).
+  // On one rank (a partition is the flat buffer) every buffer of the master is permuted in its
+  // own storage, where it lives: the host, which an offloaded run fills with 14 bytes a
+  // parameter, holds no second copy of a buffer (at 9 B parameters 36 GB more), nor does the
+  // device. Partitions of several ranks are re-laid in host memory, their chunks through the
+  // training device a bucket at a time (where the collectives run): the device never holds a
+  // second copy of a device buffer (at 4.64 B parameters an offloaded fp32 master and its
+  // re-laid copy on the device were 35 GiB, the run's peak).
   const c10::Device device = param_options_.device();
   master_->relayout([&](const at::Tensor& t) {
-    if (relay_host_through(old, layout_, t, /*partition=*/true, rank, *group_, device, device))
+    if (old.world_size == 1 && old.total == layout_.total && t.numel() == old.total) {
+      relay_flat_in_place(old, layout_, t);
       return t;
+    }
     return relay_partition(old, layout_, t.is_cpu() ? t : t.cpu(), rank, *group_, device);
   });
   // The gradient buckets start over on the new layout, with the gradients of this backward

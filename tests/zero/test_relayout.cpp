@@ -1,11 +1,14 @@
-// The re-lay's buffer moves: relay_host_through writes into the host buffer itself exactly what
-// relay_partition (and relay_flat) return as a new tensor, and refuses, untouched, where the
-// new layout has another size. (Several ranks: the offload oracles, whose CPU runs re-lay every
-// offloaded buffer through this path with the host as the scratch device.)
+// The re-lay in a buffer's own storage: relay_flat_in_place leaves exactly what relay_flat
+// returns as a new tensor (padding zero), for any order, and sets aside only the parameters
+// whose old place is overwritten before they move: little when the new order is close to the
+// old. (The engine's re-lay through it on one rank: the offload and engine oracles.)
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "dscpp/comm/no_op_group.h"
+#include <algorithm>
+#include <numeric>
+#include <random>
+
 #include "dscpp/zero/flat_layout.h"
 #include "dscpp/zero/relayout.h"
 
@@ -13,56 +16,76 @@ using dscpp::zero::FlatLayout;
 
 namespace {
 
-const c10::Device kCpu(c10::kCPU);
-
-// Every element distinct, so a misplaced one shows.
+// Every element distinct (padding too, so that a padding not zeroed shows).
 at::Tensor counting(int64_t n) {
   return at::arange(1, n + 1, at::kFloat);
 }
 
-}  // namespace
-
-TEST(Relayout, HostThroughWritesWhatRelayPartitionReturnsOnOneRank) {
-  // Sizes that are multiples of the alignment: any order gives the same total.
-  const std::vector<int64_t> numels = {8, 4, 12, 16, 4};
-  const FlatLayout from = FlatLayout::build(numels, 1, 12, 4);
-  const FlatLayout to = FlatLayout::build(numels, 1, 12, 4, {}, {}, {2, 0, 4, 1, 3});
-  ASSERT_FALSE(from.same_placement(to));
-  ASSERT_EQ(from.partition, to.partition);
-  auto group = dscpp::comm::make_no_op_group(0, 1);
-  at::Tensor t = counting(from.partition);
-  const at::Tensor expected = dscpp::zero::relay_partition(from, to, t, 0, *group, kCpu);
+void expect_same_as_relay_flat(const FlatLayout& from, const FlatLayout& to) {
+  ASSERT_EQ(from.total, to.total);
+  const at::Tensor before = counting(from.total);
+  const at::Tensor expected = dscpp::zero::relay_flat(from, to, before);
+  at::Tensor t = before.clone();
   const void* storage = t.data_ptr();
-  ASSERT_TRUE(dscpp::zero::relay_host_through(from, to, t, true, 0, *group, kCpu, kCpu));
+  dscpp::zero::relay_flat_in_place(from, to, t);
   EXPECT_EQ(t.data_ptr(), storage);
   EXPECT_TRUE(at::equal(t, expected));
-  // Every parameter's values followed it to its new offset.
-  const at::Tensor old = counting(from.partition);
-  for (size_t i = 0; i < numels.size(); ++i)
-    EXPECT_TRUE(at::equal(t.slice(0, to.params[i].offset, to.params[i].offset + numels[i]),
-                          old.slice(0, from.params[i].offset, from.params[i].offset + numels[i])));
 }
 
-TEST(Relayout, HostThroughRefusesANewSizeAndLeavesTheBufferAlone) {
-  // A 5-element parameter pads its bucket: moved into another bucket, the total changes.
+}  // namespace
+
+TEST(Relayout, InPlaceMatchesRelayFlatForRandomOrders) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 40);
+    std::vector<int64_t> numels(n);
+    for (auto& v : numels) v = static_cast<int64_t>(rng() % 50);  // zero-sized ones too
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    // One bucket with padding at its end (the same total in any order), or many buckets of
+    // unpadded parameters.
+    const bool one_bucket = trial % 2 == 0;
+    const int64_t bucket = one_bucket ? 1 << 20 : 1 + static_cast<int64_t>(rng() % 80);
+    const int64_t alignment = one_bucket ? 16 : 1;
+    const FlatLayout from = FlatLayout::build(numels, 1, bucket, alignment);
+    const FlatLayout to = FlatLayout::build(numels, 1, bucket, alignment, {}, {}, order);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    expect_same_as_relay_flat(from, to);
+  }
+}
+
+TEST(Relayout, AnOrderCloseToTheOldSetsAsideOnlyWhatMoves) {
+  // 100 parameters of 10 elements; backward made two neighbours ready the other way round.
+  const std::vector<int64_t> numels(100, 10);
+  std::vector<int> order(100);
+  for (int k = 0; k < 100; ++k) order[k] = 99 - k;  // the registration order's guess
+  std::swap(order[40], order[41]);
+  const FlatLayout from = FlatLayout::build(numels, 1, 1000, 1);
+  const FlatLayout to = FlatLayout::build(numels, 1, 1000, 1, {}, {}, order);
+  const auto plan = dscpp::zero::plan_in_place(from, to);
+  EXPECT_EQ(plan.order.size(), 2u);  // the other 98 stay where they are, untouched
+  EXPECT_LE(plan.peak, 20);
+  expect_same_as_relay_flat(from, to);
+}
+
+TEST(Relayout, AReversedOrderStillComesOutRight) {
+  std::vector<int64_t> numels = {7, 1, 30, 12, 5, 9, 16};
+  std::vector<int> order(numels.size());
+  std::iota(order.begin(), order.end(), 0);  // registration order: the guess reversed
+  const FlatLayout from = FlatLayout::build(numels, 1, 1 << 20, 8);
+  const FlatLayout to = FlatLayout::build(numels, 1, 1 << 20, 8, {}, {}, order);
+  const auto plan = dscpp::zero::plan_in_place(from, to);
+  EXPECT_LE(plan.peak, from.total);
+  expect_same_as_relay_flat(from, to);
+}
+
+TEST(Relayout, InPlaceRefusesLayoutsOfAnotherSize) {
   const std::vector<int64_t> numels = {5, 8, 3};
   const FlatLayout from = FlatLayout::build(numels, 1, 8, 4);
   const FlatLayout to = FlatLayout::build(numels, 1, 8, 4, {}, {}, {0, 2, 1});
   ASSERT_NE(from.total, to.total);
-  auto group = dscpp::comm::make_no_op_group(0, 1);
   at::Tensor t = counting(from.total);
-  EXPECT_FALSE(dscpp::zero::relay_host_through(from, to, t, false, 0, *group, kCpu, kCpu));
+  EXPECT_THROW(dscpp::zero::relay_flat_in_place(from, to, t), std::exception);
   EXPECT_TRUE(at::equal(t, counting(from.total)));
-  // The flat buffer through the allocating path: every parameter's values, padding zero.
-  const at::Tensor moved = dscpp::zero::relay_flat(from, to, t);
-  ASSERT_EQ(moved.numel(), to.total);
-  at::Tensor seen = at::zeros({to.total}, at::kBool);
-  for (size_t i = 0; i < numels.size(); ++i) {
-    const auto& a = from.params[i];
-    const auto& b = to.params[i];
-    EXPECT_TRUE(at::equal(moved.slice(0, b.offset, b.offset + b.numel),
-                          t.slice(0, a.offset, a.offset + a.numel)));
-    seen.slice(0, b.offset, b.offset + b.numel).fill_(true);
-  }
-  EXPECT_EQ(moved.masked_select(seen.logical_not()).abs().sum().item<double>(), 0.0);
 }
