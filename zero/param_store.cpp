@@ -141,7 +141,18 @@ at::Tensor ParamStore::swap_up(const at::Tensor& host, at::Tensor& holder) {
   return bring_up(host, holder, /*blocking=*/true);
 }
 
-void ParamStore::relayout(const FlatLayout& old) {
+bool ParamStore::partition_shares(const at::Tensor& t) const {
+  return part16_.defined() && t.defined() && part16_.is_alias_of(t);
+}
+
+void ParamStore::share_partition(const at::Tensor& t) {
+  if (!part16_.defined() || t.scalar_type() != part16_.scalar_type() ||
+      t.device() != part16_.device() || t.numel() != layout_.partition)
+    throw Error("ParamStore: the shared partition must be this rank's partition, as it was");
+  part16_ = t;
+}
+
+void ParamStore::relayout(const FlatLayout& old, bool move_partition) {
   wait_all_published();
   if (partitioned() && swap_) {
     // NVMe: the whole partition passes through memory once (the files are laid out anew).
@@ -157,8 +168,9 @@ void ParamStore::relayout(const FlatLayout& old) {
   // (an offloaded partition is on the host already; one on the device goes through the host,
   // its chunks through the device a bucket at a time, where collectives run)
   if (partitioned()) {
-    relay_in_place(old, layout_, part16_, /*partition=*/true, chunk_rank(), *group_,
-                   device_options_.device());
+    if (move_partition)
+      relay_in_place(old, layout_, part16_, /*partition=*/true, chunk_rank(), *group_,
+                     device_options_.device());
     buckets16_.assign(layout_.buckets.size(), Gathered{});
     return;
   }

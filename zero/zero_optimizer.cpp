@@ -202,7 +202,11 @@ void ZeroOptimizer::relay_from_first_backward() {
   store_->release();  // stage 3: every bucket at rest under the old layout first
   const FlatLayout old = layout_;
   layout_ = std::move(fresh);
-  store_->relayout(old);
+  // Stage 3 without offload in fp32: the store's partition is the master's buffer itself, moved
+  // once, by the master (moved by both, it came out permuted twice on a GPU, where a buffer is
+  // written in place; on the host the store took a copy and the two stopped sharing).
+  const bool shared = !options_.offload.enabled && store_->partition_shares(master_->whole());
+  store_->relayout(old, /*move_partition=*/!shared);
   const int rank = store_->chunk_rank();
   const bool aliased = buckets_->aliases_partition();
   // On one rank (a partition is the flat buffer) every buffer of the master is permuted in its
@@ -220,6 +224,7 @@ void ZeroOptimizer::relay_from_first_backward() {
     }
     return relay_partition(old, layout_, t.is_cpu() ? t : t.cpu(), rank, *group_, device);
   });
+  if (shared) store_->share_partition(master_->whole());
   // The gradient buckets start over on the new layout, with the gradients of this backward
   // (accumulated in the flat buffer, or reduced into the partition) carried over.
   // (the alias: the flat buffer is the partition, re-laid with the master; once, not twice)
