@@ -28,7 +28,8 @@
 #                   moe_1gpu.yaml with bench/configs/moe_1gpu_bf16_zero1_flops.json)
 #   GPU_CPU_ADAM=1  dscpp's CPU Adam beside DeepSpeed's DeepSpeedCPUAdam on this machine's cores
 #                   (bench/cpu_adam_bench.py; DeepSpeed's op JIT-builds with g++) -> cpu_adam.log
-#   GPU_OFFLOAD=1   issue 21's ZeRO-Offload rows on one GPU (bench/offload_rows.sh: the bf16 offload
+#   GPU_OFFLOAD=1   the re-lay's tests on the GPU (test_relayout, test_stage3_relay), then
+#                   issue 21's ZeRO-Offload rows on one GPU (bench/offload_rows.sh: the bf16 offload
 #                   oracle, a 9 B GPT at stage 2 with offload_optimizer and without, DeepSpeed's
 #                   ZeRO-Offload beside dscpp at 4.6 B, stage 3 with both offloads at 8.3 B; ROWS
 #                   via GPU_OFFLOAD_ROWS) -> offload_table.md; GPU_TESTS=0 with it builds
@@ -120,7 +121,7 @@ targets=()
 [ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report cpu_adam_bench)
 [ "$tests" = quick ] && targets+=(engine_train test_fused_adam_cuda test_engine_cases test_kernels_cuda kernels_bench)
 [ "${GPU_BENCH_AG:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(comm_bench)
-[ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train)
+[ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train test_relayout test_stage3_relay)
 [ "${GPU_NVME:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_nvme_file engine_train dscpp_launcher)
 [ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_kernels_cuda moe_bench moe_overlap_bench dscpp_launcher)
 step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
@@ -263,6 +264,8 @@ offload_rows() {
     TORCH_EXTENSIONS_DIR="$PWD/build-cuda/torch_extensions" bash bench/offload_rows.sh
 }
 if [ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$gpus" -ge 1 ] && [ -f .gpu/corpus/fortunes_text_document.idx ]; then
+  # The re-lay in a buffer's own storage (the offloaded rows' host peak) on the GPU first.
+  step relayout_tests bash -c './build-cuda/tests/zero/test_relayout && ./build-cuda/tests/zero/test_stage3_relay'
   ds_op_wait
   step offload_rows offload_rows
 fi
@@ -424,6 +427,7 @@ tail -12 "$out/fused_adam.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/kernels_cuda.log" 2>/dev/null
 tail -40 "$out/kernels_bench.log" 2>/dev/null
 grep -E "PASSED|FAILED" "$out/moe_kernels.log" 2>/dev/null
+grep -hE "PASSED|FAILED" "$out/relayout_tests.log" 2>/dev/null
 tail -12 "$out/moe_bench.log" 2>/dev/null
 tail -11 "$out/moe_overlap.log" 2>/dev/null
 grep -E "PASS|FAIL|passed" "$out/checkpoint_resume.log" 2>/dev/null
