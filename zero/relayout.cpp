@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,34 +17,39 @@
 namespace dscpp::zero {
 namespace {
 
-void check_same_params(const FlatLayout& from, const FlatLayout& to, const at::Tensor& flat) {
+// An empty tensor, or nothing where the device has no room for it (the caching allocator has
+// already freed its cache and retried).
+std::optional<at::Tensor> empty_if_room(int64_t numel, const at::TensorOptions& options) {
+  try {
+    return at::empty({numel}, options);
+  } catch (const c10::OutOfMemoryError&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+at::Tensor relay_flat(const FlatLayout& from, const FlatLayout& to, const at::Tensor& flat) {
   if (from.params.size() != to.params.size() || flat.numel() != from.total)
     throw Error("relay_flat: layouts of different parameters, or a buffer of " +
                 std::to_string(flat.numel()) + " elements for a layout of " +
                 std::to_string(from.total));
-}
-
-// `out` (to.total elements) zeroed, then every parameter copied from its old place in flat.
-void relay_flat_into(const FlatLayout& from, const FlatLayout& to, const at::Tensor& flat,
-                     at::Tensor& out) {
-  check_same_params(from, to, flat);
-  out.zero_();
+  at::Tensor out = at::zeros({to.total}, flat.options());
   for (size_t i = 0; i < to.params.size(); ++i) {
     const auto& a = from.params[i];
     const auto& b = to.params[i];
     out.slice(0, b.offset, b.offset + b.numel).copy_(flat.slice(0, a.offset, a.offset + a.numel));
   }
+  return out;
 }
 
-// `out` (to.partition elements, never part's storage) zeroed, then filled as relay_partition says.
-void relay_partition_into(const FlatLayout& from, const FlatLayout& to, const at::Tensor& part,
-                          at::Tensor& out, int rank, comm::ProcessGroup& group,
-                          c10::Device collective_device) {
+at::Tensor relay_partition(const FlatLayout& from, const FlatLayout& to, const at::Tensor& part,
+                           int rank, comm::ProcessGroup& group, c10::Device collective_device) {
   if (from.world_size != to.world_size)
     throw Error("relay_partition: layouts of different world sizes");
-  if (from.world_size == 1) return relay_flat_into(from, to, part, out);
+  if (from.world_size == 1) return relay_flat(from, to, part);
   const int world = from.world_size;
-  out.zero_();
+  at::Tensor out = at::zeros({to.partition}, part.options());
   for (const auto& ob : from.buckets) {
     if (ob.chunk == 0) continue;  // (alike on every rank: the layout is)
     // The old bucket whole, from every rank's chunk of it.
@@ -66,37 +72,6 @@ void relay_partition_into(const FlatLayout& from, const FlatLayout& to, const at
           .copy_(whole.slice(0, src, src + hi - lo));
     }
   }
-}
-
-// An empty tensor, or nothing where the device has no room for it (the caching allocator has
-// already freed its cache and retried).
-std::optional<at::Tensor> empty_if_room(int64_t numel, const at::TensorOptions& options) {
-  try {
-    return at::empty({numel}, options);
-  } catch (const c10::OutOfMemoryError&) {
-    return std::nullopt;
-  }
-}
-
-at::Tensor relaid(const FlatLayout& from, const FlatLayout& to, const at::Tensor& t, bool partition,
-                  int rank, comm::ProcessGroup& group, c10::Device collective_device) {
-  return partition ? relay_partition(from, to, t, rank, group, collective_device)
-                   : relay_flat(from, to, t);
-}
-
-}  // namespace
-
-at::Tensor relay_flat(const FlatLayout& from, const FlatLayout& to, const at::Tensor& flat) {
-  check_same_params(from, to, flat);
-  at::Tensor out = at::empty({to.total}, flat.options());
-  relay_flat_into(from, to, flat, out);
-  return out;
-}
-
-at::Tensor relay_partition(const FlatLayout& from, const FlatLayout& to, const at::Tensor& part,
-                           int rank, comm::ProcessGroup& group, c10::Device collective_device) {
-  at::Tensor out = at::empty({to.partition}, part.options());
-  relay_partition_into(from, to, part, out, rank, group, collective_device);
   return out;
 }
 
@@ -130,6 +105,7 @@ InPlacePlan plan_in_place(const FlatLayout& from, const FlatLayout& to) {
                  1;
          k >= 0; --k) {
       const auto& p = from.params[by_old[k]];
+      if (p.numel == 0) continue;  // (it may share its offset with the next: no order among them)
       if (p.offset + p.numel <= lo) break;
       const int j = by_old[k];
       if (!moves(j) || placed[j] || aside[j]) continue;
@@ -194,14 +170,14 @@ void relay_in_place(const FlatLayout& from, const FlatLayout& to, at::Tensor& t,
     return;
   }
   // Otherwise through the host, its chunks through the device a bucket at a time.
-  const int64_t new_size = partition ? to.partition : to.total;
   const at::Tensor source = t.is_cpu() ? t : t.cpu();
-  at::Tensor moved = relaid(from, to, source, partition, rank, group, collective_device);
+  at::Tensor moved = partition ? relay_partition(from, to, source, rank, group, collective_device)
+                               : relay_flat(from, to, source);
   // A host buffer takes the new tensor (it may be shared: stage 3's fp32 partition is its
   // 16-bit one on a CPU run in fp32, and is re-laid by its owner).
   if (t.is_cpu()) {
     t = moved;
-  } else if (moved.numel() == new_size && moved.numel() == t.numel()) {
+  } else if (moved.numel() == t.numel()) {
     t.copy_(moved);
   } else {
     t = moved.to(t.device());

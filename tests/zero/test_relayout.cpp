@@ -80,6 +80,22 @@ TEST(Relayout, AReversedOrderStillComesOutRight) {
   expect_same_as_relay_flat(from, to);
 }
 
+TEST(Relayout, EmptyParametersAtAnotherOnesOffsetAreNoBarrier) {
+  // An empty parameter takes the offset of the one after it; neither may hide the other from
+  // the search for what a placement overwrites.
+  for (int trial = 0; trial < 8; ++trial) {
+    std::vector<int64_t> numels = {6, 0, 10, 0, 0, 4, 0, 8};
+    std::vector<int> order(numels.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937 rng(trial);
+    std::shuffle(order.begin(), order.end(), rng);
+    const FlatLayout from = FlatLayout::build(numels, 1, 1 << 20, 1);
+    const FlatLayout to = FlatLayout::build(numels, 1, 1 << 20, 1, {}, {}, order);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    expect_same_as_relay_flat(from, to);
+  }
+}
+
 TEST(Relayout, InPlaceRefusesLayoutsOfAnotherSize) {
   const std::vector<int64_t> numels = {5, 8, 3};
   const FlatLayout from = FlatLayout::build(numels, 1, 8, 4);
