@@ -165,8 +165,9 @@ void ParamStore::relayout(const FlatLayout& old, bool move_partition) {
     keep_partition16(moved);
     return;
   }
-  // (an offloaded partition is on the host already; one on the device goes through the host,
-  // its chunks through the device a bucket at a time, where collectives run)
+  // (an offloaded partition is on the host already; one on the device is permuted there on one
+  // rank, else goes through the host, its chunks through the device a bucket at a time, where
+  // collectives run: relay_in_place)
   if (partitioned()) {
     if (move_partition)
       relay_in_place(old, layout_, part16_, /*partition=*/true, chunk_rank(), *group_,

@@ -173,8 +173,7 @@ void relay_in_place(const FlatLayout& from, const FlatLayout& to, at::Tensor& t,
   const at::Tensor source = t.is_cpu() ? t : t.cpu();
   at::Tensor moved = partition ? relay_partition(from, to, source, rank, group, collective_device)
                                : relay_flat(from, to, source);
-  // A host buffer takes the new tensor (it may be shared: stage 3's fp32 partition is its
-  // 16-bit one on a CPU run in fp32, and is re-laid by its owner).
+  // A host buffer takes the new tensor (its storage may be another owner's, who re-lays it).
   if (t.is_cpu()) {
     t = moved;
   } else if (moved.numel() == t.numel()) {

@@ -203,8 +203,8 @@ void ZeroOptimizer::relay_from_first_backward() {
   const FlatLayout old = layout_;
   layout_ = std::move(fresh);
   // Stage 3 without offload in fp32: the store's partition is the master's buffer itself, moved
-  // once, by the master (moved by both, it came out permuted twice on a GPU, where a buffer is
-  // written in place; on the host the store took a copy and the two stopped sharing).
+  // once, by the master (moved by both, a GPU's, re-laid in its own storage, would come out
+  // permuted twice; on the host the store took a copy and the two stopped sharing).
   const bool shared = !options_.offload.enabled && store_->partition_shares(master_->whole());
   store_->relayout(old, /*move_partition=*/!shared);
   const int rank = store_->chunk_rank();
