@@ -14,8 +14,9 @@
 #              $OUT/memory_peak_off46.md (where offload's GPU memory goes)
 #   d2x9       the 9.08 B GPT at stage 2 without offload (gpt_6.7B_bf16_zero2.json): the refusal
 #              (16 B per parameter of model states, 135 GiB, do not fit 139 GiB with activations)
-#   d3both     the 8.27 B GPT at stage 3 with both offloads (gpt_bf16_zero3_offload_both.json):
-#              about the largest the 128 GiB host holds (14 B per parameter there)
+#   d3both     the 7.46 B GPT at stage 3 with both offloads (gpt_bf16_zero3_offload_both.json):
+#              about the largest the 128 GiB host holds: 16 B per parameter there (master, Adam's
+#              two moments, the bf16 gradient partition and the bf16 parameter partition), 111 GiB
 #   d2off83    the 8.27 B GPT at stage 2 with offload_optimizer cpu: "about 8 B" where the 9.08 B
 #              one's 14 B per parameter on the host (118.4 GiB) is too close to the 128 GiB limit
 #   d2x83      the 8.27 B GPT at stage 2 without offload: 16 B per parameter of model states
@@ -47,11 +48,11 @@ build=${BUILD_DIR:-build-cuda}
 data=${DATA:-.gpu/corpus/fortunes_text_document}
 iters=6 interval=3 ds_steps=3 ds_warmup=3
 m9=bench/configs/gpt_9B_offload_bench.json m46=bench/configs/gpt_4.6B_offload_bench.json
-m83=bench/configs/gpt_8.3B_offload_bench.json
+m83=bench/configs/gpt_8.3B_offload_bench.json m75=bench/configs/gpt_7.5B_offload_bench.json
 oracle_only=()
 if [ "$dry" = 1 ]; then
   build=${BUILD_DIR:-build}
-  m9=model_zoo/configs/gpt_tiny.json m46=$m9 m83=$m9
+  m9=model_zoo/configs/gpt_tiny.json m46=$m9 m83=$m9 m75=$m9
   iters=2 interval=1 ds_steps=1 ds_warmup=1
   oracle_only=(--only "mlp stage=1")
 fi
@@ -73,7 +74,7 @@ row_cmd() {  # sets `cmd` and `model` for a row; returns 1 if unknown
       cmd+=(--memory-snapshot "$logdir/memsnap_off46.pickle" --memory-snapshot-step 2) ;;
     d2off46o) model=$m46; train 29867 "$m46" bench/configs/gpt_bf16_zero2_offload_noclip.json ;;
     d2x9) model=$m9; train 29864 "$m9" bench/configs/gpt_6.7B_bf16_zero2.json ;;
-    d3both) model=$m83; train 29865 "$m83" bench/configs/gpt_bf16_zero3_offload_both.json ;;
+    d3both) model=$m75; train 29865 "$m75" bench/configs/gpt_bf16_zero3_offload_both.json ;;
     d2off83) model=$m83; train 29869 "$m83" "$off2" ;;
     d2x83) model=$m83; train 29870 "$m83" bench/configs/gpt_6.7B_bf16_zero2.json ;;
     ds2off46) model=$m46
