@@ -42,6 +42,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 from dscpp_test_ports import free_port  # noqa: E402
+from rank_exit import exit_rank  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -81,9 +82,7 @@ def worker(args):
         with open(args.out, "w") as f:
             json.dump({"losses": next(iter(results.values())), "cases": results, "stages": args.stages,
                        "data": args.data, "micro_batches": args.micro_batches}, f)
-    # Gloo torn down before the interpreter exits: left to the exit, a rank now and then aborts
-    # with "terminate called without an active exception" (seen in the suite).
-    torch.distributed.destroy_process_group()
+    exit_rank()  # see tests/rank_exit.py
 
 
 def train(args, zero):
@@ -179,7 +178,7 @@ def load_ours_worker(args):
     if torch.distributed.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump({"eval_loss": float(loss), "parts": [int(p) for p in module.parts]}, f)
-    torch.distributed.destroy_process_group()  # before exit, as in worker()
+    exit_rank()  # see tests/rank_exit.py
 
 
 def load_ours(args):

@@ -27,6 +27,7 @@ import types
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
 from dscpp_test_ports import free_port  # noqa: E402
+from rank_exit import exit_rank  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -97,7 +98,7 @@ def worker(args):
     with open(os.path.join(args.out, f"report_{stage}.json"), "w") as f:
         json.dump(report, f)
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()  # before exit: see tests/runtime/engine/ds_train.py
+    exit_rank()  # see tests/rank_exit.py
 
 
 def run_case(cli, model_axis, work):

@@ -12,10 +12,14 @@ training step before it is the warm-up DeepSpeed's docs ask for."""
 import argparse
 import json
 import os
+import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
     os.environ.setdefault(k, v)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/
+from rank_exit import exit_rank  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -117,7 +121,7 @@ def main():
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
         engine.backward(loss)
         engine.step()
-    torch.distributed.destroy_process_group()  # before exit, see tests/runtime/engine/ds_train.py
+    exit_rank()  # see tests/rank_exit.py
 
 
 if __name__ == "__main__":
