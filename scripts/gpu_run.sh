@@ -63,6 +63,9 @@
 #                   .gpu/baseline`) is built too (train_gpt and the launcher), and bench/gpt_table.sh
 #                   runs BASELINE_ROWS (default "d0x1 d2x1 d3x1") of both trees in turn, in this
 #                   call -> baseline_compare.md (tokens/s of each row, this tree against DIR's)
+#   GPU_PREBUILT=1  with GPU_TESTS=0 or quick: run scripts/gpu_prebuild.sh's pack (.gpu/prebuilt,
+#                   built on a CPU machine) instead of configuring and building here, when it was
+#                   built from these sources (else it builds here as before)
 #   GPU_DEADLINE_S  seconds from this script's start by which the table must be printed
 #                   (e.g. 570 under a 600 s device call); rows that would not fit are left for
 #                   the next call
@@ -115,7 +118,27 @@ configure() {
     -DDSCPP_BOOST_PO_LIBRARY="$deps/usr/lib/x86_64-linux-gnu/libboost_program_options.so.1.74.0" \
     -DDSCPP_BOOST_PO_INCLUDE="$deps/usr/include" ${GPU_CMAKE_ARGS:-}
 }
-step configure configure
+# GPU_PREBUILT=1 (with GPU_TESTS 0 or quick): the executables scripts/gpu_prebuild.sh built on a
+# CPU machine from these very sources (sources.sha256), instead of the 140-165 s configure and
+# build; any source changed since, or a binary that does not start here, and it builds as before.
+prebuilt() {
+  local p=.gpu/prebuilt tdir
+  [ -f $p/sources.sha256 ] || { echo "no $p: scripts/gpu_prebuild.sh makes it"; return 1; }
+  sha256sum -c --quiet $p/sources.sha256 || { echo "sources changed since the prebuild"; return 1; }
+  cat $p/BUILT
+  tdir=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))') || return 1
+  # LibTorch, CUDA's and NCCL's libraries from this machine's torch; yaml-cpp and protobuf-lite
+  # from the pack, last, so that no Python process here loads them in place of its own.
+  export LD_LIBRARY_PATH=$tdir/lib:$(dirname "$tdir")/nvidia/cu13/lib:$(dirname "$tdir")/nvidia/nccl/lib:$LD_LIBRARY_PATH:$PWD/$p/lib
+  tar -C $p -xJf $p/bin.tar.xz || return 1
+  mkdir -p build-cuda && cp -a $p/build-cuda/. build-cuda/ && ./build-cuda/tools/dscpp_report >/dev/null
+}
+use_prebuilt=0
+if [ "${GPU_PREBUILT:-0}" = 1 ] && [ "$tests" != 1 ]; then
+  step prebuilt prebuilt
+  [[ "${summary[-1]}" == ok* ]] && use_prebuilt=1
+fi
+[ "$use_prebuilt" = 1 ] || step configure configure
 # -k 0: one target that fails to build must not keep the others from being tested.
 targets=()
 [ "$tests" = 1 ] || targets=(train_gpt dscpp_launcher dscpp_report cpu_adam_bench)
@@ -124,7 +147,7 @@ targets=()
 [ "${GPU_OFFLOAD:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(engine_train test_relayout test_stage3_relay)
 [ "${GPU_NVME:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_nvme_file engine_train dscpp_launcher)
 [ "${GPU_MOE_KERNELS:-0}" = 1 ] && [ "$tests" != 1 ] && targets+=(test_kernels_cuda moe_bench moe_overlap_bench dscpp_launcher)
-step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
+[ "$use_prebuilt" = 1 ] || step build ninja -C build-cuda -k 0 -j "$(nproc)" "${targets[@]}"
 baseline_build() {
   (cd "$GPU_BASELINE" && configure && ninja -C build-cuda -j "$(nproc)" train_gpt dscpp_launcher)
 }
