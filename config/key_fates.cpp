@@ -31,6 +31,7 @@ constexpr KeyFate E(const char* path, const char* why, const char* example) {
 }
 
 const char* kOracle = "engine.SingleRankOracleStages0To3";
+const char* kReduction = "engine.GradientReductionKeysByTheirEffect";
 const char* kNoPipe = "dscpp's pipeline engine writes no checkpoints yet";
 // DeepSpeed's PipelineModule takes these as arguments and neither engine reads the config's.
 const char* kPipeArg = "PipelineOptions decides (DeepSpeed's PipelineModule argument); not read";
@@ -53,12 +54,12 @@ const std::vector<KeyFate> kTable = {
     A("wall_clock_breakdown", "EngineCases.ProgressLinesAndWallClockBreakdown"),
     N("memory_breakdown", "no memory report", "true", "false"),
     A("gradient_clipping", kOracle),
-    U("prescale_gradients", "zero/grad_buckets.cpp divides before the reduction"),
-    U("gradient_predivide_factor", "zero/grad_buckets.cpp divides before the reduction"),
-    U("communication_data_type", "zero/grad_buckets.cpp reduces in that type"),
+    A("prescale_gradients", kReduction),
+    A("gradient_predivide_factor", kReduction),
+    A("communication_data_type", kReduction),
     N("zero_allow_untested_optimizer", "dscpp takes any client optimizer", "true"),
-    U("zero_force_ds_cpu_optimizer",
-      "runtime/engine/engine_core.cpp: offload refuses an optimizer without CPU kernels"),
+    A("zero_force_ds_cpu_optimizer",
+      "EngineCases.OffloadRefusesAnOptimizerWithoutCpuKernelsUnlessForcedOff"),
     N("dataloader_drop_last", "the engine builds no data loader from the config", "true"),
     N("allgather_size",
       "the old boolean zero_optimization's bucket size; see allgather_bucket_size", "100"),
@@ -98,12 +99,10 @@ const std::vector<KeyFate> kTable = {
     N("zero_optimization.load_from_fp32_weights", "checkpoint loading does not read it", "false"),
     N("zero_optimization.elastic_checkpoint", "elastic checkpoints are not written", "true",
       "false"),
-    U("zero_optimization.sub_group_size",
-      "zero/offload.cpp: the CPU optimizer steps that many elements at a time (offload only)"),
+    A("zero_optimization.sub_group_size", "EngineCases.SubGroupSizePlacesThePartialOffloadsCut"),
     A("zero_optimization.stage3_prefetch_bucket_size", kOracle),
     A("zero_optimization.stage3_param_persistence_threshold", kOracle),
-    U("zero_optimization.stage3_model_persistence_threshold",
-      "runtime/engine/engine_core.cpp layer_units"),
+    A("zero_optimization.stage3_model_persistence_threshold", kOracle),
     A("zero_optimization.stage3_max_live_parameters", kOracle),
     A("zero_optimization.stage3_max_reuse_distance", kOracle),
     A("zero_optimization.stage3_gather_16bit_weights_on_model_save",
@@ -186,7 +185,8 @@ const std::vector<KeyFate> kTable = {
       "ActivationCheckpointing.GPTGradientsAreBitIdentical"),
     U("activation_checkpointing.synchronize_checkpoint_boundary",
       "nn/activation_checkpointing.cpp waits for the device"),
-    U("activation_checkpointing.profile", "nn/activation_checkpointing.cpp prints the times"),
+    A("activation_checkpointing.profile",
+      "ActivationCheckpointing.ProfilePrintsEachCheckpointsTimes"),
     // Pipeline parallelism.
     A("pipeline", "pipe.EngineMatchesOneRank"),
     A("pipeline.stages", "pipe.EngineRefusesStage3AndForwardBackwardStep"),

@@ -41,6 +41,40 @@ TEST(ActivationCheckpointing, GPTGradientsAreBitIdentical) {
   }
 }
 
+// activation_checkpointing.profile, read from a ds_config: one line of wall time for each
+// checkpoint's forward and one for its recompute+backward (DeepSpeed's timers), none without
+// it; the gradients stay those of the plain run either way.
+TEST(ActivationCheckpointing, ProfilePrintsEachCheckpointsTimes) {
+  mz::GPTConfig c = small_config(0.0);
+  at::manual_seed(3);
+  mz::GPT model(c);
+  Batch b = random_batch(c, 4, 16, 4);
+  train_step(model, b, 11);
+  auto expected = grads_of(*model);
+  auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  for (bool profile : {true, false}) {
+    const auto cfg = dscpp::parse_ds_config(
+        {{"train_batch_size", 4},
+         {"activation_checkpointing", {{"number_checkpoints", 2}, {"profile", profile}}}});
+    model->enable_activation_checkpointing(cfg.activation_checkpointing);
+    const int segments = static_cast<int>(model->activation_checkpointing_segments());
+    ASSERT_GT(segments, 0);
+    testing::internal::CaptureStderr();
+    train_step(model, b, 11);
+    const std::string err = testing::internal::GetCapturedStderr();
+    const int expected_lines = profile ? segments : 0;
+    EXPECT_EQ(count(err, "dscpp: activation checkpoint forward: "), expected_lines) << err;
+    EXPECT_EQ(count(err, "dscpp: activation checkpoint recompute+backward: "), expected_lines)
+        << err;
+    expect_grads_identical(expected, grads_of(*model));
+  }
+  model->disable_activation_checkpointing();
+}
+
 TEST(ActivationCheckpointing, AnyFunctionOfSeveralTensors) {
   at::manual_seed(0);
   at::Tensor w = at::randn({5, 5}).requires_grad_();

@@ -245,13 +245,16 @@ int train_main(int argc, char** argv) {
   torch::nn::Module& module = gpt           ? static_cast<torch::nn::Module&>(*layered)
                               : transformer ? static_cast<torch::nn::Module&>(*tiny)
                                             : static_cast<torch::nn::Module&>(*mlp);
-  // Parameters small enough to stay whole at stage 3 (the persistence threshold's rule),
-  // counted from the module, for the at-rest assertion.
+  // Parameters that stay whole at stage 3, counted from the module for the at-rest assertion
+  // by DeepSpeed's rule (mark_persistent_parameters): in registration order, each of at most
+  // the persistence threshold's elements while the total stays within the model's threshold.
   int64_t small_numel = 0;
-  const int64_t persist = cfg.value("zero_optimization", json::object())
-                              .value("stage3_param_persistence_threshold", int64_t{100000});
+  const json zero_cfg = cfg.value("zero_optimization", json::object());
+  const int64_t persist = zero_cfg.value("stage3_param_persistence_threshold", int64_t{100000});
+  const int64_t persist_model =
+      zero_cfg.value("stage3_model_persistence_threshold", std::numeric_limits<int64_t>::max());
   for (const auto& p : module.parameters())
-    if (p.numel() <= persist) small_numel += p.numel();
+    if (p.numel() <= persist && small_numel + p.numel() <= persist_model) small_numel += p.numel();
   // The loss of samples [first, first + count) on the module's device and in its type.
   auto loss_of = [&](auto&& forward, int64_t first, int64_t count, torch::Device device) {
     auto dtype = module.parameters()[0].scalar_type();

@@ -105,8 +105,10 @@ def main():
           {(3, F, 4, 2), (3, T, 1, 2)})
     group([("gpt", 3, True, ga, n, True, tight) for ga in (1, 4) for n in (2, 4)],
           {(3, T, 1, 2), (3, T, 4, 4)})
-    # Persistence (DeepSpeed's default threshold keeps this model's small tensors whole).
-    group([("gpt", 3, True, 1, 2, True, {"stage3_param_persistence_threshold": 100})], None)
+    # Persistence: tensors of at most 100 elements stay whole (448 of this model's), while their
+    # total stays within the model's threshold (150: a few of them).
+    group([("gpt", 3, True, 1, 2, True, {"stage3_param_persistence_threshold": 100,
+                                         "stage3_model_persistence_threshold": 150})], None)
     # The layered model at stages 0 and 2 (no hooks: plain training).
     group([("gpt", s, True, 1, 2, True, {}) for s in (0, 2)], None)
     # dscpp_deferred_allgather: the step's all-gathers are waited for by the next forward, layer

@@ -242,6 +242,68 @@ TEST(EngineCases, FeaturesTheEngineLacksAreAnnouncedNotSilent) {
   EXPECT_TRUE(zo.param_store().partition16_device().is_cpu());
 }
 
+// ZeRO-Offload with an optimizer that has no CPU kernels (SGD): refused by name, as DeepSpeed's
+// zero_force_ds_cpu_optimizer (default true) refuses a non-DeepSpeed optimizer; with the key
+// false it steps the host partition with tensor operations and trains as without offload.
+TEST(EngineCases, OffloadRefusesAnOptimizerWithoutCpuKernelsUnlessForcedOff) {
+  json cfg = base_config();
+  cfg["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}}}};
+  cfg["zero_optimization"] = {{"stage", 2}};
+  auto run = [](const json& c, bool* offloaded) {
+    torch::manual_seed(0);
+    TwoLayer model;
+    auto engine = dscpp::initialize(model, c);
+    *offloaded = engine.core().zero_optimizer().offloaded();
+    for (int s = 0; s < 3; ++s) {
+      engine.backward(engine.forward(at::ones({4, 4}).to(engine.device())).square().mean());
+      engine.step();
+    }
+    return weights(model);
+  };
+  bool offloaded = true;
+  const at::Tensor plain = run(cfg, &offloaded);
+  EXPECT_FALSE(offloaded);
+  json off = cfg;
+  off["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  try {
+    run(off, &offloaded);
+    ADD_FAILURE() << "SGD under offload_optimizer was accepted";
+  } catch (const dscpp::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("zero_optimization.offload_optimizer"), std::string::npos) << what;
+    EXPECT_NE(what.find("\"zero_force_ds_cpu_optimizer\": false"), std::string::npos) << what;
+  }
+  off["zero_force_ds_cpu_optimizer"] = false;
+  offloaded = false;
+  const at::Tensor forced = run(off, &offloaded);
+  EXPECT_TRUE(offloaded);
+  EXPECT_TRUE(at::allclose(forced, plain, 1e-6, 1e-6));
+  torch::manual_seed(0);
+  TwoLayer untrained;
+  EXPECT_FALSE(at::allclose(plain, weights(untrained), 1e-3, 1e-3));  // (the steps moved it)
+}
+
+// zero_optimization.sub_group_size with offload_optimizer.ratio at stage 3: DeepSpeed offloads
+// whole sub-groups, sub-group i of count going to the CPU when i >= int((1 - ratio) * count), so
+// the size moves where the partition's host tail begins (and how much Adam state the host holds).
+TEST(EngineCases, SubGroupSizePlacesThePartialOffloadsCut) {
+  for (int64_t sub : {8, 24, 1000}) {
+    json cfg = base_config();
+    cfg["zero_optimization"] = {{"stage", 3},
+                                {"sub_group_size", sub},
+                                {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}};
+    torch::manual_seed(0);
+    TwoLayer model;
+    auto engine = dscpp::initialize(model, cfg);
+    auto& zo = engine.core().zero_optimizer();
+    const int64_t p = zo.layout().partition;
+    const int64_t count = (p + sub - 1) / sub;
+    const int64_t cut = std::min(p, static_cast<int64_t>((1 - 0.5) * count) * sub);
+    EXPECT_EQ(zo.master().host_begin(), cut) << "sub_group_size " << sub << ", partition " << p;
+    EXPECT_EQ(zo.optimizer().state_numel(), 2 * (p - cut)) << "sub_group_size " << sub;
+  }
+}
+
 // The gradient partition is 16-bit when nothing accumulates in it, fp32 when micro-steps do,
 // unless data_types.grad_accum_dtype says otherwise; a type that is neither fp32 nor the
 // training type is refused by name.
