@@ -1,4 +1,5 @@
-// relay_flat, relay_partition, relay_flat_in_place, relay_in_place: see relayout.h.
+// relay_flat, relay_partition, relays_in_place, relay_flat_in_place, relay_in_place: see
+// relayout.h.
 #include "dscpp/zero/relayout.h"
 
 #include <ATen/ATen.h>
@@ -121,6 +122,11 @@ InPlacePlan plan_in_place(const FlatLayout& from, const FlatLayout& to) {
   return plan;
 }
 
+bool relays_in_place(const FlatLayout& from, const FlatLayout& to, const at::Tensor& t,
+                     bool partition) {
+  return (!partition || from.world_size == 1) && from.total == to.total && t.numel() == from.total;
+}
+
 void relay_flat_in_place(const FlatLayout& from, const FlatLayout& to, const at::Tensor& t) {
   if (t.dim() != 1 || t.numel() != from.total)
     throw Error("relay_flat_in_place: a buffer of " + std::to_string(t.numel()) +
@@ -164,8 +170,7 @@ void relay_in_place(const FlatLayout& from, const FlatLayout& to, at::Tensor& t,
   // An accelerator's flat buffer (a 16-bit model, the flat gradients) is permuted in its own
   // storage: neither the device nor the host holds a second copy (at 9 B parameters 18 GB,
   // twice that through the host beside an offloaded optimizer's 14 bytes a parameter).
-  if (!t.is_cpu() && (!partition || from.world_size == 1) && from.total == to.total &&
-      t.numel() == from.total) {
+  if (!t.is_cpu() && relays_in_place(from, to, t, partition)) {
     relay_flat_in_place(from, to, t);
     return;
   }

@@ -46,6 +46,11 @@ struct InPlacePlan {
 };
 InPlacePlan plan_in_place(const FlatLayout& from, const FlatLayout& to);
 
+// Whether relay_flat_in_place can re-lay t: a flat buffer (or a partition of one rank, which is
+// its flat buffer) of the layouts' unchanged size.
+bool relays_in_place(const FlatLayout& from, const FlatLayout& to, const at::Tensor& t,
+                     bool partition);
+
 // Flat buffer t (from.total == to.total elements, on any device) laid out as `to` in its own
 // storage, as relay_flat would lay it into a new tensor (padding zero): the extra memory is
 // the plan's peak, beside t where it fits, else on the host; no communication. A one-rank

@@ -218,7 +218,7 @@ void ZeroOptimizer::relay_from_first_backward() {
   // re-laid copy on the device were 35 GiB, the run's peak).
   const c10::Device device = param_options_.device();
   master_->relayout([&](const at::Tensor& t) {
-    if (old.world_size == 1 && old.total == layout_.total && t.numel() == old.total) {
+    if (relays_in_place(old, layout_, t, /*partition=*/true)) {
       relay_flat_in_place(old, layout_, t);
       return t;
     }
