@@ -165,13 +165,29 @@ void ParamStore::relayout(const FlatLayout& old, bool move_partition) {
     keep_partition16(moved);
     return;
   }
-  // (an offloaded partition is on the host already; one on the device is permuted there on one
-  // rank, else goes through the host, its chunks through the device a bucket at a time, where
-  // collectives run: relay_in_place)
+  // (one on the device is permuted there on one rank, else goes through the host, its chunks
+  // through the device a bucket at a time, where collectives run: relay_in_place)
   if (partitioned()) {
-    if (move_partition)
+    if (move_partition && offload_.enabled) {
+      // The offloaded partition is this store's own page-locked buffer: on one rank permuted
+      // where it is (no second host copy); else re-laid and kept in a page-locked buffer again
+      // (relay_partition's result is pageable, and the uploads would stage through it).
+      if (relays_in_place(old, layout_, part16_, /*partition=*/true)) {
+        relay_flat_in_place(old, layout_, part16_);
+      } else {
+        at::Tensor moved =
+            relay_partition(old, layout_, part16_, chunk_rank(), *group_, device_options_.device());
+        if (moved.numel() == part16_.numel()) {
+          part16_.copy_(moved);
+        } else {
+          part16_ = at::Tensor();  // (the old buffer goes before the new one comes)
+          keep_partition16(moved);
+        }
+      }
+    } else if (move_partition) {
       relay_in_place(old, layout_, part16_, /*partition=*/true, chunk_rank(), *group_,
                      device_options_.device());
+    }
     buckets16_.assign(layout_.buckets.size(), Gathered{});
     return;
   }

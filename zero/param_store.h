@@ -113,6 +113,8 @@ class ParamStore {
   int64_t params_numel_held() const;
   // This rank's 16-bit partition, wherever it lives (memory, or files and memory).
   int64_t partition16_numel() const { return partitioned() ? layout_.partition : 0; }
+  // Stage 3's 16-bit partition (its resident part with NVMe), for tests and reports.
+  const at::Tensor& partition16() const { return part16_; }
   // Where the 16-bit partition lives (the host with parameter offload).
   c10::Device partition16_device() const {
     return part16_.defined() ? part16_.device() : c10::Device(c10::kCPU);

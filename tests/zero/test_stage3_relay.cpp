@@ -20,7 +20,15 @@ namespace {
 
 constexpr int kParams = 9;
 
-std::vector<at::Tensor> train(int stage, int steps) {
+// Where the offloaded 16-bit partition was before the re-lay, and after it.
+struct Partition16 {
+  const void* before = nullptr;
+  const void* after = nullptr;
+  bool pinned_after = false;
+};
+
+std::vector<at::Tensor> train(int stage, int steps, bool offload_param = false,
+                              Partition16* where = nullptr) {
   at::manual_seed(11);
   std::vector<at::Tensor> params;
   const at::Device device = at::hasCUDA() ? at::Device(at::kCUDA) : at::Device(at::kCPU);
@@ -30,6 +38,8 @@ std::vector<at::Tensor> train(int stage, int steps) {
   o.stage = stage;
   o.reduce_bucket_size = 40;  // a few parameters a bucket
   o.grad_dtype = at::kFloat;
+  o.offload_param.enabled = offload_param;
+  o.offload_param.pin_memory = true;
   dscpp::OptimizerConfig oc;
   oc.type = "Adam";
   oc.params = {{"lr", 0.05}};
@@ -38,6 +48,7 @@ std::vector<at::Tensor> train(int stage, int steps) {
   // Terms added in this order: backward makes the gradients ready in its reverse, which is not
   // the reverse registration order the first layout guesses.
   const int order[kParams] = {4, 0, 7, 2, 8, 1, 6, 3, 5};
+  if (where) where->before = zero.param_store().partition16().data_ptr();
   for (int s = 0; s < steps; ++s) {
     zero.gather();
     zero.begin_backward(true);
@@ -50,6 +61,10 @@ std::vector<at::Tensor> train(int stage, int steps) {
     zero.end_backward();
     zero.release();
     zero.step(1.0);
+    if (where && s == 0) {
+      where->after = zero.param_store().partition16().data_ptr();
+      where->pinned_after = zero.param_store().partition16().is_pinned();
+    }
   }
   zero.gather();
   std::vector<at::Tensor> out;
@@ -68,4 +83,18 @@ TEST(Stage3Relay, Fp32OnOneRankTrainsAsStage0ThroughTheRelay) {
     ASSERT_EQ(stage3[i].sizes(), reference[i].sizes()) << "parameter " << i;
     EXPECT_TRUE(at::equal(stage3[i], reference[i])) << "parameter " << i;
   }
+}
+
+// Parameter offload: the 16-bit partition is the store's own page-locked host buffer, permuted
+// where it is on one rank (it was re-laid into a new, pageable tensor, through which every
+// upload then staged), and training still ends where stage 0 does.
+TEST(Stage3Relay, OffloadedPartitionIsReLaidInItsPageLockedBuffer) {
+  const auto reference = train(0, 4);
+  Partition16 where;
+  const auto offloaded = train(3, 4, /*offload_param=*/true, &where);
+  ASSERT_NE(where.before, nullptr);
+  EXPECT_EQ(where.after, where.before);
+  if (at::hasCUDA()) EXPECT_TRUE(where.pinned_after);
+  for (int i = 0; i < kParams; ++i)
+    EXPECT_TRUE(at::equal(offloaded[i], reference[i])) << "parameter " << i;
 }
