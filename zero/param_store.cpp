@@ -90,7 +90,12 @@ void ParamStore::keep_partition16(const at::Tensor& values) {
     swap_ = std::make_unique<ParamSwapper>(offload_.nvme, device_options_.dtype().toScalarType(),
                                            std::move(chunks), std::move(in_file));
   }
-  part16_ = ops::host_empty(resident, device_options_.dtype().toScalarType(), pin);
+  // The buffer it has where it fits (a re-lay that keeps the size), else a new one, the old
+  // one gone first.
+  if (!part16_.defined() || part16_.numel() != resident) {
+    part16_ = at::Tensor();
+    part16_ = ops::host_empty(resident, device_options_.dtype().toScalarType(), pin);
+  }
   part16_.copy_(values.narrow(0, 0, resident));
   for (int b = 0; b < static_cast<int>(layout_.buckets.size()); ++b)
     if (swapped(b)) store_chunk(b, partition_chunk(values, b));
@@ -172,18 +177,11 @@ void ParamStore::relayout(const FlatLayout& old, bool move_partition) {
       // The offloaded partition is this store's own page-locked buffer: on one rank permuted
       // where it is (no second host copy); else re-laid and kept in a page-locked buffer again
       // (relay_partition's result is pageable, and the uploads would stage through it).
-      if (relays_in_place(old, layout_, part16_, /*partition=*/true)) {
+      if (relays_in_place(old, layout_, part16_, /*partition=*/true))
         relay_flat_in_place(old, layout_, part16_);
-      } else {
-        at::Tensor moved =
-            relay_partition(old, layout_, part16_, chunk_rank(), *group_, device_options_.device());
-        if (moved.numel() == part16_.numel()) {
-          part16_.copy_(moved);
-        } else {
-          part16_ = at::Tensor();  // (the old buffer goes before the new one comes)
-          keep_partition16(moved);
-        }
-      }
+      else
+        keep_partition16(relay_partition(old, layout_, part16_, chunk_rank(), *group_,
+                                         device_options_.device()));
     } else if (move_partition) {
       relay_in_place(old, layout_, part16_, /*partition=*/true, chunk_rank(), *group_,
                      device_options_.device());
