@@ -97,7 +97,7 @@ void read_model_keys(Section& s, GPTConfig& c) {
   c.cross_entropy_loss_fusion =
       s.get_bool("cross_entropy_loss_fusion", c.cross_entropy_loss_fusion);
   // On by default where its kernel applies (LayerNorm): the rewritten backward measured +0.8%
-  // on the 1.3 B step (PERFORMANCE.md, eleventh session, d2x1f); RMSNorm has no fused kernel.
+  // on the 1.3 B step (docs/perf-log/2026-12-02.md, row d2x1f); RMSNorm has no fused kernel.
   c.residual_layernorm_fusion =
       s.get_bool("residual_layernorm_fusion", c.normalization == "LayerNorm");
   c.gradient_accumulation_fusion =

@@ -59,7 +59,8 @@ struct GPTConfig {
   // Each block's second residual add and the LayerNorm it feeds (ln_2) in one kernel, forward
   // and backward (ops::add_layer_norm); false: the eager add, then torch's layer_norm. A config
   // file turns it on by default where normalization is LayerNorm (from_json: +0.8% on the 1.3 B
-  // step, PERFORMANCE.md), off with RMSNorm (no fused kernel); off in a default-built struct.
+  // step, docs/perf-log/2026-12-02.md), off with RMSNorm (no fused kernel); off in a default-built
+  // struct.
   bool residual_layernorm_fusion = false;
   // Megatron's gradient_accumulation_fusion: the linears' weight-gradient products write into
   // ZeRO's gradient buckets (ops/grad_destination.h); false: through autograd, then copied in.

@@ -130,7 +130,7 @@ struct LionOp {
 
 // A 16-bit gradient widened to fp32 (exact), a vector at a time: ATen's at::vec::convert from
 // BFloat16 / Half to float is its generic scalar loop, which cost the bf16 path about a tenth
-// of its time at 16 threads (docs/PERFORMANCE.md, "Tenth session predictions").
+// of its time at 16 threads (docs/perf-log/2026-12-02.md, "The CPU Adam").
 template <typename G>
 void widen(const G* src, float* dst, int64_t n) {
   using VecG = at::vec::Vectorized<G>;

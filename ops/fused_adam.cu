@@ -128,7 +128,7 @@ void launch_typed(float* p, const G* g, float* m, float* v, C* q, int64_t n,
   DSCPP_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_adam_kernel<G, C>, kThreads, 0));
   // One full wave of resident blocks (no half-empty last wave); the grid-stride loop does
-  // the rest. (Other grids were measured, docs/PERFORMANCE.md's "Adam grid": no decision.)
+  // the rest. (Other grids measured no clear gain: docs/perf-log/2026-11-30.md, "The Adam grid".)
   const int64_t max_blocks =
       static_cast<int64_t>(sms > 0 ? sms : 1) * static_cast<int64_t>(per_sm > 0 ? per_sm : 1);
   int64_t blocks = (work + kThreads - 1) / kThreads;

@@ -47,8 +47,8 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
 // gradients straight into one contiguous [B, S, 3h] gradient (three strided copies); the
 // eager composition (view, permute, unbind) stacks them in one copy and makes the stack
 // contiguous in a second, both at a fraction of the memory bandwidth (a GPT-1.3B step spent
-// about 10 ms of 139 there on one H200, docs/PERFORMANCE.md). An undefined gradient (an output
-// unused) counts as zeros. The views may not be modified in place.
+// about 10 ms of 139 there on one H200, docs/perf-log/2026-12-01.md). An undefined gradient (an
+// output unused) counts as zeros. The views may not be modified in place.
 std::array<at::Tensor, 3> qkv_heads(const at::Tensor& qkv, int64_t heads);
 
 // The residual add and the LayerNorm after it, in one pass: h = x + branch and

@@ -40,8 +40,8 @@ GroupedWeightGradMode grouped_weight_grad_mode();
 void set_grouped_weight_grad_mode(GroupedWeightGradMode mode);
 
 // Whether a GEMM per non-empty expert into the slot should beat ATen's grouped product followed
-// by the buffer's add over every expert (measured on the H200, docs/PERFORMANCE.md, eighteenth
-// session: with balanced routing the per-expert GEMMs of a [1,024, 2,048] gradient fill half the
+// by the buffer's add over every expert (measured on the H200, docs/perf-log/2026-12-04.md:
+// with balanced routing the per-expert GEMMs of a [1,024, 2,048] gradient fill half the
 // SMs and take twice as long; where one GEMM's output tiles fill the GPU, or most experts got no
 // rows, whose blocks the loop skips and the add still reads, they win). Always true off a GPU.
 bool per_expert_gemm_pays(const at::Tensor& dw, const std::vector<int64_t>& counts);

@@ -283,10 +283,10 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     zo.offload.pin_memory = oo->pin_memory;
     zo.offload.sub_group_size = z.sub_group_size;
     // The gradient partition on the host too, unless collectives run over it (a pipeline's
-    // tied weights and norm, tensor parallelism's sequence-parallel sums). Measured on one
-    // H200 (4.64 B, stage 2): GPU peak 17.3 GiB (52 before), but 1,674 tokens/s against 4,497
-    // with the partition on the device: the host path's step is still to be profiled
-    // (docs/PERFORMANCE.md, eleventh session).
+    // tied weights and norm, tensor parallelism's sequence-parallel sums): it is what lets
+    // offload free the GPU's memory (4.64 B at stage 2: 17.3 GiB peak against 52 with the
+    // partition on the device, docs/perf-log/2026-12-02.md), and the landing worker hides its
+    // host work behind backward (docs/performance.md, "ZeRO-Offload").
     zo.offload.host_gradients = !reduce_sumsq_across_ && tensor_parallel_size() <= 1;
     // Partial offload is stage 3's (DeepSpeed's stages 1-2 never read ratio: the config
     // reader announces it there).
