@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints issue 7's GPU benchmark table from the row logs bench/gpt_table.sh writes.
+"""Prints the GPU benchmark table from the row logs bench/gpt_table.sh writes.
 
     python3 bench/gpt_table.py LOGDIR [--model-config bench/configs/gpt_1.3B_bench.json] [--peak 989]
 
@@ -150,7 +150,7 @@ def label(row):
 
 
 def like_rows(row, ok):
-    """The like-for-like rows a dscpp row is divided by (DESIGN's oracles): DeepSpeed at the same
+    """The like-for-like rows a dscpp row is divided by (docs/performance.md, "Method"): DeepSpeed at the same
     stage and GPU count (the faster of its Adam rows), and PyTorch: on one GPU the whole model
     compiled (else compiled blocks, else eager); on two, FSDP2 (compiled if there)."""
     if "stage" not in row or row.get("unfused") or row.get("no_comm"):

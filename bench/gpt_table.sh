@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark table of issue 7: GPT 1.3B (bench/configs/gpt_1.3B_bench.json, micro-batch
+# The GPU benchmark table: GPT 1.3B (bench/configs/gpt_1.3B_bench.json, micro-batch
 # 8, bf16) with dscpp at ZeRO 0-3 on 1 and 2 GPUs, and plain PyTorch (single, DDP, FSDP2; each
 # eager and with compiled blocks) in the same call, then bench/gpt_table.py prints the tables.
 #
@@ -43,7 +43,7 @@ t_start=$SECONDS
 out=${OUT:-$PWD/gpu-out}
 logdir=${LOGDIR:-$out/table}
 mkdir -p "$logdir" "$out"
-# NVLink multicast stays off on the shared hosts (../shared/GPU.md, the device notes).
+# NVLink multicast stays off: the shared hosts do not allow it.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 py=${PYTHON:-python3}
 all="mm d2x2 pt_fsdp2 pt_fsdp2_c d2x2n d3x2 d2x1 d0x1 pt_single pt_single_c d0x2 d1x2 d1x1 d3x1 pt_ddp pt_ddp_c"

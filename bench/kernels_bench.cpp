@@ -65,7 +65,7 @@ struct Options {
   int device = 0;
   int64_t experts = 64;      // grouped_mm: local experts,
   int64_t moe_rows = 65536;  // routed token rows (split evenly),
-  int64_t moe_ffn = 1024;    // hidden -> moe_ffn (DESIGN's "Experts" shapes)
+  int64_t moe_ffn = 1024;    // hidden -> moe_ffn (the MoE GPT of one GPU's shapes)
 };
 
 // The median over `iters` calls of fn's GPU time, each call between its own pair of events

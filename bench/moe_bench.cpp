@@ -12,20 +12,20 @@
 //             [--iters 20] [--warmup 5]
 //
 // Predicted on one H200 (before the first run; bytes at about 3 TB/s, the grouped GEMM at
-// DESIGN.md's 0.41 ms a product): the grouped experts ~0.9 ms forward, ~2.6 ms forward +
+// the 0.41 ms a product measured before): the grouped experts ~0.9 ms forward, ~2.6 ms forward +
 // backward (six products); permute + unpermute with the kernels ~0.2 ms forward, ~0.5 ms
 // forward + backward (S * k = 65,536 rows of 4 KiB written and read about four times), with
 // ATen ~1 ms and ~2.5 ms (fp32 copies of the rows, atomics in index_add, the nonzero wait);
 // the layer ~1.4 / ~3.5 ms with the kernels against ~2.2 / ~5.5 ms with ATen: the grouped
 // GEMM about 70% of the kernels' layer.
-// Predicted for the fourteenth session's rows (moeperf, before their first run): the router's
+// Predicted for the router and SwiGLU kernels' rows (before their first run): the router's
 // top-k kernel ~0.02 ms forward, ~0.05 ms forward + backward, against ~0.1 / ~0.25 ms for ATen's
 // topk, gather, sum, divide and their backward; SwiGLU on [65,536, 2 x 1,024] bf16 ~0.13 ms
 // forward (384 MB at ~3 TB/s), ~0.35 ms with backward (1 GB), against eager's ~0.25 / ~0.9 ms
 // (two strided kernels forward; four, and the copy into one gradient, backward); moe_1gpu's
 // layer (its experts' first product twice as wide as GELU's, plus the shared expert) ~5.5 ms
 // forward + backward.
-// Predicted for the eighteenth session's weight-gradient rows (before their first run; 65,536
+// Predicted for the weight-gradient rows (before their first run; 65,536
 // routed rows): _grouped_mm alone ~0.9 ms for [2048, 2048] (550 GFLOP at ~600 TFLOP/s) and
 // ~0.45 ms for [1024, 2048]; its add into the slot ~0.35 / ~0.17 ms more (1.6 / 0.8 GB at
 // ~4.5 TB/s); cuBLAS's grouped GEMM into the slot within 10% of _grouped_mm alone at beta 0 and

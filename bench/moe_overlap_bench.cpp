@@ -16,7 +16,7 @@
 // TCP at ~1-2 GB/s): the exchanges of 4096 x 2 rows of 1 KiB ~4 ms each way, 4 per step
 // (~16 ms); the shared expert (4096 x 256 x 2048, three products each way) ~20 ms; the
 // overlap saving ~10 ms of ~60 ms where Gloo's thread finds a core free.
-// Measured (seventeenth session, 2 cores shared with other builds): the shared expert at FFN 2048
+// Measured (2026-12-04, 2 cores shared with other builds): the shared expert at FFN 2048
 // took 386 ms, not 20 (one thread, ~35 GFLOP/s); at --shared-ffn 512 it took 47 ms, the four
 // exchanges alone 14 ms, the layer 138 ms serial / 142 ms overlapped with a capacity and
 // 135 / 132 ms dropless: no difference beyond the noise (+-10 ms between runs), Gloo's threads

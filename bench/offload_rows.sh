@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21's GPU rows (ZeRO-Offload), for one call on one H200 (scripts/gpu_run.sh GPU_OFFLOAD=1):
+# The ZeRO-Offload GPU rows, for one run on one H200 (scripts/gpu_run.sh GPU_OFFLOAD=1):
 #   oracle     tests/runtime/engine/offload_oracle.py --bf16: offload == no offload in bf16 on one
 #              GPU, stages 1, 2, 3 and ratio 0.5 (the pinned staging slots, the copy stream)
 #   d2off9     dscpp, the 9.08 B GPT (bench/configs/gpt_9B_offload_bench.json) at stage 2 with

@@ -1,5 +1,5 @@
-// pipe_bubble: the pipeline's bubble, measured (issue 18), and ZeRO-1 against ZeRO-2 beside a
-// pipeline. Run through the launcher; prints on rank 0.
+// pipe_bubble: the pipeline's bubble, measured (docs/performance.md), and ZeRO-1 against ZeRO-2
+// beside a pipeline. Run through the launcher; prints on rank 0.
 //
 // --mode bubble (p = the world's ranks, data 1): a stack of 2p layers whose forward sleeps
 // --layer-ms and whose backward sleeps twice that, so that a stage's compute takes a fixed

@@ -5,7 +5,7 @@
         --mode fsdp2|ddp --micro-batch 8 --steps 20 --warmup 10 [--compile]
     python3 bench/pytorch_gpt.py --model-config ... --mode single [--compile | --compile-whole]  # one GPU
 
-Plain PyTorch as a user would write it (../shared/GPU.md): the same GPT as model_zoo's (pre-LN,
+Plain PyTorch as a user would write it: the same GPT as model_zoo's (pre-LN,
 tanh GELU, learned positions, tied embeddings, SDPA causal attention), bf16 autocast with fp32
 weights for DDP/single, FSDP2 with bf16 parameters and fp32 gradient reduction, fused AdamW.
 The model config's checkpoint_activations recomputes each block in backward, as train_gpt does.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch reference of dscpp's MoE GPT (issue 20), run beside train_gpt in the same call.
+"""The PyTorch reference of dscpp's MoE GPT, run beside train_gpt on the same machine.
 
     python3 bench/pytorch_moe_gpt.py --model-config model_zoo/configs/moe_1gpu.yaml \
         --data-path .gpu/corpus/fortunes_text_document --micro-batch 4 --accumulation 2 \

@@ -1,11 +1,11 @@
-# DESIGN's "Folders are layers" as a build fact. Each folder is one static library,
+# The layer table of docs/architecture.md as a build fact. Each folder is one static library,
 # dscpp_<folder>, whose include root holds only that folder (as dscpp/<folder>), so a
 # target sees the headers of the folders it links and no others: an include that runs
 # back up the table does not compile. tests/layering/check_includes.py checks the table's
 # exact rows (a folder may reach what its neighbours use only through them).
 #
 # dscpp_add_layer(<folder> [SOURCES ...] [USES <folders>...] [LINK <targets>...])
-#   USES: the folders of DESIGN's row (linked PUBLIC, so their headers reach our users).
+#   USES: the folders of the table's row (linked PUBLIC, so their headers reach our users).
 #   LINK: outside libraries the folder's headers need (PUBLIC).
 function(dscpp_add_layer folder)
   cmake_parse_arguments(L "" "" "SOURCES;USES;LINK" ${ARGN})

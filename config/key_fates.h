@@ -1,4 +1,4 @@
-// What dscpp does with every key the config reader resolves ("nothing silent", issue 15):
+// What dscpp does with every key the config reader resolves ("nothing silent"):
 // acted on (with the test that shows its effect), acted on with no effect test yet, refused
 // with an error naming it, or announced once at start-up as not acted on. The table is the
 // one place this is written down; tests/config/test_key_fates.cpp fails on a resolved key

@@ -1,5 +1,5 @@
-// train_gpt's MoE pieces (issue 20): the expert-parallel groups of a job, the aux losses' and
-// expert biases' place in the training step, and the log's MoE fields.
+// train_gpt's MoE pieces (docs/model_zoo.md, "The MoE GPT"): the expert-parallel groups of a job,
+// the aux losses' and expert biases' place in the training step, and the log's MoE fields.
 //
 // Per step: each micro-batch's forward runs under an nn::AuxLossScope and its sum (the MoE
 // blocks' coefficient-scaled aux, z and sequence losses) is added to the loss backward sees;

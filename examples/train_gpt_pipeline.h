@@ -1,5 +1,5 @@
-// train_gpt on a pipeline (issue 18): the layout of a job from its three sources, and the
-// training loop on dscpp's PipelineEngine.
+// train_gpt on a pipeline (docs/pipeline.md, "train_gpt on a pipeline"): the layout of a job from
+// its three sources, and the training loop on dscpp's PipelineEngine.
 //
 // The pipeline degree comes from the model config's `parallelism.pipeline_model_parallel_size`,
 // the ds_config's `pipeline.stages` (a number) or --pipeline-model-parallel-size; those given

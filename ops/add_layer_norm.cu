@@ -136,7 +136,7 @@ __device__ __forceinline__ void block_sum2(float& a, float& b, float* shared) {
 // written and read back (mostly from L2): ~143 MB -> ~36 us (0.036 ms) for both kernels,
 // against ~67 us for eager's 268 MB (layer_norm's input gradient 3 tensors, GammaBeta 2, the
 // sum of h's two gradients 3) and the ~0.36 ms the per-row read-modify-write of the partials
-// measured (tenth session).
+// measured (docs/perf-log/2026-12-02.md).
 constexpr int kBackwardElems = 8;  // of a row per thread: one 16-byte pack of bf16/fp16
 constexpr int kBackwardMaxThreads = 1024;
 // Resident threads per SM the grid aims at: 32 warps, what ~64 registers a thread allow.

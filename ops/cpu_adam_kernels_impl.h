@@ -211,8 +211,8 @@ void adagrad(const Arrays& a, const Scalars& s, int64_t begin, int64_t end) {
 
 // Sum of squares: kLanes double accumulators, which this unit's flags vectorise (AVX-512: two
 // 8-double registers per 16 elements). Compiled in ops/sum_of_squares.cpp's own unit, without
-// -mavx2, the same loop ran SSE2's two doubles an instruction: 0.5-0.7 G elements/s a core on the
-// GPU machine (fourteenth session), slower than the landings it had to keep up with.
+// -mavx2, the same loop runs SSE2's two doubles an instruction: 0.5-0.7 G elements/s a core,
+// slower than the landings it has to keep up with (docs/perf-log/2026-12-03.md).
 inline float widen_one(float x) {
   return x;
 }

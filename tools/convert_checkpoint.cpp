@@ -111,8 +111,8 @@ GPTConfig gpt_config(const json& hf, const std::string& path) {
   };
   if (hf.value("model_type", std::string()) != "gpt2")
     throw CheckpointError("'" + path + "': model_type is '" + hf.value("model_type", "") +
-                          "', expected 'gpt2' (Llama's layout waits for the RMSNorm/RoPE/SwiGLU "
-                          "blocks, issue 20)");
+                          "', expected 'gpt2' (only GPT-2's layout converts; Llama's and "
+                          "Mixtral's are not read)");
   for (const char* key : {"scale_attn_by_inverse_layer_idx"})
     if (hf.value(key, false)) throw CheckpointError("'" + path + "': " + key + " is not supported");
   if (!hf.value("scale_attn_weights", true))
@@ -245,8 +245,8 @@ int main(int argc, char** argv) {
       "convert_checkpoint --to dscpp --input HF_DIR --output WEIGHTS.pt [--model-config-out "
       "GPT.json]\n"
       "The GPT's weights (zero_to_fp32's output, or a checkpoint folder) to and from Hugging\n"
-      "Face's GPT-2 layout (model.safetensors + config.json, GPT2LMHeadModel). Llama's layout\n"
-      "waits for the RMSNorm/RoPE/SwiGLU blocks (issue 20), Mixtral's for the MoE GPT");
+      "Face's GPT-2 layout (model.safetensors + config.json, GPT2LMHeadModel). Llama's and\n"
+      "Mixtral's layouts are not converted");
   opts.add_options()("help,h", "this text")("to", po::value(&to)->required(), "hf or dscpp")(
       "input", po::value(&input)->required(),
       "--to hf: a .pt state dict or a checkpoint folder; --to dscpp: a Hugging Face folder")(

@@ -1,8 +1,8 @@
 // Reduced gradient chunks landing in a host gradient partition (ZeRO-Offload, grad_buckets.h),
 // off the thread that runs backward. land() queues a chunk and returns: on a GPU its copy down
 // runs on a copy stream behind an event on the current (compute) stream, so the thread that
-// queues backward's kernels never waits for a copy (until the fourteenth session it waited for
-// each chunk's copy and did each host add itself, once per bucket); a worker thread waits for
+// queues backward's kernels never waits for a copy (waiting for each chunk's copy and doing each
+// host add itself held backward up, docs/perf-log/2026-12-03.md); a worker thread waits for
 // the copies in queue order, adds each chunk into its place in the partition where it was not
 // copied straight there, and then reports the bucket landed. On the CPU the worker copies (or
 // adds) the chunk itself.

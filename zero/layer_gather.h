@@ -1,4 +1,4 @@
-// ZeRO stage 3 layer by layer (DESIGN.md, "Stage 3"), DeepSpeed's parameter coordinator:
+// ZeRO stage 3 layer by layer (docs/zero.md), DeepSpeed's parameter coordinator:
 // each layer's buckets are gathered just before its forward, prefetched ahead within
 // stage3_prefetch_bucket_size (elements in flight) and stage3_max_live_parameters (elements
 // gathered or in flight), released after the layer unless the same buckets are used again

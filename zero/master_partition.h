@@ -1,5 +1,5 @@
-// ZeRO's master partition (DESIGN.md, "Master partition"): this rank's fp32 copy of its
-// chunks of every bucket, the gradient partition that GradBuckets reduce into, and the
+// ZeRO's master partition (docs/architecture.md, "Master partition and offload"): this rank's fp32
+// copy of its chunks of every bucket, the gradient partition that GradBuckets reduce into, and the
 // optimizer state over them (one optimizer shard per parameter group, each group's chunks
 // contiguous in the partition). With offload (zero/offload.h) the master and the optimizer
 // state live in host memory while the gradient partition stays on the device, and the update

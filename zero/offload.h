@@ -1,8 +1,8 @@
-// ZeRO-Offload of the optimizer (offload_optimizer.device = "cpu", DESIGN.md "Master
-// partition"): the fp32 master and the optimizer state live in host memory; at the step each
-// bucket's reduced gradient chunk comes down from the training device, the CPU optimizer
-// (ops/cpu_adam.h) updates it sub_group_size elements at a time, and the updated 16-bit chunk
-// goes back up to where the parameter store publishes it from. On a GPU the copies run on a
+// ZeRO-Offload of the optimizer (offload_optimizer.device = "cpu", docs/architecture.md
+// "Master partition and offload"): the fp32 master and the optimizer state live in host memory; at
+// the step each bucket's reduced gradient chunk comes down from the training device, the CPU
+// optimizer (ops/cpu_adam.h) updates it sub_group_size elements at a time, and the updated 16-bit
+// chunk goes back up to where the parameter store publishes it from. On a GPU the copies run on a
 // copy stream through two pinned staging slots, so the next piece's gradients come down while
 // the CPU updates this one and the last piece goes up; on the CPU the same calls are plain
 // copies. The gradient partition is on the device, where the reductions land, or in host memory

@@ -1,5 +1,5 @@
-// ZeRO's parameter store (DESIGN.md, "Parameter store"): where the trainable parameters live.
-// Stages 0-2: one flat buffer of the training type whose views are the module's parameters.
+// ZeRO's parameter store (docs/architecture.md, "Parameter store"): where the trainable parameters
+// live. Stages 0-2: one flat buffer of the training type whose views are the module's parameters.
 // Stage 3: this rank's 16-bit chunks only (laid out as its partition); a parameter at rest
 // holds an empty tensor, and is gathered a bucket at a time (the bucket's chunks all-gathered
 // into a buffer of its own, its parameters views of it); persistent buckets stay gathered.

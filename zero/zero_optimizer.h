@@ -1,5 +1,5 @@
 // ZeRO stages 0-3 over the trainable parameters, composed of its three parts
-// (DESIGN.md, "ZeRO: one mechanism, three parts"): the parameter store
+// (docs/architecture.md, "ZeRO: one mechanism, in parts"): the parameter store
 // (ParamStore: the flat buffer of stages 0-2, stage 3's gather / release /
 // persistence, the one publish routine), the gradient buckets (GradBuckets),
 // and the master partition (MasterPartition: this rank's fp32 copy and the

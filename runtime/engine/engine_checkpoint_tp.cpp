@@ -1,4 +1,4 @@
-// Tensor-parallel checkpoints (issue 19), Megatron-DeepSpeed's layout:
+// Tensor-parallel checkpoints, Megatron-DeepSpeed's layout (docs/checkpoints.md):
 //   <tag>/mp_rank_XX_model_states.pt                       tensor rank XX's module shards,
 //                                                          written by its data rank 0
 //   <tag>/[bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt  its data rank D's ZeRO partition
@@ -11,7 +11,7 @@
 // mp_rank_XX model-states file per tensor rank, not DeepSpeed's per-rank stage-3 files): its
 // module holds the buffers only, as a stage-3 file does, and the parameters' values come from
 // the ZeRO files, consolidated and cut as the other stages' are.
-// With experts (issue 20), DeepSpeed's MoE layout per tensor rank XX (its _get_expert_ckpt_name
+// With experts, DeepSpeed's MoE layout per tensor rank XX (its _get_expert_ckpt_name
 // takes the model-parallel rank): layer_L_expert_E_mp_rank_XX_model_states.pt per global
 // expert, written by tensor rank XX's expert-data rank 0 (the experts are replicated over the
 // tensor group, so every XX holds the same values), at ZeRO 0 expp_rank_R_mp_rank_XX, and the
