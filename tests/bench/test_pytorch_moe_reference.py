@@ -1,4 +1,4 @@
-"""bench/pytorch_moe_gpt.py is the same model as dscpp's MoE GPT (issue 20's PyTorch reference).
+"""bench/pytorch_moe_gpt.py is the same model as dscpp's MoE GPT (its PyTorch reference).
 
 gpt_export builds dscpp's GPT from a MoE model config, runs a forward and backward on a random
 batch in fp32 on the CPU and writes the weights, the batch, the logits, the loss and every

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: the library reads no environment variable but the launch contract, and reads
+# The library reads no environment variable but the launch contract, and reads
 # those in one place, comm/launch_env.cpp. Fails listing any other getenv/environ in the
 # library's folders (tools/, examples/, bench/, launcher/ and tests/ are programs, not library).
 cd "$(dirname "$0")/../.." || exit 2

@@ -1,4 +1,4 @@
-// Malformed and hostile config text (issue 16): every problem is a ConfigError (a
+// Malformed and hostile config text: every problem is a ConfigError (a
 // dscpp::Error) naming the file and the position or JSON path; none aborts, overflows the
 // stack, or lets a library exception (nlohmann's) escape.
 #include <gtest/gtest.h>
@@ -145,7 +145,7 @@ TEST(ConfigRobustness, FoldersEmptyTextAndOversizeTextAreNamed) {
 }
 
 TEST(BatchSize, ProductsBeyondInt64AreRefusedNotWrapped) {
-  // Issue 16's case: 2^62 * 4 * 2 wrapped to 0 and resolved.
+  // 2^62 * 4 * 2 used to wrap to 0 and resolve.
   const int64_t big = int64_t{1} << 62;
   for (const json& j :
        {json{{"train_micro_batch_size_per_gpu", big}, {"gradient_accumulation_steps", 4}},

@@ -1,4 +1,4 @@
-// Nothing silent (issue 15): every key the config reader resolves has a fate in
+// Nothing silent: every key the config reader resolves has a fate in
 // config/key_fates.cpp, every acted-on key names a test that exists, every refused key is
 // refused by name, and every announced key is announced once at start-up. Features whose
 // absence changes what is trained are refused, not accepted.
@@ -185,7 +185,7 @@ TEST(KeyFates, AnnouncedKeysAreAnnouncedOnceAtStartUp) {
   }
 }
 
-TEST(KeyFates, TheKeysIssue15FoundDroppedAreAnnounced) {
+TEST(KeyFates, KeysOnceDroppedSilentlyAreAnnounced) {
   json j = {
       {"train_batch_size", 2},
       {"zero_optimization",

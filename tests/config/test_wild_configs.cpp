@@ -1,5 +1,6 @@
-// Every DeepSpeed config from ../shared/ds_configs_wild loads or is refused with a clear
-// message, as tests/config/wild_expectations.json says for that file. A file without an
+// Every DeepSpeed config of the wild set (DSCPP_WILD_DIR: configs collected from public
+// projects) loads or is refused with a clear message, as tests/config/wild_expectations.json
+// says for that file. A file without an
 // expectation fails, so a new file in the set is looked at, not skipped.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-"""The seed's workflow, its commands as it typed them (issue 19), on 8 CPU ranks with a tiny model
+"""The seed's workflow, its commands as it typed them, on 8 CPU ranks with a tiny model
 in place of 1.3B and a free port in place of 6000:
 
 - `preprocess_data --input raw.json --output-prefix P --tokenizer-type GPT2Tokenizer

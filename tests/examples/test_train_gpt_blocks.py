@@ -1,4 +1,4 @@
-"""train_gpt with the current models' blocks (issue 20), through the launcher on CPU ranks.
+"""train_gpt with the current models' blocks, through the launcher on CPU ranks.
 
 A tiny Llama-style model config (RMSNorm, rope, SwiGLU, grouped-query attention, no linear
 bias, untied head under Megatron's key) trains on 2 data ranks at ZeRO 1, and at ZeRO 3 (the

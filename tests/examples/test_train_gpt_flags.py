@@ -1,4 +1,4 @@
-"""train_gpt's command line, through the dscpp launcher on 2 CPU ranks (issue 22).
+"""train_gpt's command line, through the dscpp launcher on 2 CPU ranks.
 
 - Megatron-LM's flags filling a ds_config of "auto"s train exactly as the same numbers written
   in the ds_config do (the same log lines: loss, lr, grad norm), under --deepspeed-config and
@@ -99,7 +99,7 @@ def main():
         check("Megatron-LM's flags fill the autos: trains", rc_a == 0, log_a)
         check("the flags train as the numbers written do (loss, lr, grad norm at every log)",
               step_lines(log_a) == step_lines(log_w) and step_lines(log_w), log_a + "\n---\n" + log_w)
-        # The issue's own words: `--deepspeed --deepspeed_config ds.json` (Boost once read
+        # Megatron-DeepSpeed's own words: `--deepspeed --deepspeed_config ds.json` (Boost once read
         # --deepspeed as a prefix of --deepspeed_config and refused the pair).
         rc_u, log_u = job.run("--deepspeed", "--deepspeed_config", ds_auto, "--train-data-path", prefix,
                               "--train-iters", "6", "--log-interval", "2", "--seed", "7", *megatron)

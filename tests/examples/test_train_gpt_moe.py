@@ -1,4 +1,4 @@
-"""train_gpt with the MoE GPT (issue 20), through the launcher on CPU ranks.
+"""train_gpt with the MoE GPT, through the launcher on CPU ranks.
 
 model_zoo/configs/moe_tiny.yaml (hidden 64; MoE layers 0 and 2 of 4: 8 experts top-2, a shared
 expert, sigmoid scores with the expert bias, aux loss 0.01 and z-loss 1e-3) trains on 1 rank and
@@ -218,7 +218,7 @@ def main():
               f"rc {z3[1][0]} and {z3[0][0]}, worst {worst}\n" + z3[1][1][-1500:] + "\n---\n"
               + z3[0][1][-1500:])
 
-        # 2 pipeline stages (issue 20's proof through train_gpt): 4 ranks = pipeline 2 x data 2,
+        # 2 pipeline stages (the pipeline x experts proof through train_gpt): 4 ranks = pipeline 2 x data 2,
         # MoE layer 0 on stage 0 and layer 2 on stage 1, micro-batches of 1 (accumulation 2),
         # against one rank with --seed-layers (the pipeline's per-layer seeds) and micro-batches
         # of 1 (accumulation 4): the same micro-batches, so each one's routing, capacity and

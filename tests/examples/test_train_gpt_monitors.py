@@ -1,4 +1,4 @@
-"""What train_gpt's log line shows reaches the monitors (issue 22), 2 CPU ranks via the launcher.
+"""What train_gpt's log line shows reaches the monitors, 2 CPU ranks via the launcher.
 
 The csv_monitor's files and TensorBoard's event file (read by TensorBoard's own
 EventAccumulator) hold, under DeepSpeed's names where its engine has them (Train/Samples/

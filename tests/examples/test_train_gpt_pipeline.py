@@ -1,4 +1,4 @@
-"""train_gpt on a pipeline (issue 18) trains as train_gpt on one rank, through the launcher.
+"""train_gpt on a pipeline trains as train_gpt on one rank, through the launcher.
 
 - Pipeline 2 x data 2 (4 CPU ranks; the degree from the model config's `parallelism` object),
   a gpt_tiny-shaped model (h 128, 4 blocks, 4 heads, tied embeddings) at seq 16, fp32, ZeRO 1,

@@ -1,4 +1,4 @@
-"""train_gpt with experts on a pipeline with a tensor degree (issue 20: pipeline x tensor x
+"""train_gpt with experts on a pipeline with a tensor degree (pipeline x tensor x
 experts), through the launcher on CPU ranks.
 
 The MoE GPT of test_train_gpt_tp_moe.py (GPT-2's blocks, h 64, 2 blocks both MoE, 4 experts

@@ -1,4 +1,4 @@
-"""train_gpt with a tensor-parallel degree (issue 19) trains as train_gpt on one rank, through the launcher.
+"""train_gpt with a tensor-parallel degree trains as train_gpt on one rank, through the launcher.
 
 - Tensor 2 (2 CPU ranks, --tensor-model-parallel-size 2) and tensor 2 x data 2 with sequence
   parallelism (4 CPU ranks; the degree and sequence_parallel from the model config's

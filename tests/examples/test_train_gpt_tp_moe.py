@@ -1,4 +1,4 @@
-"""train_gpt with experts and a tensor degree (issue 20), through the launcher on CPU ranks.
+"""train_gpt with experts and a tensor degree, through the launcher on CPU ranks.
 
 An MoE GPT of GPT-2's blocks (h 64, 2 blocks both MoE, 4 experts top-2 of FFN 32, a shared expert
 of 64, sigmoid scores with the expert bias, aux loss 0.01, fp32, AdamW, clipping 1.0) at tensor 2 x

@@ -59,7 +59,7 @@ TEST(EnvFile, NulByteNamesTheLine) {
   }
 }
 
-// Issue 16: the id that keeps two jobs on one port apart (comm refuses a foreign store).
+// The id that keeps two jobs on one port apart (comm refuses a foreign store).
 TEST(JobId, KeptWhenGivenElseFreshAndExported) {
   EnvList given = {{"DSCPP_JOB_ID", "mine"}};
   EXPECT_EQ(ensure_job_id(given), "mine");

@@ -59,7 +59,7 @@ TEST(Hostfile, MalformedLinesNameTheLine) {
   expect_error("worker gpus=4\n", "hf:1:");
 }
 
-// Issue 16: a NUL in a host name was accepted and cut short when handed to ssh.
+// A NUL in a host name was accepted and cut short when handed to ssh.
 TEST(Hostfile, ControlBytesAreRefusedNamingLineAndColumn) {
   expect_error(std::string("worker-0 slots=2\nwork\0er-1 slots=2\n", 36),
                "hf:2:5: control byte 0x00 in the entry");

@@ -38,7 +38,7 @@ TEST(LaunchPlan, WithoutGpusStartsCpuRanks) {
   EXPECT_EQ(one.active, (ActiveResources{{"localhost", {0}}}));
 }
 
-// Issue 16: --num_gpus 10000 on a CPU machine started 10,000 processes.
+// --num_gpus 10000 on a CPU machine started 10,000 processes.
 TEST(LaunchPlan, CpuRanksFarBeyondTheMachineAreRefused) {
   const LocalMachine two_cores{0, 2, std::nullopt};
   // The tests' 8 ranks on 2 cores, and up to 64 a core, stay allowed.

@@ -136,7 +136,7 @@ TEST(Options, UsageErrors) {
   EXPECT_THROW(parse({"--hostfile"}), UsageError);
 }
 
-// Issue 16: DeepSpeed's -1 means "not given"; given, 0 or a negative count used to start one
+// DeepSpeed's -1 means "not given"; given, 0 or a negative count used to start one
 // rank silently.
 TEST(Options, CountsMustBePositive) {
   for (const char* bad : {"0", "-1", "-5"}) {

@@ -325,7 +325,7 @@ TEST_F(ProcessTest, UsageErrorsExitWith2) {
   expect_usage_error({"--num_gpus", "1", "-i", "localhost", kFake},
                      "Cannot specify num_nodes/gpus");
   expect_usage_error({"-H", dir_ / "two", "--no_ssh", "--node_rank", "2", kFake}, "--node_rank");
-  // Issue 16: counts that are not counts, and CPU ranks far beyond the machine.
+  // Counts that are not counts, and CPU ranks far beyond the machine.
   expect_usage_error({"--num_gpus", "0", kFake}, "--num_gpus 0: expected a positive number");
   expect_usage_error({"--num_gpus", "-1", kFake}, "--num_gpus -1: expected a positive number");
   write_file(dir_ / "nul", std::string("worker-0 slots=2\nwork\0er-1 slots=2\n", 36));

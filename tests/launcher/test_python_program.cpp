@@ -1,4 +1,4 @@
-// The .py rule (issue 22): a program ending in .py runs as `$DSCPP_PYTHON -u prog.py` (python3
+// The .py rule: a program ending in .py runs as `$DSCPP_PYTHON -u prog.py` (python3
 // from PATH without it), --no_python runs it directly; the plan, the MPI runners' command lines,
 // and real launches (check_test_dist.py launches test_dist.py, torch's env:// all-reduce, apart:
 // two torch imports outlast these tests' time limit on a loaded machine).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""DESIGN's layer table, checked: lists every cross-folder #include of the library's
+"""The layer table of docs/architecture.md, checked: lists every cross-folder #include of the library's
 non-test code and fails on one that the table does not allow.
 
 The build enforces the table too (each folder's target sees only the headers of the folders
@@ -12,7 +12,7 @@ import os
 import re
 import sys
 
-# folder -> the folders its row may use (DESIGN.md, "Folders are layers").
+# folder -> the folders its row may use (docs/architecture.md).
 MAY_USE = {
     "config": set(),
     "comm": set(),

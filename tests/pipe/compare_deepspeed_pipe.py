@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Our pipeline engine against DeepSpeed's (issue 18): the same layers, initial weights, data,
+"""Our pipeline engine against DeepSpeed's: the same layers, initial weights, data,
 seed and config on both sides, the same losses within 1e-5 relative.
 
 DeepSpeed's side is deepspeed_pipe_oracle.py (its PipelineModule and train_batch over Gloo on

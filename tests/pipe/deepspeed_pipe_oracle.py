@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""DeepSpeed's own pipeline engine as a second oracle (issue 18): its PipelineModule and
+"""DeepSpeed's own pipeline engine as a second oracle: its PipelineModule and
 train_batch over Gloo on CPU, 2 processes (2 stages), a small MLP stack with weights and data
 fixed by formulas (no RNG), printing the loss of every step as JSON lines.
 

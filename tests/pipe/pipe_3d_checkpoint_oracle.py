@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""3D checkpoints (issue 19): a checkpoint at (tensor, pipeline, data) resumes on any layout.
+"""3D checkpoints: a checkpoint at (tensor, pipeline, data) resumes on any layout.
 
     pipe_3d_checkpoint_oracle.py --launcher build/launcher/dscpp --train build/tests/pipe/pipe_train
         --zero-to-fp32 build/tools/zero_to_fp32 [--full]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""3D parallelism (pipe x data x model) = one rank: issue 19's oracle.
+"""3D parallelism (pipe x data x model) = one rank: the 3D oracle.
 
     pipe_3d_oracle.py --launcher build/launcher/dscpp --train build/tests/pipe/pipe_train [--full]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pipeline checkpoints (issue 18): resume bit-exactly, load onto another layout, zero_to_fp32.
+"""Pipeline checkpoints: resume bit-exactly, load onto another layout, zero_to_fp32.
 
     pipe_checkpoint_oracle.py --launcher build/launcher/dscpp --train build/tests/pipe/pipe_train
         --zero-to-fp32 build/tools/zero_to_fp32 [--full]

@@ -1,4 +1,4 @@
-// Experts in a pipeline with tensor parallelism (issue 20: pipeline x tensor x experts), on real
+// Experts in a pipeline with tensor parallelism (pipeline x tensor x experts), on real
 // Gloo ranks: model_zoo's tensor_parallel_gpt_layer_specs with MoE blocks (tp_moe_common.h's tiny
 // MoE GPT: hidden 64, 2 blocks both MoE, 4 experts of FFN 32, GPT-2's blocks) on P stages
 // ("type:block": one MoE block per stage) x data d x tensor t, the expert-parallel groups of E

@@ -96,7 +96,7 @@ dscpp::model_zoo::GPTConfig gpt_config() {
   return c;
 }
 
-// "gpt3d": the tiny GPT of issue 19's 3D tests (hidden 64, 4 heads, 4 layers), whole on one
+// "gpt3d": the tiny GPT of the 3D tests (hidden 64, 4 heads, 4 layers), whole on one
 // rank or tensor-parallel over a model group.
 // A case's "sp" and "checkpoint_activations" turn on sequence parallelism and per-block
 // activation checkpointing (the same numbers: the reference has neither).

@@ -1,4 +1,4 @@
-// Our pipeline engine on deepspeed_pipe_oracle.py's model, weights, data and config (issue 18):
+// Our pipeline engine on deepspeed_pipe_oracle.py's model, weights, data and config:
 // the 7 LayerSpecs Linear(8,16) ReLU Linear(16,16) ReLU Linear(16,16) ReLU Linear(16,4), every
 // weight and bias set by the oracle's formula (no RNG), partition "uniform", MSE loss,
 // micro-batches of 2, SGD lr 0.05, no clipping, fp32. The world is --stages x data ranks. For

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 22: the README's two commands, scripts/test.sh and scripts/demo.sh, build in separate
+# The README's two commands, scripts/test.sh and scripts/demo.sh, build in separate
 # folders (build/ as Check, build-demo/ as RelWithDebInfo), so running one after the other
 # never reconfigures the other's folder. Runs both scripts in a copy of scripts/ whose build.sh
 # records the folder and type each asks for (and ctest, the tools and the launcher are stubs),

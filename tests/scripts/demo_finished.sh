@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 22: scripts/demo.sh run again after a finished run says that nothing was trained and
+# Scripts/demo.sh run again after a finished run says that nothing was trained and
 # which DEMO_ITERS trains further. Runs demo.sh in a copy of scripts/ whose build.sh makes a
 # stub launcher printing train_gpt's finished line (its wording is examples.TrainGptFlags'),
 # and one that trains (no such line: the demo adds nothing).

@@ -1,4 +1,4 @@
-"""dscpp_report prints what DeepSpeed's ds_report prints that applies (issue 22): the op table
+"""dscpp_report prints what DeepSpeed's ds_report prints that applies: the op table
 (compiled, usable) and the environment, each field checked against an independent source (the
 venv's torch for the LibTorch version, os for the CPU count and /dev/shm, the build's own
 settings for the build type and variant), in the text layout and in --json alike."""

@@ -1,4 +1,4 @@
-// A second initialize in one process (issue 22), on the ranks the launcher starts
+// A second initialize in one process, on the ranks the launcher starts
 // (tests/runtime/engine/CMakeLists.txt):
 //  - a second engine while the first lives reuses the process group (the same object, no
 //    second rendezvous on MASTER_PORT), and both train;

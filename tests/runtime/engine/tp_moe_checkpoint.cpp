@@ -1,4 +1,4 @@
-// Checkpoints of experts with tensor parallelism (issue 20), on 4 Gloo ranks: the tiny MoE GPT
+// Checkpoints of experts with tensor parallelism, on 4 Gloo ranks: the tiny MoE GPT
 // of tp_moe_engine (dropless, so every layout trains the one-rank model) at tensor 2 x data 2,
 // ep 2 trains 3 steps, saves, and trains 3 more (--phase save). A second launch (--phase
 // resume: the saving processes are gone) checks DeepSpeed's file names (mp_rank_XX model

@@ -1,4 +1,4 @@
-// Experts with tensor parallelism (issue 20), on real Gloo ranks: model_zoo's TensorParallelGPT
+// Experts with tensor parallelism, on real Gloo ranks: model_zoo's TensorParallelGPT
 // with MoE blocks (hidden 64, 2 layers both MoE, 4 experts of FFN 32, GPT-2's blocks) at tensor
 // t x data d with expert degree E (the expert-parallel groups formed among the data ranks of one
 // tensor rank; each tensor rank dispatching 1/t of the tokens) trains, fp32, like model_zoo's GPT
