@@ -130,13 +130,13 @@ __device__ __forceinline__ void block_sum2(float& a, float& b, float* shared) {
 // cuComputePartGradGammaBeta + cuComputeGradGammaBeta, with the partial pass fused into dx's so
 // dy and h are read once).
 //
-// Prediction (GPT 1.3B, 8192 rows x hidden 2048, bf16, one H200 at ~4 TB/s, written before any
-// measurement): the backward must read dy, h and dh (3 x 33.5 MB) and write dx (33.5 MB):
-// 134 MB, plus mean/rstd (64 KB), and the partial sums, 528 blocks x 2 x 2048 fp32 = 8.7 MB
-// written and read back (mostly from L2): ~143 MB -> ~36 us (0.036 ms) for both kernels,
-// against ~67 us for eager's 268 MB (layer_norm's input gradient 3 tensors, GammaBeta 2, the
-// sum of h's two gradients 3) and the ~0.36 ms the per-row read-modify-write of the partials
-// measured (docs/perf-log/2026-12-02.md).
+// Why this shape (GPT 1.3B, 8192 rows x hidden 2048, bf16): the backward must read dy, h and dh
+// (3 x 33.5 MB) and write dx (33.5 MB): 134 MB, plus mean/rstd (64 KB), and the partial sums,
+// 528 blocks x 2 x 2048 fp32 = 8.7 MB written and read back (mostly from L2): ~143 MB, about
+// half of eager's 268 MB (layer_norm's input gradient 3 tensors, GammaBeta 2, the sum of h's two
+// gradients 3), where a per-row read-modify-write of the partials in global memory took ~0.36 ms
+// (docs/perf-log/2026-12-02.md). Measured: forward + backward 1.2-1.55x eager's
+// (docs/performance.md, "Kernels").
 constexpr int kBackwardElems = 8;  // of a row per thread: one 16-byte pack of bf16/fp16
 constexpr int kBackwardMaxThreads = 1024;
 // Resident threads per SM the grid aims at: 32 warps, what ~64 registers a thread allow.

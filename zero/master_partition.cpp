@@ -190,7 +190,8 @@ void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)
   // One buffer at a time, in place where the partition keeps its size, so that only one
   // re-laid copy exists at any moment (a partition sized to fit has no room for one per
   // buffer). The shards are re-seated, not set_data'd: a shard is a view of the master, and a
-  // view keeps its base alive (a whole old fp32 partition stayed held, measured on an H200).
+  // view keeps its base alive (else a whole old fp32 partition stays held:
+  // docs/perf-log/2026-12-01.md).
   for (const auto& name : state_names()) {
     // A state never written (the re-lay comes before the first step; nothing loaded) is zeros
     // in any layout: nothing to move, and no second copy of it (at billions of elements the

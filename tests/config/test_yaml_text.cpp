@@ -99,7 +99,7 @@ TEST(YamlText, ErrorsNameFileLineAndColumn) {
   e = error_of("a: 1\n---\nb: 2\n");
   EXPECT_NE(e.find("m.yaml:2:1"), std::string::npos) << e;
   EXPECT_NE(e.find("second YAML document"), std::string::npos) << e;
-  // yaml-cpp 0.7's LoadAll loops forever on these (its issue 1040): an error, at once.
+  // yaml-cpp 0.7's LoadAll loops forever on these (jbeder/yaml-cpp#1040): an error, at once.
   for (const char* stray : {",", ", a\n", "- 1\n,\n"}) {
     e = error_of(stray);
     EXPECT_NE(e.find("stray ','"), std::string::npos) << stray << ": " << e;
