@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmark table: GPT 1.3B (bench/configs/gpt_1.3B_bench.json, micro-batch
 # 8, bf16) with dscpp at ZeRO 0-3 on 1 and 2 GPUs, and plain PyTorch (single, DDP, FSDP2; each
-# eager and with compiled blocks) in the same call, then bench/gpt_table.py prints the tables.
+# eager and with compiled blocks) in the same run, then bench/gpt_table.py prints the tables.
 #
 #   ROWS="d2x2 pt_fsdp2" LOGDIR=build-table-logs BUDGET_S=500 bash bench/gpt_table.sh
 #

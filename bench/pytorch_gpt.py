@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch reference dscpp's GPT throughput is compared with, run beside it in the same call.
+"""The PyTorch reference dscpp's GPT throughput is compared with, run beside it on the same machine.
 
     torchrun --nproc_per_node 2 bench/pytorch_gpt.py --model-config bench/configs/gpt_1.3B_bench.json \
         --mode fsdp2|ddp --micro-batch 8 --steps 20 --warmup 10 [--compile]

@@ -50,7 +50,7 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--quick", action="store_true",
-                    help="the GPT at stages 2-3 only, with the partition in bf16 and fp32 (a GPU call's share)")
+                    help="the GPT at stages 2-3 only, with the partition in bf16 and fp32 (a GPU run's share)")
     args = ap.parse_args()
     gpus = gpus_here()
     if 0 < gpus < 2:
