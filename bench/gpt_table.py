@@ -150,9 +150,10 @@ def label(row):
 
 
 def like_rows(row, ok):
-    """The like-for-like rows a dscpp row is divided by (docs/performance.md, "Method"): DeepSpeed at the same
-    stage and GPU count (the faster of its Adam rows), and PyTorch: on one GPU the whole model
-    compiled (else compiled blocks, else eager); on two, FSDP2 (compiled if there)."""
+    """The like-for-like rows a dscpp row is divided by (docs/performance.md, "Method"):
+    DeepSpeed at the same stage and GPU count (the faster of its Adam rows), and PyTorch: on one
+    GPU the whole model compiled (else compiled blocks, else eager); on two, FSDP2 (compiled if
+    there)."""
     if "stage" not in row or row.get("unfused") or row.get("no_comm"):
         return None, None
     s, n = row["stage"], row["gpus"]

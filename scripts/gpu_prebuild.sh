@@ -8,8 +8,9 @@
 #                                  machine's torch there)
 #   .gpu/prebuilt/sources.sha256   the build's inputs (every tracked C++, CUDA and CMake file):
 #                                  gpu_run.sh builds there as before if any of them changed
-# Why: a fresh GPU machine spends 140-165 s building these before it measures anything. Built here with clang++ in Release (-O3, the GPU build's type);
-# the GPU build uses g++ 13.3: a figure taken with the prebuilt binaries says so.
+# Why: a fresh GPU machine spends 140-165 s building these before it measures anything.
+# Built here with clang++ in Release (-O3, the GPU build's type); the GPU build uses g++ 13.3:
+# a figure taken with the prebuilt binaries says so.
 # Usage: scripts/gpu_prebuild.sh   (build folder build-cuda-rel/, then the pack)
 set -euo pipefail
 cd "$(dirname "$0")/.."
