@@ -218,7 +218,7 @@ def main():
               f"rc {z3[1][0]} and {z3[0][0]}, worst {worst}\n" + z3[1][1][-1500:] + "\n---\n"
               + z3[0][1][-1500:])
 
-        # 2 pipeline stages (the pipeline x experts proof through train_gpt): 4 ranks = pipeline 2 x data 2,
+        # 2 pipeline stages (pipeline x experts through train_gpt): 4 ranks = pipeline 2 x data 2,
         # MoE layer 0 on stage 0 and layer 2 on stage 1, micro-batches of 1 (accumulation 2),
         # against one rank with --seed-layers (the pipeline's per-layer seeds) and micro-batches
         # of 1 (accumulation 4): the same micro-batches, so each one's routing, capacity and

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The layer table of docs/architecture.md, checked: lists every cross-folder #include of the library's
-non-test code and fails on one that the table does not allow.
+"""The layer table of docs/architecture.md, checked: lists every cross-folder #include of the
+library's non-test code and fails on one that the table does not allow.
 
 The build enforces the table too (each folder's target sees only the headers of the folders
 it links), but only up to the transitive closure of the links; this check holds each folder

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Every error the library throws derives from dscpp::Error: no `throw std::...` in the
-library folders (layers 1-6 of docs/architecture.md); the launcher, tools and examples are programs."""
+library folders (layers 1-6 of docs/architecture.md); the launcher, tools and examples are
+programs."""
 import pathlib
 import re
 import sys
