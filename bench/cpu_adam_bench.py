@@ -2,6 +2,7 @@
 """dscpp's CPU Adam beside DeepSpeed's DeepSpeedCPUAdam on the same cores and partition sizes.
 
     cpu_adam_bench.py --bench build/bench/cpu_adam_bench [--threads T] [--sizes N,N] [--steps K]
+                      [--only dscpp|deepspeed]
 
 Both step an fp32 partition with fp32 Adam state from an fp32 gradient (28 bytes moved per
 element: p, m, v and g read, p, m, v written); dscpp also with a bf16 gradient and a bf16
@@ -44,7 +45,9 @@ def deepspeed_row(n, steps, threads):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bench", required=True)
+    ap.add_argument("--bench", help="the cpu_adam_bench executable (dscpp's rows)")
+    ap.add_argument("--only", choices=["dscpp", "deepspeed"],
+                    help="one implementation's rows (the GPU rows cpuadam-dscpp and cpuadam-ds run one each)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--sizes", default=f"{1 << 20},{1 << 24},{1 << 26}")
     ap.add_argument("--steps", type=int, default=10)
@@ -54,17 +57,21 @@ def main():
     if args.thp:
         env["THP_MEM_ALLOC_ENABLE"] = "1"
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # this process's (DeepSpeed's) tensors too
+    if args.only != "deepspeed" and not args.bench:
+        ap.error("--bench is required for dscpp's rows")
     rows = []
-    for grad in ("fp32", "bf16"):
+    for grad in ("fp32", "bf16") if args.only != "deepspeed" else ():
         out = subprocess.run([args.bench, "--sizes", args.sizes, "--steps", str(args.steps), "--grad", grad],
                              env=env, capture_output=True, text=True, check=True).stdout
         rows += [json.loads(line) for line in out.splitlines() if line.strip()]
     ref_of = {(r["n"], r["grad"]): r["ref_gb_per_s"] for r in rows}
     try:
-        for n in map(int, args.sizes.split(",")):
+        for n in map(int, args.sizes.split(",")) if args.only != "dscpp" else ():
             rows.append(deepspeed_row(n, args.steps, args.threads))
     except Exception as e:  # noqa: BLE001 - no DeepSpeed op here: say why, keep our rows
         print(f"DeepSpeed's CPU Adam did not run: {e}", file=sys.stderr)
+        if args.only == "deepspeed":
+            return 1
     print(f"{'impl':10} {'grad':5} {'elements':>10} {'threads':>7} {'Melem/s':>9} {'best':>9} {'B/elem':>6} "
           f"{'GB/s':>6} {'ref GB/s':>8} {'of ref':>6} {'vs DS':>6} {'best vs DS':>10}" + ("  (THP)" if args.thp else ""))
     ds = {r["n"]: r for r in rows if r["impl"] == "deepspeed"}
@@ -82,4 +89,4 @@ def main():
           "best: the fastest of the steps (the mean carries whatever else ran on the machine)")
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

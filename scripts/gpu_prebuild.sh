@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Builds, on this CPU machine, the CUDA variant's executables that scripts/gpu_run.sh runs when
-# GPU_TESTS is 0 or quick, and packs them for the GPU machine (GPU_PREBUILT=1 there):
+# Builds, on this CPU machine, the CUDA variant's executables that bench/rows.toml's rows run
+# (scripts/gpu_rows.py), and packs them for the GPU machine, where the runner uses them instead
+# of building when they were built from the same sources:
 #   .gpu/prebuilt/bin.tar.xz       build-cuda/...: the executables, stripped, at their paths
 #                                  under build-cuda/; lib/: the shared libraries they need that
 #                                  the GPU machine lacks (Debian 12's yaml-cpp 0.7 and
 #                                  protobuf-lite 32; LibTorch, CUDA and NCCL come from the GPU
 #                                  machine's torch there)
 #   .gpu/prebuilt/sources.sha256   the build's inputs (every tracked C++, CUDA and CMake file):
-#                                  gpu_run.sh builds there as before if any of them changed
+#                                  gpu_rows.py builds there (g++) if any of them changed
+#   .gpu/commit                    the commit the tree was at (the GPU machine's copy of the
+#                                  tree has no .git; gpu_rows.py prints it above its table)
 # Why: a fresh GPU machine spends 140-165 s building these before it measures anything.
 # Built here with clang++ in Release (-O3, the GPU build's type); the GPU build uses g++ 13.3:
 # a figure taken with the prebuilt binaries says so.
@@ -16,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(train_gpt dscpp_launcher dscpp_report cpu_adam_bench engine_train zero_to_fp32
   test_fused_adam_cuda test_engine_cases test_kernels_cuda kernels_bench comm_bench comm_collectives
-  test_relayout test_stage3_relay test_nvme_file moe_bench moe_overlap_bench)
+  test_relayout test_stage3_relay test_nvme_file moe_bench moe_overlap_bench pipe_bubble)
 dir=build-cuda-rel
 DSCPP_BUILD_DIR=$dir DSCPP_BUILD_TYPE=Release scripts/build.sh cuda "${targets[@]}"
 pack=.gpu/prebuilt
@@ -40,4 +43,5 @@ rm -rf "$pack/build-cuda" "$pack/lib"
 git ls-files -z -- '*.cpp' '*.h' '*.cu' '*.cuh' '*.cmake' '*CMakeLists.txt' | xargs -0 sha256sum >"$pack/sources.sha256"
 { echo "built $(date -u +%FT%TZ) on $(hostname) from $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo '+changes')"
   echo "compiler: $(clang++ --version | head -n 1); build type Release; $(du -sh "$pack" | cut -f1)"; } >"$pack/BUILT"
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo ' with uncommitted changes')" >.gpu/commit
 cat "$pack/BUILT"
