@@ -11,6 +11,8 @@ jobs=${DSCPP_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache}
 # Paths under the checkout are hashed relative to it, so another clone reuses the cache.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+# The precompiled header (cmake/Precompiled.cmake) and the units that use it are cached too.
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 compilers=()
 # clang++ compiles LibTorch code about twice as fast as g++ on these machines.
 if command -v clang++ >/dev/null; then compilers=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang); fi
