@@ -14,7 +14,7 @@ tokens. The model config's checkpoint_activations recomputes each block in backw
 (torch.utils.checkpoint, non-reentrant), as train_gpt does.
 
 Timing starts after --warmup steps and ends with a device synchronisation, as in
-pytorch_gpt.py. Rank 0 prints one machine-readable line (read by bench/gpt_table.py):
+pytorch_gpt.py. Rank 0 prints one machine-readable line (read by bench/row_logs.py):
     deepspeed stage=S adam=fused|torch gpus=N micro_batch=B seq=S steps=K params=P
         tokens_per_s_per_gpu=X tflops_per_gpu=Y peak_mem_gib=Z steady_peak_mem_gib=W loss=L secs=T"""
 import argparse

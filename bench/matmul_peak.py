@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The measured bf16 matrix rate of one GPU: the second MFU denominator of bench/gpt_table.py.
+"""The measured bf16 matrix rate of one GPU: bench/rows.toml's row matmul-peak.
 
     python3 bench/matmul_peak.py [--n 8192] [--iters 20] [--warmup 5] [--device 0]
 

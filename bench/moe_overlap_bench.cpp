@@ -21,7 +21,7 @@
 // exchanges alone 14 ms, the layer 138 ms serial / 142 ms overlapped with a capacity and
 // 135 / 132 ms dropless: no difference beyond the noise (+-10 ms between runs), Gloo's threads
 // finding no free core.
-// Predicted for the GPU row (scripts/gpu_run.sh GPU_MOE_KERNELS=1 on 2 H200s: --tokens 16384
+// Predicted for the GPU row (bench/rows.toml's moe-overlap-x2 on 2 H200s: --tokens 16384
 // --hidden 2048 --ffn 1024 --shared-ffn 2048, fp32): each exchange sends ~128 MiB to the peer
 // over NVLink, ~0.5-1 ms, ~3 ms for the four; the shared expert 12 * S * H * F ~ 0.8 TFLOP,
 // ~15-20 ms in fp32; the overlap hides at most the exchanges (~2-3 ms of ~40 ms), less where

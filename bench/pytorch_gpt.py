@@ -15,7 +15,7 @@ compiles the whole model with its loss as one function, what a performance engin
 against a fused runtime. Random tokens.
 
 Timing starts after --warmup steps (compilation happens inside them) and ends with a device
-synchronisation. Rank 0 prints one machine-readable line (read by bench/gpt_table.py):
+synchronisation. Rank 0 prints one machine-readable line (read by bench/row_logs.py):
     pytorch mode=M compile=0|1|2 gpus=N micro_batch=B seq=S steps=K params=P
         tokens_per_s_per_gpu=X tflops_per_gpu=Y peak_mem_gib=Z steady_peak_mem_gib=W loss=L secs=T
 TFLOP/s count 6N + 12*L*h*s per token (the formula train_gpt uses); peak_mem_gib is the

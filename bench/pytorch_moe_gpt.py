@@ -34,7 +34,7 @@ Data: windows of seq + 1 tokens at seeded random offsets of the Megatron indexed
 (accumulation raised to keep the global batch) and the line says so; a first step whose
 compilation fails runs again eager (compile=0 compile_failed=1, the error on the line before).
 One line, read by
-scripts/gpu_run.sh:
+scripts/gpu_rows.py (the row moe1gpu-pt-compile):
     pytorch_moe mode=single compile=0|1 gpus=1 micro_batch=B accumulation=G seq=S steps=K
         params=P active_params=A tokens_per_s_per_gpu=X tflops_per_gpu=Y mfu=M
         peak_mem_gib=Z loss=L secs=T [load_balance=R load_balance_worst=W]

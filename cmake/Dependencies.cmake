@@ -16,7 +16,7 @@ endif()
 find_package(Threads REQUIRED)
 # yaml-cpp: model configs written as YAML (config/yaml_text.cpp). Debian's libyaml-cpp-dev (0.7;
 # Ubuntu 24.04 has 0.8, which keeps the target name `yaml-cpp`). A GPU machine without it
-# takes the two Debian packages carried in .gpu/ (scripts/gpu_run.sh unpacks them).
+# takes the two Debian packages carried in .gpu/ (scripts/gpu_rows.py unpacks them).
 find_package(yaml-cpp CONFIG)
 if(NOT yaml-cpp_FOUND)
   message(FATAL_ERROR "dscpp: yaml-cpp not found; apt-get install libyaml-cpp-dev (or carry "

@@ -27,8 +27,9 @@
 //
 // --bench-no-comm hands the engine a no-op process group shaped like the world group
 // (comm/no_op_group.h): every rank keeps its layout and kernels but no collective moves data,
-// so the step time is the bound overlap_comm is measured against (bench/gpt_table.sh's dSxNn
-// rows). The model does not train correctly, and the logged loss is rank 0's own.
+// so the step time is the bound overlap_comm is measured against (bench/rows.toml's
+// gpt1b3-dscpp-z2-x2-nocomm row). The model does not train correctly, and the logged loss is
+// rank 0's own.
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The single-rank oracle in bf16: on the CPU over Gloo (ctest) and on GPUs over NCCL
-(scripts/gpu_run.sh runs it there).
+(bench/rows.toml's row engine-bf16-x2 runs it there).
 
     bf16_oracle.py --launcher build/launcher/dscpp --train build/tests/runtime/engine/engine_train
 

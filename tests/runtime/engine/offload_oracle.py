@@ -19,7 +19,7 @@ zero/offload_overlap.h): offload == no offload within 1e-6 at stages 1 and 2, ac
 every step after the first (whose backward re-lays the buckets) overlapped, and bucket updates that
 began before backward ended (the order the worker records); with clipping (1.0) the same runs take
 the step's own path (no overlapped step) and agree too.
---bf16 (the GPU run's, scripts/gpu_run.sh GPU_OFFLOAD=1; it runs on a CPU too): one rank in bf16,
+--bf16 (bench/rows.toml's GPU row offload-oracle; it runs on a CPU too): one rank in bf16,
 stages 1, 2 and 3 and ratio 0.5, which on a GPU goes through the pinned staging slots and the copy
 stream; the run without offload steps on the device (its fused Adam), so the two agree only to
 bf16's rounding of the 16-bit parameters: losses within 2e-2 relative, weights within 2e-2 of
