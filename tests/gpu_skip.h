@@ -36,7 +36,9 @@ inline void exit_if_ranks_would_share_a_gpu() {
 
 }  // namespace dscpp::test
 
-#define DSCPP_SKIP_WITHOUT_CUDA()                                             \
-  do {                                                                        \
-    if (dscpp::test::gpu_count() == 0) GTEST_SKIP() << "no CUDA device here"; \
+#define DSCPP_SKIP_WITHOUT_CUDA()            \
+  do {                                       \
+    if (dscpp::test::gpu_count() == 0) {     \
+      GTEST_SKIP() << "no CUDA device here"; \
+    }                                        \
   } while (0)

@@ -204,7 +204,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, Collectives,
 
 TEST(TopologyGroups, DataParallelGroupsFromTheTopology) {
   int n = world->size();
-  if (n % 2) GTEST_SKIP() << "needs an even world";
+  if (n % 2) {
+    GTEST_SKIP() << "needs an even world";
+  }
   dscpp::comm::Topology topo({"pipe", "data"}, {2, n / 2});
   std::shared_ptr<ProcessGroup> mine;
   for (const auto& ranks : topo.get_axis_comm_lists("data")) {

@@ -59,7 +59,9 @@ json offload_fate(const dscpp::DSConfig& c) {
 TEST(WildConfigs, EachLoadsOrIsRefusedAsExpected) {
   // The set lives in the project's shared folder beside the checkout; a machine given only
   // the checkout (the GPU machine) has no copy.
-  if (!fs::is_directory(DSCPP_WILD_DIR)) GTEST_SKIP() << "no " << DSCPP_WILD_DIR << " here";
+  if (!fs::is_directory(DSCPP_WILD_DIR)) {
+    GTEST_SKIP() << "no " << DSCPP_WILD_DIR << " here";
+  }
   json expect = read_json(std::string(DSCPP_TEST_DIR) + "/wild_expectations.json");
   int files = 0;
   for (const auto& entry : fs::directory_iterator(DSCPP_WILD_DIR)) {

@@ -28,7 +28,9 @@ bool has_gpu() {
 class ProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (file_exists("/job/hostfile")) GTEST_SKIP() << "/job/hostfile exists on this machine";
+    if (file_exists("/job/hostfile")) {
+      GTEST_SKIP() << "/job/hostfile exists on this machine";
+    }
   }
 
   std::vector<RankInfo> ranks(int n) {
@@ -253,7 +255,9 @@ TEST_F(ProcessTest, DeepspeedEnvFilesAreExported) {
 }
 
 TEST_F(ProcessTest, CudaVisibleDevicesSelectsTheSlots) {
-  if (has_gpu()) GTEST_SKIP() << "needs a machine without GPUs";
+  if (has_gpu()) {
+    GTEST_SKIP() << "needs a machine without GPUs";
+  }
   const Result r = run_dscpp({kFake, out_arg()}, {{"CUDA_VISIBLE_DEVICES", "1,3"}});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("starting 2 CPU ranks"), std::string::npos) << r.err;
@@ -268,7 +272,9 @@ TEST_F(ProcessTest, CudaVisibleDevicesSelectsTheSlots) {
 TEST_F(ProcessTest, BindCoresToRank) {
   cpu_set_t cpus;
   ASSERT_EQ(::sched_getaffinity(0, sizeof(cpus), &cpus), 0);
-  if (!CPU_ISSET(0, &cpus) || !CPU_ISSET(1, &cpus)) GTEST_SKIP() << "needs CPUs 0 and 1";
+  if (!CPU_ISSET(0, &cpus) || !CPU_ISSET(1, &cpus)) {
+    GTEST_SKIP() << "needs CPUs 0 and 1";
+  }
   const Result r = run_dscpp(
       {"--bind_cores_to_rank", "--bind_core_list", "0,1", "--num_gpus", "2", kFake, out_arg()});
   ASSERT_EQ(r.code, 0) << r.err;

@@ -100,7 +100,9 @@ TEST(AddLayerNorm, EitherOutputMayBeUnused) {
     EXPECT_TRUE(l.x.grad().equal(dh));
     EXPECT_TRUE(l.branch.grad().equal(dh));
     // y took no part in the loss: its parameters' gradients are zero or absent.
-    if (l.weight.grad().defined()) EXPECT_EQ(l.weight.grad().abs().sum().item<double>(), 0.0);
+    if (l.weight.grad().defined()) {
+      EXPECT_EQ(l.weight.grad().abs().sum().item<double>(), 0.0);
+    }
   }
 }
 

@@ -198,9 +198,13 @@ TEST(CpuParallel, RangesCoverEveryElementOnceInWholeBlocksOnSeveralThreads) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << i;
   ASSERT_EQ(ranges.size(), 2u);
   for (const auto& [begin, end] : ranges)
-    if (end != n) EXPECT_EQ(end % 1024, 0) << begin << "-" << end;
+    if (end != n) {
+      EXPECT_EQ(end % 1024, 0) << begin << "-" << end;
+    }
   // Two threads where LibTorch's OpenMP team is there (one process-wide pool of them).
-  if (std::string(cpu::parallel_backend()) == "openmp") EXPECT_EQ(threads.size(), 2u);
+  if (std::string(cpu::parallel_backend()) == "openmp") {
+    EXPECT_EQ(threads.size(), 2u);
+  }
   // Below two grains the caller's thread alone.
   int calls = 0;
   cpu::parallel_ranges(100, 1, 64, [&](int64_t begin, int64_t end) {
@@ -212,7 +216,9 @@ TEST(CpuParallel, RangesCoverEveryElementOnceInWholeBlocksOnSeveralThreads) {
 }
 
 TEST(CpuParallel, ALimitedThreadsTeamIsItsOwnAndNoOneElses) {
-  if (std::string(cpu::parallel_backend()) != "openmp") GTEST_SKIP() << "no libgomp team here";
+  if (std::string(cpu::parallel_backend()) != "openmp") {
+    GTEST_SKIP() << "no libgomp team here";
+  }
   const int before = at::get_num_threads();
   at::set_num_threads(3);
   int inside = 0;

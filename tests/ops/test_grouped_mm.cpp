@@ -77,7 +77,9 @@ TEST(GroupedMm, MatchesTheLoopOfProductsWithItsGradients) {
     at::Tensor loop = dscpp::ops::grouped_mm_loop(rows.detach(), weights.detach(), counts);
     expect_close(loop, y.detach().to(at::kDouble), c, "loop vs grouped");
     for (int64_t k = 0; k < e; ++k)
-      if (c.counts[k] == 0) EXPECT_EQ(g[1][k].abs().max().item<double>(), 0.0);
+      if (c.counts[k] == 0) {
+        EXPECT_EQ(g[1][k].abs().max().item<double>(), 0.0);
+      }
   }
 }
 
@@ -102,7 +104,9 @@ TEST(GroupedMm, IgnoresPaddingRowsPastTheCounts) {
     expect_close(y.narrow(0, 0, n), want[0], c, "output");
     expect_close(g[0].narrow(0, 0, n), want[1], c, "d_rows");
     expect_close(g[1], want[2], c, "d_weights");
-    if (!c.aten) EXPECT_EQ(y.narrow(0, n, pad).abs().max().item<double>(), 0.0);
+    if (!c.aten) {
+      EXPECT_EQ(y.narrow(0, n, pad).abs().max().item<double>(), 0.0);
+    }
   }
 }
 

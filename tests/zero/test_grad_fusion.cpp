@@ -132,7 +132,9 @@ TEST_P(GradFusion, GradientsInPlaceAndExact) {
         << "bucket " << b;
   }
   // The same products, written in place: the same bits as through autograd (one micro-step).
-  if (c.accumulation == 1) EXPECT_TRUE(at::equal(on.partition, off.partition));
+  if (c.accumulation == 1) {
+    EXPECT_TRUE(at::equal(on.partition, off.partition));
+  }
   if (c.stage >= 2) {
     // Per micro-step, autograd's gradients of b1 and of w1's use outside the linear.
     EXPECT_EQ(on.copies, 2 * c.accumulation);
@@ -140,7 +142,9 @@ TEST_P(GradFusion, GradientsInPlaceAndExact) {
   } else {
     EXPECT_EQ(on.copies, 0);
   }
-  if (c.overlap) EXPECT_GT(on.issued, 0) << "no bucket issued during backward";
+  if (c.overlap) {
+    EXPECT_GT(on.issued, 0) << "no bucket issued during backward";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

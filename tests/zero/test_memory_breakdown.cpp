@@ -167,14 +167,16 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
       // (one rank with a 16-bit partition on the device: the buckets are the partition's
       // slices, written by the products themselves: nothing in flight beyond it)
       const bool in_partition = c.world == 1 && !c.offload && c.grad_dtype == at::kBFloat16;
-      if (in_partition)
+      if (in_partition) {
         EXPECT_EQ(r.zero->reduce_buckets_peak(), 0) << name(c);
-      else
+      } else
         EXPECT_GT(r.zero->reduce_buckets_peak(), 0) << name(c);
       EXPECT_LE(r.zero->reduce_buckets_peak(), 6 * bucket) << name(c);
       EXPECT_LT(6 * bucket, 2 * N);  // (the bound means something)
     }
-    if (c.offload) EXPECT_GT(bytes_named(after, "offload.staging"), 0) << name(c);
+    if (c.offload) {
+      EXPECT_GT(bytes_named(after, "offload.staging"), 0) << name(c);
+    }
     if (aliased(c)) {
       // The same steps with two buffers (the alias off) give the same bits, and list both.
       Case two = c;
@@ -198,8 +200,9 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
       for (size_t i = 0; i < r.params.size(); ++i)
         EXPECT_TRUE(r.params[i].equal(reference.params[i])) << name(c) << ": parameter " << i;
     }
-    if (c.offload && c.stage == 2)
+    if (c.offload && c.stage == 2) {
       EXPECT_EQ(total_bytes(after, true), 2 * N) << name(c) << ": DeepSpeed's 16-bit params only";
+    }
   }
 }
 

@@ -107,7 +107,9 @@ TEST(NvmeFile, ShortReadIsAnErrorNamingTheFile) {
 
 TEST(NvmeFile, KernelErrorIsAnErrorNamingTheFile) {
   // /dev/full answers every write with ENOSPC, as a full disk does.
-  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  if (!fs::exists("/dev/full")) {
+    GTEST_SKIP() << "no /dev/full";
+  }
   NvmeFile f("/dev/full", {}, /*create=*/false);
   char buf[4096] = {};
   const std::string err = error_of([&] { f.wait(f.write(0, buf, sizeof buf)); });

@@ -94,7 +94,9 @@ TEST(Stage3Relay, OffloadedPartitionIsReLaidInItsPageLockedBuffer) {
   const auto offloaded = train(3, 4, /*offload_param=*/true, &where);
   ASSERT_NE(where.before, nullptr);
   EXPECT_EQ(where.after, where.before);
-  if (at::hasCUDA()) EXPECT_TRUE(where.pinned_after);
+  if (at::hasCUDA()) {
+    EXPECT_TRUE(where.pinned_after);
+  }
   for (int i = 0; i < kParams; ++i)
     EXPECT_TRUE(at::equal(offloaded[i], reference[i])) << "parameter " << i;
 }
