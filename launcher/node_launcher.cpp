@@ -12,6 +12,9 @@
 #include <ctime>
 
 #include "errors.h"
+#include "master_addr.h"
+#include "output.h"
+#include "pid_files.h"
 #include "process_group.h"
 #include "python_program.h"
 
@@ -32,19 +35,6 @@ void make_directories(const std::string& dir) {
     throw UserError(
         fmt::format("--enable_each_rank_log: cannot create {}: {}", dir, std::strerror(errno)));
   }
-}
-
-// Written under a temporary name and renamed, so a reader never sees half a file.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) {
-    fmt::print(stderr, "dscpp: warning: cannot write {}: {}\n", path, std::strerror(errno));
-    return;
-  }
-  std::fputs(text.c_str(), f);
-  std::fclose(f);
-  std::rename(tmp.c_str(), path.c_str());
 }
 
 class FdCloser {
@@ -88,6 +78,11 @@ int run_node(const NodeRunOptions& options) {
   const std::vector<RankLaunch> ranks = plan_node(options.config);
   const std::string program = options.config.program;
   const auto path = find_program(options.config, options.base_env);
+  // Before anything starts: an address that names no host would otherwise fail only when the
+  // ranks' rendezvous gives up (twice the collective timeout later).
+  check_master_addr(options.config.master_addr);
+  // What launchers killed with SIGKILL left behind.
+  remove_stale_pid_files(kPidFileDir);
 
   std::string timestamp;
   if (!options.each_rank_log.empty()) {
@@ -103,9 +98,8 @@ int run_node(const NodeRunOptions& options) {
   std::string pid_file;
   if (options.save_pid) {
     const int owner = options.save_pid_owner > 0 ? options.save_pid_owner : ::getpid();
-    pid_file = fmt::format("/tmp/{}.deepspeed", owner);
-    fmt::print("launcher pid: {}\n", ::getpid());
-    std::fflush(stdout);
+    pid_file = pid_file_path(kPidFileDir, owner);
+    say_out("launcher pid: {}\n", ::getpid());
     write_file_atomically(pid_file, std::to_string(::getpid()));
   }
 

@@ -24,6 +24,7 @@
 #include <system_error>
 
 #include "errors.h"
+#include "output.h"
 
 namespace dscpp::launcher {
 namespace {
@@ -32,16 +33,6 @@ constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
 
 [[noreturn]] void throw_errno(const char* what) {
   throw std::system_error(errno, std::generic_category(), what);
-}
-
-void write_all(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
 }
 
 int exit_code_of(int status) {
@@ -192,11 +183,9 @@ void Supervisor::start() {
   if (::sigprocmask(SIG_BLOCK, &handled, &original_mask_) != 0) throw_errno("sigprocmask");
   started_ = true;
   // Messages written during teardown must not kill the launcher when its stderr is a
-  // pipe whose reader has gone (a dropped ssh connection); children get the old action back.
-  struct sigaction ignore {};
-  ignore.sa_handler = SIG_IGN;
-  sigemptyset(&ignore.sa_mask);
-  ::sigaction(SIGPIPE, &ignore, &original_sigpipe_);
+  // pipe whose reader has gone (a dropped ssh connection, `dscpp ... | head`); main ignores
+  // it from the start, this is for any other user of the Supervisor.
+  ignore_sigpipe();
   signal_fd_ = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd_ < 0) throw_errno("signalfd");
   // The guardian must be started before becoming a subreaper, or it would be adopted by us.
@@ -253,13 +242,19 @@ pid_t Supervisor::fork_exec(const ChildSpec& spec) {
     }
     if (spec.stderr_fd >= 0) ::dup2(spec.stderr_fd, 2);
     if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
-      write_all(2, affinity_error + std::strerror(errno) + "\n");
+      write_quietly(2, affinity_error + std::strerror(errno) + "\n");
       ::_exit(126);
     }
-    ::sigaction(SIGPIPE, &original_sigpipe_, nullptr);
+    // SIGPIPE's default action, whatever the launcher's: a rank writing into a closed pipe
+    // ends as it would without a launcher, as DeepSpeed's ranks do (Python's subprocess
+    // restores SIGPIPE for them).
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(SIGPIPE, &dfl, nullptr);
     ::sigprocmask(SIG_SETMASK, &original_mask_, nullptr);
     ::execve(spec.path.c_str(), argv.data(), envp.data());
-    write_all(2, exec_error + std::strerror(errno) + "\n");
+    write_quietly(2, exec_error + std::strerror(errno) + "\n");
     ::_exit(127);
   }
   // Also set from this side so a signal sent right after spawning finds the group.
@@ -327,8 +322,8 @@ void Supervisor::on_exit(pid_t pid, int status) {
       for (const Member& o : members_)
         if (!o.alive && &o != &m)
           before += fmt::format("{}{} {}", before.empty() ? "" : ", ", o.label, o.ended);
-      fmt::print(stderr, "dscpp: {} (pid {}) {}; stopping the others{}\n", m.label, pid, m.ended,
-                 before.empty() ? "" : " (already ended: " + before + ")");
+      say("dscpp: {} (pid {}) {}; stopping the others{}\n", m.label, pid, m.ended,
+          before.empty() ? "" : " (already ended: " + before + ")");
       begin_teardown(false);
     }
     return;
@@ -347,7 +342,7 @@ void Supervisor::on_signal(int signo) {
     exit_code_ = 128 + signo;
     exit_code_set_ = true;
   }
-  fmt::print(stderr, "dscpp: received {}, stopping all ranks\n", strsignal(signo));
+  say("dscpp: received {}, stopping all ranks\n", strsignal(signo));
   if (signo != SIGTERM) {
     for (const Member& m : members_) ::kill(-m.pid, signo);
   }
@@ -364,7 +359,7 @@ void Supervisor::on_stdin() {
     exit_code_ = 128 + SIGHUP;
     exit_code_set_ = true;
   }
-  fmt::print(stderr, "dscpp: lost the connection to the runner, stopping all ranks\n");
+  say("dscpp: lost the connection to the runner, stopping all ranks\n");
   begin_teardown(true);
 }
 
@@ -379,12 +374,12 @@ void Supervisor::on_output(size_t index) {
   const ssize_t n = ::read(w.fd, buffer, sizeof(buffer));
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
   if (n <= 0) {  // the writer is gone: what is left of a line is still shown
-    if (!w.pending.empty()) write_all(2, w.pending);
+    if (!w.pending.empty()) write_quietly(2, w.pending);
     ::close(w.fd);
     w.fd = -1;
     return;
   }
-  write_all(2, std::string(buffer, static_cast<size_t>(n)));
+  write_quietly(2, std::string(buffer, static_cast<size_t>(n)));
   w.pending.append(buffer, static_cast<size_t>(n));
   size_t start = 0;
   for (size_t end; (end = w.pending.find('\n', start)) != std::string::npos; start = end + 1) {
@@ -392,8 +387,7 @@ void Supervisor::on_output(size_t index) {
     if (code && *code != 0 && state_ == State::kRunning) {
       exit_code_ = *code;
       exit_code_set_ = true;
-      fmt::print(stderr, "dscpp: {} reported a failure (exit code {}); stopping the others\n",
-                 w.label, *code);
+      say("dscpp: {} reported a failure (exit code {}); stopping the others\n", w.label, *code);
       begin_teardown(false);
     }
   }
@@ -475,7 +469,7 @@ int Supervisor::run() {
     if (n > 0 && watch_stdin_ && fds[1].fd >= 0 && fds[1].revents) on_stdin();
     if (state_ != State::kRunning && Clock::now() >= deadline_) {
       if (state_ == State::kKilling) {
-        fmt::print(stderr, "dscpp: some processes survive SIGKILL; giving up on them\n");
+        say("dscpp: some processes survive SIGKILL; giving up on them\n");
         break;
       }
       escalate();

@@ -130,7 +130,6 @@ class Supervisor {
   bool teardown_hook_called_ = false;
   std::function<void(bool)> hook_;
   sigset_t original_mask_{};
-  struct sigaction original_sigpipe_ {};
 };
 
 }  // namespace dscpp::launcher

@@ -18,6 +18,7 @@
 #include "launch_plan.h"
 #include "multinode_runner.h"
 #include "node_launcher.h"
+#include "output.h"
 #include "port_reservation.h"
 #include "process_group.h"
 #include "python_program.h"
@@ -166,8 +167,7 @@ int run_multi_node(const Options& o, const LaunchPlan& plan, const EnvList& envi
   if (!o.no_ssh_check) check_ssh(o, first_host, environment);
   if (in.master_addr.empty()) {
     in.master_addr = detect_master_addr(o, first_host, environment);
-    if (verbose(o))
-      fmt::print(stderr, "dscpp: using {} of {} as master address\n", in.master_addr, first_host);
+    if (verbose(o)) say("dscpp: using {} of {} as master address\n", in.master_addr, first_host);
   }
   // As DeepSpeed's runner: the launch folder first on every node's PYTHONPATH (exported with
   // the other PYTHON* variables), so a Python program imports its neighbours there.
@@ -191,7 +191,7 @@ int run_multi_node(const Options& o, const LaunchPlan& plan, const EnvList& envi
     commands = ssh_commands(in);
   }
   for (const auto& cmd : commands) {
-    if (verbose(o)) fmt::print(stderr, "dscpp: cmd = {}\n", join_words(cmd));
+    if (verbose(o)) say("dscpp: cmd = {}\n", join_words(cmd));
   }
 
   Supervisor supervisor(kill_grace_seconds(environment));
@@ -240,8 +240,7 @@ int run_multi_node(const Options& o, const LaunchPlan& plan, const EnvList& envi
 
 int run_runner(const Options& o) {
   if (o.module && warnings(o)) {
-    fmt::print(stderr, "dscpp: --module is Python-only and ignored; {} runs as a program\n",
-               o.program);
+    say("dscpp: --module is Python-only and ignored; {} runs as a program\n", o.program);
   }
   EnvList environment = current_environment();
   // One id for every rank of this launch, on every host (collect_exports forwards DSCPP_*).
@@ -268,7 +267,7 @@ int run_runner(const Options& o) {
     find_program(program, environment);
   }
   for (const auto& notice : plan.notices) {
-    if (warnings(o)) fmt::print(stderr, "dscpp: {}\n", notice);
+    if (warnings(o)) say("dscpp: {}\n", notice);
   }
   if (plan.multi_node) return run_multi_node(o, plan, environment);
 
@@ -276,8 +275,7 @@ int run_runner(const Options& o) {
   std::optional<PortReservation> free_port;
   if (o.master_port == 0) {
     free_port.emplace();
-    if (verbose(o))
-      fmt::print(stderr, "dscpp: --master_port 0: using free port {}\n", free_port->port());
+    if (verbose(o)) say("dscpp: --master_port 0: using free port {}\n", free_port->port());
   }
   NodeRunOptions run;
   run.config.world = plan.active;

@@ -11,9 +11,12 @@
 //   print=TEXT         print "TEXT rank R" to stdout and "stderr TEXT rank R" to stderr
 //   exit=R:CODE        rank R exits with CODE
 //   signal=R:SIG       rank R kills itself with signal SIG
+//   on_term=1          on SIGTERM, create DIR/rank<R>.term (out=DIR) and exit 143: shows
+//                      that the launcher's teardown reached the rank
 //   sleep=SECONDS      sleep, then exit 0 (default: exit 0 at once)
 //   late_exit=R:CODE   rank R exits with CODE after the sleep instead of 0
 // Any other argument (such as --local_rank=N) is only recorded. Waits give up after 20 s.
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -45,6 +48,15 @@ void wait_until(const std::function<bool()>& done) {
   }
 }
 
+// on_term's file, made before the handler is installed: a handler may only make system calls.
+char term_path[4096];
+
+void on_term(int) {
+  const int fd = ::open(term_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) ::close(fd);
+  ::_exit(128 + SIGTERM);
+}
+
 // Applies to this rank when the target is "all" or equals the rank number.
 bool for_me(const std::string& target, int rank) {
   return target == "all" || target == std::to_string(rank);
@@ -59,7 +71,7 @@ int main(int argc, char** argv) {
   const int world = world_env ? std::atoi(world_env) : 1;
 
   std::string out_dir, wait_file, grandchild_mode, print_text;
-  bool wait_peers = false;
+  bool wait_peers = false, term_file = false;
   double sleep_s = 0;
   int exit_code = -1, signal_no = 0, late_exit_code = 0;
   for (int i = 1; i < argc; ++i) {
@@ -72,6 +84,7 @@ int main(int argc, char** argv) {
     const std::string action = colon == std::string::npos ? "" : value.substr(colon + 1);
     if (key == "out") out_dir = value;
     if (key == "wait_peers") wait_peers = value == "1";
+    if (key == "on_term") term_file = value == "1";
     if (key == "wait_file") wait_file = value;
     if (key == "grandchild") grandchild_mode = value;
     if (key == "print") print_text = value;
@@ -80,6 +93,11 @@ int main(int argc, char** argv) {
     if (key == "exit" && for_me(target, rank)) exit_code = std::atoi(action.c_str());
     if (key == "signal" && for_me(target, rank)) signal_no = std::atoi(action.c_str());
     if (key == "late_exit" && for_me(target, rank)) late_exit_code = std::atoi(action.c_str());
+  }
+
+  if (term_file && !out_dir.empty()) {
+    std::snprintf(term_path, sizeof(term_path), "%s/rank%d.term", out_dir.c_str(), rank);
+    ::signal(SIGTERM, on_term);
   }
 
   pid_t grandchild = 0;

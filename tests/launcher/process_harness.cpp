@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #ifndef DSCPP_BIN
@@ -72,7 +73,7 @@ bool file_exists(const std::string& path) {
 }
 
 Launch::Launch(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-               const std::string& cwd) {
+               const std::string& cwd, Output output) {
   std::vector<std::string> envp;
   for (char** e = environ; *e; ++e) {
     const std::string item = *e;
@@ -92,12 +93,21 @@ Launch::Launch(const std::vector<std::string>& args, const std::map<std::string,
   for (auto& e : envp) envp_c.push_back(e.data());
   envp_c.push_back(nullptr);
   const std::string out = io_ / "stdout", err = io_ / "stderr";
+  int pipe_fds[2] = {-1, -1};
+  if (output != Output::kFiles) {
+    if (::pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
+    ::close(pipe_fds[0]);  // the reader is gone before the first write
+  }
 
   start_ = Clock::now();
   pid_ = ::fork();
   if (pid_ == 0) {
-    const int out_fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    // SIGPIPE's default action, as a shell gives it, whatever the test runner's.
+    ::signal(SIGPIPE, output == Output::kClosedPipeSigpipeIgnored ? SIG_IGN : SIG_DFL);
+    const int out_fd =
+        pipe_fds[1] >= 0 ? pipe_fds[1] : ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err_fd =
+        pipe_fds[1] >= 0 ? pipe_fds[1] : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int in_fd = ::open("/dev/null", O_RDONLY);
     ::dup2(in_fd, 0);
     ::dup2(out_fd, 1);
@@ -106,6 +116,7 @@ Launch::Launch(const std::vector<std::string>& args, const std::map<std::string,
     ::execve(argv_c[0], argv_c.data(), envp_c.data());
     ::_exit(121);
   }
+  if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
 }
 
 Launch::~Launch() {

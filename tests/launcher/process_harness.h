@@ -40,11 +40,16 @@ struct Result {
 
 class Launch {
  public:
+  // Where the launcher's stdout and stderr go: files (read back into Result), or a pipe
+  // whose reader is already gone (`dscpp ... 2>&1 | head` after head exited): every write
+  // fails with EPIPE, and raises SIGPIPE unless the launcher starts with it ignored (as a
+  // Python parent leaves it: kClosedPipeSigpipeIgnored).
+  enum class Output { kFiles, kClosedPipe, kClosedPipeSigpipeIgnored };
   // Starts `dscpp args...` in `cwd`. The child environment is this process's minus the
   // variables that would change dscpp's behaviour, with HOME set to an empty directory,
   // then `env` applied (an empty value removes the variable).
   Launch(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-         const std::string& cwd);
+         const std::string& cwd, Output output = Output::kFiles);
   ~Launch();
   pid_t pid() const { return pid_; }
   // Waits at most `timeout_s`; on timeout the launcher is SIGKILLed and code is -1.

@@ -304,6 +304,85 @@ TEST_F(ProcessTest, SavePid) {
   EXPECT_FALSE(file_exists(pid_file + ".ranks"));
 }
 
+// A launcher killed with SIGKILL cannot remove its --save_pid files; the next launch does,
+// once their launcher is gone (the guardian has stopped its ranks).
+TEST_F(ProcessTest, SavePidFilesOfAKilledLauncherAreRemovedByTheNextLaunch) {
+  Launch launch({"--save_pid", "--num_gpus", "2", kFake, out_arg(), "sleep=30"}, {}, "/tmp");
+  ASSERT_TRUE(wait_for_ranks(dir_.path(), 2));
+  const std::string pid_file = "/tmp/" + std::to_string(launch.pid()) + ".deepspeed";
+  for (int i = 0; i < 1000 && !file_exists(pid_file + ".ranks"); ++i) ::usleep(5000);
+  ASSERT_TRUE(file_exists(pid_file));
+  ASSERT_EQ(::kill(launch.pid(), SIGKILL), 0);
+  EXPECT_EQ(launch.wait().code, 128 + SIGKILL);
+  expect_nothing_left(ranks(2), 10);
+  EXPECT_TRUE(file_exists(pid_file)) << "the killed launcher removed its own files";
+  EXPECT_TRUE(file_exists(pid_file + ".ranks"));
+  TempDir other;
+  const Result r = run_dscpp({"--num_gpus", "1", kFake, "out=" + other.path()});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(file_exists(pid_file));
+  EXPECT_FALSE(file_exists(pid_file + ".ranks"));
+}
+
+// `dscpp ... 2>&1 | head` after head has exited: the launcher's messages fail with EPIPE, and
+// it still stops the other ranks with SIGTERM (rank 1 records it) and exits with the failing
+// rank's code, not by an abort; whether it starts with SIGPIPE's default action (a shell's)
+// or ignoring it (a Python parent's), with its notices on (the first write is before any rank
+// starts) or off (the first is the teardown's).
+TEST_F(ProcessTest, AClosedOutputPipeDoesNotStopTheTeardown) {
+  for (const auto output :
+       {Launch::Output::kClosedPipe, Launch::Output::kClosedPipeSigpipeIgnored}) {
+    for (const std::string level : {"info", "error"}) {
+      SCOPED_TRACE((output == Launch::Output::kClosedPipe ? "SIGPIPE default, log level "
+                                                          : "SIGPIPE ignored, log level ") +
+                   level);
+      TempDir dir;
+      Launch launch({"--log_level", level, "--num_gpus", "2", kFake, "out=" + dir.path(),
+                     "wait_peers=1", "on_term=1", "exit=0:3", "sleep=30"},
+                    {{"DSCPP_KILL_GRACE_S", "20"}}, "/tmp", output);
+      const Result r = launch.wait(30);
+      EXPECT_EQ(r.code, 3);
+      EXPECT_TRUE(file_exists(dir / "rank1.term")) << "rank 1 got no SIGTERM";
+      EXPECT_LT(r.seconds, 20.0) << "rank 1 was left to the grace period";
+      for (int rank = 0; rank < 2; ++rank) {
+        const auto info = read_rank(dir.path(), rank);
+        ASSERT_TRUE(info.has_value()) << "rank " << rank << " wrote nothing";
+        expect_nothing_left({*info});
+      }
+    }
+  }
+  // Ranks that print into the closed pipe die of SIGPIPE (its default action is theirs, as
+  // without a launcher), and the launcher reports that as a rank's failure: 128 + SIGPIPE.
+  TempDir dir;
+  Launch printing({"--num_gpus", "2", kFake, "out=" + dir.path(), "wait_peers=1", "print=hello"},
+                  {}, "/tmp", Launch::Output::kClosedPipe);
+  EXPECT_EQ(printing.wait(30).code, 128 + SIGPIPE);
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto info = read_rank(dir.path(), rank);
+    ASSERT_TRUE(info.has_value()) << "rank " << rank << " wrote nothing";
+    expect_nothing_left({*info});
+  }
+}
+
+// The master address is resolved before any rank starts: an address that names no host is
+// an error naming it at once (not after the rendezvous gives up). None of these is looked up
+// on the network: 256.1.1.1 is refused by its form, .invalid by RFC 6761.
+TEST_F(ProcessTest, AnUnresolvableMasterAddressIsRefusedBeforeAnyRankStarts) {
+  for (const std::string addr : {"256.1.1.1", "10.0.0.300", "node7.invalid", "INVALID."}) {
+    SCOPED_TRACE(addr);
+    const Result r =
+        run_dscpp({"--num_gpus", "2", "--master_addr", addr, kFake, out_arg(), "sleep=30"});
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("dscpp: error: the master address '" + addr + "' (--master_addr)"),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(read_rank(dir_.path(), 0).has_value()) << "a rank started";
+  }
+  // inet_aton's short form is an address (what getaddrinfo and the ranks accept).
+  const Result ok = run_dscpp({"--num_gpus", "1", "--master_addr", "127.1", kFake, out_arg()});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 void expect_usage_error(const std::vector<std::string>& args, const std::string& fragment,
                         const std::string& cwd = "/tmp") {
   const Result r = run_dscpp(args, {}, cwd);
