@@ -180,7 +180,7 @@ def dry_run(args, rows, names):
               + (f"; needs {row['needs_gib']} GiB" if "needs_gib" in row else "")
               + (f"; reference {', '.join(rowlib.references(row))}" if "reference" in row else "") + ")")
         if kind == "suite":
-            print("   configure build-cuda (g++, Release, DSCPP_WERROR=ON), ninja (all), ctest -E '"
+            print(f"   configure {machine.SUITE_BUILD} (g++, Release, DSCPP_WERROR=ON), ninja (all), ctest -E '"
                   + machine.CTEST_EXCLUDE + "' under the deadline")
             continue
         plan = rowlib.commands(row, context(args, name, i, machine.BUILD, "$(nproc)"))
@@ -337,27 +337,46 @@ class Run:
                 self.say(f"executables from {machine.PREBUILT}: {why.splitlines()[0]}")
                 return bindir, "prebuilt pack (clang++, Release): " + why.splitlines()[0]
             self.say(f"prebuilt pack not used: {why}")
-        werror = self.args.werror if self.args.werror is not None else any(
-            self.rows[n].get("kind") == "suite" for n in self.names)
+        # With the suite in this call, the rows' targets build first in the suite's folder
+        # (warnings as errors), the suite's build then going on from there; a row target that
+        # fails there (a g++-only warning) builds again in the rows' own folder, warnings on.
+        with_suite = any(self.rows[n].get("kind") == "suite" for n in self.names)
+        plans = []
+        if self.args.werror is not None:
+            plans.append((machine.SUITE_BUILD if with_suite and self.args.werror else machine.BUILD, self.args.werror))
+        else:
+            plans += [(machine.SUITE_BUILD, True)] if with_suite else []
+            plans.append((machine.BUILD, False))
+        for build, werror in plans:
+            bindir, how, status = self.build(build, werror, targets)
+            if status != "failed":  # built, or the deadline or the configure stopped it
+                break
+        return bindir, how
+
+    def build(self, build, werror, targets):
+        """Configures BUILD and builds TARGETS: (folder, what built it, "ok", "failed" (a target
+        did not build), "deadline" or "configure")."""
         build_log = os.path.join(self.logdir, "build.log")
+        bindir = os.path.join(ROOT, build)
         t = time.monotonic()
-        if machine.configure(ROOT, self.deps, self.env, werror, build_log, self.args.cmake_arg) != 0:
-            self.notes.append(f"the CUDA configure failed (build.log): {suite.tail(build_log, 3)}")
-            return os.path.join(ROOT, machine.BUILD), "configure failed"
-        rc, failed = machine.ninja(ROOT, self.env, targets, build_log, self.left())
-        how = f"built here in {time.monotonic() - t:.0f} s (g++, Release, DSCPP_WERROR={'ON' if werror else 'OFF'})"
+        if machine.configure(ROOT, build, self.deps, self.env, werror, build_log, self.args.cmake_arg) != 0:
+            self.notes.append(f"the CUDA configure of {build} failed (build.log): {suite.tail(build_log, 3)}")
+            return bindir, "configure failed", "configure"
+        rc, failed = machine.ninja(ROOT, build, self.env, targets, build_log, self.left())
+        how = (f"built here in {time.monotonic() - t:.0f} s (g++, Release, {build}, "
+               f"DSCPP_WERROR={'ON' if werror else 'OFF'})")
         self.say(how + (f"; FAILED: {', '.join(failed)}" if failed else "") + (" (stopped by the deadline)" if rc == 124 else ""))
         if failed or rc:
             why = "stopped by the deadline" if rc == 124 else f"failed: {', '.join(failed) or f'rc={rc}'}"
-            self.notes.append(f"the build of {' '.join(targets)} {why} (build.log in logs.tgz)")
-        return os.path.join(ROOT, machine.BUILD), how
+            self.notes.append(f"the build of {' '.join(targets)} in {build} {why} (build.log in logs.tgz)")
+        return bindir, how, "deadline" if rc == 124 else "failed" if failed or rc else "ok"
 
     def run_row(self, index, name, instead):
         row = self.rows[name]
         kind = row.get("kind", "train")
         if kind == "suite":
             if self.left() < 60:
-                return self.skip(name, f"{self.left():.0f} s left before the deadline")
+                return self.skip(name, f"{max(self.left(), 0):.0f} s left before the deadline")
             self.say("suite: configure, build everything with the tests, ctest")
             deps = self.deps or machine.unpack_debs(ROOT, self.env, open(os.path.join(self.logdir, "setup.log"), "a"))
             t = time.monotonic()

@@ -20,7 +20,11 @@ GPU_DIR = ".gpu"
 # machine whose /opt is not this call's to fill).
 DEPS = os.environ.get("GPU_ROWS_DEPS", "/opt/deps")
 DSPY = os.environ.get("GPU_ROWS_DSPY", "/opt/dspy")
+# The rows' build (warnings stay warnings: g++ warns where the CPU machines' clang++ does not,
+# and a warning must not cost a call its figures) and the suite's (warnings as errors), in
+# folders of their own so that a warm machine's next call rebuilds neither for the other's flag.
 BUILD = "build-cuda"
+SUITE_BUILD = "build-cuda-suite"
 PREBUILT = f"{GPU_DIR}/prebuilt"
 # Left out of ctest on a GPU machine: the DeepSpeed comparisons and CPU oracles (CI runs them).
 CTEST_EXCLUDE = "DeepSpeed|AgreesWith|SingleRankOracle|Oracle_|TokenIdsEqual"
@@ -180,10 +184,10 @@ def use_prebuilt(root, exes, env, log):
     return bindir, built
 
 
-def configure(root, deps, env, werror, log_path, extra_args=()):
-    """cmake for the CUDA variant, Release, with g++ (the machine's compiler)."""
+def configure(root, build, deps, env, werror, log_path, extra_args=()):
+    """cmake for the CUDA variant in BUILD, Release, with g++ (the machine's compiler)."""
     gxx = shutil.which("g++", path=env["PATH"]) or "g++"
-    args = ["cmake", "-S", ".", "-B", BUILD, "-G", "Ninja", "-DDSCPP_CUDA=ON", "-DCMAKE_BUILD_TYPE=Release",
+    args = ["cmake", "-S", ".", "-B", build, "-G", "Ninja", "-DDSCPP_CUDA=ON", "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_CXX_COMPILER={gxx}", f"-DCMAKE_CUDA_HOST_COMPILER={gxx}",
             f"-DDSCPP_PYTHON={sys.executable}", f"-DCMAKE_PREFIX_PATH={deps}/usr",
             f"-DDSCPP_GLOO_INCLUDE={deps}/usr/include",
@@ -222,9 +226,9 @@ def run_logged(args, cwd, env, log_path, timeout):
             return 124
 
 
-def ninja(root, env, targets, log_path, timeout):
-    """ninja -k 0 (a target that fails leaves the others built); rc, the targets that failed."""
-    args = ["ninja", "-C", BUILD, "-k", "0", "-j", str(os.cpu_count() or 8)] + list(targets)
+def ninja(root, build, env, targets, log_path, timeout):
+    """ninja -k 0 (a target that fails leaves the others built); rc, the outputs that failed."""
+    args = ["ninja", "-C", build, "-k", "0", "-j", str(os.cpu_count() or 8)] + list(targets)
     rc = run_logged(args, root, env, log_path, timeout)
     with open(log_path, errors="replace") as f:
         text = f.read()

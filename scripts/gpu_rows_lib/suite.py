@@ -31,20 +31,20 @@ def parse_ctest(text):
 
 def count_tests(root, env, exclude=None):
     args = ["ctest", "-N"] + (["-E", exclude] if exclude else [])
-    r = subprocess.run(args, cwd=os.path.join(root, machine.BUILD), env=env, capture_output=True, text=True)
+    r = subprocess.run(args, cwd=os.path.join(root, machine.SUITE_BUILD), env=env, capture_output=True, text=True)
     m = re.search(r"Total Tests: (\d+)", r.stdout)
     return int(m.group(1)) if m else None
 
 
 def run(root, deps, env, gpus, deadline, logdir, werror=True, cmake_args=()):
-    """Configures, builds everything and runs ctest until DEADLINE (a time.monotonic() value).
+    """Configures SUITE_BUILD, builds everything and runs ctest until DEADLINE (a time.monotonic() value).
     Returns the report's lines; the logs are logdir/suite_build.log and logdir/ctest.log."""
     build_log, ctest_log = os.path.join(logdir, "suite_build.log"), os.path.join(logdir, "ctest.log")
     lines = []
     t0 = time.monotonic()
-    if machine.configure(root, deps, env, werror, build_log, cmake_args) != 0:
+    if machine.configure(root, machine.SUITE_BUILD, deps, env, werror, build_log, cmake_args) != 0:
         return [f"suite: the CUDA configure failed (suite_build.log): {tail(build_log, 3)}"]
-    rc, failed = machine.ninja(root, env, [], build_log, deadline - time.monotonic() - 60)
+    rc, failed = machine.ninja(root, machine.SUITE_BUILD, env, [], build_log, deadline - time.monotonic() - 60)
     with open(build_log, errors="replace") as f:
         text = f.read()
     warnings = len(re.findall(r"warning: ", text))
@@ -76,7 +76,7 @@ def run(root, deps, env, gpus, deadline, logdir, werror=True, cmake_args=()):
     stop = time.strftime("%H:%M:%S", time.localtime(time.time() + left - 15))
     args = ["ctest", "--output-on-failure", "-j", str(min(8, os.cpu_count() or 8)), "--timeout", "300",
             "--stop-time", stop, "-E", exclude, "--output-junit", os.path.join(logdir, "ctest.junit.xml")]
-    rc = machine.run_logged(args, os.path.join(root, machine.BUILD), env, ctest_log, left)
+    rc = machine.run_logged(args, os.path.join(root, machine.SUITE_BUILD), env, ctest_log, left)
     with open(ctest_log, errors="replace") as f:
         res = parse_ctest(f.read())
     ran = len(res["passed"]) + len(res["failed"]) + len(res["skipped"]) + len(res["not_built"])
