@@ -122,7 +122,10 @@ def missing_packages(deps):
 def install_deepspeed(root, env, log):
     """The carried wheels into DSPY (on PYTHONPATH); None, or why DeepSpeed is not there."""
     probe = [sys.executable, "-c", "import deepspeed"]
-    if subprocess.run(probe, env=env, capture_output=True).returncode == 0:
+    # Found without importing it (an import of DeepSpeed takes seconds); the import after the
+    # install checks that its dependencies came too.
+    find = [sys.executable, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"]
+    if subprocess.run(find, env=env, capture_output=True).returncode == 0:
         return None
     wheels = sorted(glob.glob(os.path.join(root, GPU_DIR, "ds-wheels", "*.whl")))
     if not wheels:

@@ -346,7 +346,7 @@ def commands(row, ctx):
     model = ctx.get("model") or row["model"]
     steps = ctx.get("steps") or row["steps"]
     warmup = ctx["warmup"] if ctx.get("warmup") is not None else row["warmup"]
-    if row.get("model_set") and not ctx.get("model"):
+    if row.get("model_set") and model.endswith(".json"):
         cfg = read_json(os.path.join(root, model))
         cfg.update(row["model_set"])
         model = os.path.join(ctx["work"], "model.json")
