@@ -97,6 +97,20 @@ def main():
     for text, want in cases:
         rc, out = bad_rows(text)
         check(rc == 2 and re.search(want, out), f"bad row not refused as /{want}/ (rc={rc})", out)
+    # The suite's counts from ctest's per-test lines (the deadline may stop ctest before its summary).
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gpu_rows_lib.suite import parse_ctest
+    transcript = """      Start  1: a.Passes
+ 1/6 Test  #1: a.Passes .........................   Passed    0.01 sec
+ 2/6 Test  #2: a.Regex ..........................***Failed  Required regular expression not found. Regex=[x]  0.10 sec
+ 3/6 Test  #3: a.Skips ..........................***Skipped   0.00 sec
+ 4/6 Test  #4: a_NOT_BUILT ......................***Not Run   0.00 sec
+ 5/6 Test  #5: a.Crashes ........................***Exception: SegFault  0.20 sec
+ 6/6 Test  #6: a.Slow ...........................***Timeout 300.05 sec
+"""
+    got = parse_ctest(transcript)
+    check(got["passed"] == ["a.Passes"] and got["skipped"] == ["a.Skips"] and got["not_built"] == ["a_NOT_BUILT"]
+          and [n for n, _ in got["failed"]] == ["a.Regex", "a.Crashes", "a.Slow"], f"parse_ctest: {got}")
     if failures:
         print("\n\n".join(failures))
         return 1
