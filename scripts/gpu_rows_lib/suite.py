@@ -29,9 +29,9 @@ def parse_ctest(text):
     return out
 
 
-def count_tests(root, env, exclude=None):
+def count_tests(build, env, exclude=None):
     args = ["ctest", "-N"] + (["-E", exclude] if exclude else [])
-    r = subprocess.run(args, cwd=os.path.join(root, machine.SUITE_BUILD), env=env, capture_output=True, text=True)
+    r = subprocess.run(args, cwd=build, env=env, capture_output=True, text=True)
     m = re.search(r"Total Tests: (\d+)", r.stdout)
     return int(m.group(1)) if m else None
 
@@ -39,7 +39,7 @@ def count_tests(root, env, exclude=None):
 def run(root, deps, env, gpus, deadline, logdir, werror=True, cmake_args=()):
     """Configures SUITE_BUILD, builds everything and runs ctest until DEADLINE (a time.monotonic() value).
     Returns the report's lines; the logs are logdir/suite_build.log and logdir/ctest.log."""
-    build_log, ctest_log = os.path.join(logdir, "suite_build.log"), os.path.join(logdir, "ctest.log")
+    build_log = os.path.join(logdir, "suite_build.log")
     lines = []
     t0 = time.monotonic()
     if machine.configure(root, machine.SUITE_BUILD, deps, env, werror, build_log, cmake_args) != 0:
@@ -66,22 +66,34 @@ def run(root, deps, env, gpus, deadline, logdir, werror=True, cmake_args=()):
             seen.append(d)
     lines += [f"suite:   {d[:200]}" for d in seen[:8]] + ([f"suite:   ... {len(seen) - 8} more"] if len(seen) > 8 else [])
     exclude = machine.CTEST_EXCLUDE + ("|" + machine.CTEST_EXCLUDE_ONE_GPU if gpus < 2 else "")
-    total_all = count_tests(root, env)
-    total = count_tests(root, env, exclude)
+    what = "DeepSpeed comparisons" + (", multi-rank programs" if gpus < 2 else "")
+    return lines + run_ctest(os.path.join(root, machine.SUITE_BUILD), env, exclude, what, deadline, logdir)
+
+
+def run_ctest(build, env, exclude, what, deadline, logdir):
+    """ctest in BUILD without the tests EXCLUDE matches (WHAT says which), until DEADLINE: the
+    report's lines; its output in logdir/ctest.log."""
+    ctest_log = os.path.join(logdir, "ctest.log")
+    lines = []
+    total_all = count_tests(build, env)
+    total = count_tests(build, env, exclude)
     left = deadline - time.monotonic() - 5
     if total is None:
         return lines + ["suite: ctest -N found no tests (see ctest.log)"]
     if left < 30:
         return lines + [f"suite: ctest not started: {left:.0f} s left before the deadline"]
-    stop = time.strftime("%H:%M:%S", time.localtime(time.time() + left - 15))
+    # --stop-time: ctest starts no test after it and still writes its summary; the time of day
+    # it takes would wrap at midnight, where only the timeout around ctest stops it.
+    stop_at = time.localtime(time.time() + left - 15)
+    stop = ["--stop-time", time.strftime("%H:%M:%S", stop_at)] if stop_at.tm_mday == time.localtime().tm_mday else []
     args = ["ctest", "--output-on-failure", "-j", str(min(8, os.cpu_count() or 8)), "--timeout", "300",
-            "--stop-time", stop, "-E", exclude, "--output-junit", os.path.join(logdir, "ctest.junit.xml")]
-    rc = machine.run_logged(args, os.path.join(root, machine.SUITE_BUILD), env, ctest_log, left)
+            *stop, "-E", exclude, "--output-junit", os.path.join(logdir, "ctest.junit.xml")]
+    rc = machine.run_logged(args, build, env, ctest_log, left)
     with open(ctest_log, errors="replace") as f:
         res = parse_ctest(f.read())
     ran = len(res["passed"]) + len(res["failed"]) + len(res["skipped"]) + len(res["not_built"])
     lines.append(f"suite: ctest: {total} tests here ({(total_all or total) - total} excluded on this machine: "
-                 f"DeepSpeed comparisons{', multi-rank programs' if gpus < 2 else ''}); ran {ran}, "
+                 f"{what}); ran {ran}, "
                  f"passed {len(res['passed'])}, failed {len(res['failed'])}, skipped {len(res['skipped'])}, "
                  f"not run for want of their executable {len(res['not_built'])}, "
                  f"not reached before the deadline {total - ran}"

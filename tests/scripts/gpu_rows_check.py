@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNNER = os.path.join(ROOT, "scripts", "gpu_rows.py")
@@ -50,6 +51,26 @@ steps = 10
 warmup = 10
 expect_s = 40
 """
+
+
+def check_ctest_report():
+    """The suite's ctest step over a project of four tests: one excluded, then one of each outcome."""
+    from gpu_rows_lib.suite import run_ctest
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "CMakeLists.txt"), "w") as f:
+            f.write("cmake_minimum_required(VERSION 3.20)\nproject(t NONE)\nenable_testing()\n"
+                    "add_test(NAME a.Passes COMMAND true)\nadd_test(NAME a.Fails COMMAND false)\n"
+                    "add_test(NAME a.Skips COMMAND sh -c \"exit 77\")\n"
+                    "set_tests_properties(a.Skips PROPERTIES SKIP_RETURN_CODE 77)\n"
+                    "add_test(NAME a.AgreesWithDeepSpeed COMMAND true)\n")
+        build = os.path.join(d, "build")
+        r = subprocess.run(["cmake", "-S", d, "-B", build], capture_output=True, text=True)
+        check(r.returncode == 0, "cmake of the four-test project failed", r.stdout + r.stderr)
+        lines = run_ctest(build, dict(os.environ), "DeepSpeed", "DeepSpeed comparisons", time.monotonic() + 120, d)
+        text = "\n".join(lines)
+        check("3 tests here (1 excluded on this machine: DeepSpeed comparisons); ran 3, passed 1, failed 1, "
+              "skipped 1, not run for want of their executable 0, not reached before the deadline 0" in text
+              and "failed: a.Fails (Failed)" in text and "skipped: a.Skips" in text, "the suite's ctest report", text)
 
 
 def main():
@@ -111,6 +132,7 @@ def main():
     got = parse_ctest(transcript)
     check(got["passed"] == ["a.Passes"] and got["skipped"] == ["a.Skips"] and got["not_built"] == ["a_NOT_BUILT"]
           and [n for n, _ in got["failed"]] == ["a.Regex", "a.Crashes", "a.Slow"], f"parse_ctest: {got}")
+    check_ctest_report()
     if failures:
         print("\n\n".join(failures))
         return 1
