@@ -144,7 +144,8 @@ def fmt(x, spec, none=""):
 def table(entries, rows, peak):
     """Markdown lines: one line per entry {'name', 'status', 'wall', 'res'} in the order run."""
     by_name = {e["name"]: e for e in entries}
-    lines = [f"| row | tokens/s | TFLOP/s | MFU ({fmt(peak, 'g', 'n/a')}) | peak GiB | ratio (reference) | wall s | note |",
+    lines = [f"| row | tokens/s per GPU | TFLOP/s per GPU | MFU ({fmt(peak, 'g', 'n/a')}) | peak GiB | ratio (reference) "
+             "| wall s | note |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for e in entries:
         res, name = e.get("res"), e["name"]
