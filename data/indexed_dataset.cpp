@@ -356,6 +356,29 @@ void IndexedDataset::check_index() {
                         std::to_string(document_index(num_doc_entries_ - 1)) + ", not the " +
                         std::to_string(num_sequences_) + " sequences");
   const uint64_t item = dtype_size(dtype_), bin_size = bin_.size;
+  // What a pointer that is not the previous sequence's end is told: where that end is, and
+  // the width the pointers step by when it is a token width other than the dtype's.
+  auto not_back_to_back = [&](int64_t i, int64_t pointer, uint64_t end, int64_t previous_length,
+                              int64_t previous_pointer) {
+    std::string m = "sequence " + std::to_string(i) + " starts at byte " + std::to_string(pointer) +
+                    " of " + bpath + ", not at " + std::to_string(end) +
+                    (i == 0 ? std::string(" (the first sequence starts the file)")
+                            : " where sequence " + std::to_string(i - 1) + " (" +
+                                  std::to_string(previous_length) + " tokens of " +
+                                  std::to_string(item) + " bytes) ends") +
+                    ": the sequences must lie back to back, as Megatron writes them";
+    const int64_t step = pointer - previous_pointer;
+    if (i > 0 && previous_length > 0 && step > 0 && step % previous_length == 0) {
+      const int64_t width = step / previous_length;
+      if (width != static_cast<int64_t>(item) &&
+          (width == 1 || width == 2 || width == 4 || width == 8))
+        m += "; the pointers step by " + std::to_string(width) +
+             " bytes a token, but the dtype code (" + at_byte(17) + ") says " + dtype_name(dtype_) +
+             " (" + std::to_string(item) + ")";
+    }
+    return m;
+  };
+  uint64_t expected = 0;  // where the next sequence starts: the end of the one before
   for (int64_t i = 0; i < num_sequences_; ++i) {
     const auto u = static_cast<uint64_t>(i);
     int64_t length = sequence_length(i), pointer = sequence_pointer(i);
@@ -374,10 +397,27 @@ void IndexedDataset::check_index() {
                                  std::to_string(length) + " tokens at byte " +
                                  std::to_string(pointer) + ") lies past the file's end (" +
                                  std::to_string(bin_size) + " bytes)");
-    // Sequences may share bytes, so their sum is bounded only by S * 2^31: checked too.
-    if (__builtin_add_overflow(num_tokens_, length, &num_tokens_))
-      throw DataError(ipath, "the sequences hold more than 2^63 tokens");
+    // Megatron's writer puts the sequences back to back from byte 0, so each pointer is the
+    // end of the one before. A pointer elsewhere is an aliased or corrupted entry, or a dtype
+    // code that does not match the .bin (the pointers then step by another width).
+    if (pointer != static_cast<int64_t>(expected))
+      throw DataError(ipath, at_byte(kHeaderSize + s * 4 + u * 8),
+                      not_back_to_back(i, pointer, expected, i > 0 ? sequence_length(i - 1) : 0,
+                                       i > 0 ? sequence_pointer(i - 1) : 0));
+    expected = end;
+    // end <= bin_size bounds the sum of the lengths: no overflow.
+    num_tokens_ += length;
   }
+  // The .bin holds exactly the sequences: a longer one is another corpus's beside this index
+  // (or this index is another's, shorter), and its tokens past the index would go unread.
+  if (expected != bin_size)
+    throw DataError(bpath, std::to_string(bin_size) + " bytes, but its index " + ipath +
+                               " describes " + std::to_string(num_sequences_) + " sequences of " +
+                               std::to_string(num_tokens_) + " tokens in " + dtype_name(dtype_) +
+                               " (" + std::to_string(item) +
+                               " bytes each) = " + std::to_string(expected) +
+                               " bytes: the two files are not a pair (an index from another "
+                               "corpus, or a truncated or appended-to .bin)");
 }
 
 int32_t IndexedDataset::sequence_length(int64_t i) const {
@@ -451,6 +491,17 @@ void IndexedDataset::check_token_ids(int64_t vocab_size) const {
                     "vocab_size must be >= 1, got " + std::to_string(vocab_size));
   int64_t lo, hi;
   dtype_range(dtype_, lo, hi);
+  // A vocabulary the dtype cannot hold: the ids above it could not have been written, so the
+  // dtype code is not the one the file was written with. (Padding a vocabulary of fewer than
+  // 2^k ids to a power-of-two multiple never passes 2^k, so a padded model vocabulary is no
+  // false alarm.)
+  if (vocab_size - 1 > hi)
+    throw DataError(idx_path(prefix_), at_byte(17),
+                    std::string("dtype ") + dtype_name(dtype_) + " holds token ids up to " +
+                        std::to_string(hi) + ", but the vocabulary has " +
+                        std::to_string(vocab_size) +
+                        ": the dtype code does not match the tokenizer the data was written "
+                        "with (Megatron writes uint16 for a vocabulary under 65500, int32 above)");
   if (lo >= 0 && hi < vocab_size) return;  // every value of the dtype is a valid id
   const int64_t item = static_cast<int64_t>(dtype_size(dtype_));
   for (int64_t d = 0; d + 1 < num_doc_entries_; ++d) {

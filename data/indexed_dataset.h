@@ -87,8 +87,10 @@ class IndexedDatasetWriter {
 };
 
 // Megatron's IndexedDataset (mmap reader). Both files are mapped read-only; the index is
-// checked once when opened (header, counts against the file size with overflow-checked
-// arithmetic, monotone document indices ending at S, every sequence inside .bin), so reads
+// checked once when opened, in O(sequences) (header, counts against the file size with
+// overflow-checked arithmetic, monotone document indices ending at S, the sequences back to
+// back from byte 0 as Megatron writes them, and .bin exactly as long as they are: an aliased
+// pointer, a dtype code of another width or an index of another corpus is refused), so reads
 // afterwards need no checks beyond their arguments. Nothing is allocated from a count the
 // files give. A valid index may have trailing bytes (a multimodal file's sequence modes).
 class IndexedDataset {
@@ -117,7 +119,9 @@ class IndexedDataset {
   // Throws a DataError naming the first token outside [0, vocab_size) by document, sequence,
   // token and byte of .bin, with its id: a model's embedding would otherwise fail on it in the
   // middle of training with no word of the file. One pass over .bin, skipped when the dtype
-  // holds no such value (uint16 tokens and a vocabulary of 65536 or more).
+  // holds no such value (uint16 tokens and a vocabulary of exactly 65536). First, a dtype too
+  // narrow for the vocabulary (uint8 for GPT-2's 50257 ids, uint16 for more than 65536) is
+  // refused at the .idx's dtype byte: the code is not the one the file was written with.
   void check_token_ids(int64_t vocab_size) const;
 
   // The size an index's header says the whole index has (header and the three arrays), or 0

@@ -149,6 +149,12 @@ def test_refused_files(cli, tmp):
         # S = 4 sequences, so the document indices start at 34 + 12 * 4; the last should be 4.
         ("last_doc_index", set_at(34 + 48 + 24, (3).to_bytes(8, "little")), None, ".idx",
          "last document index"),
+        # The sequences lie back to back (pointers 0, 6, 10, 12 at byte 34 + 16): the uint16
+        # code read as uint8 (byte-split tokens), two aliased pointers, a .bin with bytes past them.
+        ("uint16_as_uint8", set_at(17, bytes([1])), None, ".idx", "the pointers step by 2 bytes a token"),
+        ("aliased_pointer", set_at(34 + 16 + 16, (6).to_bytes(8, "little")), None, ".idx",
+         "sequence 2 starts at byte 6"),
+        ("appended_data", None, lambda b: b + b"\0\0", ".bin", "22 bytes, but its index"),
     ]
     for name, mi, mb, ext, word in cases:
         prefix = corrupt(tmp, name, mi, mb)
@@ -156,6 +162,13 @@ def test_refused_files(cli, tmp):
         check(f"refuses {name}", r.returncode == 1, f"rc={r.returncode} {r.stdout[:200]}")
         check(f"{name} message names the file and problem",
               prefix + ext in r.stderr and word in r.stderr, r.stderr)
+    # An index of another, shorter corpus beside this .bin: 2 of its 10 tokens described.
+    prefix = corrupt(tmp, "other_index")
+    mf.write(os.path.join(tmp, "other"), [[[1, 2]]], "uint16")
+    os.replace(os.path.join(tmp, "other.idx"), prefix + ".idx")
+    r = run(cli, "dump", prefix)
+    check("refuses another corpus's index", r.returncode == 1 and prefix + ".bin" in r.stderr
+          and "20 bytes, but its index" in r.stderr and "1 sequences of 2 tokens" in r.stderr, r.stderr)
     r = run(cli, "dump", os.path.join(tmp, "missing"))
     check("missing file", r.returncode == 1 and "missing.idx" in r.stderr, r.stderr)
 

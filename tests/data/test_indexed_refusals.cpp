@@ -119,6 +119,44 @@ TEST_F(BadIndex, SequencesAreRefusedAtTheirByteOrByTheDataFile) {
   expect(idx, bin.substr(0, 15), b, "", "truncated data");
 }
 
+// Megatron writes the sequences back to back from byte 0 (pointers 0, 6, 8 here) and the .bin
+// is exactly as long as they are: a pointer elsewhere, a dtype code of another width, or an
+// index beside a .bin it does not describe is refused, naming both ends of the mismatch.
+TEST_F(BadIndex, SequencesMustLieBackToBackAndFillTheDataFile) {
+  const std::string i = idx_path(prefix), b = bin_path(prefix);
+  // uint16 read as uint8: sequence 0 ends at byte 3, sequence 1 starts at 6; the pointers step
+  // by 6 / 3 = 2 bytes a token.
+  DataError e = refused(with(idx, 17, uint8_t{1}), bin);
+  EXPECT_EQ(e.file(), i);
+  EXPECT_EQ(e.position(), "byte 54");
+  EXPECT_TRUE(has(e.what(), "sequence 1 starts at byte 6 of " + b +
+                                ", not at 3 where sequence 0 (3 tokens of 1 bytes) ends"))
+      << e.what();
+  EXPECT_TRUE(has(e.what(),
+                  "the pointers step by 2 bytes a token, but the dtype code (byte 17) "
+                  "says uint8 (1)"))
+      << e.what();
+  // Read as int32: sequence 0 would end at byte 12.
+  expect(with(idx, 17, uint8_t{4}), bin, i, "byte 54", "not at 12 where sequence 0");
+  // Two pointers aliased: sequence 2 starts where sequence 1 does (byte 6), not at 8.
+  e = refused(with(idx, 46 + 16, int64_t{6}), bin);
+  EXPECT_EQ(e.position(), "byte 62");
+  EXPECT_TRUE(has(e.what(), "sequence 2 starts at byte 6 of " + b +
+                                ", not at 8 where sequence 1 (1 tokens of 2 bytes) ends"))
+      << e.what();
+  EXPECT_FALSE(has(e.what(), "step by")) << e.what();
+  // The first sequence must start the file.
+  expect(with(idx, 46, int64_t{2}), bin, i, "byte 46",
+         "sequence 0 starts at byte 2 of " + b + ", not at 0 (the first sequence starts the file)");
+  // A .bin longer than the sequences: 18 bytes for 8 uint16 tokens.
+  expect(idx, bin + "xy", b, "",
+         "18 bytes, but its index " + i +
+             " describes 3 sequences of 8 tokens in uint16 (2 bytes each) = 16 bytes");
+  // A shorter index of another corpus beside this .bin: 1 sequence of 2 tokens, 4 bytes.
+  const std::string other = bytes_of(idx_path(write_documents(dir / "other", {{9, 9}})));
+  expect(other, bin, b, "", "16 bytes, but its index " + i + " describes 1 sequences of 2 tokens");
+}
+
 TEST_F(BadIndex, OnlyRegularFilesAreOpened) {
   fs::remove(idx_path(prefix));
   DataError e = refusal([&] { IndexedDataset ds(prefix); });
@@ -193,6 +231,33 @@ TEST(TokenIds, UnsignedDtypesWithinTheVocabularyNeedNoScan) {
   IndexedDataset u8(write_documents(dir / "u8", {{255}}, DType::UInt8));
   u8.check_token_ids(256);
   EXPECT_TRUE(has(refusal([&] { u8.check_token_ids(255); }).what(), "token id 255"));
+}
+
+// A dtype that cannot hold the vocabulary's ids was not the one the file was written with:
+// refused at the .idx's dtype byte before any token is read. The largest vocabulary each holds
+// (256 for uint8, 65536 for uint16, 32768 for int16) is accepted.
+TEST(TokenIds, ADtypeTooNarrowForTheVocabularyIsRefusedAtItsCode) {
+  TempDir dir;
+  IndexedDataset u8(write_documents(dir / "u8", {{1, 2}}, DType::UInt8));
+  DataError e = refusal([&] { u8.check_token_ids(50257); });
+  EXPECT_EQ(e.file(), idx_path(dir / "u8"));
+  EXPECT_EQ(e.position(), "byte 17");
+  EXPECT_TRUE(has(e.what(), "dtype uint8 holds token ids up to 255, but the vocabulary has 50257"))
+      << e.what();
+  u8.check_token_ids(256);
+  IndexedDataset u16(write_documents(dir / "u16", {{1, 2}}, DType::UInt16));
+  EXPECT_TRUE(has(refusal([&] { u16.check_token_ids(65537); }).what(),
+                  "dtype uint16 holds token ids up to 65535, but the vocabulary has 65537"));
+  u16.check_token_ids(65536);
+  IndexedDataset i16(write_documents(dir / "i16", {{1, 2}}, DType::Int16));
+  EXPECT_TRUE(has(refusal([&] { i16.check_token_ids(32769); }).what(), "up to 32767"));
+  i16.check_token_ids(32768);
+  IndexedDataset i32(write_documents(dir / "i32", {{1, 2}}, DType::Int32));
+  i32.check_token_ids(50257);
+  // Through the GPT dataset, as train_gpt builds it with the model's vocabulary.
+  auto shared = std::make_shared<const IndexedDataset>(dir / "u8");
+  e = refusal([&] { GPTDataset g(shared, GPTDatasetOptions{1, 1, true, 50257}); });
+  EXPECT_EQ(e.position(), "byte 17");
 }
 
 // What train_gpt relies on: a dataset given the model's vocabulary refuses the file when it is
