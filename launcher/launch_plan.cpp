@@ -51,7 +51,16 @@ LaunchPlan resolve_launch(const Options& options, const std::optional<ResourcePo
         plan.notices.push_back(detected + ": setting --include=" + include);
       }
     }
-    int slots = machine.gpu_count;
+    int slots = machine.cpu_accelerator ? 0 : machine.gpu_count;
+    if (slots > 0 && options.num_gpus > slots) {
+      // Each rank of a GPU build takes the device of its LOCAL_RANK: a rank past the last
+      // GPU would die in NCCL ("invalid device ordinal") after the others had started.
+      throw UserError(fmt::format(
+          "--num_gpus {0}: this machine has {1} GPU{2}, and each rank needs one of its own. Ask "
+          "for at most {1} (--num_gpus {1}), or start {0} CPU ranks over Gloo with "
+          "DS_ACCELERATOR=cpu",
+          options.num_gpus, slots, slots == 1 ? "" : "s"));
+    }
     if (slots == 0) {
       // No GPU: ranks run on the CPU, as many as asked for.
       cpu_ranks = true;
@@ -112,7 +121,13 @@ LaunchPlan resolve_launch(const Options& options, const std::optional<ResourcePo
     }
     if (cpu_ranks) {
       const size_t local = plan.active[plan.node_rank].second.size();
-      plan.notices.push_back(fmt::format("no GPU found, starting {} CPU ranks", local));
+      if (machine.gpu_count > 0) {
+        plan.hide_gpus = true;
+        plan.notices.push_back(fmt::format(
+            "DS_ACCELERATOR=cpu: starting {} CPU ranks, the GPUs hidden from them", local));
+      } else {
+        plan.notices.push_back(fmt::format("no GPU found, starting {} CPU ranks", local));
+      }
     }
   }
   return plan;

@@ -18,6 +18,8 @@ struct LocalMachine {
   int gpu_count = 0;
   int cpu_count = 1;
   std::optional<std::string> cuda_visible_devices;
+  // DS_ACCELERATOR=cpu, DeepSpeed's way to ask for CPU ranks: the GPUs are left alone.
+  bool cpu_accelerator = false;
 };
 
 struct LaunchPlan {
@@ -27,6 +29,7 @@ struct LaunchPlan {
   int node_rank = 0;                 // the node this process runs when !multi_node
   std::string master_addr;           // empty only for multi-node runs that must detect it
   std::vector<std::string> notices;  // informational lines for the user
+  bool hide_gpus = false;            // CPU ranks on a machine with GPUs: ranks see none
 };
 
 // Throws UserError for contradictory or unsatisfiable requests.

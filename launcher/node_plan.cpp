@@ -53,7 +53,7 @@ std::vector<RankLaunch> plan_node(const NodeConfig& config) {
     set_env(r.env, "CROSS_SIZE", std::to_string(num_nodes));
     set_env(r.env, "MASTER_ADDR", config.master_addr);
     set_env(r.env, "MASTER_PORT", std::to_string(config.master_port));
-    set_env(r.env, "CUDA_VISIBLE_DEVICES", visible);
+    set_env(r.env, "CUDA_VISIBLE_DEVICES", config.hide_gpus ? std::string() : visible);
     if (cores_per_rank > 0) {
       r.cpus.assign(cores.begin() + local * cores_per_rank,
                     cores.begin() + (local + 1) * cores_per_rank);

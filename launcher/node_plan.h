@@ -29,6 +29,7 @@ struct NodeConfig {
   std::optional<std::string> bind_core_list;
   std::vector<int> default_cores;  // used when binding without --bind_core_list
   EnvList extra_env;               // .deepspeed_env entries, applied before the rank variables
+  bool hide_gpus = false;          // CPU ranks on a GPU machine: CUDA_VISIBLE_DEVICES is empty
 };
 
 struct RankLaunch {

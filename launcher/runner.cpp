@@ -256,6 +256,7 @@ int run_runner(const Options& o) {
   machine.gpu_count = count_nvidia_gpus();
   machine.cpu_count = online_cpu_count();
   machine.cuda_visible_devices = get_env(environment, "CUDA_VISIBLE_DEVICES");
+  machine.cpu_accelerator = get_env(environment, "DS_ACCELERATOR").value_or("") == "cpu";
   const LaunchPlan plan = resolve_launch(o, hostfile, machine);
   const double grace = kill_grace_seconds(environment);
   if (!plan.multi_node) {
@@ -285,6 +286,7 @@ int run_runner(const Options& o) {
   run.config.program = o.program;
   run.config.program_args = o.program_args;
   run.config.no_local_rank = o.no_local_rank;
+  run.config.hide_gpus = plan.hide_gpus;
   run.config.no_python = o.no_python;
   run.config.python = python_interpreter(environment);
   run.config.bind_cores_to_rank = o.bind_cores_to_rank;

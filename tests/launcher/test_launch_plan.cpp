@@ -69,6 +69,43 @@ TEST(LaunchPlan, CpuRanksFarBeyondTheMachineAreRefused) {
       10000u);
 }
 
+// A GPU build's rank takes the device of its LOCAL_RANK: more ranks than GPUs would die in
+// NCCL after the others had started, so the plan is refused before anything starts.
+TEST(LaunchPlan, MoreRanksThanGpusAreRefusedNamingBothCounts) {
+  for (const auto& visible : {std::optional<std::string>(), std::optional<std::string>("0")}) {
+    try {
+      resolve_launch(opts({"--num_gpus", "2"}), std::nullopt, gpus(1, visible));
+      ADD_FAILURE() << "2 ranks on 1 GPU accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("--num_gpus 2: this machine has 1 GPU, and each rank "
+                                           "needs one of its own. Ask for at most 1 (--num_gpus "
+                                           "1), or start 2 CPU ranks over Gloo with "
+                                           "DS_ACCELERATOR=cpu"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(resolve_launch(opts({"--num_gpus", "8"}), std::nullopt, gpus(4)), UserError);
+  // As many ranks as GPUs, or fewer, start as before.
+  EXPECT_EQ(resolve_launch(opts({"--num_gpus", "4"}), std::nullopt, gpus(4)).active,
+            (ActiveResources{{"localhost", {0, 1, 2, 3}}}));
+}
+
+TEST(LaunchPlan, CpuAcceleratorStartsCpuRanksWithTheGpusHidden) {
+  LocalMachine machine = gpus(1);
+  machine.cpu_accelerator = true;
+  const LaunchPlan plan = resolve_launch(opts({"--num_gpus", "4"}), std::nullopt, machine);
+  EXPECT_EQ(plan.active, (ActiveResources{{"localhost", {0, 1, 2, 3}}}));
+  EXPECT_TRUE(plan.hide_gpus);
+  EXPECT_EQ(plan.notices.back(),
+            "DS_ACCELERATOR=cpu: starting 4 CPU ranks, the GPUs hidden from them");
+  // Without GPUs there is nothing to hide.
+  LocalMachine cpu_only = gpus(0);
+  cpu_only.cpu_accelerator = true;
+  EXPECT_FALSE(resolve_launch(opts({"--num_gpus", "2"}), std::nullopt, cpu_only).hide_gpus);
+  EXPECT_FALSE(resolve_launch(opts({"--num_gpus", "1"}), std::nullopt, gpus(1)).hide_gpus);
+}
+
 // DeepSpeed's test_visible_devices_resolve_to_the_requested_slots.
 TEST(LaunchPlan, CudaVisibleDevicesBecomesAnInclude) {
   const LaunchPlan plan = resolve_launch(opts({}), std::nullopt, gpus(4, "0,2"));

@@ -39,6 +39,12 @@ TEST(NodePlan, RankEnvironmentOnTheSecondNode) {
   }
 }
 
+TEST(NodePlan, HiddenGpusLeaveTheRanksAnEmptyDeviceList) {
+  NodeConfig c = two_nodes(0);
+  c.hide_gpus = true;
+  for (const RankLaunch& r : plan_node(c)) EXPECT_EQ(get_env(r.env, "CUDA_VISIBLE_DEVICES"), "");
+}
+
 TEST(NodePlan, NoLocalRankAndExtraEnvironment) {
   NodeConfig c = two_nodes(0);
   c.no_local_rank = true;

@@ -23,7 +23,6 @@
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/zero/gathered_parameters.h"
 #include "dscpp/zero/zero_optimizer.h"
-#include "tests/gpu_skip.h"
 
 using nlohmann::json;
 
@@ -55,7 +54,6 @@ bool same_everywhere(dscpp::comm::ProcessGroup& g, at::Tensor t) {
 }  // namespace
 
 int main() try {
-  dscpp::test::exit_if_ranks_would_share_a_gpu();
   torch::manual_seed(0);
   torch::nn::Linear net(4, 3);
   auto engine = dscpp::initialize(net, config(3, "FAIL"));
