@@ -174,7 +174,7 @@ const std::vector<KeyFate> kTable = {
     A("scheduler.type", "WarmupDecayLR.DecaysLinearlyToZeroAndResumes"),
     A("scheduler.params", "WarmupLR.StartsAtTheMinimumAndWarmsUpLogarithmically"),
     // Activation checkpointing (read by the model: model_zoo's GPT).
-    A("activation_checkpointing", "ActivationCheckpointing.GPTGradientsAreBitIdentical"),
+    A("activation_checkpointing", "ActivationCheckpointing.GPTGradientsMatchThePlainPass"),
     N("activation_checkpointing.partition_activations",
       "the model-parallel group has one rank, where DeepSpeed too keeps activations whole", "true",
       "false"),
@@ -182,7 +182,7 @@ const std::vector<KeyFate> kTable = {
       "checkpoints are ordinary allocations", "true", "false"),
     A("activation_checkpointing.cpu_checkpointing", "ActivationCheckpointing.PeakCudaMemoryDrops"),
     A("activation_checkpointing.number_checkpoints",
-      "ActivationCheckpointing.GPTGradientsAreBitIdentical"),
+      "ActivationCheckpointing.GPTGradientsMatchThePlainPass"),
     U("activation_checkpointing.synchronize_checkpoint_boundary",
       "nn/activation_checkpointing.cpp waits for the device"),
     A("activation_checkpointing.profile",

@@ -1,5 +1,5 @@
-// Activation checkpointing on model_zoo's GPT and on any function: gradients bit for bit
-// against plain ones (dropout on and off), the model-parallel RNG tracker restored on
+// Activation checkpointing on model_zoo's GPT and on any function: gradients against plain
+// ones (to rounding) (dropout on and off), the model-parallel RNG tracker restored on
 // recompute, auxiliary losses carried through it (the MoE GPT's, its routing counted once),
 // the refusals, and the peak memory it saves (CPU allocator events; CUDA caching
 // allocator stats in the CUDA build).
@@ -11,7 +11,7 @@
 
 using namespace gpt_test;
 
-TEST(ActivationCheckpointing, GPTGradientsAreBitIdentical) {
+TEST(ActivationCheckpointing, GPTGradientsMatchThePlainPass) {
   for (double dropout : {0.0, 0.1}) {
     mz::GPTConfig c = small_config(dropout);
     at::manual_seed(3);
@@ -28,10 +28,10 @@ TEST(ActivationCheckpointing, GPTGradientsAreBitIdentical) {
       Step ckpt = train_step(model, b, 11);
       SCOPED_TRACE("dropout " + std::to_string(dropout) + ", segments " +
                    std::to_string(model->activation_checkpointing_segments()));
-      EXPECT_TRUE(at::equal(plain.loss, ckpt.loss));
+      expect_loss_match(ckpt.loss, plain.loss);
       // The RNG continues as it would have: the next batch sees the same stream.
       EXPECT_TRUE(at::equal(plain.rng_after, ckpt.rng_after));
-      expect_grads_identical(expected, grads_of(*model));
+      expect_grads_match(expected, grads_of(*model));
     }
     model->disable_activation_checkpointing();
     if (dropout > 0) {
@@ -70,7 +70,7 @@ TEST(ActivationCheckpointing, ProfilePrintsEachCheckpointsTimes) {
     EXPECT_EQ(count(err, "dscpp: activation checkpoint forward: "), expected_lines) << err;
     EXPECT_EQ(count(err, "dscpp: activation checkpoint recompute+backward: "), expected_lines)
         << err;
-    expect_grads_identical(expected, grads_of(*model));
+    expect_grads_match(expected, grads_of(*model));
   }
   model->disable_activation_checkpointing();
 }
@@ -299,9 +299,9 @@ TEST(ActivationCheckpointing, MoEGPTMatchesPlainAndCountsOnce) {
   const Result plain = run();
   model->enable_activation_checkpointing();
   const Result ckpt = run();
-  EXPECT_TRUE(at::equal(plain.loss, ckpt.loss));
-  EXPECT_TRUE(at::equal(plain.aux, ckpt.aux));
-  expect_grads_identical(plain.grads, ckpt.grads);
+  expect_loss_match(ckpt.loss, plain.loss);
+  expect_loss_match(ckpt.aux, plain.aux);
+  expect_grads_match(plain.grads, ckpt.grads);
   ASSERT_EQ(plain.counts.size(), 3u);
   ASSERT_EQ(ckpt.counts.size(), 3u);
   for (size_t i = 0; i < plain.counts.size(); ++i) {
