@@ -48,6 +48,8 @@ grep -q "is at step 200 and DEMO_ITERS is 100\. To train further: DEMO_ITERS=300
 
 STUB_CHECKPOINT_STEP=0 ./scripts/demo.sh >out.txt 2>&1 || fail "a training run exited non-zero"
 grep -q "step 150/150" runs/train.log || fail "a training run's stderr is not in runs/train.log"
-if grep -q "^demo:" out.txt; then fail "a run that trained says nothing was trained"; fi
+if grep -q "^demo: nothing was trained" out.txt; then fail "a run that trained says nothing was trained"; fi
+grep -q "^demo: first step logged [0-9]* s after the start (build [0-9]* s)" out.txt ||
+  fail "the demo does not say when its first step was logged"
 if STUB_EXIT=3 ./scripts/demo.sh >out.txt 2>&1; then fail "a failed job (exit 3) let the demo exit 0"; fi
 echo "PASS: a finished demo says nothing was trained and the DEMO_ITERS that trains further"
