@@ -129,7 +129,8 @@ def install_deepspeed(root, env, log):
         return None
     wheels = sorted(glob.glob(os.path.join(root, GPU_DIR, "ds-wheels", "*.whl")))
     if not wheels:
-        return f"no DeepSpeed here and no wheels in {GPU_DIR}/ds-wheels (DeepSpeed 0.19.8 and the packages it needs, as Python 3.12 wheels)"
+        return (f"no DeepSpeed here and no wheels in {GPU_DIR}/ds-wheels (DeepSpeed 0.19.8 and the packages it "
+                "needs, as Python 3.12 wheels)")
     target = writable_dir(DSPY, os.path.join(root, "build-rows", "dspy"))
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", target]
                        + wheels, env=env, capture_output=True, text=True)
