@@ -197,7 +197,11 @@ def dry_run(args, rows, names):
                 if problem:
                     print(f"   ERROR: {problem}")
                     bad += 1
-    print(f"gpu_rows: dry run of {len(names)} rows: " + (f"{bad} problems" if bad else "well-formed"))
+    total = sum(rows[n]["expect_s"] for n in names)
+    needs_build = any(rowlib.targets_of(rows[n]) for n in names)
+    print(f"gpu_rows: dry run of {len(names)} rows: " + (f"{bad} problems" if bad else "well-formed")
+          + f"; they expect {total:.0f} s" + (" (plus the build: ~150 s without a matching .gpu/prebuilt)"
+                                              if needs_build else ""))
     return 1 if bad else 0
 
 

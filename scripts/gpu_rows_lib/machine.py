@@ -95,8 +95,11 @@ def unpack_debs(root, env, log):
     deps = writable_dir(DEPS, os.path.join(root, "build-rows", "deps"))
     debs = sorted(glob.glob(os.path.join(root, GPU_DIR, "*.deb")) + glob.glob(os.path.join(root, GPU_DIR, "*", "*.deb")))
     for deb in debs:
-        r = subprocess.run(["dpkg", "-x", deb, deps], capture_output=True, text=True)
-        log.write(f"dpkg -x {deb}: rc={r.returncode} {r.stderr.strip()}\n")
+        try:
+            r = subprocess.run(["dpkg", "-x", deb, deps], capture_output=True, text=True)
+            log.write(f"dpkg -x {deb}: rc={r.returncode} {r.stderr.strip()}\n")
+        except OSError as e:
+            log.write(f"dpkg -x {deb}: {e}\n")
     if not debs:
         log.write(f"no .deb in {GPU_DIR}/: Boost.Program_options, liburing, yaml-cpp and Gloo's headers must be here\n")
     prepend(env, "LD_LIBRARY_PATH", os.path.join(deps, "usr/lib/x86_64-linux-gnu"))
