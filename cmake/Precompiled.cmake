@@ -92,8 +92,15 @@ function(dscpp_add_pch)
   add_library(dscpp_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
   target_link_libraries(dscpp_pch PRIVATE dscpp_torch nlohmann_json::nlohmann_json
                                           fmt::fmt-header-only)
-  target_precompile_headers(dscpp_pch PRIVATE <torch/torch.h> <nlohmann/json.hpp>
-                                              <fmt/format.h>)
+  # g++ reads its whole precompiled image into each unit (700 MB for <torch/torch.h>: 10.9 s a
+  # unit against 14.2 s without; 4.3 s with <ATen/ATen.h> alone), clang++ only what a unit
+  # uses: g++ gets the headers most units include, clang++ all of LibTorch's.
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    set(headers <ATen/ATen.h>)
+  else()
+    set(headers <torch/torch.h>)
+  endif()
+  target_precompile_headers(dscpp_pch PRIVATE ${headers} <nlohmann/json.hpp> <fmt/format.h>)
   # ccache reuses a header and its users only when no timestamp is written into it.
   target_compile_options(dscpp_pch PRIVATE
                          $<$<CXX_COMPILER_ID:Clang>:SHELL:-Xclang -fno-pch-timestamp>)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds one variant: `cpu` (build/) or `cuda` (build-cuda/, -DDSCPP_CUDA=ON).
-# DSCPP_BUILD_DIR names another folder (scripts/demo.sh builds its own, build-demo/, so that the
-# test build and the demo build never reconfigure each other's build type).
+# DSCPP_BUILD_DIR names another folder, DSCPP_BUILD_TYPE the CMake build type (default
+# RelWithDebInfo; the tests build Check), DSCPP_JOBS the parallel jobs, DSCPP_CXX the compiler.
 # The CUDA variant needs a CUDA toolkit with NCCL (/usr/local/cuda on the project's
 # machines); it compiles and links anywhere, and runs only where there is a GPU.
 set -euo pipefail
@@ -14,8 +14,13 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 # The precompiled header (cmake/Precompiled.cmake) and the units that use it are cached too.
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 compilers=()
-# clang++ compiles LibTorch code about twice as fast as g++ on these machines.
-if command -v clang++ >/dev/null; then compilers=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang); fi
+# clang++ compiles LibTorch code about twice as fast as g++ on these machines; DSCPP_CXX=g++
+# builds with g++ (the GPU machines' compiler, which warns where clang++ does not).
+case "${DSCPP_CXX:-}" in
+  g++) compilers=(-DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc) ;;
+  clang++ | "") if command -v clang++ >/dev/null; then compilers=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang); fi ;;
+  *) echo "dscpp build: DSCPP_CXX=${DSCPP_CXX}: expected g++ or clang++" >&2; exit 2 ;;
+esac
 case "$variant" in
   cpu) dir=${DSCPP_BUILD_DIR:-build}; extra=() ;;
   cuda)
