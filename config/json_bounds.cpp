@@ -47,6 +47,19 @@ size_t invalid_utf8_at(const std::string& text) {
   return std::string::npos;
 }
 
+std::pair<int, int> line_column_at(const std::string& text, size_t offset) {
+  int line = 1, col = 1;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {line, col};
+}
+
 void check_json_bounds(const json& value, const std::string& source) {
   std::vector<std::pair<const json*, std::string>> stack = {{&value, ""}};
   std::vector<int> depth = {0};

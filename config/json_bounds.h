@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <utility>
 
 namespace dscpp::config {
 
@@ -17,6 +18,9 @@ inline constexpr int kMaxConfigDepth = 100;           // real configs nest under
 // The offset of the first byte that is not part of well-formed UTF-8 (no overlong forms,
 // no surrogates, nothing above U+10FFFF), or std::string::npos when all of it is.
 size_t invalid_utf8_at(const std::string& text);
+
+// The 1-based line and column of byte `offset` of `text`, for errors that name a position.
+std::pair<int, int> line_column_at(const std::string& text, size_t offset);
 
 // Walks `value` without recursion: nesting deeper than kMaxConfigDepth or a key or string
 // that is not UTF-8 is a ConfigError naming the JSON path and `source`.

@@ -22,23 +22,25 @@ namespace {
 
 using nlohmann::json;
 
-// Line and column (1-based) of a byte offset, for error messages.
 std::pair<int, int> line_col(const std::string& text, size_t offset) {
-  int line = 1, col = 1;
-  for (size_t i = 0; i < offset && i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      col = 1;
-    } else {
-      ++col;
-    }
-  }
-  return {line, col};
+  return line_column_at(text, offset);
+}
+
+// The message for a byte that is not UTF-8.
+std::string not_utf8(unsigned char byte) {
+  return fmt::format("byte 0x{:02x} is not valid UTF-8 (a config must be UTF-8 text)", byte);
 }
 
 class RelaxedReader {
  public:
-  RelaxedReader(const std::string& text, const std::string& source) : s_(text), source_(source) {}
+  // `bad_utf8`: the offset of a byte that is not UTF-8 (npos: none), which the reader names
+  // by the JSON path of the key or value that holds it when it reaches it.
+  RelaxedReader(const std::string& text, const std::string& source,
+                size_t bad_utf8 = std::string::npos)
+      : s_(text), source_(source), bad_utf8_(bad_utf8) {}
+
+  // Whether the error thrown was the bad byte, named where the reader found it.
+  bool named_bad_utf8() const { return named_bad_utf8_; }
 
   json read() {
     skip_blank();
@@ -58,6 +60,23 @@ class RelaxedReader {
   [[noreturn]] void fail(const std::string& what) const {
     auto [line, col] = line_col(s_, pos_);
     throw ConfigError("", fmt::format("{}:{}:{}: cannot parse: {}", source_, line, col, what));
+  }
+
+  // A value's problem, named by its JSON path too ("train_batch_size: ..."), so that the
+  // user learns which key it was without counting columns.
+  [[noreturn]] void fail_value(const std::string& what) const {
+    fail(path_.empty() ? what : path_ + ": " + what);
+  }
+
+  // Fails naming the path when the bad byte lies in [begin, end), the text of a key (of the
+  // object at path_) or of the value at path_.
+  void check_utf8(size_t begin, size_t end, bool key) {
+    if (bad_utf8_ < begin || bad_utf8_ >= end) return;
+    pos_ = bad_utf8_;
+    named_bad_utf8_ = true;
+    const std::string what = not_utf8(static_cast<unsigned char>(s_[bad_utf8_]));
+    if (!key) fail_value(what);
+    fail(path_.empty() ? "a key: " + what : fmt::format("a key in {}: {}", path_, what));
   }
 
   bool at(char c) const { return pos_ < s_.size() && s_[pos_] == c; }
@@ -109,7 +128,10 @@ class RelaxedReader {
       skip_blank();
       if (!at(':')) fail(fmt::format("expected ':' after key \"{}\"", k));
       ++pos_;
+      const size_t outer = path_.size();
+      path_ += path_.empty() ? k : "." + k;
       obj[k] = value();
+      path_.resize(outer);
       bool newline = skip_blank();
       if (at(',')) {
         ++pos_;
@@ -128,7 +150,10 @@ class RelaxedReader {
         return arr;
       }
       if (pos_ >= s_.size()) fail("missing ']' at the end of an array" + swallowed_hint(']'));
+      const size_t outer = path_.size();
+      path_ += fmt::format("[{}]", arr.size());
       arr.push_back(value());
+      path_.resize(outer);
       bool newline = skip_blank();
       if (at(',')) {
         ++pos_;
@@ -139,17 +164,18 @@ class RelaxedReader {
   }
 
   std::string key() {
-    if (at('"') || at('\'')) return quoted();
+    if (at('"') || at('\'')) return quoted(/*is_key=*/true);
     size_t start = pos_;
     while (pos_ < s_.size() && s_[pos_] != ':' &&
            !std::isspace(static_cast<unsigned char>(s_[pos_])) && s_[pos_] != '{' &&
            s_[pos_] != '}' && s_[pos_] != '[' && s_[pos_] != ']' && s_[pos_] != ',')
       ++pos_;
     if (pos_ == start) fail("expected a key");
+    check_utf8(start, pos_, /*key=*/true);
     return s_.substr(start, pos_ - start);
   }
 
-  std::string quoted() {
+  std::string quoted(bool is_key = false) {
     char q = s_[pos_];
     size_t start = pos_;
     ++pos_;
@@ -164,6 +190,7 @@ class RelaxedReader {
       fail("unterminated string");
     }
     ++pos_;
+    check_utf8(start, pos_, is_key);
     if (q == '\'') {  // re-quote for nlohmann: escape bare double quotes
       std::string out;
       for (size_t i = 0; i < raw.size(); ++i) {
@@ -230,12 +257,12 @@ class RelaxedReader {
     std::string tok = s_.substr(pos_, tok_end - pos_);
     std::string word = lower(tok[0] == '-' || tok[0] == '+' ? tok.substr(1) : tok);
     if (word == "nan" || word == "inf" || word == "infinity")
-      fail(fmt::format("{} is not a JSON number: write a finite number", tok));
+      fail_value(fmt::format("{} is not a JSON number: write a finite number", tok));
     json literal;
     try {
       literal = json::parse(tok, nullptr, /*allow_exceptions=*/true);
     } catch (const json::out_of_range&) {
-      fail(fmt::format("the number {} is out of range (beyond a double's 1.8e308)", tok));
+      fail_value(fmt::format("{} is out of range (a number beyond a double's 1.8e308)", tok));
     } catch (const json::exception&) {
       literal = json(json::value_t::discarded);
     }
@@ -245,6 +272,7 @@ class RelaxedReader {
     }
     std::string rest = s_.substr(pos_, eol - pos_);
     while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back()))) rest.pop_back();
+    check_utf8(pos_, eol, /*key=*/false);
     quoteless_.emplace_back(pos_, rest);
     pos_ = eol;
     return rest;
@@ -257,8 +285,11 @@ class RelaxedReader {
 
   const std::string& s_;
   const std::string& source_;
+  const size_t bad_utf8_;
   size_t pos_ = 0;
   int depth_ = 0;
+  std::string path_;  // the JSON path of the value being read ("a.b[2]"); "" at the root
+  bool named_bad_utf8_ = false;
   std::vector<std::pair<size_t, std::string>> quoteless_;  // offset, value: for error hints
 };
 
@@ -291,10 +322,18 @@ json parse_config_text(const std::string& text, const std::string& source) {
     throw ConfigError("", fmt::format("{}: {} bytes is more than a config may hold ({} MiB)",
                                       source, text.size(), kMaxConfigBytes >> 20));
   if (size_t bad = invalid_utf8_at(text); bad != std::string::npos) {
+    // The reader names the key or value that holds the byte when it gets that far; a byte
+    // in a comment, or past another error, is named by its line and column alone.
+    RelaxedReader reader(text, source, bad);
+    try {
+      reader.read();
+    } catch (const ConfigError& e) {
+      if (reader.named_bad_utf8()) throw;
+    } catch (const json::exception&) {
+    }
     auto [line, col] = line_col(text, bad);
-    throw ConfigError("", fmt::format("{}:{}:{}: cannot parse: byte 0x{:02x} is not valid UTF-8 "
-                                      "(a config must be UTF-8 text)",
-                                      source, line, col, static_cast<unsigned char>(text[bad])));
+    throw ConfigError("", fmt::format("{}:{}:{}: cannot parse: {}", source, line, col,
+                                      not_utf8(static_cast<unsigned char>(text[bad]))));
   }
   try {
     return parse_strict(text);

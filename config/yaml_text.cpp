@@ -65,7 +65,7 @@ class Converter {
       case YAML::NodeType::Null:
         return nullptr;
       case YAML::NodeType::Scalar:
-        return scalar(node);
+        return scalar(node, path);
       case YAML::NodeType::Sequence: {
         json a = json::array();
         size_t i = 0;
@@ -98,7 +98,12 @@ class Converter {
   }
 
  private:
-  json scalar(const YAML::Node& node) const {
+  // `path` (the value's JSON path) prefixes what is wrong with the value, so that the user
+  // learns which key it was.
+  json scalar(const YAML::Node& node, const std::string& path) const {
+    auto fail_value = [&](const std::string& what) {
+      fail(node.Mark(), path.empty() ? what : path + ": " + what);
+    };
     const std::string& text = node.Scalar();
     const std::string& tag = node.Tag();
     if (tag == "!") return text;  // quoted: a string whatever it spells
@@ -107,19 +112,19 @@ class Converter {
       typed = plain(text);
     } else {
       if (tag.rfind(kTagPrefix, 0) != 0)
-        fail(node.Mark(), fmt::format("tag '{}' is not one a config can use", tag));
+        fail_value(fmt::format("tag '{}' is not one a config can use", tag));
       const std::string kind = tag.substr(kTagPrefix.size());
       if (kind == "str") return text;
       typed = plain(text);
       const bool ok = (kind == "int" && typed.is_number_integer()) ||
                       (kind == "float" && typed.is_number()) ||
                       (kind == "bool" && typed.is_boolean()) || (kind == "null" && typed.is_null());
-      if (!ok) fail(node.Mark(), fmt::format("'{}' is not a valid !!{}", text, kind));
+      if (!ok) fail_value(fmt::format("'{}' is not a valid !!{}", text, kind));
       if (kind == "float") typed = typed.get<double>();
     }
     // JSON has no infinity or NaN, and no config value means one.
     if (typed.is_number_float() && !std::isfinite(typed.get<double>()))
-      fail(node.Mark(), fmt::format("'{}' is not a finite number", text));
+      fail_value(fmt::format("'{}' is not a finite number", text));
     return typed;
   }
 
@@ -207,10 +212,12 @@ json parse_yaml_text(const std::string& text, const std::string& source, KeyPosi
   if (text.size() > kMaxConfigBytes)
     throw ConfigError("", fmt::format("{}: {} bytes is more than a config may hold ({} MiB)",
                                       source, text.size(), kMaxConfigBytes >> 20));
-  if (size_t bad = invalid_utf8_at(text); bad != std::string::npos)
-    throw ConfigError("", fmt::format("{}: cannot parse: byte 0x{:02x} at offset {} is not valid "
-                                      "UTF-8 (a config must be UTF-8 text)",
-                                      source, static_cast<unsigned char>(text[bad]), bad));
+  if (size_t bad = invalid_utf8_at(text); bad != std::string::npos) {
+    const auto [line, col] = line_column_at(text, bad);
+    throw ConfigError("", fmt::format("{}:{}:{}: cannot parse: byte 0x{:02x} is not valid UTF-8 "
+                                      "(a config must be UTF-8 text)",
+                                      source, line, col, static_cast<unsigned char>(text[bad])));
+  }
   // yaml-cpp guesses UTF-16 or UTF-32 from NUL bytes at the start and transcodes; a config
   // is UTF-8, in which a NUL byte is no character YAML allows.
   if (size_t nul = text.find('\0'); nul != std::string::npos)

@@ -83,6 +83,54 @@ TEST(ConfigRobustness, InvalidUtf8IsRefusedWhereverItIs) {
   EXPECT_TRUE(has(e, "tensorboard.job_name: the string is not valid UTF-8")) << e;
 }
 
+// A value the reader cannot take is named by its JSON path as well as its line and column:
+// the three a user met (a number beyond a double, a string that is not UTF-8, NaN), then the
+// same in other places (nested, in an array, quoteless, Hjson without braces, YAML).
+TEST(ConfigRobustness, ABadValueIsNamedByItsJsonPath) {
+  const std::string range = " is out of range (a number beyond a double's 1.8e308)";
+  const std::string utf8 = ": byte 0xff is not valid UTF-8 (a config must be UTF-8 text)";
+  const std::string nan = " is not a JSON number: write a finite number";
+  // Columns counted by hand: the value's first byte, or the bad byte itself.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"train_batch_size": 1e400})",
+       "cfg.json:1:22: cannot parse: train_batch_size: 1e400" + range},
+      {"{\"flops_profiler\": {\"output_file\": out\xff.txt}}",
+       "cfg.json:1:39: cannot parse: flops_profiler.output_file" + utf8},
+      {"{\"flops_profiler\": {\"output_file\": \"out\xff.txt\"}}",
+       "cfg.json:1:40: cannot parse: flops_profiler.output_file" + utf8},
+      {R"({"gradient_clipping": NaN})",
+       "cfg.json:1:23: cannot parse: gradient_clipping: NaN" + nan},
+      {"{\n  \"a\": {\"b\": [1, {\"c\": -1e999}]}\n}",
+       "cfg.json:2:24: cannot parse: a.b[1].c: -1e999" + range},
+      {R"({"a": [0, [1, -Infinity]]})", "cfg.json:1:15: cannot parse: a[1][1]: -Infinity" + nan},
+      {"zero_optimization: {\n  stage: 2\n  reduce_bucket_size: 5e500\n}\n",
+       "cfg.json:3:23: cannot parse: zero_optimization.reduce_bucket_size: 5e500" + range},
+      {"tensorboard: {\n  job_name: run\xff\n}\n",
+       "cfg.json:2:16: cannot parse: tensorboard.job_name" + utf8},
+  };
+  for (const auto& [text, expected] : cases) {
+    SCOPED_TRACE(text);
+    EXPECT_EQ(text_error(text), expected);
+  }
+  // In a key, the object that holds it; in a comment, no path but the position.
+  EXPECT_EQ(text_error("{\"zero_optimization\": {\"st\xff\": 1}}"),
+            "cfg.json:1:27: cannot parse: a key in zero_optimization" + utf8);
+  EXPECT_EQ(text_error("{\"a\": 1 // caf\xff\n}"), "cfg.json:1:15: cannot parse" + utf8);
+  // YAML names the path the same way.
+  namespace fs = std::filesystem;
+  const fs::path yaml = fs::temp_directory_path() / "dscpp_bad_value.yaml";
+  std::ofstream(yaml) << "optimizer:\n  params:\n    lr: .nan\n";
+  try {
+    dscpp::config::read_config_file(yaml.string());
+    ADD_FAILURE() << "a NaN read from YAML";
+  } catch (const dscpp::ConfigError& e) {
+    EXPECT_EQ(
+        std::string(e.what()),
+        yaml.string() + ":3:9: cannot parse: optimizer.params.lr: '.nan' is not a finite number");
+  }
+  fs::remove(yaml);
+}
+
 TEST(ConfigRobustness, DeepNestingIsBoundedNotAStackOverflow) {
   const int n = 20000;
   for (const std::string& open : {std::string("["), std::string("{\"a\":"), std::string("a: {")}) {
