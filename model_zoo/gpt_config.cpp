@@ -306,10 +306,6 @@ void GPTConfig::validate_moe() const {
     throw ConfigError(
         "parallelism.expert_model_parallel_size",
         fmt::format("expected a divisor of num_experts ({}), found {}", moe.num_experts, ep));
-  if (!swiglu && gelu_approximation == "tanh")
-    throw ConfigError("gelu_approximation",
-                      "expected \"none\" with num_experts and no swiglu: the grouped experts' "
-                      "GELU is the exact one (Megatron's F.gelu), found \"tanh\" (the default)");
 }
 
 int64_t GPTConfig::padded_vocab_size(int64_t vocab, int64_t multiple) {

@@ -69,7 +69,9 @@ nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::Proces
       .enable_expert_bias(m.moe_router_enable_expert_bias)
       .bias_update_rate(m.moe_router_bias_update_rate)
       .ffn_hidden_size(c.moe_ffn_size())
-      .activation(c.swiglu ? moe::Activation::kSwiglu : moe::Activation::kGelu)
+      .activation(c.swiglu                         ? moe::Activation::kSwiglu
+                  : c.gelu_approximation == "tanh" ? moe::Activation::kGeluTanh
+                                                   : moe::Activation::kGelu)
       .latent_size(m.moe_latent_size)
       .tensor_group(tensor_parallel ? tensor_group : nullptr)
       .sequence_parallel(tensor_parallel && c.parallelism.sequence_parallel);

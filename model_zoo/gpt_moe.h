@@ -6,7 +6,7 @@
 //   moe_expert_capacity_factor is given (then eval uses the same factor; no minimum capacity,
 //   as Megatron's ceil(tokens * topk / experts * factor)).
 // - routed experts: a GroupedMLP of moe_ffn_size(), SwiGLU when the model's MLP is, else the
-//   exact GELU (refused with gelu_approximation "tanh": GPTConfig::validate_moe).
+//   dense blocks' GELU (gelu_approximation: the tanh approximation or the exact one).
 // - shared expert: a GPTMLP of moe_shared_expert_intermediate_size (the model's own MLP kind);
 //   in the tensor-parallel GPT a TensorParallelGPTMLP of that width, cut over the model group
 //   as the dense MLP is (Megatron's shared experts are tensor-parallel too).

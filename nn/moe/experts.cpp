@@ -56,6 +56,8 @@ at::Tensor apply_activation(const at::Tensor& x, Activation activation) {
   switch (activation) {
     case Activation::kGelu:
       return at::gelu(x);
+    case Activation::kGeluTanh:
+      return at::gelu(x, "tanh");
     case Activation::kRelu:
       return at::relu(x);
     case Activation::kSilu:

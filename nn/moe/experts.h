@@ -28,7 +28,9 @@
 
 namespace dscpp::nn::moe {
 
-enum class Activation { kGelu, kRelu, kSilu, kSwiglu };  // GELU: the exact (erf) one
+// kGelu: the exact (erf) GELU, Megatron's F.gelu; kGeluTanh: its tanh approximation
+// (at::gelu(x, "tanh"), GPT-2's), for experts beside dense blocks that use it.
+enum class Activation { kGelu, kGeluTanh, kRelu, kSilu, kSwiglu };
 
 // What the MoE layer calls on its experts. run_padded_experts: the padded layout of a capacity
 // (rows [E_l, R, H], expert e on rows[e], padding rows among them) -> [E_l, R, H']; by default

@@ -168,7 +168,6 @@ TEST(MoEConfigs, BadOrInconsistentValuesNameTheirKey) {
       {{{"num_experts", nullptr}, {"parallelism", {{"expert_model_parallel_size", 2}}}},
        "parallelism.expert_model_parallel_size",
        "dense model"},
-      {{{"swiglu", false}}, "gelu_approximation", "exact"},
   };
   for (const auto& c : cases) {
     const std::string e = error_with(c.changes);

@@ -140,6 +140,48 @@ TEST(MoEGPT, TopKAllIdenticalExpertsEqualTheDenseGPTAndAuxLossIsHandComputed) {
   EXPECT_EQ(mz::take_moe_stats(*moe)[0].forwards, 0);
 }
 
+// A GPT-2-style model (GELU's tanh approximation, the default) takes experts without changing
+// its dense blocks: with every expert holding the dense MLP, the MoE GPT equals the dense GPT,
+// so the experts' GELU is the dense blocks' tanh one. The MLP weights are scaled up so that GELU
+// sees inputs of order 1, where the tanh and exact forms differ, and that difference reaches the
+// logits beyond the comparison's tolerance (checked: the exact-GELU GPT fails the comparison).
+TEST(MoEGPT, Gpt2StyleExpertsUseTheDenseBlocksTanhGelu) {
+  json moe_j = small_json();
+  moe_j["add_bias_linear"] = false;  // the grouped experts have no biases
+  json dense_j = moe_j;
+  moe_j["num_experts"] = 4;
+  moe_j["moe_router_topk"] = 4;
+  moe_j["moe_layer_freq"] = json::array({1, 0, 1});
+  moe_j["moe_aux_loss_coeff"] = 0.0;
+  ASSERT_EQ(mz::GPTConfig::from_json(moe_j).gelu_approximation, "tanh");
+  at::manual_seed(3);
+  mz::GPT dense(mz::GPTConfig::from_json(dense_j));
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : dense->named_parameters())
+      if (item.key().find(".mlp.fc.weight") != std::string::npos)
+        item.value().mul_(40.0);
+      else if (item.key().find(".mlp.proj.weight") != std::string::npos)
+        item.value().mul_(20.0);
+  }
+  mz::GPT moe(mz::GPTConfig::from_json(moe_j));
+  copy_dense_into_moe(dense, moe);
+  const at::Tensor ids = at::randint(61, {2, 16}, at::kLong);
+  const at::Tensor dense_logits = dense->forward(ids);
+  EXPECT_TRUE(at::allclose(moe->forward(ids), dense_logits, 1e-5, 1e-6));
+  // The same weights under the exact GELU fail the same comparison.
+  dense_j["gelu_approximation"] = "none";
+  mz::GPT exact(mz::GPTConfig::from_json(dense_j));
+  {
+    at::NoGradGuard no_grad;
+    auto src = dense->named_parameters();
+    for (auto& item : exact->named_parameters()) item.value().copy_(src[item.key()]);
+  }
+  const at::Tensor exact_logits = exact->forward(ids);
+  EXPECT_FALSE(at::allclose(exact_logits, dense_logits, 1e-5, 1e-6))
+      << (exact_logits - dense_logits).abs().max().item<double>();
+}
+
 TEST(MoEGPT, ExpertDegreeAboveOneNeedsItsGroup) {
   json j = moe_json(0.0);
   j["parallelism"] = {{"expert_model_parallel_size", 2}};
