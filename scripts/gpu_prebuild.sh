@@ -17,9 +17,10 @@
 # Usage: scripts/gpu_prebuild.sh   (build folder build-cuda-rel/, then the pack)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(train_gpt dscpp_launcher dscpp_report cpu_adam_bench engine_train zero_to_fp32
-  test_fused_adam_cuda test_engine_cases test_kernels_cuda kernels_bench comm_bench comm_collectives
-  test_relayout test_stage3_relay test_nvme_file moe_bench moe_overlap_bench pipe_bubble)
+# Every executable a row of bench/rows.toml runs (dscpp_report among them: the GPU machine runs
+# it first, to see that the pack's executables start there).
+read -r -a targets <<<"$("${DSCPP_PYTHON:-python3}" scripts/gpu_rows.py --targets)"
+[ "${#targets[@]}" -gt 0 ] || { echo "gpu_prebuild: scripts/gpu_rows.py --targets named no target" >&2; exit 1; }
 dir=build-cuda-rel
 DSCPP_BUILD_DIR=$dir DSCPP_BUILD_TYPE=Release scripts/build.sh cuda "${targets[@]}"
 pack=.gpu/prebuilt

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs named rows of bench/rows.toml on a GPU machine and prints one table.
 
-usage: scripts/gpu_rows.py ROW [ROW ...] [--deadline S] [--dry-run] [--list] [--rows FILE]
+usage: scripts/gpu_rows.py ROW [ROW ...] [--deadline S] [--dry-run] [--list] [--targets] [--rows FILE]
                            [--commit C] [--with-refs] [--out DIR] [--bin DIR] [--no-prebuilt]
                            [--werror | --no-werror] [--cmake-arg ARG] [--corpus PREFIX]
                            [--cpu] [--model FILE] [--steps N] [--warmup N]
@@ -80,6 +80,8 @@ def parse_args(argv):
     ap.add_argument("--deadline", type=float, default=570.0,
                     help="seconds from the start by which the table is printed (default 570: a 600 s call)")
     ap.add_argument("--list", action="store_true", help="list the rows and exit")
+    ap.add_argument("--targets", action="store_true",
+                    help="print the CMake targets the rows need (every row without ROW) and exit")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the rows (every row without ROW) and print their command lines; runs nothing")
     ap.add_argument("--commit", help="the commit the tree is (where it has no .git)")
@@ -501,6 +503,10 @@ def main(argv=None):
         return 2
     if args.list:
         list_rows(rows)
+        return 0
+    if args.targets:
+        names = resolve(args, rows) if args.rows else list(rows)
+        print(" ".join(sorted({t for n in names for t in rowlib.targets_of(rows[n])})))
         return 0
     if not args.rows and not args.dry_run:
         print("gpu_rows: name the rows to run (--list names them)", file=sys.stderr)

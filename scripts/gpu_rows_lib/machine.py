@@ -181,9 +181,16 @@ def use_prebuilt(root, exes, env, log):
     tdir = subprocess.run([sys.executable, "-c", "import os, torch; print(os.path.dirname(torch.__file__))"],
                           env=env, capture_output=True, text=True).stdout.strip()
     site = os.path.dirname(tdir)
-    env["LD_LIBRARY_PATH"] = ":".join([os.path.join(tdir, "lib"), os.path.join(site, "nvidia/cu13/lib"),
-                                       os.path.join(site, "nvidia/nccl/lib"), env.get("LD_LIBRARY_PATH", ""),
-                                       os.path.join(dest, "lib")])
+    paths = ":".join([os.path.join(tdir, "lib"), os.path.join(site, "nvidia/cu13/lib"),
+                      os.path.join(site, "nvidia/nccl/lib"), env.get("LD_LIBRARY_PATH", ""), os.path.join(dest, "lib")])
+    # The pack's executables start here (their libraries found) or the rows build their own.
+    report = os.path.join(bindir, "tools", "dscpp_report")
+    if os.access(report, os.X_OK):
+        r = subprocess.run([report], env=dict(env, LD_LIBRARY_PATH=paths), capture_output=True, text=True, timeout=120)
+        log.write(f"prebuilt dscpp_report: rc={r.returncode}\n{r.stdout}{r.stderr}\n")
+        if r.returncode != 0:
+            return None, f"the pack's dscpp_report does not start here: {(r.stderr or r.stdout).strip()[-200:]}"
+    env["LD_LIBRARY_PATH"] = paths
     with open(os.path.join(pack, "BUILT")) as f:
         built = f.read().strip()
     log.write(f"prebuilt: {built}\n")
