@@ -147,11 +147,9 @@ def resolve(args, rows):
                   file=sys.stderr)
         sys.exit(2)
     names = list(dict.fromkeys(args.rows))
-    if args.with_refs:
-        i = 0
-        while i < len(names):
-            names += [r for r in rowlib.references(rows[names[i]]) if r not in names]
-            i += 1
+    if args.with_refs:  # the asked rows' own references, not theirs in turn
+        for n in list(names):
+            names += [r for r in rowlib.references(rows[n]) if r not in names]
     return order(names, rows)
 
 
