@@ -46,13 +46,14 @@ void fill_auto(json& root, const json& auto_values) {
 
 // An "auto" that only the program can resolve (batch sizes, optimizer and scheduler
 // params) must have been filled in by now.
-void require_resolved(const json& v, const std::string& path) {
+void require_resolved(const json& v, const std::string& path, const std::string& hint) {
   if (is_auto(v))
     throw ConfigError(path,
-                      "is \"auto\" and no value was supplied for it: pass it to dscpp::initialize "
-                      "(auto_values) or write a number in the config");
+                      "is \"auto\" and no value was supplied for it: " +
+                          (hint.empty() ? "pass it to dscpp::initialize (auto_values)" : hint) +
+                          " or write a number in the config");
   if (v.is_object())
-    for (const auto& [k, sub] : v.items()) require_resolved(sub, path + "." + k);
+    for (const auto& [k, sub] : v.items()) require_resolved(sub, path + "." + k, hint);
 }
 
 FP16Config read_fp16(Section s) {
@@ -244,7 +245,8 @@ ZeroConfig read_zero_bool(Section& root, bool on, Diagnostics& diag) {
 const std::vector<std::string> kDeepSpeedOptimizers = {
     "adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion", "muon"};
 
-std::optional<OptimizerConfig> read_optimizer(Section s, Diagnostics& diag) {
+std::optional<OptimizerConfig> read_optimizer(Section s, Diagnostics& diag,
+                                              const std::string& auto_hint) {
   if (!s.present()) return std::nullopt;
   OptimizerConfig c;
   auto type = s.get_opt_string("type");
@@ -255,7 +257,7 @@ std::optional<OptimizerConfig> read_optimizer(Section s, Diagnostics& diag) {
   const json* params = s.raw("params");
   if (params && !params->is_null()) {
     if (!params->is_object()) s.fail("params", "an object");
-    require_resolved(*params, s.path_of("params"));
+    require_resolved(*params, s.path_of("params"), auto_hint);
     c.params = *params;
   }
   s.known({"legacy_fusion"});
@@ -264,7 +266,8 @@ std::optional<OptimizerConfig> read_optimizer(Section s, Diagnostics& diag) {
   return c;
 }
 
-std::optional<SchedulerConfig> read_scheduler(Section s, Diagnostics& diag) {
+std::optional<SchedulerConfig> read_scheduler(Section s, Diagnostics& diag,
+                                              const std::string& auto_hint) {
   if (!s.present()) return std::nullopt;
   SchedulerConfig c;
   auto type = s.get_opt_string("type");
@@ -273,7 +276,7 @@ std::optional<SchedulerConfig> read_scheduler(Section s, Diagnostics& diag) {
   const json* params = s.raw("params");
   if (params && !params->is_null()) {
     if (!params->is_object()) s.fail("params", "an object");
-    require_resolved(*params, s.path_of("params"));
+    require_resolved(*params, s.path_of("params"), auto_hint);
     c.params = *params;
   }
   config::check_scheduler(s, c, diag);
@@ -384,12 +387,12 @@ AioConfig read_aio(Section s) {
 }
 
 // DeepSpeed's rule: any two of the three give the third; all three must then agree.
-void resolve_batch(DSConfig& c, Section& root) {
+void resolve_batch(DSConfig& c, Section& root, const std::string& auto_hint) {
   const char* keys[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
                         "gradient_accumulation_steps"};
   std::optional<int64_t> v[3];
   for (int i = 0; i < 3; ++i) {
-    if (const json* raw = root.raw(keys[i])) require_resolved(*raw, keys[i]);
+    if (const json* raw = root.raw(keys[i])) require_resolved(*raw, keys[i], auto_hint);
     v[i] = root.get_opt_int(keys[i], 1);
   }
   auto& [tb, mb, ga] = v;
@@ -409,15 +412,34 @@ void resolve_batch(DSConfig& c, Section& root) {
                       micro, accumulation, w));
     return out;
   };
+  // The one derived from train_batch_size: its quotient by the two others' product, which
+  // must divide it (DeepSpeed floors and then fails its agreement check; the error here says
+  // which division it was). train_batch_size comes as `total`: a C++17 lambda cannot capture
+  // the structured binding.
+  auto quotient = [&](int64_t total, int64_t by, const std::string& factors, const char* derived) {
+    int64_t per = 0;
+    const bool overflow = __builtin_mul_overflow(by, w, &per);
+    if (overflow || total % per != 0)
+      throw ConfigError(
+          "train_batch_size",
+          fmt::format("train_batch_size ({}) is not a multiple of {} * data-parallel world size "
+                      "({}) = {}, so {} has no whole value",
+                      total, factors, w,
+                      overflow ? std::string("more than 2^63") : std::to_string(per), derived));
+    return total / per;
+  };
   if (tb && mb && !ga) {
-    ga = *tb / *mb / w;
+    ga = quotient(*tb, *mb, fmt::format("train_micro_batch_size_per_gpu ({})", *mb),
+                  "gradient_accumulation_steps");
   } else if (tb && ga && !mb) {
-    mb = *tb / w / *ga;
+    mb = quotient(*tb, *ga, fmt::format("gradient_accumulation_steps ({})", *ga),
+                  "train_micro_batch_size_per_gpu");
   } else if (mb && ga && !tb) {
     tb = product(*mb, *ga);
   } else if (tb && !mb && !ga) {
     ga = 1;
-    mb = *tb / w;
+    mb = quotient(*tb, 1, "gradient_accumulation_steps (1, not given)",
+                  "train_micro_batch_size_per_gpu");
   } else if (mb && !tb && !ga) {
     ga = 1;
     tb = product(*mb, 1);
@@ -464,7 +486,7 @@ DSConfig parse_ds_config_checked(const json& input, const ConfigOptions& options
 
   config::refuse_removed_features(root, diag);
   config::refuse_training_changes(root, diag);
-  resolve_batch(c, root);
+  resolve_batch(c, root, options.auto_values_hint);
   c.steps_per_print = root.get_opt_int("steps_per_print", 0);
   c.wall_clock_breakdown = root.get_bool("wall_clock_breakdown", false);
   c.memory_breakdown = root.get_bool("memory_breakdown", false);
@@ -499,8 +521,8 @@ DSConfig parse_ds_config_checked(const json& input, const ConfigOptions& options
   } else {
     c.zero_optimization = read_zero(root.sub("zero_optimization"), root, diag);
   }
-  c.optimizer = read_optimizer(root.sub("optimizer"), diag);
-  c.scheduler = read_scheduler(root.sub("scheduler"), diag);
+  c.optimizer = read_optimizer(root.sub("optimizer"), diag, options.auto_values_hint);
+  c.scheduler = read_scheduler(root.sub("scheduler"), diag, options.auto_values_hint);
   c.activation_checkpointing = read_activation_checkpointing(root.sub("activation_checkpointing"));
   c.pipeline = read_pipeline(root.sub("pipeline"));
   c.tensorboard = read_monitor(root.sub("tensorboard"));

@@ -200,6 +200,9 @@ struct ConfigOptions {
   // Values for "auto": dotted path -> value ("train_micro_batch_size_per_gpu",
   // "optimizer.params.lr"); a value replaces the config's only where it says "auto".
   nlohmann::json auto_values = nlohmann::json::object();
+  // How this caller's user gives an "auto" a value, for the error on one left unfilled
+  // (dscpp_report: its --auto flag); empty: dscpp::initialize's auto_values.
+  std::string auto_values_hint;
 };
 
 // Reads a config given as a file path, JSON text, or parsed JSON. Throws ConfigError.

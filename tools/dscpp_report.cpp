@@ -228,6 +228,7 @@ int resolve_list(const std::string& path) {
       r.err = fmt::format("dscpp_report: {}:{}: expected {{\"config\": STRING, ...}}\n", path, n);
     } else {
       dscpp::ConfigOptions options;
+      options.auto_values_hint = "give it in the request's \"autos\"";
       bool fields_ok = true;
       try {
         options.world_size = req.value("world_size", int64_t{1});
@@ -300,6 +301,7 @@ int main(int argc, char** argv) {
   }
   dscpp::ConfigOptions options;
   options.world_size = world_size;
+  options.auto_values_hint = "give it with --auto KEY=VALUE";
   options.strict = vm.count("strict") > 0;
   for (const auto& a : autos) {
     auto eq = a.find('=');

@@ -64,6 +64,44 @@ TEST(BatchSize, IndivisibleSizesAreRefusedLikeDeepSpeed) {
   EXPECT_THROW(resolve({{"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 4}}, 8),
                dscpp::ConfigError);
 }
+// Each size derived from train_batch_size names the division that left a remainder: the two
+// factors, their product, and the size that has no whole value.
+TEST(BatchSize, EachDerivedSizeNamesTheDivisionThatFailed) {
+  auto message = [](json j, int64_t world) -> std::string {
+    try {
+      resolve(j, world);
+    } catch (const dscpp::ConfigError& e) {
+      EXPECT_EQ(e.path(), "train_batch_size");
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  auto has = [](const std::string& m, const std::string& part) {
+    return m.find(part) != std::string::npos;
+  };
+  std::string m = message({{"train_batch_size", 10}, {"train_micro_batch_size_per_gpu", 4}}, 2);
+  EXPECT_TRUE(has(m,
+                  "train_batch_size (10) is not a multiple of train_micro_batch_size_per_gpu "
+                  "(4) * data-parallel world size (2) = 8, so gradient_accumulation_steps has "
+                  "no whole value"))
+      << m;
+  m = message({{"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 4}}, 8);
+  EXPECT_TRUE(has(m, "(4) * data-parallel world size (8) = 32, so gradient_accumulation_steps"))
+      << m;
+  m = message({{"train_batch_size", 10}, {"gradient_accumulation_steps", 3}}, 2);
+  EXPECT_TRUE(has(m,
+                  "train_batch_size (10) is not a multiple of gradient_accumulation_steps (3) "
+                  "* data-parallel world size (2) = 6, so train_micro_batch_size_per_gpu has "
+                  "no whole value"))
+      << m;
+  m = message({{"train_batch_size", 10}}, 4);
+  EXPECT_TRUE(has(m,
+                  "gradient_accumulation_steps (1, not given) * data-parallel world size (4) "
+                  "= 4, so train_micro_batch_size_per_gpu has no whole value"))
+      << m;
+  m = message({{"train_batch_size", 10}, {"train_micro_batch_size_per_gpu", int64_t{1} << 62}}, 4);
+  EXPECT_TRUE(has(m, "= more than 2^63")) << m;
+}
 TEST(BatchSize, NeitherTrainNorMicroIsAnError) {
   EXPECT_THROW(resolve({{"gradient_accumulation_steps", 2}}, 1), dscpp::ConfigError);
   EXPECT_THROW(resolve(json::object(), 1), dscpp::ConfigError);

@@ -115,6 +115,33 @@ TEST(ConfigErrors, UnresolvedAutoInOptimizerParamsNamesTheKey) {
             "dscpp::initialize (auto_values) or write a number in the config");
 }
 
+// A caller with its own way of filling "auto"s (dscpp_report's --auto) names it instead, at
+// each place an unfilled one is found: the batch sizes, the optimizer's and the schedule's params.
+TEST(ConfigErrors, UnresolvedAutoNamesTheCallersWayOfFillingIt) {
+  ConfigOptions o;
+  o.auto_values_hint = "give it with --auto KEY=VALUE";
+  auto message = [&](const json& j) -> std::string {
+    try {
+      parse_ds_config(j, o);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string tail =
+      "is \"auto\" and no value was supplied for it: give it with --auto "
+      "KEY=VALUE or write a number in the config";
+  EXPECT_EQ(message({{"train_batch_size", "auto"}}), "train_batch_size: " + tail);
+  EXPECT_EQ(message({{"train_batch_size", 1},
+                     {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", "auto"}}}}}}),
+            "optimizer.params.lr: " + tail);
+  EXPECT_EQ(
+      message({{"train_batch_size", 1},
+               {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+               {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", "auto"}}}}}}),
+      "scheduler.params.warmup_num_steps: " + tail);
+}
+
 TEST(ConfigErrors, Fp16AndBf16TogetherAreRefused) {
   EXPECT_EQ(error_of({{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}}),
             "bf16.enabled: fp16 and bf16 cannot both be enabled");

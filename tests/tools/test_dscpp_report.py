@@ -105,6 +105,13 @@ def main():
         one = subprocess.run([args.report, "--config", good, "--world-size", "4", "--auto", "train_batch_size=8",
                               "--auto", "gradient_clipping=0.5"], capture_output=True, text=True, timeout=60)
         two = subprocess.run([args.report, "--config", bad], capture_output=True, text=True, timeout=60)
+        # An "auto" left unfilled: the tool's own --auto is the way to fill it (not the C++ API).
+        unfilled = subprocess.run([args.report, "--config", good, "--world-size", "4"], capture_output=True,
+                                  text=True, timeout=60)
+        check("--config with an unfilled auto names --auto, not dscpp::initialize",
+              unfilled.returncode == 2 and 'train_batch_size: is "auto" and no value was supplied for it: give it '
+              "with --auto KEY=VALUE or write a number in the config" in unfilled.stderr
+              and "initialize" not in unfilled.stderr, unfilled.stderr)
         check("--config-list answers every line", lst.returncode == 0 and len(answers) == 4, lst.stdout + lst.stderr)
         if len(answers) == 4:
             check("--config-list: a config resolved as --config resolves it (its autos filled)",
