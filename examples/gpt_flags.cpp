@@ -42,6 +42,7 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
   int64_t micro = 0, global = 0, warmup = 0, decay_iters = 0;
   double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, clip = 0;
   std::string style;
+  bool nan_check = false, no_nan_check = false;
   po::options_description o("train_gpt options (Megatron-LM's and DeepSpeed's names)");
   // clang-format off
   o.add_options()
@@ -84,6 +85,12 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
      "pipeline-parallel degree")
     ("sequence-parallel", po::bool_switch(&a.sequence_parallel),
      "sequence parallelism in the tensor-parallel regions (needs a tensor degree > 1)")
+    ("check-for-nan-in-loss-and-grad", po::bool_switch(&nan_check),
+     "stop the run, exit status 1, at the first step whose loss or gradient norm is NaN or "
+     "infinite, naming it (the default; checked at each log line and before each save, with no "
+     "host wait per step; steps fp16's loss scaler skips are its own)")
+    ("no-check-for-nan-in-loss-and-grad", po::bool_switch(&no_nan_check),
+     "report the first non-finite step once and train on")
     ("peak-tflops", po::value(&a.peak_tflops)->default_value(0),
      "a rank's peak TFLOP/s for MFU (0: 989 on a CUDA device, the H100/H200 bf16 dense "
      "peak; none on the CPU)")
@@ -159,6 +166,10 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
   a.ds_config = one_of(vm, "deepspeed_config", "deepspeed-config", !a.dry_run);
   if (a.model_config.empty()) throw FlagError("--model-config is required");
   a.train_iters_given = vm.count("train-iters") > 0;
+  if (nan_check && no_nan_check)
+    throw FlagError(
+        "--check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad: choose one");
+  a.check_for_nan_in_loss_and_grad = !no_nan_check;
   if (vm.count("micro-batch-size")) a.micro_batch_size = micro;
   if (vm.count("global-batch-size")) a.global_batch_size = global;
   if (vm.count("lr")) a.lr = lr;
@@ -285,8 +296,11 @@ const char* schedule_of(const std::string& style) {
 }
 
 // The batch size of the three that the other two (and the world) determine, where it is
-// "auto" (Hugging Face computes train_batch_size = world * micro * accumulation).
-void resolve_batch_autos(json& ds, int64_t world) {
+// "auto" (Hugging Face computes train_batch_size = world * micro * accumulation). Where the
+// division leaves a remainder, the error shows it with the numbers and where each came from
+// (a flag or the ds_config), as Megatron-LM's "global batch size is not divisible by micro
+// batch size times data parallel size" does.
+void resolve_batch_autos(json& ds, int64_t world, const GptOptions& a) {
   auto num = [&](const char* k) -> std::optional<int64_t> {
     if (!ds.contains(k)) return std::nullopt;
     if (ds[k].is_number_integer()) return ds[k].get<int64_t>();
@@ -296,11 +310,36 @@ void resolve_batch_autos(json& ds, int64_t world) {
   const auto tb = num("train_batch_size"), mb = num("train_micro_batch_size_per_gpu");
   auto ga = num("gradient_accumulation_steps");
   if (!ds.contains("gradient_accumulation_steps")) ga = 1;
+  const std::string tb_from =
+      a.global_batch_size ? "--global-batch-size" : "ds_config train_batch_size";
+  const std::string mb_from =
+      a.micro_batch_size ? "--micro-batch-size" : "ds_config train_micro_batch_size_per_gpu";
+  // world * factor, or 0 where it leaves int64 (then it divides no batch size).
+  auto times_world = [&](int64_t factor) {
+    int64_t out = 0;
+    return __builtin_mul_overflow(factor, world, &out) ? 0 : out;
+  };
   if (is_auto("train_batch_size") && mb && ga) ds["train_batch_size"] = *mb * *ga * world;
-  if (is_auto("train_micro_batch_size_per_gpu") && tb && ga && *tb % (*ga * world) == 0)
-    ds["train_micro_batch_size_per_gpu"] = *tb / (*ga * world);
-  if (is_auto("gradient_accumulation_steps") && tb && mb && *tb % (*mb * world) == 0)
-    ds["gradient_accumulation_steps"] = *tb / (*mb * world);
+  if (is_auto("train_micro_batch_size_per_gpu") && tb && ga) {
+    const int64_t per_micro = times_world(*ga);
+    if (per_micro == 0 || *tb % per_micro != 0)
+      throw FlagError(fmt::format(
+          "{} {} is not a multiple of {} x {} = {} (gradient_accumulation_steps x data ranks), "
+          "so train_micro_batch_size_per_gpu (\"auto\" in the ds_config) has no whole value: "
+          "give --micro-batch-size, or a global batch size that is a multiple of {}",
+          tb_from, *tb, *ga, world, per_micro, per_micro));
+    ds["train_micro_batch_size_per_gpu"] = *tb / per_micro;
+  }
+  if (is_auto("gradient_accumulation_steps") && tb && mb) {
+    const int64_t per_step = times_world(*mb);
+    if (per_step == 0 || *tb % per_step != 0)
+      throw FlagError(fmt::format(
+          "{} {} is not a multiple of {} x {} = {} ({} x data ranks), so "
+          "gradient_accumulation_steps (\"auto\" in the ds_config) has no whole value: give a "
+          "global batch size that is a multiple of {}",
+          tb_from, *tb, *mb, world, per_step, mb_from, per_step));
+    ds["gradient_accumulation_steps"] = *tb / per_step;
+  }
 }
 
 }  // namespace
@@ -317,7 +356,7 @@ json apply_gpt_flags(json ds, const GptOptions& a, int64_t world) {
     ds["train_micro_batch_size_per_gpu"] = *a.micro_batch_size;
   if (a.global_batch_size && !ds.contains("train_batch_size"))
     ds["train_batch_size"] = *a.global_batch_size;
-  resolve_batch_autos(ds, world);
+  resolve_batch_autos(ds, world, a);
 
   // Mixed precision: the flag switches its section on; the other one must not be on.
   for (const auto& [on, name, other] :
@@ -427,7 +466,13 @@ json apply_gpt_flags(json ds, const GptOptions& a, int64_t world) {
   const std::vector<std::pair<const char*, const char*>> needs = {
       {"train_batch_size", "--global-batch-size"},
       {"train_micro_batch_size_per_gpu", "--micro-batch-size"},
-      {"gradient_accumulation_steps", "--global-batch-size and --micro-batch-size"},
+      {"gradient_accumulation_steps",
+       // Only the flags of the two sizes it is derived from that are still missing.
+       Filler::is_auto(f.find("train_batch_size"))
+           ? (Filler::is_auto(f.find("train_micro_batch_size_per_gpu"))
+                  ? "--global-batch-size and --micro-batch-size"
+                  : "--global-batch-size")
+           : "--micro-batch-size"},
       {"optimizer.params.lr", "--lr"},
       {"scheduler.type", "--lr-decay-style"},
       {"scheduler.params.warmup_max_lr", "--lr"},
@@ -441,6 +486,18 @@ json apply_gpt_flags(json ds, const GptOptions& a, int64_t world) {
     throw FlagError("the ds_config leaves values to the command line that it does not give:" +
                     unfilled + "\n(or write numbers in the ds_config)");
   return ds;
+}
+
+void require_optimizer(const json& ds) {
+  if (!ds.is_object()) return;  // the engine's config reader says what is wrong with it
+  const auto o = ds.find("optimizer");
+  // DeepSpeed builds no optimizer from a section without a type either.
+  if (o != ds.end() && !(o->is_object() && !o->contains("type"))) return;
+  throw FlagError(
+      "the ds_config names no optimizer: give --lr (an AdamW with Megatron-LM's defaults, "
+      "weight decay 0.01, betas 0.9/0.999, eps 1e-8; --weight-decay, --adam-beta1, --adam-beta2 "
+      "and --adam-eps change them), or write an \"optimizer\" section with a \"type\" in the "
+      "ds_config");
 }
 
 }  // namespace dscpp::examples

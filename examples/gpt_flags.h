@@ -49,6 +49,9 @@ struct GptOptions {
   int64_t tensor_model_parallel_size = 1;    // --tensor-model-parallel-size
   int64_t pipeline_model_parallel_size = 1;  // --pipeline-model-parallel-size
   bool sequence_parallel = false;            // --sequence-parallel (Megatron's)
+  // --check-for-nan-in-loss-and-grad (on) / --no-check-for-nan-in-loss-and-grad: stop at the
+  // first step with a non-finite loss or gradient norm, or report it and train on (Megatron's).
+  bool check_for_nan_in_loss_and_grad = true;
   // train_gpt's own.
   double peak_tflops = 0;
   int64_t profile_step = 0;  // 0: no profiling
@@ -80,5 +83,9 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv);
 // "auto" that the program needs resolved and no flag gave.
 nlohmann::json apply_gpt_flags(nlohmann::json ds_config, const GptOptions& options,
                                int64_t world_size);
+
+// Throws FlagError when the ds_config (the flags applied) names no optimizer: train_gpt has no
+// client optimizer to give the engine, so the way out is --lr or an "optimizer" section.
+void require_optimizer(const nlohmann::json& ds_config);
 
 }  // namespace dscpp::examples

@@ -48,7 +48,9 @@
 #include "dscpp/comm/no_op_group.h"
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/comm/topology.h"
+#include "dscpp/config/config_error.h"
 #include "dscpp/config/json_text.h"
+#include "dscpp/data/data_error.h"
 #include "dscpp/data/data_loader.h"
 #include "dscpp/dscpp.h"
 #include "dscpp/model_zoo/gpt.h"
@@ -61,6 +63,7 @@
 #include "dscpp/runtime/monitor/monitor.h"
 #include "gpt_flags.h"
 #include "moe_training.h"
+#include "non_finite_check.h"
 #include "train_gpt_checkpoint.h"
 #include "train_gpt_log.h"
 #include "train_gpt_pipeline.h"
@@ -259,9 +262,9 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   lo.start_batch = first * ga;  // resume where the checkpoint's data left off
   dscpp::data::DataLoader loader(dataset, lo);
   if (loader.batches_per_epoch() == 0)
-    throw std::runtime_error(fmt::format("{}: {} tokens make no batch of {} x {} tokens per rank",
-                                         args.data_path, indexed->num_tokens(), mb,
-                                         cfg.seq_length + 1));
+    throw dscpp::data::DataError(args.data_path,
+                                 fmt::format("{} tokens make no batch of {} x {} tokens per rank",
+                                             indexed->num_tokens(), mb, cfg.seq_length + 1));
 
   const double flops_per_token = cfg.flops_per_token(cfg.seq_length);
   const double peak = args.peak_tflops > 0        ? args.peak_tflops
@@ -310,6 +313,25 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   at::Tensor interval_loss =
       at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(engine.device()));
   int64_t interval_steps = 0, timed_steps = 0;
+  // A non-finite loss or gradient norm: tested on the device each step, read at each log line
+  // and before each save (a collective over the world: every rank stops, or none).
+  dscpp::examples::NonFiniteCheck non_finite(engine.device());
+  const auto world_group = dscpp::comm::init_distributed();
+  bool non_finite_reported = false;
+  auto check_non_finite = [&] {
+    const auto found = non_finite.take(*world_group);
+    if (!found.any() || non_finite_reported) return;
+    if (args.check_for_nan_in_loss_and_grad)
+      throw dscpp::examples::NonFiniteError(
+          found.describe() +
+          "; stopped by --check-for-nan-in-loss-and-grad (the default; "
+          "--no-check-for-nan-in-loss-and-grad reports it and trains on)");
+    if (rank == 0)
+      std::cout << "[train_gpt] warning: " << found.describe()
+                << "; training goes on (--no-check-for-nan-in-loss-and-grad)\n"
+                << std::flush;
+    non_finite_reported = true;
+  };
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = first; step < args.train_iters; ++step) {
     const int64_t done = step + 1;
@@ -324,6 +346,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
     if (snapshot && rank == 0) memory_history(engine.device(), true);
     {
       RECORD_USER_SCOPE("train_gpt::step");
+      at::Tensor step_loss;  // the mean over this rank's micro-batches, on the device
       for (int64_t m = 0; m < ga; ++m) {
         auto batch = loader.next();
         at::Tensor input = to_device(batch->input, engine.device()),
@@ -345,8 +368,12 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
           RECORD_USER_SCOPE("train_gpt::optimizer");
           engine.step();
         }
-        interval_loss += loss.detach().to(at::kDouble) / ga;
+        const at::Tensor part = loss.detach().to(at::kDouble) / ga;
+        step_loss = step_loss.defined() ? step_loss + part : part;
       }
+      interval_loss += step_loss;
+      non_finite.after_step(done, step_loss, engine.core().global_grad_norm_tensor(),
+                            engine.core().was_step_applied());
       moe.after_boundary();  // the expert biases, from the global batch's routing
     }
     ++interval_steps;
@@ -412,13 +439,19 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
       interval_loss.zero_();
       interval_steps = timed_steps = 0;
       t0 = std::chrono::steady_clock::now();
+      check_non_finite();  // after the line: it shows the interval's loss
     }
-    if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) save(done);
+    if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) {
+      check_non_finite();  // a diverged run saves no checkpoint over a good one
+      save(done);
+    }
   }
   if (!args.save.empty() &&
       (args.save_interval <= 0 || args.train_iters % args.save_interval != 0) &&
-      engine.global_steps() > first)
+      engine.global_steps() > first) {
+    check_non_finite();
     save(engine.global_steps());
+  }
 
   if (rank == 0) {
     std::cout << "[train_gpt] done. Logs: the lines above";
@@ -465,27 +498,34 @@ void apply_tensor_flags(dscpp::model_zoo::GPTConfig& cfg, const Args& args, int6
     throw dscpp::examples::FlagError("--bench-no-comm: not with tensor parallelism");
 }
 
-// Rank 0 prints; another rank waits a moment before it fails, so that the launcher, which
-// stops the job at the first rank to exit, does not stop rank 0 before it has printed.
-int report_once(bool quiet, const std::string& what, int status) {
-  if (!quiet) {
-    std::cerr << "train_gpt: " << what << "\n" << std::flush;
-  } else {
+// An error every rank meets alike (the command line, the configs, the data files, a
+// non-finite loss all ranks agree on): rank 0 prints it and exits; another rank waits a moment
+// first, so that the launcher, which stops the job at the first rank to exit, stops it before
+// it prints a copy. Should rank 0 not have met the error (a file missing on one node only), the
+// other rank still prints it, with its rank, after the wait.
+int report_once(bool quiet, int rank, const std::string& what, int status) {
+  if (quiet) {
     std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::cerr << "train_gpt (rank " << rank << "): " << what << "\n" << std::flush;
+  } else {
+    std::cerr << "train_gpt: " << what << "\n" << std::flush;
   }
   return status;
 }
 
 }  // namespace
 
-// An error found before the ranks meet (the command line, the configs) is the same on every
-// rank: rank 0 prints it, the others exit with the same status without a word.
+// An error found before the ranks meet (the command line, the configs), and one of the ds_config
+// or the data found after, is the same on every rank: rank 0 prints it, the others exit with the
+// same status (report_once).
 int main(int argc, char** argv) {
   program_start = std::chrono::steady_clock::now();
   bool quiet = false, launched = false;
   int64_t world = 1;
+  int rank = 0;
   try {
     const auto env = dscpp::comm::read_dist_env();
+    rank = env.rank;
     quiet = env.rank != 0;
     world = env.world_size;
     // --dry-run on one machine without the launcher takes the config's own degrees.
@@ -517,10 +557,11 @@ int main(int argc, char** argv) {
     const auto raw = dscpp::config::read_config(args.ds_config);
     layout = dscpp::examples::job_layout(*cfg, raw, args, world);
     ds_config = dscpp::examples::apply_gpt_flags(raw, args, layout.data);
+    dscpp::examples::require_optimizer(ds_config);
   } catch (const dscpp::examples::FlagError& e) {
-    return report_once(quiet, e.what(), 2);
+    return report_once(quiet, rank, e.what(), 2);
   } catch (const std::exception& e) {
-    return report_once(quiet, e.what(), 1);
+    return report_once(quiet, rank, e.what(), 1);
   }
   try {
     at::manual_seed(static_cast<uint64_t>(args.seed));
@@ -562,7 +603,16 @@ int main(int argc, char** argv) {
     return train(args, *cfg,
                  dscpp::model_zoo::GPT(*cfg, dscpp::examples::expert_parallel_group(*cfg)),
                  ds_config);
+  } catch (const dscpp::examples::FlagError& e) {
+    return report_once(quiet, rank, e.what(), 2);
+  } catch (const dscpp::ConfigError& e) {  // the engine's reading of the ds_config
+    return report_once(quiet, rank, e.what(), 1);
+  } catch (const dscpp::data::DataError& e) {  // the data files, the same on every rank
+    return report_once(quiet, rank, e.what(), 1);
+  } catch (const dscpp::examples::NonFiniteError& e) {  // agreed by a collective
+    return report_once(quiet, rank, e.what(), 1);
   } catch (const std::exception& e) {
+    // Anything else may be this rank's alone: each rank says it.
     std::cerr << "train_gpt: " << e.what() << "\n";
     return 1;
   }

@@ -13,12 +13,14 @@
 
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/config/config_error.h"
+#include "dscpp/data/data_error.h"
 #include "dscpp/data/data_loader.h"
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
 #include "dscpp/nn/rng_tracker.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "moe_training.h"
+#include "non_finite_check.h"
 #include "train_gpt_checkpoint.h"
 #include "train_gpt_log.h"
 
@@ -203,9 +205,9 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   lo.prefetch = reads ? 2 : 0;
   data::DataLoader loader(dataset, lo);
   if (loader.batches_per_epoch() == 0)
-    throw std::runtime_error(fmt::format("{}: {} tokens make no batch of {} x {} tokens per rank",
-                                         args.data_path, indexed->num_tokens(), mb,
-                                         cfg.seq_length + 1));
+    throw data::DataError(args.data_path,
+                          fmt::format("{} tokens make no batch of {} x {} tokens per rank",
+                                      indexed->num_tokens(), mb, cfg.seq_length + 1));
   pipe::DataIter data_iter;
   if (reads)
     data_iter = [&loader, device] {
@@ -251,6 +253,23 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   double interval_loss = 0;
   int64_t interval_steps = 0;
   auto t0 = std::chrono::steady_clock::now();
+  // A non-finite loss or gradient norm (non_finite_check.h), over every stage: every rank stops,
+  // or none.
+  NonFiniteCheck non_finite(device);
+  bool non_finite_reported = false;
+  auto check_non_finite = [&] {
+    const auto found = non_finite.take(world);
+    if (!found.any() || non_finite_reported) return;
+    if (args.check_for_nan_in_loss_and_grad)
+      throw NonFiniteError(found.describe() +
+                           "; stopped by --check-for-nan-in-loss-and-grad (the default; "
+                           "--no-check-for-nan-in-loss-and-grad reports it and trains on)");
+    if (rank == 0)
+      std::cout << "[train_gpt] warning: " << found.describe()
+                << "; training goes on (--no-check-for-nan-in-loss-and-grad)\n"
+                << std::flush;
+    non_finite_reported = true;
+  };
   // The log line of the interval that ends with step `done` (collective: every rank calls it).
   auto log_interval = [&](int64_t done) {
     // The bubble of this step: the mean over every rank's stage.
@@ -280,11 +299,15 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     interval_loss = 0;
     interval_steps = 0;
     t0 = std::chrono::steady_clock::now();
+    check_non_finite();  // after the line: it shows the interval's loss
   };
   for (int64_t step = first; step < args.train_iters; ++step) {
     const int64_t done = step + 1;
     // Every stage returns the batch's loss (the mean over micro-batches and data ranks).
-    interval_loss += engine.train_batch(data_iter).item<double>();
+    const at::Tensor loss = engine.train_batch(data_iter);
+    interval_loss += loss.item<double>();
+    non_finite.after_step(done, loss, engine.core().global_grad_norm_tensor(),
+                          engine.core().was_step_applied());
     moe.add_aux(engine.last_aux_loss(), 1);
     moe.after_boundary();  // the expert biases, from the global batch's routing
     ++interval_steps;
@@ -292,14 +315,17 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     // Every --save-interval steps (and at the end, below), kept out of the interval's timing.
     if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) {
       const auto s0 = std::chrono::steady_clock::now();
+      check_non_finite();  // a diverged run saves no checkpoint over a good one
       save(done);
       t0 += std::chrono::steady_clock::now() - s0;
     }
   }
   if (!args.save.empty() &&
       (args.save_interval <= 0 || args.train_iters % args.save_interval != 0) &&
-      engine.global_steps() > first)
+      engine.global_steps() > first) {
+    check_non_finite();
     save(engine.global_steps());
+  }
   if (rank == 0)
     std::cout << "[train_gpt] done. Logs: the lines above"
               << (args.save.empty()

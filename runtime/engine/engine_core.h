@@ -216,6 +216,9 @@ class EngineCore {
   std::vector<double> get_lr() const;
   // Waits for the last step's norm (kept on the device so the step itself does not wait).
   double get_global_grad_norm() const;
+  // The same as the 0-dim float64 tensor, without waiting (on the device, or on the host where
+  // the overflow check brought it there); undefined before the first applied step.
+  const at::Tensor& global_grad_norm_tensor() const { return grad_norm_; }
   double loss_scale() const;
   bool was_step_applied() const { return step_applied_; }
   int64_t train_micro_batch_size_per_gpu() const { return config_.train_micro_batch_size_per_gpu; }
