@@ -51,7 +51,7 @@ inline Case parse_case(const std::string& s) {
 
 inline mz::GPTConfig moe_config(const Case& c, int t, int ep) {
   json j = tp_test::tiny(t, c.sp && t > 1).to_json();
-  j["gelu_approximation"] = "none";  // the grouped experts' GELU is the exact one
+  j["gelu_approximation"] = "none";  // Megatron's exact GELU, in the dense and expert MLPs
   j["num_experts"] = 4;
   j["moe_router_topk"] = c.k;
   j["moe_ffn_hidden_size"] = 32;
