@@ -3,7 +3,7 @@
 
 usage: scripts/gpu_rows.py ROW [ROW ...] [--deadline S] [--dry-run] [--list] [--targets] [--rows FILE]
                            [--commit C] [--with-refs] [--out DIR] [--bin DIR] [--no-prebuilt]
-                           [--werror | --no-werror] [--cmake-arg ARG] [--corpus PREFIX]
+                           [--werror | --no-werror] [--cmake-arg ARG] [--suite-fresh] [--corpus PREFIX]
                            [--cpu] [--model FILE] [--steps N] [--warmup N]
 
 What one call does, in order:
@@ -18,7 +18,8 @@ What one call does, in order:
      expect_s does not fit before --deadline is not started, and the table says so; a row that
      needs more GPU memory (needs_gib) or host memory than the machine has is skipped saying why,
      or its `smaller` row runs in its place; `suite` (the CUDA build with its tests, warnings as
-     errors, then ctest until the deadline) runs last;
+     errors, then ctest until the deadline) runs last; called again on the warm machine, it goes
+     on where the last call stopped (the build, and the tests not yet passed or skipped);
   4. prints ONE table: row, tokens/s, TFLOP/s, MFU (against the card's dense bf16 peak: 989 for
      an H100 SXM or an H200), peak GPU memory, ratio to its reference rows (when they ran in this
      call), wall time, note; the card, date and commit above it; the suite's counts below it.
@@ -94,6 +95,8 @@ def parse_args(argv):
                     help="build with -DDSCPP_WERROR=ON (the default when `suite` is asked for)")
     ap.add_argument("--no-werror", dest="werror", action="store_false", help="build with -DDSCPP_WERROR=OFF")
     ap.add_argument("--cmake-arg", action="append", default=[], help="one more CMake argument (repeatable)")
+    ap.add_argument("--suite-fresh", action="store_true",
+                    help="suite: run every test, also those that passed in an earlier call over the same build")
     ap.add_argument("--corpus", default=CORPUS, help=f"the indexed dataset prefix (default {CORPUS})")
     ap.add_argument("--cpu", action="store_true",
                     help="smoke run without a GPU: the rows' GPU and memory needs are not checked")
@@ -386,7 +389,7 @@ class Run:
             t = time.monotonic()
             werror = self.args.werror if self.args.werror is not None else True
             self.suite_lines = suite.run(ROOT, deps, self.env, self.info["gpus"], self.deadline - RESERVE_S,
-                                         self.logdir, werror, self.args.cmake_arg)
+                                         self.logdir, werror, self.args.cmake_arg, not self.args.suite_fresh)
             for line in self.suite_lines:
                 self.say(line)
             self.entries.append({"name": name, "status": "ran", "wall": round(time.monotonic() - t),

@@ -1,6 +1,8 @@
 """The `suite` row: the CUDA build with its tests (g++, warnings as errors) and ctest under
 the call's deadline, reported as counts (ran, passed, failed, skipped, not reached) and the
 names of what failed, from ctest's per-test lines (which exist even when the deadline stops it)."""
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -29,14 +31,46 @@ def parse_ctest(text):
     return out
 
 
-def count_tests(build, env, exclude=None):
+def list_tests(build, env, exclude=None):
+    """{name: ctest's number} of the tests ctest -N lists (without those EXCLUDE matches);
+    None where ctest lists none."""
     args = ["ctest", "-N"] + (["-E", exclude] if exclude else [])
     r = subprocess.run(args, cwd=build, env=env, capture_output=True, text=True)
-    m = re.search(r"Total Tests: (\d+)", r.stdout)
-    return int(m.group(1)) if m else None
+    tests = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s*Test\s+#(\d+): (\S+)", r.stdout, re.M)}
+    return tests or None
 
 
-def run(root, deps, env, gpus, deadline, logdir, werror=True, cmake_args=()):
+def is_elf(path):
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
+def fingerprint(build, sources, skip=()):
+    """What the tests' outcomes depend on: every program BUILD's build made (ELF files: path,
+    size, time; not the scripts tests write there), the CTestTestfile.cmake files, and the
+    scripts, configs and CMake files under SOURCES (their content; build folders, hidden ones
+    and SKIP left out)."""
+    entries = []
+    for top, hash_content in ((build, False), (sources, True)):
+        for dirpath, dirnames, filenames in os.walk(top):  # pruned as it goes
+            dirnames[:] = [d for d in dirnames if d not in ("CMakeFiles", "Testing", "__pycache__")
+                           and os.path.join(dirpath, d) not in (build, *skip)
+                           and not (hash_content and d.startswith((".", "build")))]
+            for f in filenames:
+                path = os.path.join(dirpath, f)
+                if hash_content and f.endswith((".py", ".sh", ".json", ".yaml", ".txt")) or f == "CTestTestfile.cmake":
+                    with open(path, "rb") as fh:
+                        entries.append(f"{path} {hashlib.sha256(fh.read()).hexdigest()}")
+                elif not hash_content and os.path.isfile(path) and os.access(path, os.X_OK) and is_elf(path):
+                    st = os.stat(path)
+                    entries.append(f"{path} {st.st_size} {st.st_mtime_ns}")
+    h = hashlib.sha256()
+    for e in sorted(entries):
+        h.update(e.encode() + b"\n")
+    return h.hexdigest()
+
+
+def run(root, deps, env, gpus, deadline, logdir, werror=True, cmake_args=(), resume=True):
     """Configures SUITE_BUILD, builds everything and runs ctest until DEADLINE (a time.monotonic() value).
     Returns the report's lines; the logs are logdir/suite_build.log and logdir/ctest.log."""
     build_log = os.path.join(logdir, "suite_build.log")
@@ -67,37 +101,71 @@ def run(root, deps, env, gpus, deadline, logdir, werror=True, cmake_args=()):
     lines += [f"suite:   {d[:200]}" for d in seen[:8]] + ([f"suite:   ... {len(seen) - 8} more"] if len(seen) > 8 else [])
     exclude = machine.CTEST_EXCLUDE
     what = "DeepSpeed comparisons"
-    return lines + run_ctest(os.path.join(root, machine.SUITE_BUILD), env, exclude, what, deadline, logdir)
+    return lines + run_ctest(os.path.join(root, machine.SUITE_BUILD), env, exclude, what, deadline, logdir,
+                             root, resume)
 
 
-def run_ctest(build, env, exclude, what, deadline, logdir):
+def run_ctest(build, env, exclude, what, deadline, logdir, sources, resume=True):
     """ctest in BUILD without the tests EXCLUDE matches (WHAT says which), until DEADLINE: the
-    report's lines; its output in logdir/ctest.log."""
+    report's lines; its output in logdir/ctest.log. With RESUME, the tests that passed or
+    skipped in an earlier call over the same executables and scripts (SOURCES: the source
+    tree) are not run again: a suite longer than one call goes on in the next."""
     ctest_log = os.path.join(logdir, "ctest.log")
     lines = []
-    total_all = count_tests(build, env)
-    total = count_tests(build, env, exclude)
+    all_tests = list_tests(build, env) or {}
+    tests = list_tests(build, env, exclude)
     left = deadline - time.monotonic() - 5
-    if total is None:
+    if tests is None:
         return lines + ["suite: ctest -N found no tests (see ctest.log)"]
+    state_path = os.path.join(build, "gpu_rows_ctest_state.json")
+    fp = fingerprint(build, sources, skip=(os.path.abspath(logdir), os.path.dirname(os.path.abspath(logdir))))
+    done = {"passed": [], "skipped": []}
+    try:
+        with open(state_path) as f:
+            state = json.load(f)
+        if resume and state.get("fingerprint") == fp:
+            done = {k: [n for n in state.get(k, []) if n in tests] for k in done}
+    except (OSError, ValueError):
+        pass
+    earlier = set(done["passed"]) | set(done["skipped"])
+    todo = sorted(num for name, num in tests.items() if name not in earlier)
+    head = (f"suite: ctest: {len(tests)} tests here ({len(all_tests) - len(tests)} excluded on this machine: {what})"
+            + (f"; {len(done['passed'])} passed and {len(done['skipped'])} skipped in an earlier call over the same "
+               f"build, not run again" if earlier else ""))
+    if not todo:
+        return lines + [head + "; nothing left to run"]
     if left < 30:
-        return lines + [f"suite: ctest not started: {left:.0f} s left before the deadline"]
+        return lines + [head, f"suite: ctest not started: {max(left, 0):.0f} s left before the deadline"]
+    only = []
+    if earlier:
+        ids = os.path.join(logdir, "ctest_ids.txt")
+        with open(ids, "w") as f:
+            f.write("0,0,0," + ",".join(map(str, todo)) + "\n")
+        only = ["-I", ids]
     # --stop-time: ctest starts no test after it and still writes its summary; the time of day
     # it takes would wrap at midnight, where only the timeout around ctest stops it.
     stop_at = time.localtime(time.time() + left - 15)
     stop = ["--stop-time", time.strftime("%H:%M:%S", stop_at)] if stop_at.tm_mday == time.localtime().tm_mday else []
     args = ["ctest", "--output-on-failure", "-j", str(min(8, os.cpu_count() or 8)), "--timeout", "300",
-            *stop, "-E", exclude, "--output-junit", os.path.join(logdir, "ctest.junit.xml")]
+            *stop, *only, "-E", exclude, "--output-junit", os.path.join(logdir, "ctest.junit.xml")]
+    open(ctest_log, "w").close()  # this call's tests only
     rc = machine.run_logged(args, build, env, ctest_log, left)
     with open(ctest_log, errors="replace") as f:
         res = parse_ctest(f.read())
     ran = len(res["passed"]) + len(res["failed"]) + len(res["skipped"]) + len(res["not_built"])
-    lines.append(f"suite: ctest: {total} tests here ({(total_all or total) - total} excluded on this machine: "
-                 f"{what}); ran {ran}, "
-                 f"passed {len(res['passed'])}, failed {len(res['failed'])}, skipped {len(res['skipped'])}, "
-                 f"not run for want of their executable {len(res['not_built'])}, "
-                 f"not reached before the deadline {total - ran}"
+    with open(state_path, "w") as f:
+        json.dump({"fingerprint": fp, "passed": sorted(set(done["passed"]) | set(res["passed"])),
+                   "skipped": sorted(set(done["skipped"]) | set(res["skipped"]))}, f)
+    lines.append(head)
+    lines.append(f"suite: this call ran {ran} of the {len(todo)} left: passed {len(res['passed'])}, "
+                 f"failed {len(res['failed'])}, skipped {len(res['skipped'])}, not run for want of their "
+                 f"executable {len(res['not_built'])}, not reached before the deadline {len(todo) - ran}"
                  + (" (ctest stopped by the deadline)" if rc == 124 else ""))
+    if earlier or len(todo) - ran:
+        passed = len(done["passed"]) + len(res["passed"])
+        lines.append(f"suite: in all {passed} of {len(tests)} passed"
+                     + (f"; {len(todo) - ran} not yet run: call `suite` again (it goes on from here)"
+                        if len(todo) - ran else ""))
     if res["failed"]:
         lines.append("suite: failed: " + ", ".join(f"{n} ({s})" for n, s in res["failed"]))
     if res["not_built"]:

@@ -66,11 +66,19 @@ def check_ctest_report():
         build = os.path.join(d, "build")
         r = subprocess.run(["cmake", "-S", d, "-B", build], capture_output=True, text=True)
         check(r.returncode == 0, "cmake of the four-test project failed", r.stdout + r.stderr)
-        lines = run_ctest(build, dict(os.environ), "DeepSpeed", "DeepSpeed comparisons", time.monotonic() + 120, d)
+        logs = os.path.join(d, "logs")
+        os.makedirs(logs)
+        lines = run_ctest(build, dict(os.environ), "DeepSpeed", "DeepSpeed comparisons", time.monotonic() + 120, logs, d)
         text = "\n".join(lines)
-        check("3 tests here (1 excluded on this machine: DeepSpeed comparisons); ran 3, passed 1, failed 1, "
-              "skipped 1, not run for want of their executable 0, not reached before the deadline 0" in text
+        check("3 tests here (1 excluded on this machine: DeepSpeed comparisons)" in text
+              and "this call ran 3 of the 3 left: passed 1, failed 1, skipped 1, not run for want of their executable 0, "
+              "not reached before the deadline 0" in text
               and "failed: a.Fails (Failed)" in text and "skipped: a.Skips" in text, "the suite's ctest report", text)
+        # Called again over the same build, it runs only what neither passed nor skipped.
+        text = "\n".join(run_ctest(build, dict(os.environ), "DeepSpeed", "DeepSpeed comparisons",
+                                    time.monotonic() + 120, logs, d))
+        check("1 passed and 1 skipped in an earlier call" in text and "this call ran 1 of the 1 left: passed 0, failed 1"
+              in text, "the suite's second ctest call did not go on from the first", text)
 
 
 def main():
