@@ -101,7 +101,11 @@ function(dscpp_add_pch)
     set(headers <torch/torch.h>)
   endif()
   target_precompile_headers(dscpp_pch PRIVATE ${headers} <nlohmann/json.hpp> <fmt/format.h>)
-  # ccache reuses a header and its users only when no timestamp is written into it.
+  # The header is compiled afresh, never taken from ccache: a cached one made in another
+  # checkout names that checkout's LibTorch headers, which a unit here would include a second
+  # time from its own. ccache still serves the units, keyed on this header's bytes; with no
+  # timestamp written into it, a rebuilt header keeps them.
+  set_target_properties(dscpp_pch PROPERTIES CXX_COMPILER_LAUNCHER "")
   target_compile_options(dscpp_pch PRIVATE
                          $<$<CXX_COMPILER_ID:Clang>:SHELL:-Xclang -fno-pch-timestamp>)
   dscpp_reuse_pch(${PROJECT_SOURCE_DIR})
