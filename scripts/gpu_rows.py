@@ -392,9 +392,13 @@ class Run:
                                          self.logdir, werror, self.args.cmake_arg, not self.args.suite_fresh)
             for line in self.suite_lines:
                 self.say(line)
+            text = "\n".join(self.suite_lines)
+            ok = ("this call ran" in text or "nothing left to run" in text) and not any(
+                k in text for k in ("suite: failed:", "FAILED to build", "configure failed", "not yet run", "not built:"))
             self.entries.append({"name": name, "status": "ran", "wall": round(time.monotonic() - t),
-                                 "res": {"tps": None, "tflops": None, "peak_gib": None, "metric": None, "ok": True,
-                                         "note": "below the table"}, "at": self.position(name)})
+                                 "res": {"tps": None, "tflops": None, "peak_gib": None, "metric": None, "ok": ok,
+                                         "note": ("every test passed or skipped" if ok else "NOT all passed")
+                                         + ": the suite's lines below the table"}, "at": self.position(name)})
             return
         if rowlib.needs_deepspeed(row) and self.ds_why:
             return self.skip(name, self.ds_why)
