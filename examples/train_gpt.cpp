@@ -59,8 +59,11 @@
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/ops/grad_destination.h"
 #include "dscpp/ops/grouped_weight_grad.h"
+#include "dscpp/pipe/partition.h"
+#include "dscpp/runtime/checkpoint/checkpoint_error.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/monitor/monitor.h"
+#include "dscpp/runtime/precision/loss_scaler.h"
 #include "gpt_flags.h"
 #include "moe_training.h"
 #include "non_finite_check.h"
@@ -610,6 +613,12 @@ int main(int argc, char** argv) {
   } catch (const dscpp::data::DataError& e) {  // the data files, the same on every rank
     return report_once(quiet, rank, e.what(), 1);
   } catch (const dscpp::examples::NonFiniteError& e) {  // agreed by a collective
+    return report_once(quiet, rank, e.what(), 1);
+  } catch (const dscpp::LossScaleAtMinimumError& e) {  // fp16's scale: the same on every rank
+    return report_once(quiet, rank, e.what(), 1);
+  } catch (const dscpp::checkpoint::CheckpointError& e) {  // --load's files, the same on every rank
+    return report_once(quiet, rank, e.what(), 1);
+  } catch (const dscpp::pipe::PartitionError& e) {  // the pipeline's partition of the layers
     return report_once(quiet, rank, e.what(), 1);
   } catch (const std::exception& e) {
     // Anything else may be this rank's alone: each rank says it.

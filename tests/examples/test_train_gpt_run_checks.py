@@ -4,8 +4,8 @@
   others do not divide is refused with the numbers and where each came from, whichever of the
   three is left to derive ("auto" in the ds_config, or absent for the engine to derive).
 - A ds_config with no optimizer and no --lr: the message names --lr or an optimizer section.
-- Errors found after the ranks meet (the engine's ds_config reading, the data files) are printed
-  once, by rank 0, as the command line's are; every rank exits non-zero.
+- Errors found after the ranks meet (the engine's ds_config reading, the data files, --load's
+  checkpoint) are printed once, by rank 0, as the command line's are; every rank exits non-zero.
 - A run whose loss turns non-finite (an lr of 1e30: the weights overflow after step 1) stops with
   exit status 1 at the next log line, naming the first non-finite step (2, not the log's 3), on
   a pipeline too, and saves no checkpoint after it; with --no-check-for-nan-in-loss-and-grad it
@@ -122,6 +122,14 @@ def main():
                 "sequence 1 starts at byte 0 of " + bad + ".bin", status=1, data=bad)
         refused("a missing data file", written, [], os.path.join(tmp, "missing") + ".idx", status=1,
                 data=os.path.join(tmp, "missing"))
+
+        # --load of a checkpoint whose latest tag has no files: the checkpoint's error, once.
+        broken = os.path.join(tmp, "broken_ck")
+        os.makedirs(os.path.join(broken, "global_step5"))
+        with open(os.path.join(broken, "latest"), "w") as f:
+            f.write("global_step5")
+        refused("a checkpoint without its files", written, ["--load", broken],
+                "global_step5/mp_rank_00_model_states.pt", status=1)
 
         # A diverging run: lr 1e30 overflows the weights at step 1's update.
         huge = dict(written, optimizer={"type": "AdamW", "params": {"lr": 1e30, "weight_decay": 0.0}})
