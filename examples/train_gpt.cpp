@@ -502,13 +502,15 @@ void apply_tensor_flags(dscpp::model_zoo::GPTConfig& cfg, const Args& args, int6
 }
 
 // An error every rank meets alike (the command line, the configs, the data files, a
-// non-finite loss all ranks agree on): rank 0 prints it and exits; another rank waits a moment
-// first, so that the launcher, which stops the job at the first rank to exit, stops it before
-// it prints a copy. Should rank 0 not have met the error (a file missing on one node only), the
-// other rank still prints it, with its rank, after the wait.
+// non-finite loss all ranks agree on): rank 0 prints it and exits; another rank waits first,
+// so that the launcher, which stops the job at the first rank to exit, stops it before it
+// prints a copy. The wait is long beside a loaded machine's start-up skew between ranks (8
+// ranks on 2 cores start seconds apart), so that a rank that met the error early does not
+// print before rank 0 has. Should rank 0 not have met the error (a file missing on one node
+// only), the other rank still prints it, with its rank, after the wait.
 int report_once(bool quiet, int rank, const std::string& what, int status) {
   if (quiet) {
-    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::this_thread::sleep_for(std::chrono::seconds(30));
     std::cerr << "train_gpt (rank " << rank << "): " << what << "\n" << std::flush;
   } else {
     std::cerr << "train_gpt: " << what << "\n" << std::flush;

@@ -37,7 +37,7 @@ echo "dscpp test: times: install ${DSCPP_INSTALL_S:--} s, CPU build ${cpu_s} s,"
 echo "dscpp test: slowest tests (s):"
 # ctest's lines: "  n/N Test  #k: name ....   Passed   12.34 sec"
 sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' ctest.log |
-  sort -rn | head -10 | sed 's/^/  /'
+  sort -rn | awk 'NR <= 10 { print "  " $0 }'
 # ctest's own summary stays the last lines of the run.
 grep -E "tests passed|tests failed out of|Total Test time" ctest.log | tail -2 || true
 exit "$status"

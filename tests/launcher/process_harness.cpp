@@ -31,9 +31,9 @@ double since(Clock::time_point start) {
 
 bool removed_variable(const std::string& name) {
   // Anything that would make the launcher behave differently from what a test expects.
-  static const char* kNames[] = {
-      "CUDA_VISIBLE_DEVICES", "DS_ENV_FILE",  "DSCPP_KILL_GRACE_S", "HOME",
-      "DSCPP_JOB_ID",         "KMP_AFFINITY", "OMP_NUM_THREADS"};
+  static const char* kNames[] = {"CUDA_VISIBLE_DEVICES", "DS_ACCELERATOR", "DS_ENV_FILE",
+                                 "DSCPP_KILL_GRACE_S",   "HOME",           "DSCPP_JOB_ID",
+                                 "KMP_AFFINITY",         "OMP_NUM_THREADS"};
   for (const char* n : kNames) {
     if (name == n) return true;
   }
@@ -82,6 +82,9 @@ Launch::Launch(const std::vector<std::string>& args, const std::map<std::string,
     envp.push_back(item);
   }
   envp.push_back("HOME=" + io_.path());
+  // The fake ranks use no GPU: CPU ranks, as many as a test asks for, on a GPU machine too,
+  // where the launcher would refuse more ranks than GPUs (a test may set its own value).
+  if (!env.count("DS_ACCELERATOR")) envp.push_back("DS_ACCELERATOR=cpu");
   for (const auto& [name, value] : env) {
     if (!value.empty()) envp.push_back(name + "=" + value);
   }

@@ -46,8 +46,9 @@ class Launch {
   // Python parent leaves it: kClosedPipeSigpipeIgnored).
   enum class Output { kFiles, kClosedPipe, kClosedPipeSigpipeIgnored };
   // Starts `dscpp args...` in `cwd`. The child environment is this process's minus the
-  // variables that would change dscpp's behaviour, with HOME set to an empty directory,
-  // then `env` applied (an empty value removes the variable).
+  // variables that would change dscpp's behaviour, with HOME set to an empty directory and
+  // DS_ACCELERATOR=cpu (the fake ranks need no GPU), then `env` applied (an empty value
+  // removes the variable).
   Launch(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
          const std::string& cwd, Output output = Output::kFiles);
   ~Launch();
