@@ -242,8 +242,11 @@ def run_logged(args, cwd, env, log_path, timeout):
 def ninja(root, build, env, targets, log_path, timeout):
     """ninja -k 0 (a target that fails leaves the others built); rc, the outputs that failed."""
     args = ["ninja", "-C", build, "-k", "0", "-j", str(os.cpu_count() or 8)] + list(targets)
+    # The log may hold an earlier build's lines (another folder's): only this one's count.
+    start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
     rc = run_logged(args, root, env, log_path, timeout)
     with open(log_path, errors="replace") as f:
+        f.seek(start)
         text = f.read()
     failed = sorted({l.split("FAILED: ", 1)[1].split()[0] for l in text.splitlines() if l.startswith("FAILED: ")})
     return rc, failed
