@@ -57,6 +57,7 @@
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/aux_loss.h"
 #include "dscpp/nn/layer_module.h"
+#include "dscpp/nn/rng_tracker.h"
 #include "dscpp/ops/grad_destination.h"
 #include "dscpp/ops/grouped_weight_grad.h"
 #include "dscpp/pipe/partition.h"
@@ -229,6 +230,12 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   const int tp = groups.model ? groups.model->size() : 1;
   const int rank = groups.model ? dp_rank * tp + groups.model->rank() : dp_rank;
   const auto& ds = engine.config();
+  // Dropout in the split regions draws under the model-parallel tracker's fork (differing
+  // across tensor ranks), the replicated regions' from the default generator (agreeing), as
+  // on a pipeline; before --load, which restores both on the layout they were saved on.
+  if (groups.model)
+    dscpp::nn::model_parallel_cuda_manual_seed(static_cast<uint64_t>(args.seed),
+                                               groups.model->rank(), engine.device());
 
   int64_t first = 0;
   if (!args.load.empty()) {
