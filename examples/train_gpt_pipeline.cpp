@@ -1,6 +1,6 @@
-// train_gpt on a pipeline: see train_gpt_pipeline.h. The log lines are train_gpt.cpp's, with
-// the bubble added, and so are --save / --save-interval / --load (PipelineEngine's checkpoints);
-// what a pipeline run cannot do yet is refused by name.
+// train_gpt on a pipeline: see train_gpt_pipeline.h. The log lines (and monitor events) are
+// train_gpt.cpp's, with the bubble added, and so are --save / --save-interval / --load
+// (PipelineEngine's checkpoints); what a pipeline run cannot do yet is refused by name.
 #include "train_gpt_pipeline.h"
 
 #include <ATen/ATen.h>
@@ -19,6 +19,7 @@
 #include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
 #include "dscpp/nn/rng_tracker.h"
 #include "dscpp/pipe/pipeline_engine.h"
+#include "dscpp/runtime/monitor/monitor.h"
 #include "moe_training.h"
 #include "non_finite_check.h"
 #include "train_gpt_checkpoint.h"
@@ -272,10 +273,13 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   };
   // The log line of the interval that ends with step `done` (collective: every rank calls it).
   auto log_interval = [&](int64_t done) {
-    // The bubble of this step: the mean over every rank's stage.
-    at::Tensor bubble = at::full({}, engine.last_bubble_fraction(), at::kDouble).to(device);
-    world.all_reduce(bubble, comm::ReduceOp::kAvg).wait();
-    const double secs = seconds(t0);
+    // The bubble of this step and the interval's seconds: the means over every rank's stage,
+    // so that rank 0's line and the monitors' writer (the last stage's) show the same figures.
+    at::Tensor figures =
+        at::tensor({engine.last_bubble_fraction(), seconds(t0)}, at::kDouble).to(device);
+    world.all_reduce(figures, comm::ReduceOp::kAvg).wait();
+    figures = figures.cpu();
+    const double bubble = figures[0].item<double>(), secs = figures[1].item<double>();
     const double tokens_per_s = static_cast<double>(interval_steps * tokens_per_step) / secs;
     const double tflops = tokens_per_s * flops_per_token / ranks / 1e12;
     const std::string moe_fields = moe.interval_report(interval_steps);  // collective
@@ -294,7 +298,17 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
       f.moe = moe.active();
       f.moe_fields = moe_fields;
       std::cout << "[train_gpt] " << interval_fields(f, device)
-                << fmt::format(" | bubble {:.3f}\n", bubble.item<double>()) << std::flush;
+                << fmt::format(" | bubble {:.3f}\n", bubble) << std::flush;
+    }
+    // What only the program knows, beside the engine's own events, as train_gpt's other loop
+    // writes them (docs/monitor.md); the engine's reporting rank (the last stage's) writes.
+    if (engine.core().monitor_enabled()) {
+      const auto x = engine.core().global_samples();
+      std::vector<monitor::Event> events = {{"Train/Samples/tokens_per_sec", tokens_per_s, x},
+                                            {"Train/Samples/tflops_per_rank", tflops, x},
+                                            {"Train/Samples/pipeline_bubble", bubble, x}};
+      if (peak > 0) events.push_back({"Train/Samples/mfu", tflops / peak, x});
+      engine.core().write_monitor_events(events);
     }
     interval_loss = 0;
     interval_steps = 0;
@@ -326,13 +340,19 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     check_non_finite();
     save(engine.global_steps());
   }
-  if (rank == 0)
-    std::cout << "[train_gpt] done. Logs: the lines above"
-              << (args.save.empty()
-                      ? std::string()
-                      : "; checkpoint: " + std::filesystem::absolute(args.save).string())
-              << "\n"
-              << std::flush;
+  if (rank == 0) {
+    const auto& ds = engine.core().config();
+    std::cout << "[train_gpt] done. Logs: the lines above";
+    if (ds.tensorboard.enabled)
+      std::cout << "; TensorBoard: "
+                << std::filesystem::absolute(monitor::monitor_log_dir(ds.tensorboard)).string();
+    if (ds.csv_monitor.enabled)
+      std::cout << "; CSV: "
+                << std::filesystem::absolute(monitor::monitor_log_dir(ds.csv_monitor)).string();
+    if (!args.save.empty())
+      std::cout << "; checkpoint: " << std::filesystem::absolute(args.save).string();
+    std::cout << "\n" << std::flush;
+  }
   return 0;
 }
 

@@ -43,6 +43,8 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
         "initialize(PipelineModule): InitArgs::group is not taken: the engine reduces over "
         "each stage's data-parallel group, which the module's topology makes");
   args.group = module_.data_group();
+  // The last stage holds the loss: its reporting rank writes the monitors and the progress line.
+  args.holds_loss = module_.is_last_stage();
   // Tensor parallelism: EngineCore's model group (runtime/engine/tensor_parallel_grads.h) counts
   // each split parameter on every model rank and a replica once, then sums over the model
   // group; the pipe sum below composes with it (the sums run over orthogonal axes).
@@ -146,16 +148,23 @@ at::Tensor PipelineEngine::train_batch(const DataIter& data_iter) {
   run(steps, data_iter, /*training=*/true);
   const double wall = now_ms() - t0;
   bubble_ = wall > 0 ? std::max(0.0, 1.0 - compute_ms_ / wall) : 0.0;
-  at::Tensor mean;
-  if (module_.is_last_stage()) {
-    at::Tensor sum = at::zeros({}, at::kDouble);
-    for (const auto& l : losses_) sum += l.to(at::kCPU, at::kDouble);
-    mean = sum / static_cast<double>(losses_.size());
-  } else {
-    mean = at::zeros({}, at::kDouble);
-  }
+  // The last stage's mean over micro-batches and data ranks, taken before the optimizer step
+  // (for the monitors); then from the last stage to all.
+  at::Tensor mean = module_.is_last_stage() ? batch_loss_ : at::zeros({}, at::kDouble);
+  batch_loss_ = at::Tensor();
   losses_.clear();
-  return share_from_last(mean);
+  at::Tensor t = mean.to(core_->device());
+  if (module_.num_stages() > 1) module_.pipe_group()->broadcast(t, module_.num_stages() - 1).wait();
+  return t.to(at::kCPU);
+}
+
+at::Tensor PipelineEngine::mean_batch_loss() {
+  at::Tensor sum = at::zeros({}, at::kDouble);
+  for (const auto& l : losses_) sum += l.to(at::kCPU, at::kDouble);
+  at::Tensor mean = (sum / static_cast<double>(losses_.size())).to(core_->device());
+  if (module_.data_parallel_size() > 1)
+    module_.data_group()->all_reduce(mean, comm::ReduceOp::kAvg).wait();
+  return mean.to(at::kCPU);
 }
 
 at::Tensor PipelineEngine::last_aux_loss() const {
@@ -227,6 +236,12 @@ void PipelineEngine::run(const std::vector<Step>& steps, const DataIter& data_it
           case Op::kReduceGrads:
             break;  // done by ZeRO in the backwards (stages 0-1: the last one)
           case Op::kOptimizerStep:
+            // Every forward has run: the batch's loss is known, and the monitors write it with
+            // the step (the last stage's data ranks agree on it here).
+            if (module_.is_last_stage()) {
+              batch_loss_ = mean_batch_loss();
+              core_->set_step_loss(batch_loss_.item<double>());
+            }
             // EngineCore counts micro-steps: the m-th is the boundary that steps.
             for (int i = 0; i < shape_.micro_batches; ++i) core_->step();
             break;

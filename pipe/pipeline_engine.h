@@ -139,6 +139,9 @@ class PipelineEngine {
   CheckpointLayout checkpoint_layout();
   // The mean of `values` over data ranks, then from the last stage to all.
   at::Tensor share_from_last(at::Tensor values);
+  // The last stage's: the batch's loss, the mean over its micro-batches and data ranks
+  // (collective over the data group; a 0-dim float64 CPU tensor).
+  at::Tensor mean_batch_loss();
 
   PipelineModule module_;
   std::shared_ptr<EngineCore> core_;
@@ -148,6 +151,7 @@ class PipelineEngine {
   std::map<int, MicroBatch> loaded_;
   std::map<Key, InFlight> live_;
   std::vector<at::Tensor> losses_;
+  at::Tensor batch_loss_;  // the last stage's mean_batch_loss() of this train_batch
   std::vector<Activation> eval_outputs_;
   bool compute_loss_ = true, return_logits_ = false;
   Key last_backward_{-1, -1};

@@ -107,7 +107,12 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   dtype_ = config_.fp16.enabled ? at::kHalf : config_.bf16.enabled ? at::kBFloat16 : at::kFloat;
   if (group_->backend_name() == "nccl") device_ = at::Device(at::kCUDA, local_rank_);
   scaler_ = std::make_unique<LossScaler>(config_.fp16);
-  monitor_ = std::make_unique<monitor::MonitorMaster>(config_, group_->rank());
+  // One reporting rank in the job: each data group's rank 0 would be one per stage and tensor
+  // rank (each a file of its own, a stage without the loss writing 0). MonitorMaster opens
+  // its files on its rank 0 alone: the reporter is that rank.
+  reporter_ =
+      args.holds_loss && group_->rank() == 0 && (!model_group_ || model_group_->rank() == 0);
+  monitor_ = std::make_unique<monitor::MonitorMaster>(config_, reporter_ ? 0 : 1);
   flops_profiler_ = std::make_unique<profiler::EngineFlopsProfiler>(config_.flops_profiler,
                                                                     group_->rank(), device_);
 }
@@ -459,7 +464,7 @@ void EngineCore::backward(const at::Tensor& loss) {
   if (experts_)
     experts_->begin_backward(zero_optimization_stage() >= 2 || boundary, boundary,
                              scaler_->loss_scale());
-  if (monitor_->enabled() && group_->rank() == 0) {
+  if (monitor_->enabled() && reporter_) {
     at::Tensor l = loss.detach().to(at::kDouble);
     loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
   }
@@ -521,13 +526,17 @@ void EngineCore::step() {
   // DeepSpeed's report of the profiled step (the world is the data-parallel group here).
   flops_profiler_->step_end(
       global_steps_, {group_->size(), group_->size(), 1, config_.train_micro_batch_size_per_gpu});
-  if (monitor_->enabled() && group_->rank() == 0) {
-    // The mean of rank 0's micro-batch losses of this step (one host sync, monitors only).
-    double loss =
-        loss_sum_.defined() ? loss_sum_.item<double>() / config_.gradient_accumulation_steps : 0.0;
+  if (monitor_->enabled() && reporter_) {
+    // The mean of this rank's micro-batch losses of this step (one host sync, monitors only),
+    // or the loss set_step_loss gave.
+    double loss = has_step_loss_ ? step_loss_
+                  : loss_sum_.defined()
+                      ? loss_sum_.item<double>() / config_.gradient_accumulation_steps
+                      : 0.0;
     loss_sum_ = at::Tensor();
     write_monitor_events(loss);
   }
+  has_step_loss_ = false;
   if (config_.steps_per_print && *config_.steps_per_print > 0 &&
       global_steps_ % *config_.steps_per_print == 0)
     log_progress();
@@ -538,7 +547,7 @@ bool EngineCore::monitor_enabled() const {
 }
 
 void EngineCore::write_monitor_events(const std::vector<monitor::Event>& events) {
-  if (monitor_->enabled() && group_->rank() == 0) monitor_->write_events(events);
+  if (monitor_->enabled() && reporter_) monitor_->write_events(events);
 }
 
 void EngineCore::write_monitor_events(double train_loss) {

@@ -114,6 +114,10 @@ struct InitArgs {
   // A client LR schedule (`lr_scheduler=`) over the engine's optimizer; a "scheduler" section
   // in the config takes precedence, as in DeepSpeed.
   std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)> lr_scheduler;
+  // Whether this engine holds the job's loss (a pipeline's: on its last stage only). One rank
+  // of the job writes the monitors and prints the progress line: data rank 0 at model rank 0
+  // of an engine that holds the loss.
+  bool holds_loss = true;
 };
 
 // Where a checkpoint's files go and which ranks agree on a save or a load. The default is the
@@ -203,10 +207,17 @@ class EngineCore {
   void check_deferred_error() const;
 
   // Whether a tensorboard or csv_monitor is on (the same on every rank), and a program's own
-  // events (train_gpt's tokens/s) into them beside the engine's: written by rank 0, a no-op
-  // elsewhere and with no monitor on.
+  // events (train_gpt's tokens/s) into them beside the engine's: written by the one reporting
+  // rank (InitArgs::holds_loss), a no-op elsewhere and with no monitor on.
   bool monitor_enabled() const;
   void write_monitor_events(const std::vector<monitor::Event>& events);
+  // The train_loss the monitors write for the next optimizer step, in place of the mean of the
+  // micro-batch losses backward() saw: a pipeline's, whose backward_from sees none (the
+  // batch's mean over its micro-batches and data ranks).
+  void set_step_loss(double loss) {
+    step_loss_ = loss;
+    has_step_loss_ = true;
+  }
 
   bool is_gradient_accumulation_boundary() const;
   int64_t global_steps() const { return global_steps_; }
@@ -352,7 +363,10 @@ class EngineCore {
   InitArgs client_;  // the client optimizer and schedule factories, used by attach()
   std::unique_ptr<monitor::MonitorMaster> monitor_;                // tensorboard / csv_monitor
   std::unique_ptr<profiler::EngineFlopsProfiler> flops_profiler_;  // flops_profiler
-  at::Tensor loss_sum_;  // this accumulation's micro-batch losses, while a monitor is on
+  at::Tensor loss_sum_;   // this accumulation's micro-batch losses, while a monitor is on
+  double step_loss_ = 0;  // set_step_loss's, while has_step_loss_
+  bool has_step_loss_ = false;
+  bool reporter_ = false;  // the rank that writes the monitors and the progress line
   std::function<NamedParams()> named_params_, named_buffers_;
   std::vector<std::string> param_names_;  // the trainable parameters, as the ZeRO buffer holds them
   std::vector<std::pair<std::string, std::string>> shared_params_;  // alias -> first name

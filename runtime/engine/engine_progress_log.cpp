@@ -1,6 +1,7 @@
-// EngineCore::log_progress: the progress lines rank 0 prints every steps_per_print steps, in
-// DeepSpeed's form (step, lr, loss scale, grad norm, samples/s), and under wall_clock_breakdown
-// the timers' and ZeRO's phase times since the last line, which it then resets.
+// EngineCore::log_progress: the progress lines the reporting rank (one in the job) prints every
+// steps_per_print steps, in DeepSpeed's form (step, lr, loss scale, grad norm, samples/s), and
+// under wall_clock_breakdown the timers' and ZeRO's phase times since the last line, which it
+// then resets.
 #include <fmt/format.h>
 
 #include <iostream>
@@ -15,7 +16,7 @@ namespace dscpp {
 void EngineCore::log_progress() {
   auto now = std::chrono::steady_clock::now();
   double secs = std::chrono::duration<double>(now - last_log_).count();
-  if (group_->rank() == 0)
+  if (reporter_)
     std::cout << fmt::format(
                      "[dscpp] step={}, skipped={}, lr=[{:.6g}], mom=[{:.6g}], loss_scale={:g}, "
                      "grad_norm={:.4g}, samples/sec={:.2f}\n",
@@ -23,7 +24,7 @@ void EngineCore::log_progress() {
                      zero_->optimizer().get_momentum(), scaler_->loss_scale(),
                      get_global_grad_norm(), secs > 0 ? samples_since_log_ / secs : 0.0)
               << std::flush;
-  if (config_.wall_clock_breakdown && group_->rank() == 0)
+  if (config_.wall_clock_breakdown && reporter_)
     std::cout << fmt::format(
                      "[dscpp] time (ms) | forward: {:.2f} | backward: {:.2f} | backward_inner: "
                      "{:.2f} | backward_allreduce: {:.2f} | step: {:.2f}\n",
@@ -36,7 +37,7 @@ void EngineCore::log_progress() {
     const zero::PhaseTimes phases = zero_->take_phase_times();
     std::string line;
     for (const auto& [name, ms] : phases) line += fmt::format(" | {}: {:.2f}", name, ms);
-    if (group_->rank() == 0 && !line.empty())
+    if (reporter_ && !line.empty())
       std::cout << "[dscpp] zero phases (ms)" << line << "\n" << std::flush;
   }
   timers_ = Timers();

@@ -1,7 +1,8 @@
 // MonitorMaster: DeepSpeed's monitors (deepspeed/monitor/monitor.py) as the ds_config sets
 // them up. `tensorboard` writes TensorBoard event files and `csv_monitor` one CSV per event
 // name, both under <output_path>/<job_name>/ exactly where DeepSpeed writes them. Only global
-// rank 0 opens or writes anything; every other rank's MonitorMaster is a no-op. `wandb` and
+// rank 0 opens or writes anything (the engine passes 0 on its one reporting rank:
+// EngineCore's InitArgs::holds_loss); every other rank's MonitorMaster is a no-op. `wandb` and
 // `comet` need their Python services: not implemented (the config reader announces them).
 // Every write_events call ends with the files flushed to the OS, so a crash of the process
 // loses nothing already written. Errors throw dscpp::Error naming the file.
