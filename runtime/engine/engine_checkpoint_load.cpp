@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "dscpp/nn/rng_tracker.h"
 #include "dscpp/optim/lr_schedules.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
@@ -52,6 +53,36 @@ void EngineCore::restore_rng_state(const PyValue& states) {
     at::Generator gen = at::globalContext().defaultGenerator(device_);
     gen.set_state(cuda.as_tensor());
   }
+  restore_rng_tracker(mine.find(PyValue("rng_tracker_states")));
+}
+
+void EngineCore::restore_rng_tracker(const PyValue* saved) {
+  nn::RNGStatesTracker& tracker = nn::get_cuda_rng_tracker();
+  const auto current = tracker.get_states();
+  if (!saved || !saved->is_dict()) {
+    // Saved before the tracker was (or by a program without one): its streams go on from
+    // where this run seeded them.
+    if (!current.empty() && group_->rank() == 0)
+      std::cerr << "dscpp: the checkpoint holds no model-parallel RNG tracker states; the "
+                   "tracker keeps this run's seeds\n";
+    return;
+  }
+  // A state is a generator's for the tracker's device: one of another device type (a CPU
+  // run's on a GPU) has another size, and is not restored.
+  const int64_t expected =
+      at::globalContext().defaultGenerator(tracker.device()).get_state().numel();
+  std::map<std::string, at::Tensor> states;
+  for (size_t i = 0; i < saved->size(); ++i) {
+    const PyValue& v = saved->values()[i];
+    if (!saved->keys()[i].is_string() || !v.is_tensor() || v.as_tensor().numel() != expected) {
+      if (group_->rank() == 0)
+        std::cerr << "dscpp: the checkpoint's model-parallel RNG tracker states are not this "
+                     "device's generator states; they are not restored\n";
+      return;
+    }
+    states.emplace(saved->keys()[i].as_string(), v.as_tensor());
+  }
+  tracker.set_states(states);
 }
 
 bool EngineCore::load_module(const PyValue& model, const std::string& path,

@@ -2,7 +2,8 @@
 // filled from the engine's state (engine_checkpoint_load.cpp reads them back). What goes where:
 //   model states (rank 0 writes, all read): the module's state_dict, DeepSpeed's bookkeeping
 //     keys, the LR schedule, at stage 0 the optimizer in torch's per-parameter layout, and
-//     ours: loss scaler, every rank's RNG states, the micro-step count;
+//     ours: loss scaler, every rank's RNG states (the model-parallel tracker's too), the
+//     micro-step count;
 //   ZeRO files (stages 1-3, one per rank): DeepSpeed's partition of the fp32 master weights
 //     and of the optimizer state, re-mapped from our bucket layout
 //     (runtime/checkpoint/ds_partition.h).
@@ -22,6 +23,7 @@
 #include <set>
 
 #include "dscpp/error.h"
+#include "dscpp/nn/rng_tracker.h"
 #include "dscpp/optim/lr_schedules.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
@@ -152,7 +154,27 @@ PyValue EngineCore::gather_rng_states() {
   at::Tensor cpu = at::globalContext().defaultGenerator(at::kCPU).get_state();
   at::Tensor cuda;
   if (device_.is_cuda()) cuda = at::globalContext().defaultGenerator(device_).get_state();
-  at::Tensor mine = cuda.defined() ? at::cat({cpu, cuda}) : cpu;
+  // The model-parallel tracker's named states (nn/rng_tracker.h: a tensor-parallel model's
+  // dropout in its split regions), as Megatron's checkpoint keeps its rng_tracker_states; none
+  // where nothing seeded the tracker. Every data rank names the same states (one program),
+  // but a rank whose tracker differs in size must not break the gather below: then the
+  // tracker's states are left out, and a resume draws other masks (rank 0 says so).
+  const std::map<std::string, at::Tensor> tracker = nn::get_cuda_rng_tracker().get_states();
+  std::vector<at::Tensor> parts{cpu};
+  if (cuda.defined()) parts.push_back(cuda);
+  int64_t tracker_numel = 0;
+  for (const auto& [name, state] : tracker) tracker_numel += state.numel();
+  at::Tensor range = at::tensor({tracker_numel, -tracker_numel}, at::kLong).to(device_);
+  if (group_->size() > 1) group_->all_reduce(range, comm::ReduceOp::kMax).wait();
+  range = range.cpu();
+  const bool with_tracker =
+      tracker_numel > 0 && range[0].item<int64_t>() == -range[1].item<int64_t>();
+  if (tracker_numel > 0 && !with_tracker && group_->rank() == 0)
+    std::cerr << "dscpp: save_checkpoint: the data ranks' model-parallel RNG trackers differ "
+                 "in size; their states are not saved\n";
+  if (with_tracker)
+    for (const auto& [name, state] : tracker) parts.push_back(state);
+  at::Tensor mine = at::cat(parts);
   const int64_t n = mine.numel(), w = group_->size();
   at::Tensor all = at::empty({w * n}, mine.options().device(device_));
   if (w > 1) {
@@ -164,10 +186,21 @@ PyValue EngineCore::gather_rng_states() {
   PyValue out = PyValue::list();
   for (int64_t r = 0; r < w; ++r) {
     at::Tensor row = all.slice(0, r * n, (r + 1) * n);
+    int64_t pos = 0;
+    auto take = [&](int64_t len) {
+      at::Tensor t = row.slice(0, pos, pos + len).clone();
+      pos += len;
+      return t;
+    };
     PyValue s = PyValue::dict();
-    s.set(PyValue("cpu"), PyValue(row.slice(0, 0, cpu.numel()).clone()));
-    s.set(PyValue("cuda"),
-          cuda.defined() ? PyValue(row.slice(0, cpu.numel(), n).clone()) : PyValue());
+    s.set(PyValue("cpu"), PyValue(take(cpu.numel())));
+    s.set(PyValue("cuda"), cuda.defined() ? PyValue(take(cuda.numel())) : PyValue());
+    if (with_tracker) {
+      PyValue states = PyValue::dict();
+      for (const auto& [name, state] : tracker)
+        states.set(PyValue(name), PyValue(take(state.numel())));
+      s.set(PyValue("rng_tracker_states"), std::move(states));
+    }
     out.append(std::move(s));
   }
   return out;

@@ -291,6 +291,9 @@ class EngineCore {
   std::string shared_save_id();       // collective: rank 0's new save id
   checkpoint::PyValue gather_rng_states();
   void restore_rng_state(const checkpoint::PyValue& states);
+  // This rank's saved model-parallel tracker states (null: none saved) into the process's
+  // tracker (nn/rng_tracker.h).
+  void restore_rng_tracker(const checkpoint::PyValue* saved);
   void check_tag_agrees(const std::string& tag);
   // The tag `latest` names; false (warning on rank 0, as DeepSpeed) when there is none.
   bool latest_tag(const std::string& load_dir, std::string* tag);
