@@ -73,7 +73,17 @@ function(dscpp_reuse_pch dir)
       cmake_path(ABSOLUTE_PATH src BASE_DIRECTORY ${source_dir})
       get_source_file_property(own ${src} TARGET_DIRECTORY ${t} COMPILE_OPTIONS)
       get_source_file_property(flags ${src} TARGET_DIRECTORY ${t} COMPILE_FLAGS)
-      if(own OR flags)
+      # A unit that defines a macro before its first include (NDEBUG, to read LibTorch's
+      # headers as LibTorch's own code does) must parse them itself: the precompiled header
+      # was parsed without it.
+      set(defines_first FALSE)
+      if(EXISTS ${src} AND src MATCHES "\\.(cpp|cc)$")
+        file(STRINGS ${src} directives REGEX "^#(define|undef|include)" LIMIT_COUNT 1)
+        if(directives MATCHES "^#(define|undef)")
+          set(defines_first TRUE)
+        endif()
+      endif()
+      if(own OR flags OR defines_first)
         set_source_files_properties(${src} TARGET_DIRECTORY ${t}
                                     PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
       endif()
