@@ -76,6 +76,9 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
     ("save", po::value(&a.save), "checkpoint folder to save to")
     ("save-interval", po::value(&a.save_interval)->default_value(0),
      "save every K steps (0: only at the end, when --save is given)")
+    ("on-save-error", po::value(&a.on_save_error)->default_value(a.on_save_error),
+     "what a checkpoint that cannot be written (a full disk, a file-size limit) does: stop "
+     "(the run ends, exit status 1) or continue (rank 0 warns and training goes on)")
     ("load", po::value(&a.load), "checkpoint folder to resume from (if it holds one)")
     ("log-interval", po::value(&a.log_interval)->default_value(10), "log every K steps")
     ("seed", po::value(&a.seed)->default_value(1234), "initialisation and data order")
@@ -203,6 +206,9 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
   if (a.save_interval < 0)
     throw FlagError(
         fmt::format("--save-interval: expected a count >= 0, found {}", a.save_interval));
+  if (a.on_save_error != "stop" && a.on_save_error != "continue")
+    throw FlagError(
+        fmt::format("--on-save-error: expected stop or continue, found '{}'", a.on_save_error));
   if (a.tensor_model_parallel_size < 1 || a.pipeline_model_parallel_size < 1)
     throw FlagError(
         "--tensor-model-parallel-size and --pipeline-model-parallel-size: expected "

@@ -53,6 +53,7 @@ struct GptOptions {
   // first step with a non-finite loss or gradient norm, or report it and train on (Megatron's).
   bool check_for_nan_in_loss_and_grad = true;
   // train_gpt's own.
+  std::string on_save_error = "stop";  // --on-save-error: stop | continue (train_gpt_checkpoint.h)
   double peak_tflops = 0;
   int64_t profile_step = 0;  // 0: no profiling
   int64_t profile_steps = 1;

@@ -308,9 +308,13 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
         << std::flush;
 
   auto save = [&](int64_t step) {
-    engine.save_checkpoint(args.save, "",
-                           dscpp::examples::train_gpt_client_state(step, ds.train_batch_size));
-    if (rank == 0)
+    const bool saved = dscpp::examples::save_checkpoint_or(
+        [&] {
+          engine.save_checkpoint(
+              args.save, "", dscpp::examples::train_gpt_client_state(step, ds.train_batch_size));
+        },
+        args.on_save_error, step, rank);
+    if (saved && rank == 0)
       std::cout << fmt::format("[train_gpt] saved {}/global_step{}\n", args.save, step)
                 << std::flush;
   };

@@ -8,9 +8,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iostream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 
+#include "dscpp/runtime/checkpoint/checkpoint_error.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
 
 namespace dscpp::examples {
@@ -22,6 +25,35 @@ inline checkpoint::PyValue train_gpt_client_state(int64_t step, int64_t train_ba
   client.set("iteration", step);
   client.set("consumed_samples", step * train_batch_size);
   return client;
+}
+
+// --on-save-error: what a save that fails does to the run. The engine throws the same
+// CheckpointError on every rank (the file and the cause named, no .tmp file left, `latest`
+// still naming the last complete checkpoint), so every rank takes the same branch:
+//   stop (the default): the run ends with this error, exit status 1, rather than train on
+//     with nothing to resume from;
+//   continue: rank 0 warns, training goes on, and the next save tries again.
+// Runs `save` (the engine's save_checkpoint for `step`); returns whether it saved.
+template <typename Save>
+bool save_checkpoint_or(const Save& save, const std::string& on_save_error, int64_t step,
+                        int rank) {
+  try {
+    save();
+    return true;
+  } catch (const checkpoint::CheckpointError& e) {
+    if (on_save_error != "continue")
+      throw std::runtime_error(
+          fmt::format("stopping: the checkpoint of step {} was not saved: {} (with "
+                      "--on-save-error continue, training would go on)",
+                      step, e.what()));
+    if (rank == 0)
+      std::cerr << fmt::format(
+                       "[train_gpt] warning: the checkpoint of step {} was not saved: {}; "
+                       "training goes on (--on-save-error continue)\n",
+                       step, e.what())
+                << std::flush;
+    return false;
+  }
 }
 
 // A finished run resumed (the checkpoint at step `first` >= --train-iters): why nothing trains

@@ -245,8 +245,13 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
 
   // Collective over every stage (each writes its layers' files); out of the interval's timing.
   auto save = [&](int64_t step) {
-    engine.save_checkpoint(args.save, "", train_gpt_client_state(step, engine.train_batch_size()));
-    if (rank == 0)
+    const bool saved = save_checkpoint_or(
+        [&] {
+          engine.save_checkpoint(args.save, "",
+                                 train_gpt_client_state(step, engine.train_batch_size()));
+        },
+        args.on_save_error, step, rank);
+    if (saved && rank == 0)
       std::cout << fmt::format("[train_gpt] saved {}/global_step{}\n", args.save, step)
                 << std::flush;
   };

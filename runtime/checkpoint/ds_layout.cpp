@@ -1,13 +1,10 @@
 // DeepSpeed's checkpoint layout: see ds_layout.h.
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "dscpp/runtime/checkpoint/atomic_file.h"
 
 namespace dscpp::checkpoint {
 
@@ -76,30 +73,9 @@ std::optional<std::string> read_latest(const std::string& dir, const std::string
 }
 
 void write_latest(const std::string& dir, const std::string& tag, const std::string& file) {
-  const std::string path = (fs::path(dir) / file).string();
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  auto fail = [&](const char* what) {
-    int e = errno;
-    if (fd >= 0) ::close(fd);
-    throw CheckpointError("cannot write '" + path + "': " + what + ": " + std::strerror(e));
-  };
-  if (fd < 0) fail("open");
-  // DeepSpeed writes the bare tag, no newline.
-  if (::write(fd, tag.data(), tag.size()) != static_cast<ssize_t>(tag.size())) fail("write");
-  if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0) {
-    fd = -1;
-    fail("close");
-  }
-  fd = -1;
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename");
-  // The rename itself is durable once the directory is synced.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  AtomicFile out((fs::path(dir) / file).string());
+  out.write(tag.data(), tag.size());  // DeepSpeed writes the bare tag, no newline
+  out.commit();
 }
 
 void make_tag_dir(const std::string& dir, const std::string& tag) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "dscpp/runtime/checkpoint/atomic_file.h"
 #include "dscpp/runtime/checkpoint/checkpoint_error.h"
 
 namespace dscpp::checkpoint {
@@ -60,21 +61,14 @@ void save_safetensors(const NamedTensors& tensors, const std::string& path,
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const at::Tensor& c : data)
-      out.write(static_cast<const char*>(c.data_ptr()),
-                static_cast<std::streamsize>(c.numel() * c.element_size()));
-    out.flush();
-    if (!out) throw CheckpointError("cannot write '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw CheckpointError("cannot rename '" + tmp + "' to '" + path + "'");
+  AtomicFile out(path);
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+  out.write(len, 8);
+  out.write(text.data(), text.size());
+  for (const at::Tensor& c : data)
+    out.write(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+  out.commit();
 }
 
 namespace {

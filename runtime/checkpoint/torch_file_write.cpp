@@ -4,13 +4,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -18,6 +13,8 @@
 #include <utility>
 
 #include "dscpp/error.h"
+#include "dscpp/runtime/checkpoint/atomic_file.h"
+#include "dscpp/runtime/checkpoint/checkpoint_error.h"
 #include "dscpp/runtime/checkpoint/torch_format.h"
 
 namespace dscpp::checkpoint {
@@ -251,54 +248,47 @@ class Pickler {
 // ---------------------------------------------------------------------------------------------
 
 void save_torch_file(const PyValue& root, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  FILE* f = nullptr;
   try {
     Pickler pickler;
     pickler.dump(root);
-
-    f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw dscpp::Error("cannot create " + tmp + ": " + std::strerror(errno));
+    AtomicFile file(path);
+    // PyTorchStreamWriter throws from its destructor when a write came up short (its
+    // writeEndOfFile runs there, during the unwinding: std::terminate). So the sink never
+    // reports a short write to it: it keeps the first failure, drops what follows, and the
+    // failure is thrown once the writer is gone.
+    std::exception_ptr failure;
     {
-      caffe2::serialize::PyTorchStreamWriter writer(
-          [f](const void* buf, size_t n) -> size_t { return std::fwrite(buf, 1, n, f); });
-      writer.writeRecord("data.pkl", pickler.out.data(), pickler.out.size());
-      writer.writeRecord(".format_version", "1", 1);
-      writer.writeRecord(".storage_alignment", "64", 2);
-      writer.writeRecord("byteorder", "little", 6);
-      for (size_t k = 0; k < pickler.storages.size(); ++k) {
+      caffe2::serialize::PyTorchStreamWriter writer([&](const void* buf, size_t n) -> size_t {
+        if (!failure) {
+          try {
+            file.write(buf, n);
+          } catch (...) {
+            failure = std::current_exception();
+          }
+        }
+        return n;
+      });
+      auto record = [&](const std::string& name, const void* data, size_t n) {
+        if (!failure) writer.writeRecord(name, data, n);
+      };
+      record("data.pkl", pickler.out.data(), pickler.out.size());
+      record(".format_version", "1", 1);
+      record(".storage_alignment", "64", 2);
+      record("byteorder", "little", 6);
+      for (size_t k = 0; k < pickler.storages.size() && !failure; ++k) {
         at::Tensor t = pickler.storages[k].detach();
         if (!t.device().is_cpu()) t = t.to(at::kCPU);
         t = t.resolve_conj().resolve_neg();
         if (!t.is_contiguous()) t = t.contiguous();
         size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-        writer.writeRecord("data/" + std::to_string(k), nbytes ? t.const_data_ptr() : nullptr,
-                           nbytes);
+        record("data/" + std::to_string(k), nbytes ? t.const_data_ptr() : nullptr, nbytes);
       }
-      writer.writeEndOfFile();
+      if (!failure) writer.writeEndOfFile();
     }
-    if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
-      throw dscpp::Error(std::string("cannot flush ") + tmp + ": " + std::strerror(errno));
-    }
-    FILE* g = f;
-    f = nullptr;
-    if (std::fclose(g) != 0) {
-      throw dscpp::Error(std::string("cannot close ") + tmp + ": " + std::strerror(errno));
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) throw dscpp::Error("cannot rename " + tmp + ": " + ec.message());
-    std::string dir = std::filesystem::path(path).parent_path().string();
-    int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
+    if (failure) std::rethrow_exception(failure);
+    file.commit();
   } catch (const std::exception& e) {
-    if (f) std::fclose(f);
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    throw dscpp::Error("dscpp: cannot save torch file '" + path + "': " + error_text(e));
+    throw CheckpointError("dscpp: cannot save torch file '" + path + "': " + error_text(e));
   }
 }
 
