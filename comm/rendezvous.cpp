@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "dscpp/comm/backend.h"
+#include "dscpp/comm/error_text.h"
 
 #ifdef DSCPP_CUDA
 #include <cuda_runtime_api.h>
@@ -153,9 +154,9 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
         throw CommError(
             fmt::format("rank 0 of {} could not serve the store on port {} (is another job using "
                         "--master_port {}?): {}",
-                        e.world_size, e.master_port, e.master_port, ex.what()));
+                        e.world_size, e.master_port, e.master_port, error_text(ex)));
       throw CommError(fmt::format("rank {} of {} could not reach the store at {}:{}: {}", e.rank,
-                                  e.world_size, e.master_addr, e.master_port, ex.what()));
+                                  e.world_size, e.master_addr, e.master_port, error_text(ex)));
     }
     try {
       check_same_job(*store, e);
@@ -165,7 +166,7 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
       throw CommError(
           fmt::format("rank {} of {} could not read the job id from the store at "
                       "{}:{}: {}",
-                      e.rank, e.world_size, e.master_addr, e.master_port, ex.what()));
+                      e.rank, e.world_size, e.master_addr, e.master_port, error_text(ex)));
     }
   }
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world/", store);
@@ -179,7 +180,7 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
     throw;
   } catch (const std::exception& ex) {
     throw CommError(fmt::format("rank {} of {} could not create the {} group: {}", e.rank,
-                                e.world_size, kind, ex.what()));
+                                e.world_size, kind, error_text(ex)));
   }
   std::vector<int> ranks(e.world_size);
   std::iota(ranks.begin(), ranks.end(), 0);

@@ -12,6 +12,7 @@
 
 #include <iostream>
 
+#include "dscpp/comm/error_text.h"
 #include "dscpp/comm/rendezvous.h"
 
 int main() {
@@ -19,7 +20,7 @@ int main() {
   try {
     world = dscpp::comm::init_distributed();
   } catch (const std::exception& e) {
-    std::cerr << "dist_check: cannot join the job: " << e.what() << "\n";
+    std::cerr << "dist_check: cannot join the job: " << dscpp::comm::error_text(e) << "\n";
     return 2;
   }
   const int rank = world->rank(), n = world->size();
@@ -32,7 +33,8 @@ int main() {
   try {
     world->all_reduce(t).wait();
   } catch (const std::exception& e) {
-    std::cerr << "dist_check: rank " << rank << ": all_reduce failed: " << e.what() << "\n";
+    std::cerr << "dist_check: rank " << rank
+              << ": all_reduce failed: " << dscpp::comm::error_text(e) << "\n";
     return 1;
   }
   const auto sum = static_cast<int64_t>(t.cpu().item<double>());

@@ -45,6 +45,7 @@
 #include <thread>
 
 #include "dry_run.h"
+#include "dscpp/comm/error_text.h"
 #include "dscpp/comm/no_op_group.h"
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/comm/topology.h"
@@ -577,7 +578,7 @@ int main(int argc, char** argv) {
   } catch (const dscpp::examples::FlagError& e) {
     return report_once(quiet, rank, e.what(), 2);
   } catch (const std::exception& e) {
-    return report_once(quiet, rank, e.what(), 1);
+    return report_once(quiet, rank, dscpp::comm::error_text(e), 1);
   }
   try {
     at::manual_seed(static_cast<uint64_t>(args.seed));
@@ -634,8 +635,9 @@ int main(int argc, char** argv) {
   } catch (const dscpp::pipe::PartitionError& e) {  // the pipeline's partition of the layers
     return report_once(quiet, rank, e.what(), 1);
   } catch (const std::exception& e) {
-    // Anything else may be this rank's alone: each rank says it.
-    std::cerr << "train_gpt: " << e.what() << "\n";
+    // Anything else may be this rank's alone: each rank says it, without the C++ backtrace
+    // a c10::Error's what() carries after the message.
+    std::cerr << "train_gpt: " << dscpp::comm::error_text(e) << "\n";
     return 1;
   }
 }

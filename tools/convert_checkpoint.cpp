@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "dscpp/comm/error_text.h"
 #include "dscpp/model_zoo/gpt_config.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/fp32_state.h"
@@ -279,7 +280,7 @@ int main(int argc, char** argv) {
     else
       to_dscpp(input, output, config_out);
   } catch (const std::exception& e) {
-    std::cerr << "convert_checkpoint: " << e.what() << "\n";
+    std::cerr << "convert_checkpoint: " << dscpp::comm::error_text(e) << "\n";
     return 1;
   }
   return 0;

@@ -22,6 +22,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "dscpp/comm/error_text.h"
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/ds_config.h"
 #include "dscpp/optim/lr_schedules.h"
@@ -249,7 +250,8 @@ int resolve_list(const std::string& path) {
         try {
           r = resolve(req["config"].get<std::string>(), options);
         } catch (const std::exception& e) {  // where --config alone would abort: exit 1
-          r = Resolution{1, "", std::string("dscpp_report: uncaught: ") + e.what() + "\n"};
+          r = Resolution{
+              1, "", std::string("dscpp_report: uncaught: ") + dscpp::comm::error_text(e) + "\n"};
         }
       }
     }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "dscpp/comm/error_text.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
 #include "dscpp/runtime/checkpoint/universal_from_zero.h"
 
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
               << dscpp::checkpoint::tag_dir(dir, tag) << " to " << output.string() << " and "
               << (fs::path(out_dir) / "latest_universal").string() << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "to_universal: " << e.what() << "\n";
+    std::cerr << "to_universal: " << dscpp::comm::error_text(e) << "\n";
     return 1;
   }
   return 0;

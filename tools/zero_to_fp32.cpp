@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <iostream>
 
+#include "dscpp/comm/error_text.h"
 #include "dscpp/runtime/checkpoint/fp32_state.h"
 
 namespace po = boost::program_options;
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
     std::cout << "zero_to_fp32: wrote " << sd.size() << " tensors (" << numel << " elements) to "
               << out << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "zero_to_fp32: " << e.what() << "\n";
+    std::cerr << "zero_to_fp32: " << dscpp::comm::error_text(e) << "\n";
     return 1;
   }
   return 0;

@@ -1,7 +1,12 @@
 // read_dist_env: the launcher's variables, OpenMPI's as DeepSpeed maps them, and errors
 // for an environment that cannot form a job.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 
 #include "dscpp/comm/rendezvous.h"
@@ -116,4 +121,37 @@ TEST_F(Rendezvous, JobIdInterfaceAndPort) {
   setenv("MASTER_PORT", "70000", 1);
   EXPECT_NE(error_of([] { read_dist_env(); }).find("MASTER_PORT='70000': expected a TCP port"),
             std::string::npos);
+}
+
+// A port another process listens on: rank 0 cannot serve the store there, and the error says
+// so in words, without LibTorch's C++ backtrace (c10::Error's what() carries one).
+TEST_F(Rendezvous, ATakenPortIsAnErrorWithoutABacktrace) {
+  const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(taken, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", port.c_str(), 1);
+  InitOptions o;
+  o.backend = "gloo";
+  o.timeout = std::chrono::seconds(5);  // only if the store were served after all
+  std::string e;
+  try {
+    dscpp::comm::init_distributed(o);
+  } catch (const CommError& error) {
+    e = error.what();
+  }
+  ::close(taken);
+  EXPECT_NE(e.find("rank 0 of 2 could not serve the store on port " + port), std::string::npos)
+      << e;
+  EXPECT_EQ(e.find("Exception raised from"), std::string::npos) << e;
+  EXPECT_EQ(e.find("frame #"), std::string::npos) << e;
 }
