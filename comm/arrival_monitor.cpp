@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <iostream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -88,9 +89,12 @@ struct ArrivalMonitor::State {
     for (const InFlight& f : late) {
       double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
-      fmt::print(stderr, "dscpp: {} #{} on group '{}' (rank {}) still running after {:.1f} s: {}\n",
-                 f.op, f.seq, group, rank, waited, comm::diagnose(self, f.seq));
-      std::fflush(stderr);
+      // std::cerr, not fmt::print: this is the watchdog's thread, and fmt::print throws when
+      // stderr is a pipe whose reader has gone, which here would be std::terminate.
+      std::cerr << fmt::format(
+                       "dscpp: {} #{} on group '{}' (rank {}) still running after {:.1f} s: {}\n",
+                       f.op, f.seq, group, rank, waited, comm::diagnose(self, f.seq))
+                << std::flush;
     }
   }
 };

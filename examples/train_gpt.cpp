@@ -36,6 +36,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -537,6 +538,10 @@ int report_once(bool quiet, int rank, const std::string& what, int status) {
 // same status (report_once).
 int main(int argc, char** argv) {
   program_start = std::chrono::steady_clock::now();
+  // A reader that closed its end of our output (`train_gpt | head`) makes a write fail
+  // quietly (std::cout and std::cerr do not throw), not kill the rank in the middle of a step
+  // or of a checkpoint's save: the run goes on to its end.
+  std::signal(SIGPIPE, SIG_IGN);
   bool quiet = false, launched = false;
   int64_t world = 1;
   int rank = 0;

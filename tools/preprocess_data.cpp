@@ -8,11 +8,14 @@
 // tokens is kept as an empty document (its document index repeats), as Megatron writes it.
 // Blank lines are skipped. Progress on stderr (a bar on a terminal, a line per 10% otherwise),
 // then a summary. Exit status: 0 done, 1 error (bad input names its line), 2 bad usage.
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <exception>
@@ -23,6 +26,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -33,6 +37,18 @@ namespace po = boost::program_options;
 namespace data = dscpp::data;
 
 namespace {
+
+// --workers above this is no count of threads anyone means (a typo); up to it, the count is
+// capped at the CPUs this process may run on.
+constexpr int kMaxWorkers = 1 << 16;
+
+// The CPUs this process may run on (its affinity mask: a container's or taskset's share).
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 struct Options {
   std::string input;
@@ -118,20 +134,20 @@ class Pipeline {
   Pipeline(const Options& o, const data::GPT2Tokenizer& tok) : o_(o), tok_(tok) {
     in_.open(o.input, std::ios::binary);
     if (!in_) throw std::runtime_error(o.input + ": cannot open the input");
-    reader_ = std::thread([this] { read(); });
-    for (int w = 0; w < o.workers; ++w) workers_.emplace_back([this] { work(); });
+    // A thread the system refuses (a limit on threads or memory) is an error, after the ones
+    // started are stopped: a std::thread destroyed while joinable would std::terminate.
+    try {
+      reader_ = std::thread([this] { read(); });
+      for (int w = 0; w < o.workers; ++w) workers_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      stop();
+      throw std::runtime_error(
+          "cannot start tokenising thread " + std::to_string(workers_.size() + 1) + " of " +
+          std::to_string(o.workers) + ": " + e.what() + " (ask for fewer --workers)");
+    }
   }
 
-  ~Pipeline() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      abort_ = true;
-    }
-    space_.notify_all();
-    work_.notify_all();
-    reader_.join();
-    for (auto& t : workers_) t.join();
-  }
+  ~Pipeline() { stop(); }
 
   // The next chunk in file order, encoded; null at the end. Rethrows a worker's or the
   // reader's error when the chunk it belongs to comes up.
@@ -215,6 +231,18 @@ class Pipeline {
       chunk->done = true;
       finished_.notify_all();
     }
+  }
+
+  // Wakes every thread to leave, and joins those that were started.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      abort_ = true;
+    }
+    space_.notify_all();
+    work_.notify_all();
+    if (reader_.joinable()) reader_.join();
+    for (auto& t : workers_) t.join();
   }
 
   const Options& o_;
@@ -349,6 +377,9 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A reader that closed its end of our progress output (`preprocess_data ... | head`) must
+  // not end the run half-way through writing the dataset: the writes fail quietly instead.
+  std::signal(SIGPIPE, SIG_IGN);
   Options o;
   po::options_description opts("preprocess_data options (Megatron-LM's names)");
   opts.add_options()("help,h", "show this help")("input", po::value(&o.input)->required(),
@@ -390,9 +421,21 @@ int main(int argc, char** argv) {
                  "train_gpt reads) is written\n";
     return 2;
   }
-  if (o.workers < 1 || o.json_keys.empty()) {
-    std::cerr << "preprocess_data: need --workers >= 1 and at least one --json-keys\n";
+  if (o.json_keys.empty()) {
+    std::cerr << "preprocess_data: need at least one --json-keys\n";
     return 2;
+  }
+  if (o.workers < 1 || o.workers > kMaxWorkers) {
+    std::cerr << "preprocess_data: --workers " << o.workers << ": expected a count of tokenising "
+              << "threads from 1 to " << kMaxWorkers << "\n";
+    return 2;
+  }
+  // More threads than CPUs only share them (and each holds a BPE cache and chunks in flight).
+  if (const int cpus = usable_cpus(); o.workers > cpus) {
+    std::cerr << "preprocess_data: --workers " << o.workers << " is more than the " << cpus
+              << " CPU" << (cpus == 1 ? "" : "s") << " this process may run on: using " << cpus
+              << "\n";
+    o.workers = cpus;
   }
   try {
     return run(o);
