@@ -151,11 +151,14 @@ TEST(MoEExpertParallelPaths, PaddedCapacityEqualsTheVariableExchange) {
         Path padded, variable;
         variable.padded = false;
         const Trained a = train(c, variable, g), b = train(c, padded, g);
+        // The two layouts run the experts' products on other row counts, whose rounding differs
+        // in the last bits and grows over 20 steps to a few 1e-6 of the loss; a token sent to
+        // the wrong expert or dropped by one path alone moves it by percents.
         for (int s = 0; s < kSteps; ++s)
-          EXPECT_NEAR(b.losses[s], a.losses[s], 1e-6 * std::max(1.0, std::abs(a.losses[s])))
+          EXPECT_NEAR(b.losses[s], a.losses[s], 1e-5 * std::max(1.0, std::abs(a.losses[s])))
               << "loss " << s;
         for (const auto& [name, w] : a.weights)
-          EXPECT_LE(rank_checks::rel_err(b.weights.at(name), w), 1e-6) << name;
+          EXPECT_LE(rank_checks::rel_err(b.weights.at(name), w), 1e-5) << name;
       }
     }
   }
