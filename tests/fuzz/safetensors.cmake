@@ -4,5 +4,6 @@
 dscpp_add_fuzzer(safetensors
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_safetensors.cpp
           ${PROJECT_SOURCE_DIR}/runtime/checkpoint/safetensors.cpp
+          ${PROJECT_SOURCE_DIR}/runtime/checkpoint/atomic_file.cpp
   LAYERS runtime
   LINK dscpp_torch nlohmann_json::nlohmann_json fmt::fmt-header-only)
