@@ -150,10 +150,11 @@ TEST(MemoryBreakdown, ModelStatesMatchTheFormulaAtEveryStageWithAndWithoutOffloa
     Trainer r = make(c);
     check(r.zero->memory_breakdown(), c, "at start");
     EXPECT_EQ(r.zero->grads_aliased(), aliased(c)) << name(c);
-    if (c.stage < 2 && c.accumulates)  // (the flat buffer and the partition: one storage or two)
+    if (c.stage < 2 && c.accumulates) {  // (the flat buffer and the partition: one storage or two)
       EXPECT_EQ(r.zero->grad_partition().is_alias_of(r.zero->grad_buckets().flat_grads()),
                 aliased(c))
           << name(c);
+    }
     step(r);
     step(r);
     const MemoryBreakdown after = r.zero->memory_breakdown();
