@@ -1,7 +1,8 @@
 // train_gpt's command line: today's flags, Megatron-LM's and DeepSpeed's spellings beside them
-// (issues 19 and 22), read by one parser, and the flags' values carried into the ds_config's
-// "auto" entries the way Hugging Face's DeepSpeed integration fills them (fill_match): a flag
-// fills an "auto", agrees with a number written there, or is an error naming both.
+// (a Megatron or DeepSpeed user's command line runs unchanged), read by one parser, and the flags'
+// values carried into the ds_config's "auto" entries the way Hugging Face's DeepSpeed integration
+// fills them (fill_match): a flag fills an "auto", agrees with a number written there, or is an
+// error naming both.
 //
 // No prefix guessing: `--train-it` is unknown, `--deepspeed x` is not `--deepspeed_config x`.
 // Everything here is pure (no process group, no files but the ones named), so a program that
