@@ -2,7 +2,7 @@
 // starts it as a rank; arguments of the form key=value tell it what to do, in this order:
 //   ignore_term=R|all  ignore SIGTERM (rank R, or every rank); a grandchild inherits it
 //   grandchild=1|setsid  fork a grandchild that sleeps; `setsid` moves it out of the
-//                      rank's process group and session
+//                      rank's process group and its OS session
 //   out=DIR            write DIR/rank<R>.txt: pid, pgid, grandchild pid, argv, environment,
 //                      CPU affinity, signal state (atomically, so a file that exists is
 //                      complete)
