@@ -3,6 +3,8 @@
 
 #include "dscpp/nn/linear.h"
 
+#include "dscpp/nn/fp8_linear.h"
+
 #include "dscpp/ops/grad_destination.h"
 
 #include <ATen/ATen.h>
@@ -67,6 +69,8 @@ struct LinearNoBias : torch::autograd::Function<LinearNoBias> {
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (const Fp8Recipe* r = current_fp8_recipe(); r && fp8_applies(x, weight))
+    return fp8_linear(x, weight, bias, *r);
   // One record function with the parameters themselves as inputs (inside, addmm sees a
   // transposed view), so the flops profiler counts it once and knows whose weight it is.
   RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({x, weight, bias}));

@@ -1,0 +1,190 @@
+// The FP8 linear (fp8_linear.h): its autograd function and the per-thread scope.
+#include "dscpp/ops/autograd_function.h"  // first: see there
+
+#include "dscpp/nn/fp8_linear.h"
+
+#include "dscpp/ops/fp8.h"
+#include "dscpp/ops/grad_destination.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include <stdexcept>
+#include <vector>
+
+namespace dscpp::nn {
+
+namespace fp8 = ops::fp8;
+
+namespace {
+
+thread_local std::optional<Fp8Recipe> tl_recipe;
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+fp8::Format grad_format(const Fp8Recipe& r) {
+  return r.hybrid ? fp8::Format::E5M2 : fp8::Format::E4M3;
+}
+
+// x quantised with a scale per slice along `reduced` (rowwise) or one scale (tensorwise).
+fp8::Quantized quantize(const at::Tensor& x, int64_t reduced, fp8::Format f, const Fp8Recipe& r) {
+  return r.scaling == Fp8Scaling::Rowwise ? fp8::quantize_axiswise(x, reduced, f, r.margin)
+                                          : fp8::quantize_tensorwise(x, f, r.margin);
+}
+
+// The operand b of a product as _scaled_mm wants it: column-major, its scale [1, n].
+fp8::Quantized as_right(const fp8::Quantized& rows_major_t) {
+  // rows_major_t holds bᵀ [n, k] row-major with its scale [n, 1] (or a scalar).
+  return {rows_major_t.data.t(),
+          rows_major_t.scale.dim() == 2 ? rows_major_t.scale.t() : rows_major_t.scale};
+}
+
+// The operand a of a product from the quantised transpose aᵀ [k, m] (scale [1, m] or scalar).
+fp8::Quantized as_left_from_t(const fp8::Quantized& t) {
+  return {t.data.t().contiguous(), t.scale.dim() == 2 ? t.scale.t() : t.scale};
+}
+
+// The right operand b [k, n] from a row-major b quantised per column (scale [1, n]).
+fp8::Quantized as_right_col_major(const fp8::Quantized& b) {
+  return {b.data.t().contiguous().t(), b.scale};
+}
+
+at::Tensor forward_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           const Fp8Recipe& r) {
+  at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  // y = x · Wᵀ: x per row (reduced over in), W per output row (reduced over in).
+  const fp8::Quantized xq = quantize(x2, 1, fp8::Format::E4M3, r);
+  const fp8::Quantized wq = quantize(weight, 1, fp8::Format::E4M3, r);
+  at::Tensor out = fp8::scaled_mm(xq, as_right(wq), x.scalar_type());
+  if (bias.defined()) out.add_(bias);
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  return out.view(sizes);
+}
+
+variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bool with_bias) {
+  auto saved = ctx->get_saved_variables();
+  const at::Tensor& x = saved[0];
+  const at::Tensor& weight = saved[1];
+  Fp8Recipe r;
+  r.hybrid = ctx->saved_data["hybrid"].toBool();
+  r.scaling = ctx->saved_data["rowwise"].toBool() ? Fp8Scaling::Rowwise : Fp8Scaling::Tensorwise;
+  r.margin = static_cast<int>(ctx->saved_data["margin"].toInt());
+  const fp8::Format gf = grad_format(r);
+  at::Tensor g = grad.reshape({-1, grad.size(-1)});
+  variable_list out(with_bias ? 3 : 2);
+  if (ctx->needs_input_grad(0)) {
+    // dx = g · W: g per row (reduced over out), W per column (reduced over out).
+    const fp8::Quantized gq = quantize(g, 1, gf, r);
+    const fp8::Quantized wq = quantize(weight, 0, fp8::Format::E4M3, r);
+    out[0] = fp8::scaled_mm(gq, as_right_col_major(wq), grad.scalar_type()).view(x.sizes());
+  }
+  if (ctx->needs_input_grad(1)) {
+    // dW = gᵀ · x: both per column of their [rows, *] form (reduced over the tokens).
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    const fp8::Quantized a = as_left_from_t(quantize(g, 0, gf, r));
+    const fp8::Quantized b = as_right_col_major(quantize(x2, 0, fp8::Format::E4M3, r));
+    const at::ScalarType type = weight.scalar_type();
+    const bool written =
+        ops::write_grad_into(weight, weight.sizes(), at::empty({0}, weight.options()),
+                             [&](at::Tensor slot, bool accumulate) {
+                               at::Tensor p = fp8::scaled_mm(a, b, type);
+                               if (accumulate)
+                                 slot.add_(p);
+                               else
+                                 slot.copy_(p);
+                             });
+    if (!written) out[1] = fp8::scaled_mm(a, b, type);
+  }
+  if (with_bias && ctx->needs_input_grad(2)) out[2] = g.sum(0);
+  return out;
+}
+
+void save(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const Fp8Recipe& r) {
+  ctx->save_for_backward({x, weight});
+  ctx->saved_data["hybrid"] = r.hybrid;
+  ctx->saved_data["rowwise"] = r.scaling == Fp8Scaling::Rowwise;
+  ctx->saved_data["margin"] = static_cast<int64_t>(r.margin);
+}
+
+struct Fp8LinearWithBias : torch::autograd::Function<Fp8LinearWithBias> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, const Fp8Recipe& r) {
+    save(ctx, x, weight, r);
+    return forward_product(x, weight, bias, r);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list g = backward_products(ctx, grads[0], true);
+    g.emplace_back();  // the recipe
+    return g;
+  }
+};
+
+struct Fp8LinearNoBias : torch::autograd::Function<Fp8LinearNoBias> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const Fp8Recipe& r) {
+    save(ctx, x, weight, r);
+    return forward_product(x, weight, at::Tensor(), r);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list g = backward_products(ctx, grads[0], false);
+    g.emplace_back();
+    return g;
+  }
+};
+
+}  // namespace
+
+Fp8Recipe fp8_recipe_from(const std::string& fmt, const std::string& recipe, int margin) {
+  Fp8Recipe r;
+  if (fmt == "hybrid") {
+    r.hybrid = true;
+  } else if (fmt == "e4m3") {
+    r.hybrid = false;
+  } else {
+    throw std::invalid_argument("fp8: expected \"hybrid\" or \"e4m3\", found \"" + fmt + "\"");
+  }
+  if (recipe == "tensorwise") {
+    r.scaling = Fp8Scaling::Tensorwise;
+  } else if (recipe == "rowwise") {
+    r.scaling = Fp8Scaling::Rowwise;
+  } else {
+    throw std::invalid_argument("fp8_recipe: expected \"tensorwise\" or \"rowwise\", found \"" +
+                                recipe + "\"");
+  }
+  if (margin < 0 || margin > 32)
+    throw std::invalid_argument("fp8_margin: expected an integer in [0, 32], found " +
+                                std::to_string(margin));
+  r.margin = margin;
+  return r;
+}
+
+Fp8Autocast::Fp8Autocast(std::optional<Fp8Recipe> recipe) : saved_(tl_recipe) {
+  tl_recipe = recipe;
+}
+
+Fp8Autocast::~Fp8Autocast() {
+  tl_recipe = saved_;
+}
+
+const Fp8Recipe* current_fp8_recipe() {
+  return tl_recipe ? &*tl_recipe : nullptr;
+}
+
+bool fp8_applies(const at::Tensor& x, const at::Tensor& weight) {
+  if (!x.is_floating_point() || weight.dim() != 2 || x.numel() == 0) return false;
+  if (!x.is_cuda()) return true;
+  // _scaled_mm on the GPU: every dimension of both operands a multiple of 16.
+  const int64_t rows = x.numel() / x.size(-1);
+  return rows % 16 == 0 && weight.size(0) % 16 == 0 && weight.size(1) % 16 == 0;
+}
+
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      const Fp8Recipe& recipe) {
+  RECORD_FUNCTION("dscpp::fp8_linear", std::vector<c10::IValue>({x, weight, bias}));
+  return bias.defined() ? Fp8LinearWithBias::apply(x, weight, bias, recipe)
+                        : Fp8LinearNoBias::apply(x, weight, recipe);
+}
+
+}  // namespace dscpp::nn

@@ -1,0 +1,65 @@
+// FP8 training of linear layers, as Transformer Engine's fp8_autocast and torchao's float8
+// training: inside an Fp8Autocast scope, nn::linear multiplies in 8-bit floating point (the
+// forward product and both backward products), accumulating in fp32 and returning the input's
+// type. Nothing else changes: the parameters stay 16-bit, the master weights fp32, the
+// gradients the weight's type; FP8 lives only inside the products.
+//
+// Formats (Megatron's `fp8`): "e4m3" throughout, or "hybrid": e4m3 for the forward's
+// operands, e5m2 (more range, less precision) for the output gradient in backward.
+// Scaling (`fp8_recipe`): "tensorwise" (one scale per operand, from its current absolute
+// maximum; torchao's default recipe) or "rowwise" (one per row of each operand along the
+// product's reduced dimension, scales rounded to powers of two; torchao's "rowwise").
+// `fp8_margin` scales the range down by 2^margin. ops/fp8.h has the arithmetic.
+//
+// The scope is per thread, and a module applies it in its own forward (the GPT's blocks do,
+// from the model config), so that activation checkpointing's recompute in backward, which
+// calls that forward again, multiplies the same way. A product whose sizes the GPU's fp8
+// kernels do not take (a dimension not a multiple of 16) stays in high precision.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+namespace dscpp::nn {
+
+enum class Fp8Scaling { Tensorwise, Rowwise };
+
+struct Fp8Recipe {
+  bool hybrid = true;  // e5m2 for the output gradient; false: e4m3 throughout
+  Fp8Scaling scaling = Fp8Scaling::Tensorwise;
+  int margin = 0;
+};
+
+// Parses the model config's values: fmt "hybrid" | "e4m3", recipe "tensorwise" | "rowwise".
+// Throws std::invalid_argument naming the value and what is accepted.
+Fp8Recipe fp8_recipe_from(const std::string& fmt, const std::string& recipe, int margin);
+
+// FP8 products for nn::linear on this thread while it lives (nullopt: high precision, e.g.
+// the layers a model keeps in bf16 inside an enclosing scope). Scopes nest; the innermost holds.
+class Fp8Autocast {
+ public:
+  explicit Fp8Autocast(std::optional<Fp8Recipe> recipe);
+  ~Fp8Autocast();
+  Fp8Autocast(const Fp8Autocast&) = delete;
+  Fp8Autocast& operator=(const Fp8Autocast&) = delete;
+
+ private:
+  std::optional<Fp8Recipe> saved_;
+};
+
+// The recipe in force on this thread, or nullptr.
+const Fp8Recipe* current_fp8_recipe();
+
+// Whether a product of x [..., in] and weight [out, in] goes through fp8 under `recipe`
+// (sizes the device's kernels take).
+bool fp8_applies(const at::Tensor& x, const at::Tensor& weight);
+
+// x · weightᵀ + bias with its three products in fp8 (an autograd function that saves the
+// weight parameter itself, as nn::linear: stage 3 gathers it again for backward). The weight's
+// gradient goes to its ZeRO destination where one is registered (ops/grad_destination.h).
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      const Fp8Recipe& recipe);
+
+}  // namespace dscpp::nn
