@@ -3,7 +3,8 @@
 // with an error naming it, or announced once at start-up as not acted on. The table is the
 // one place this is written down; tests/config/test_key_fates.cpp fails on a resolved key
 // missing from it, on an entry the reader never resolves, and on a named test that does not
-// exist. docs/config.md lists the same fates for readers.
+// exist. docs/config.md lists the same fates for readers. The keys among them that set ZeRO's
+// options are mapped to those options, each once, in runtime/engine/zero_options_from.cpp.
 #pragma once
 
 #include <string>

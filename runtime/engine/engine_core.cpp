@@ -17,6 +17,7 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/engine/engine_experts.h"
 #include "dscpp/runtime/engine/tensor_parallel_grads.h"
+#include "dscpp/runtime/engine/zero_options_from.h"
 #include "dscpp/runtime/monitor/monitor.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
@@ -47,29 +48,7 @@ std::vector<std::string> engine_gaps(const DSConfig& c) {
   return gaps;
 }
 
-std::optional<at::ScalarType> dtype_of(const std::optional<std::string>& name) {
-  if (!name) return std::nullopt;
-  if (*name == "fp16") return at::kHalf;
-  if (*name == "bf16") return at::kBFloat16;
-  return at::kFloat;
-}
 }  // namespace
-
-at::ScalarType EngineCore::gradient_partition_type() const {
-  // Where the reduced gradients accumulate until the step. With no accumulation a 16-bit
-  // model keeps them in its own type: nothing is summed in it, so fp32 would only double the
-  // memory (DeepSpeed's stages 1-3 keep them in 16 bits too). With accumulation they stay in
-  // fp32 unless data_types.grad_accum_dtype asks for the training type.
-  const auto& asked = config_.data_types.grad_accum_dtype;
-  if (!asked) return config_.gradient_accumulation_steps == 1 ? dtype_ : at::kFloat;
-  const at::ScalarType t = *dtype_of(asked);
-  if (t != at::kFloat && t != dtype_)
-    throw ConfigError("data_types.grad_accum_dtype",
-                      "'" + *asked + "' is neither fp32 nor the training type (" +
-                          std::string(c10::toString(dtype_)) + "): expected fp32" +
-                          (dtype_ == at::kFloat ? "" : " or the training type"));
-  return t;
-}
 
 EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   group_ = args.group ? args.group : comm::init_distributed();
@@ -145,12 +124,12 @@ std::vector<std::vector<int>> EngineCore::layer_param_indices() const {
   return layers;
 }
 
-std::vector<int> EngineCore::layer_units(const std::vector<at::Tensor>& params) {
+std::vector<int> EngineCore::layer_units(const std::vector<at::Tensor>& params,
+                                         const ZeroSettings& settings) {
   std::vector<int> first_layer(params.size(), -1);
   const auto layers = layer_param_indices();
   for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l)
     for (int i : layers[l]) first_layer[i] = l;
-  const auto& z = config_.zero_optimization;
   int64_t persisted = 0;
   std::vector<int> units;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -158,8 +137,8 @@ std::vector<int> EngineCore::layer_units(const std::vector<at::Tensor>& params) 
     // Small parameters stay whole, as DeepSpeed decides it (at most the persistence threshold
     // each, the model persistence threshold together), and so does one that no layer names:
     // nothing would gather it.
-    const bool small = n <= z.stage3_param_persistence_threshold &&
-                       persisted + n <= z.stage3_model_persistence_threshold;
+    const bool small = n <= settings.param_persistence_threshold &&
+                       persisted + n <= settings.model_persistence_threshold;
     if (small) persisted += n;
     units.push_back(small ? -1 : first_layer[i]);
   }
@@ -182,17 +161,12 @@ void EngineCore::start_publish_waits() {
   layered_->set_layer_hooks(publish_waits_.get());
 }
 
-void EngineCore::start_layer_gather() {
+void EngineCore::start_layer_gather(const zero::LayerGatherOptions& options) {
   const auto& layout = zero_->layout();
   for (size_t b = 0; b < layout.buckets.size(); ++b)
     if (layout.buckets[b].unit < 0) zero_->make_persistent(static_cast<int>(b));
   auto layer_buckets = this->layer_buckets();
-  const auto& z = config_.zero_optimization;
-  zero::LayerGatherOptions lo;
-  lo.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
-  lo.max_live_parameters = z.stage3_max_live_parameters;
-  lo.max_reuse_distance = z.stage3_max_reuse_distance;
-  layer_gather_ = std::make_unique<zero::LayerGather>(*zero_, std::move(layer_buckets), lo);
+  layer_gather_ = std::make_unique<zero::LayerGather>(*zero_, std::move(layer_buckets), options);
   layered_->set_layer_hooks(layer_gather_.get());
 }
 
@@ -216,12 +190,13 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     param_names_.push_back(name);
   }
   const auto& z = config_.zero_optimization;
-  zero::ZeroOptions zo;
-  zo.stage = z.stage;
-  zo.defer_allgather = z.dscpp_deferred_allgather && (z.stage == 1 || z.stage == 2);
+  // What the config decides (zero_options_from.h: each key once), then what the job adds.
+  const ZeroSettings settings =
+      zero_options_from(config_, {comm::read_dist_env().rank, device_.is_cuda()});
+  zero::ZeroOptions zo = settings.zero;
   if (z.stage == 3 && layered) {
     layered_ = layered;
-    zo.unit_of = layer_units(params);
+    zo.unit_of = layer_units(params, settings);
   } else if (zo.defer_allgather && layered) {
     layered_ = layered;  // its hooks wait for each layer's buckets (start_publish_waits)
   } else if (z.stage == 3 && group_->rank() == 0) {
@@ -231,17 +206,6 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
                  "'stage3_max_reuse_distance' and 'stage3_param_persistence_threshold' have no "
                  "effect on it\n";
   }
-  zo.reduce_bucket_size = z.reduce_bucket_size;
-  zo.overlap_comm = z.overlap_comm;
-  zo.reduce_scatter = z.reduce_scatter;
-  zo.prescale_gradients = config_.prescale_gradients;
-  zo.gradient_predivide_factor = config_.gradient_predivide_factor;
-  zo.communication_data_type = dtype_of(config_.communication_data_type);
-  zo.gradient_clipping = config_.gradient_clipping;
-  zo.check_overflow =
-      config_.fp16.enabled || (config_.bf16.enabled && config_.bf16.check_grad_overflow);
-  zo.grad_dtype = gradient_partition_type();
-  zo.accumulates = gradient_accumulation_steps() > 1;
   zo.reduce_sumsq_across = reduce_sumsq_across_;
   if (tensor_parallel_size() > 1) {
     // Each parameter once: this rank's replicas taken out where it is not model rank 0, the
@@ -280,36 +244,16 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   auto optimizer =
       config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
   if (!optimizer) throw dscpp::Error("initialize: the client optimizer factory gave null");
-  const auto& oo = z.offload_optimizer;
-  if (oo && (oo->device == "cpu" || oo->device == "nvme") && z.stage >= 1) {
+  if (zo.offload.enabled) {
     // ZeRO-Offload: the master and the optimizer state on the host, the CPU optimizer steps
     // them (DeepSpeed's DeepSpeedCPUAdam / CPUAdagrad / CPULion for Adam(W), Adagrad, Lion).
-    zo.offload.enabled = true;
-    zo.offload.pin_memory = oo->pin_memory;
-    zo.offload.sub_group_size = z.sub_group_size;
+    optimizer->set_cpu_kernels(true);
     // The gradient partition on the host too, unless collectives run over it (a pipeline's
     // tied weights and norm, tensor parallelism's sequence-parallel sums): it is what lets
     // offload free the GPU's memory (4.64 B at stage 2: 17.3 GiB peak against 52 with the
     // partition on the device, docs/perf-log/2026-12-02.md), and the landing worker hides its
     // host work behind backward (docs/performance.md, "ZeRO-Offload").
     zo.offload.host_gradients = !reduce_sumsq_across_ && tensor_parallel_size() <= 1;
-    // Partial offload is stage 3's (DeepSpeed's stages 1-2 never read ratio: the config
-    // reader announces it there).
-    if (z.stage == 3) zo.offload.ratio = oo->ratio;
-    optimizer->set_cpu_kernels(true);
-    if (oo->device == "nvme") {
-      // ZeRO-Infinity: the host part in files under nvme_path (zero/nvme_swap.h).
-      auto& nv = zo.offload.nvme;
-      nv.enabled = true;
-      nv.path = oo->nvme_path.value_or("");
-      nv.stage = z.stage;
-      nv.rank = comm::read_dist_env().rank;
-      nv.buffer_count = oo->buffer_count;
-      nv.pin_memory = oo->pin_memory && device_.is_cuda();
-      nv.aio.block_size = config_.aio.block_size;
-      nv.aio.queue_depth = config_.aio.queue_depth;
-      nv.aio.single_submit = config_.aio.single_submit;
-    }
     // DeepSpeed's zero_force_ds_cpu_optimizer: an optimizer without a CPU implementation would
     // step the host partition with generic tensor ops, much slower; refused unless asked for.
     if (!optimizer->cpu_kernels() && config_.zero_force_ds_cpu_optimizer)
@@ -319,28 +263,6 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
                             "Adagrad and Lion have): choose one of those, or set "
                             "\"zero_force_ds_cpu_optimizer\": false to step it with generic "
                             "tensor operations on the CPU");
-  }
-  if (const auto& op = z.offload_param;
-      op && (op->device == "cpu" || op->device == "nvme") && z.stage == 3) {
-    zo.offload_param.enabled = true;
-    zo.offload_param.pin_memory = op->pin_memory;
-    zo.offload_param.buffer_count = op->buffer_count;
-    zo.offload_param.buffer_size = op->buffer_size;
-    if (op->device == "nvme") {
-      // ZeRO-Infinity: the 16-bit chunks past max_in_cpu in files under nvme_path
-      // (zero/param_swap.h), through buffer_count host buffers of buffer_size elements.
-      auto& nv = zo.offload_param.nvme;
-      nv.enabled = true;
-      nv.path = op->nvme_path.value_or("");
-      nv.rank = comm::read_dist_env().rank;
-      nv.buffer_count = op->buffer_count;
-      nv.buffer_size = op->buffer_size;
-      nv.max_in_cpu = op->max_in_cpu;
-      nv.pin_memory = op->pin_memory && device_.is_cuda();
-      nv.aio.block_size = config_.aio.block_size;
-      nv.aio.queue_depth = config_.aio.queue_depth;
-      nv.aio.single_submit = config_.aio.single_submit;
-    }
   }
   take_experts(params, zo);  // (a no-op without expert parameters of ep_size > 1)
   auto* opt = optimizer.get();
@@ -358,7 +280,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
     tp_grads_ = std::make_unique<TensorParallelGrads>(*zero_, model_group_, std::move(attrs));
     use_tensor_parallel_layout();  // a pipeline replaces it with its own
   }
-  if (layered_) z.stage == 3 ? start_layer_gather() : start_publish_waits();
+  if (layered_) z.stage == 3 ? start_layer_gather(settings.layer_gather) : start_publish_waits();
   if (config_.scheduler) {
     scheduler_ = optim::make_scheduler(*config_.scheduler, *opt);
   } else if (client_.lr_scheduler) {

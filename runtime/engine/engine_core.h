@@ -35,6 +35,7 @@ class ZeroOptimizer;
 class LayerGather;
 class PublishWaits;
 struct ZeroOptions;
+struct LayerGatherOptions;
 struct StepResult;
 }  // namespace zero
 namespace nn {
@@ -46,6 +47,7 @@ struct ExpertParam;
 }  // namespace nn
 class LossScaler;
 class EngineExperts;
+struct ZeroSettings;
 class TensorParallelGrads;
 namespace monitor {
 class MonitorMaster;
@@ -278,9 +280,6 @@ class EngineCore {
   void build_experts(const zero::ZeroOptions& zo, const optim::Optimizer& dense);
   zero::StepResult step_optimizers();
   void start_publish_waits();
-  // The ZeRO gradient partition's type (DeepSpeed's data_types.grad_accum_dtype and our
-  // default: the training type when nothing accumulates, fp32 otherwise).
-  at::ScalarType gradient_partition_type() const;
   void log_progress();
   void write_monitor_events(double train_loss);
   std::chrono::steady_clock::time_point last_step_end_;  // for the samples/s event
@@ -353,8 +352,8 @@ class EngineCore {
   // Stage 3 by layer: the trainable parameters (indices into param_names_) each layer uses,
   // and each one's unit (the first layer using it; -1: persistent).
   std::vector<std::vector<int>> layer_param_indices() const;
-  std::vector<int> layer_units(const std::vector<at::Tensor>& params);
-  void start_layer_gather();
+  std::vector<int> layer_units(const std::vector<at::Tensor>& params, const ZeroSettings& settings);
+  void start_layer_gather(const zero::LayerGatherOptions& options);
   std::unique_ptr<optim::LRScheduler> scheduler_;
   std::unique_ptr<LossScaler> scaler_;
   int64_t micro_steps_ = 0, global_steps_ = 0, global_samples_ = 0, skipped_steps_ = 0;
