@@ -8,8 +8,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <fmt/format.h>
+#ifdef DSCPP_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
-#include <stdexcept>
 #include <vector>
 
 namespace dscpp::nn {
@@ -143,19 +146,19 @@ Fp8Recipe fp8_recipe_from(const std::string& fmt, const std::string& recipe, int
   } else if (fmt == "e4m3") {
     r.hybrid = false;
   } else {
-    throw std::invalid_argument("fp8: expected \"hybrid\" or \"e4m3\", found \"" + fmt + "\"");
+    throw fp8::Fp8Error("fp8: expected \"hybrid\" or \"e4m3\", found \"" + fmt + "\"");
   }
   if (recipe == "tensorwise") {
     r.scaling = Fp8Scaling::Tensorwise;
   } else if (recipe == "rowwise") {
     r.scaling = Fp8Scaling::Rowwise;
   } else {
-    throw std::invalid_argument("fp8_recipe: expected \"tensorwise\" or \"rowwise\", found \"" +
-                                recipe + "\"");
+    throw fp8::Fp8Error("fp8_recipe: expected \"tensorwise\" or \"rowwise\", found \"" + recipe +
+                        "\"");
   }
   if (margin < 0 || margin > 32)
-    throw std::invalid_argument("fp8_margin: expected an integer in [0, 32], found " +
-                                std::to_string(margin));
+    throw fp8::Fp8Error("fp8_margin: expected an integer in [0, 32], found " +
+                        std::to_string(margin));
   r.margin = margin;
   return r;
 }
@@ -166,6 +169,24 @@ Fp8Autocast::Fp8Autocast(std::optional<Fp8Recipe> recipe) : saved_(tl_recipe) {
 
 Fp8Autocast::~Fp8Autocast() {
   tl_recipe = saved_;
+}
+
+void check_fp8_usable(const c10::Device& device, bool fp16) {
+  if (fp16)
+    throw fp8::Fp8Error(
+        "fp8 with fp16: FP8 training keeps the parameters in bf16; enable bf16 in the "
+        "ds_config (\"bf16\": {\"enabled\": true}) instead of fp16");
+#ifdef DSCPP_CUDA
+  if (device.is_cuda()) {
+    const cudaDeviceProp* p = at::cuda::getDeviceProperties(device.index());
+    if (p->major * 10 + p->minor < 89)
+      throw fp8::Fp8Error(fmt::format(
+          "fp8: {} (compute capability {}.{}) has no FP8 tensor cores; fp8 needs 8.9 (Ada) or "
+          "9.0 (Hopper) and later: leave the model config's fp8 out on this GPU",
+          p->name, p->major, p->minor));
+  }
+#endif
+  (void)device;
 }
 
 const Fp8Recipe* current_fp8_recipe() {

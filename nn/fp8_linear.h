@@ -18,6 +18,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <optional>
 #include <string>
@@ -33,7 +34,7 @@ struct Fp8Recipe {
 };
 
 // Parses the model config's values: fmt "hybrid" | "e4m3", recipe "tensorwise" | "rowwise".
-// Throws std::invalid_argument naming the value and what is accepted.
+// Throws ops::fp8::Fp8Error naming the value and what is accepted.
 Fp8Recipe fp8_recipe_from(const std::string& fmt, const std::string& recipe, int margin);
 
 // FP8 products for nn::linear on this thread while it lives (nullopt: high precision, e.g.
@@ -48,6 +49,11 @@ class Fp8Autocast {
  private:
   std::optional<Fp8Recipe> saved_;
 };
+
+// Throws ops::fp8::Fp8Error where fp8 cannot train: with fp16 (FP8 keeps the parameters bf16;
+// fp16's loss scaling and fp8's scales would fight), or on a GPU without FP8 tensor cores
+// (compute capability below 8.9). The CPU runs fp8 products through ATen (for tests).
+void check_fp8_usable(const c10::Device& device, bool fp16);
 
 // The recipe in force on this thread, or nullptr.
 const Fp8Recipe* current_fp8_recipe();

@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <stdexcept>
 
 namespace dscpp::ops::fp8 {
 
@@ -39,8 +38,8 @@ Quantized quantize_by_factor(const at::Tensor& x, const at::Tensor& factor, Form
 
 void check_2d(const at::Tensor& x, const char* what) {
   if (x.dim() != 2)
-    throw std::invalid_argument(std::string("fp8: ") + what + " must be 2-D, got " +
-                                std::to_string(x.dim()) + " dimensions");
+    throw Fp8Error(std::string("fp8: ") + what + " must be 2-D, got " + std::to_string(x.dim()) +
+                   " dimensions");
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ if [ ! -x .venv/bin/python3 ]; then
 fi
 pip=".venv/bin/pip --disable-pip-version-check -q"
 # Every import requirements.txt provides, so that a package added there reaches old .venvs too.
-if ! .venv/bin/python3 -c "import torch, numpy, wheel, tokenizers, tensorboard, transformers, safetensors" 2>/dev/null; then
+if ! .venv/bin/python3 -c "import torch, numpy, wheel, tokenizers, tensorboard, transformers, safetensors, torchao" 2>/dev/null; then
   echo "dscpp install: torch, numpy and the test references into .venv (large the first time)"
   $pip install -r requirements.txt
 fi

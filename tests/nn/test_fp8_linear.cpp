@@ -83,10 +83,10 @@ TEST(Fp8Recipe, ParsesMegatronsValuesAndNamesAWrongOne) {
   try {
     dscpp::nn::fp8_recipe_from("e5m2", "tensorwise", 0);
     FAIL() << "e5m2 accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const fp8::Fp8Error& e) {
     EXPECT_NE(std::string(e.what()).find("\"e5m2\""), std::string::npos) << e.what();
   }
-  EXPECT_THROW(dscpp::nn::fp8_recipe_from("hybrid", "blockwise", 0), std::invalid_argument);
+  EXPECT_THROW(dscpp::nn::fp8_recipe_from("hybrid", "blockwise", 0), fp8::Fp8Error);
 }
 
 // y = x·Wᵀ + b and its gradients through nn::linear in an Fp8Autocast scope, against float64
