@@ -222,6 +222,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   // The data group's holder: the MoE expert biases sum their counts over it.
   auto data_group = init.group ? init.group : dscpp::comm::init_distributed();
   auto engine = dscpp::initialize(model, ds_config, std::move(init));
+  if (!cfg.fp8.empty()) dscpp::nn::check_fp8_usable(engine.device(), engine.config().fp16.enabled);
   // With sequence parallelism the aux losses are each tensor rank's part (nn/moe/router.h).
   dscpp::examples::MoETraining moe(cfg, *model, data_group, engine.device(), nullptr, 1,
                                    cfg.parallelism.sequence_parallel ? groups.model : nullptr);

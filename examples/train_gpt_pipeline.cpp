@@ -154,6 +154,8 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   const double built_s = seconds(start);
   const auto init_start = std::chrono::steady_clock::now();
   auto engine = dscpp::initialize(module, ds_config);
+  if (!cfg.fp8.empty())
+    dscpp::nn::check_fp8_usable(engine.device(), engine.core().config().fp16.enabled);
   const double init_s = seconds(init_start);
   auto& world = *engine.module().world();
   const int rank = world.rank();

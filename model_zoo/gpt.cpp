@@ -156,7 +156,10 @@ at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& c, int64_t layer_,
                            const std::shared_ptr<comm::ProcessGroup>& ep_group)
-    : dropout(c.hidden_dropout), fused_add_norm(c.residual_layernorm_fusion), layer(layer_) {
+    : dropout(c.hidden_dropout),
+      fused_add_norm(c.residual_layernorm_fusion),
+      layer(layer_),
+      fp8(c.fp8_recipe_of(layer_)) {
   ln_1 = register_module("ln_1", make_norm(c));
   attn = register_module("attn", GPTAttention(c));
   ln_2 = register_module("ln_2", make_norm(c));
@@ -176,6 +179,7 @@ at::Tensor GPTBlockImpl::run_mlp(const at::Tensor& x) {
 
 at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
   nn::ModuleScope scope(*this);
+  nn::Fp8Autocast fp8_scope(fp8);
   const at::Tensor branch = at::dropout(attn(apply_norm(*ln_1, x)), dropout, is_training());
   if (!fused_add_norm) {
     const at::Tensor h = x + branch;

@@ -112,6 +112,9 @@ struct GPTBlockImpl : torch::nn::Module {
   double dropout = 0;          // hidden_dropout
   bool fused_add_norm = true;  // residual_layernorm_fusion
   int64_t layer = 0;           // this block's index in the model
+  // Its linear products in fp8 (GPTConfig::fp8_recipe_of); nullopt: bf16. Applied in
+  // forward, so that activation checkpointing's recompute multiplies the same way.
+  std::optional<nn::Fp8Recipe> fp8;
 
  private:
   at::Tensor run_mlp(const at::Tensor& x);

@@ -17,11 +17,13 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dscpp/model_zoo/moe_config.h"
 #include "dscpp/model_zoo/parallelism_config.h"
+#include "dscpp/nn/fp8_linear.h"
 
 namespace dscpp::model_zoo {
 
@@ -67,6 +69,18 @@ struct GPTConfig {
   // Process-wide: the program applies it (ops::set_gradient_accumulation_fusion). A runtime
   // path only (the same gradients): not written by to_json().
   bool gradient_accumulation_fusion = true;
+  // FP8 for the blocks' linear products (nn/fp8_linear.h), with Megatron-Core's key names:
+  // fp8 "hybrid" or "e4m3" (absent: off), fp8_recipe "tensorwise" (torchao's default) or
+  // "rowwise" (torchao's), fp8_margin. With first_last_layers_bf16 the first
+  // num_layers_at_start_in_bf16 and the last num_layers_at_end_in_bf16 blocks stay bf16; on by
+  // default (Megatron's default is off), as the peers' FP8 recipes keep those layers. The
+  // embedding and the output head are always bf16.
+  std::string fp8;
+  std::string fp8_recipe = "tensorwise";
+  int64_t fp8_margin = 0;
+  bool first_last_layers_bf16 = true;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   // The mixture-of-experts keys (Megatron's num_experts, moe_*; moe_config.h); dense when
   // num_experts is absent.
   MoEConfig moe;
@@ -93,6 +107,9 @@ struct GPTConfig {
   void validate() const;
   // The MoE keys' checks against the rest of the model and the expert degree (validate's).
   void validate_moe() const;
+
+  // The FP8 recipe block `layer` multiplies with; nullopt: bf16 (fp8 off, or a kept layer).
+  std::optional<nn::Fp8Recipe> fp8_recipe_of(int64_t layer) const;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Megatron's default with swiglu: int(4h * 2/3 / 64) * 64, which keeps the two input

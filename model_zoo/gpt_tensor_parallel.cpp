@@ -144,6 +144,7 @@ at::Tensor TensorParallelGPTMLPImpl::forward(const at::Tensor& x) {
 TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::GroupPtr group,
                                                        int64_t layer_, const nn::GroupPtr& ep_group)
     : layer(layer_),
+      fp8(c.fp8_recipe_of(layer_)),
       dropout(c.hidden_dropout),
       sequence_parallel(c.parallelism.sequence_parallel),
       fused_add_norm(c.residual_layernorm_fusion) {
@@ -166,6 +167,7 @@ at::Tensor TensorParallelGPTBlockImpl::run_mlp(const at::Tensor& x) {
 at::Tensor TensorParallelGPTBlockImpl::forward(const at::Tensor& x) {
   // With sequence parallelism x is this rank's [S/t, B, h]: the LayerNorms, the residual adds
   // and the dropouts see only it (the dropout masks then differ across ranks).
+  nn::Fp8Autocast fp8_scope(fp8);  // in forward: activation checkpointing's recompute too
   const bool training = is_training();
   const at::Tensor branch = dropout_in(attn(ln_1(x)), dropout, training, sequence_parallel);
   if (!fused_add_norm) {

@@ -105,6 +105,7 @@ struct TensorParallelGPTBlockImpl : torch::nn::Module, nn::TensorParallelModule 
   double moe_l_aux_coeff = 0;         // moe_l_aux_coeff_of(config)
   MoELayerStats moe_stats;            // an MoE block's routing since the last take_moe_stats
   int64_t layer = 0;                  // this block's index in the model
+  std::optional<nn::Fp8Recipe> fp8;   // GPTConfig::fp8_recipe_of(layer); nullopt: bf16
   double dropout = 0;
   bool sequence_parallel = false;
   bool fused_add_norm = true;  // residual_layernorm_fusion: the first add and ln_2 in one op

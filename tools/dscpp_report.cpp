@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -78,8 +79,18 @@ std::string libtorch_library() {
 // The ops and kernels of this build: DeepSpeed's op report, for what dscpp compiles ahead of
 // time (there is no JIT: an op is in the build or not). A CUDA kernel is usable where the
 // build has CUDA and a device is visible; the ATen paths and the Gloo backend run anywhere.
-json op_report(int cuda_devices) {
+json op_report(const json& devices) {
+  const int cuda_devices = static_cast<int>(devices.size());
   const bool gpu = kCudaBuild && cuda_devices > 0;
+  // FP8 tensor cores: compute capability 8.9 (Ada) or later, on every visible device.
+  bool fp8_cores = cuda_devices > 0;
+  for (const auto& d : devices) {
+    const std::string cc = d.value("compute_capability", std::string("0.0"));
+    const auto dot = cc.find('.');
+    const int major = std::atoi(cc.substr(0, dot).c_str());
+    const int minor = dot == std::string::npos ? 0 : std::atoi(cc.substr(dot + 1).c_str());
+    fp8_cores = fp8_cores && major * 10 + minor >= 89;
+  }
   const std::string why_not =
       !kCudaBuild ? "not in a CPU build (scripts/build.sh cuda)" : "no CUDA device visible";
   json ops = json::array();
@@ -102,15 +113,21 @@ json op_report(int cuda_devices) {
   add("optimizers_aten", "adam, adamw, sgd, adagrad, lamb, lion on ATen (optim/)", true, true, "");
   add("comm_gloo", "c10d ProcessGroupGloo: CPU tensors, any machine", true, true, "");
   add("comm_nccl", "c10d ProcessGroupNCCL: CUDA tensors", kCudaBuild, gpu, why_not);
+  add("fp8_linear_cuda", "FP8 linear products on the GPU: at::_scaled_mm (nn/fp8_linear.h)",
+      kCudaBuild, gpu && fp8_cores,
+      gpu ? "a device below compute capability 8.9: no FP8 tensor cores" : why_not);
+  add("fp8_linear", "FP8 linear products on the CPU: ATen's _scaled_mm (tests; slow)", true, true,
+      "");
   return ops;
 }
 
 json full_report() {
   json r = dscpp::environment_report();
-  const int devices = r.contains("cuda") && r["cuda"].is_object() && r["cuda"].contains("devices")
-                          ? static_cast<int>(r["cuda"]["devices"].size())
-                          : 0;
-  r["ops"] = op_report(devices);
+  const json devs = r.contains("cuda") && r["cuda"].is_object() && r["cuda"].contains("devices")
+                        ? r["cuda"]["devices"]
+                        : json::array();
+  const int devices = static_cast<int>(devs.size());
+  r["ops"] = op_report(devs);
   r["compiler"] = compiler();
   r["build_type"] = DSCPP_BUILD_TYPE;
   std::error_code ec;

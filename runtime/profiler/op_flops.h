@@ -5,7 +5,7 @@
 // its two products over the whole score matrix (causal or not); layer_norm 5 flops per element
 // (4 without affine); softmax, GELU and the other activations, elementwise arithmetic (over the
 // broadcast shape) and reductions one per element; dropout and embedding lookups none.
-// Names are the dispatcher's ("aten::mm") and our own ops' ("dscpp::linear",
+// Names are the dispatcher's ("aten::mm") and our own ops' ("dscpp::linear", "dscpp::fp8_linear",
 // "dscpp::bias_gelu", "dscpp::cross_entropy"). An operator with a formula is counted once, as
 // a whole: the profiler skips what it calls (aten::linear's addmm).
 #pragma once

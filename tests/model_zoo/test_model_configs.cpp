@@ -245,3 +245,39 @@ TEST(ModelConfigs, CurrentModelBlockKeysDefaultToGPT2AndReadAsMegatronNamesThem)
   EXPECT_TRUE(has(error_with({{"normalization", "RMSNorm"}, {"residual_layernorm_fusion", true}}),
                   "residual_layernorm_fusion: expected false with normalization"));
 }
+
+TEST(ModelConfigs, Fp8KeysReadAsMegatronNamesThemAndKeepTheFirstAndLastBlocksInBf16) {
+  const json base = {
+      {"hidden_size", 64}, {"num_layers", 4}, {"num_attention_heads", 4}, {"seq_length", 16}};
+  // Off unless asked.
+  EXPECT_FALSE(mz::GPTConfig::from_json(base).fp8_recipe_of(1).has_value());
+  json j = base;
+  j["fp8"] = "hybrid";
+  const mz::GPTConfig c = mz::GPTConfig::from_json(j);
+  // Blocks 0 and 3 stay bf16 by default; 1 and 2 multiply in fp8, tensorwise, hybrid.
+  EXPECT_FALSE(c.fp8_recipe_of(0).has_value());
+  ASSERT_TRUE(c.fp8_recipe_of(1).has_value());
+  EXPECT_TRUE(c.fp8_recipe_of(1)->hybrid);
+  EXPECT_EQ(c.fp8_recipe_of(2)->scaling, dscpp::nn::Fp8Scaling::Tensorwise);
+  EXPECT_FALSE(c.fp8_recipe_of(3).has_value());
+  EXPECT_EQ(mz::GPTConfig::from_json(c.to_json()).to_json(), c.to_json());
+  // Every block, rowwise, e4m3, with a margin.
+  j.update({{"first_last_layers_bf16", false},
+            {"fp8", "e4m3"},
+            {"fp8_recipe", "rowwise"},
+            {"fp8_margin", 2}});
+  const mz::GPTConfig all = mz::GPTConfig::from_json(j);
+  ASSERT_TRUE(all.fp8_recipe_of(0).has_value());
+  EXPECT_FALSE(all.fp8_recipe_of(3)->hybrid);
+  EXPECT_EQ(all.fp8_recipe_of(3)->scaling, dscpp::nn::Fp8Scaling::Rowwise);
+  EXPECT_EQ(all.fp8_recipe_of(3)->margin, 2);
+  // Wrong values are named with what is accepted; delayed scaling is refused as such.
+  json bad = base;
+  bad["fp8"] = "e5m2";
+  EXPECT_TRUE(has(error_of([&] { mz::GPTConfig::from_json(bad); }), "fp8"))
+      << error_of([&] { mz::GPTConfig::from_json(bad); });
+  bad = base;
+  bad.update({{"fp8", "hybrid"}, {"fp8_recipe", "delayed"}});
+  const std::string delayed = error_of([&] { mz::GPTConfig::from_json(bad); });
+  EXPECT_TRUE(has(delayed, "fp8_recipe") && has(delayed, "not implemented")) << delayed;
+}

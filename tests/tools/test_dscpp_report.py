@@ -47,8 +47,14 @@ def main():
     for name in ("fused_adam", "bias_gelu_cuda", "cross_entropy_cuda", "comm_nccl"):
         check(f"{name}: compiled iff the CUDA build, usable iff a GPU too",
               ops[name]["compiled"] == cuda_build and ops[name]["usable"] == gpu, ops[name])
-    for name in ("bias_gelu", "cross_entropy", "comm_gloo"):
+    for name in ("bias_gelu", "cross_entropy", "comm_gloo", "fp8_linear"):
         check(f"{name}: compiled and usable everywhere", ops[name]["compiled"] and ops[name]["usable"], ops[name])
+    # FP8 on the GPU: where the CUDA build sees devices of compute capability 8.9 or later.
+    devices = r.get("cuda", {}).get("devices", []) if isinstance(r.get("cuda"), dict) else []
+    fp8_cores = bool(devices) and all(tuple(map(int, d["compute_capability"].split("."))) >= (8, 9)
+                                      for d in devices)
+    check("fp8_linear_cuda: usable iff a GPU with FP8 tensor cores",
+          "fp8_linear_cuda" in ops and ops["fp8_linear_cuda"]["usable"] == (gpu and fp8_cores), ops.get("fp8_linear_cuda"))
     if not cuda_build:
         check("a CPU build says why its kernels are not usable",
               re.search(r"^fused_adam \.+ \[NO\] +\.+ \[NO\] +\(not in a CPU build", out, re.M), out)

@@ -68,6 +68,9 @@ TEST(FlopsProfiler, OperatorFormulasMatchHandCounts) {
   // linear: x [2,3,8] by weight [16,8]: 2*3*8*16 MACs; the bias is not counted.
   EXPECT_EQ(cost("dscpp::linear", {at::zeros({2, 3, 8}), at::zeros({16, 8}), bias}).flops,
             2 * 2 * 3 * 8 * 16);
+  // The fp8 linear (nn/fp8_linear.h) counts the same products under its own name.
+  EXPECT_EQ(cost("dscpp::fp8_linear", {at::zeros({2, 3, 8}), at::zeros({16, 8}), bias}).flops,
+            2 * 2 * 3 * 8 * 16);
   // matmul broadcasting a [8,16] matrix over a batch of 5: 5*4*8*16 MACs.
   EXPECT_EQ(cost("aten::matmul", {at::zeros({5, 4, 8}), b}).macs, 5 * 4 * 8 * 16);
   EXPECT_EQ(cost("aten::matmul", {at::zeros({4, 8}), at::zeros({5, 8, 16})}).macs, 5 * 4 * 8 * 16);
