@@ -66,7 +66,10 @@ def main():
         ds = json.loads(strip_comments(f.read()))
     opt = ds.get("optimizer")
     if opt and opt.get("type", "").lower() in ("adam", "adamw"):
-        opt.setdefault("params", {})["torch_adam"] = args.adam == "torch"
+        # Only when asked: ZenFlow hands the optimizer's params to torch's AdamW, which takes
+        # no torch_adam keyword (DeepSpeed 0.19.8).
+        if args.adam == "torch":
+            opt.setdefault("params", {})["torch_adam"] = True
     for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29741"), ("RANK", "0"), ("WORLD_SIZE", "1"),
                  ("LOCAL_RANK", "0")):
         os.environ.setdefault(k, v)

@@ -4,6 +4,7 @@
     torchrun --nproc_per_node 2 bench/pytorch_gpt.py --model-config bench/configs/gpt_1.3B_bench.json \
         --mode fsdp2|ddp --micro-batch 8 --steps 20 --warmup 10 [--compile]
     python3 bench/pytorch_gpt.py --model-config ... --mode single [--compile | --compile-whole]  # one GPU
+    python3 bench/pytorch_gpt.py ... --mode single --compile-whole --float8 tensorwise|rowwise  # torchao
 
 Plain PyTorch as a user would write it: the same GPT as model_zoo's (pre-LN,
 tanh GELU, learned positions, tied embeddings, SDPA causal attention), bf16 autocast with fp32
@@ -85,6 +86,9 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     ap.add_argument("--compile-whole", action="store_true",
                     help="torch.compile the whole model and its loss as one function (--mode single)")
+    ap.add_argument("--float8", choices=["tensorwise", "rowwise"],
+                    help="torchao's float8 training of the blocks' linears (the first and last block "
+                         "and the head stay bf16, as dscpp's default fp8 keeps them)")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=10)
@@ -111,6 +115,17 @@ def main():
     if c.get("checkpoint_activations", False):
         checkpoint_blocks(model)
     n_params = sum(p.numel() for p in model.parameters())
+    if args.float8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        last = c["num_layers"] - 1
+
+        def inner_block_linear(mod, fqn):
+            parts = fqn.split(".")
+            return (isinstance(mod, nn.Linear) and parts[0] == "blocks" and 0 < int(parts[1]) < last
+                    and mod.in_features % 16 == 0 and mod.out_features % 16 == 0)
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(args.float8),
+                                   module_filter_fn=inner_block_linear)
     if args.compile:
         # Per block, before any wrapper: the 24 blocks share one compiled graph (their
         # parameters are graph inputs), and DDP's/FSDP2's communication stays eager around them.

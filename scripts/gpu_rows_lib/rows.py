@@ -208,14 +208,14 @@ def check_train(row, root):
             errs.append(f"adam: expected fused or torch, found '{row['adam']}'")
     elif "adam" in row:
         errs.append("adam: only deepspeed rows pick DeepSpeed's Adam")
-    if system == "pytorch-compile":
+    if system in ("pytorch-compile", "torchao"):
         want = "whole" if row.get("mode", "single") == "single" and "program" not in row else "blocks"
         if row.get("compile", want) not in ("whole", "blocks"):
             errs.append(f"compile: expected whole or blocks, found '{row['compile']}'")
         elif row.get("compile") == "whole" and row.get("mode", "single") != "single":
             errs.append("compile: 'whole' compiles one GPU's model; DDP and FSDP2 compile blocks")
     elif "compile" in row:
-        errs.append("compile: only pytorch-compile rows compile")
+        errs.append("compile: only pytorch-compile and torchao rows compile")
     if row.get("mode", "single") not in ("single", "ddp", "fsdp2"):
         errs.append(f"mode: expected single, ddp or fsdp2, found '{row['mode']}'")
     elif "mode" in row and not system.startswith("pytorch"):
@@ -317,7 +317,9 @@ def targets_of(row):
 
 
 def needs_deepspeed(row):
-    return row.get("kind", "train") == "train" and row["system"] == "deepspeed" or bool(row.get("deepspeed"))
+    # The suite too: some of its tests read DeepSpeed's files with DeepSpeed's own code.
+    kind = row.get("kind", "train")
+    return kind == "suite" or kind == "train" and row["system"] == "deepspeed" or bool(row.get("deepspeed"))
 
 
 def ds_ops_of(row, root):
@@ -384,7 +386,7 @@ def commands(row, ctx):
                 prog.append("--no-compile")
         elif program == "bench/pytorch_gpt.py":
             prog += ["--mode", row.get("mode", "single"), "--micro-batch", str(mb)]
-            if system == "pytorch-compile":
+            if system in ("pytorch-compile", "torchao"):
                 whole = row.get("compile", "whole" if row.get("mode", "single") == "single" else "blocks")
                 prog.append("--compile-whole" if whole == "whole" else "--compile")
         else:
