@@ -8,8 +8,8 @@ usage: scripts/gpu_rows.py ROW [ROW ...] [--deadline S] [--dry-run] [--list] [--
 
 What one call does, in order:
   1. sets the machine up: unpacks the Debian packages carried in .gpu/*.deb (Boost.Program_options,
-     liburing, yaml-cpp, Gloo's headers) into /opt/deps; installs DeepSpeed from .gpu/ds-wheels
-     into /opt/dspy only when a row asked for imports it, and JIT-builds the DeepSpeed ops those
+     liburing, yaml-cpp, Gloo's headers) into /opt/deps; installs DeepSpeed (and torchao) from
+     .gpu/ds-wheels into /opt/dspy only when a row asked for (or the suite) imports it, and JIT-builds the DeepSpeed ops those
      rows load (FusedAdam, DeepSpeedCPUAdam) in the background;
   2. gets the executables the rows need: scripts/gpu_prebuild.sh's pack (.gpu/prebuilt) when its
      source hashes match this tree and it holds them (built with clang++: the table says so),
@@ -26,8 +26,9 @@ What one call does, in order:
      $OUT (else ./gpu-out) gets table.md, rows.json and logs.tgz (every log: a device call returns
      at most 8 files).
 
-The commit: --commit, else `git rev-parse` where the tree has .git, else the file .gpu/commit
-(scripts/gpu_prebuild.sh writes it; or `git rev-parse --short HEAD > .gpu/commit` before the
+The commit: --commit, else the file .gpu/commit, else `git rev-parse` where the tree has .git
+(the device machine's copy may carry an older .git: scripts/gpu_prebuild.sh writes .gpu/commit;
+or `git rev-parse --short HEAD > .gpu/commit` before the
 call), else "unknown".
 
 Before a device call: python3 scripts/gpu_rows.py --dry-run ROW ... (on the CPU machine: checks
@@ -224,16 +225,18 @@ def check_arg(arg, plan, args):
 def commit_of(args):
     if args.commit:
         return args.commit
+    # Before git: the device machine's copy of the tree may carry an older .git than the tree.
+    try:
+        with open(os.path.join(ROOT, ".gpu", "commit")) as f:
+            return f.read().strip() + " (from .gpu/commit)"
+    except OSError:
+        pass
     if os.path.exists(os.path.join(ROOT, ".git")):
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         if r.returncode == 0:
             dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT).returncode != 0
             return r.stdout.strip() + (" with uncommitted changes" if dirty else "")
-    try:
-        with open(os.path.join(ROOT, ".gpu", "commit")) as f:
-            return f.read().strip() + " (from .gpu/commit)"
-    except OSError:
-        return "unknown (pass --commit)"
+    return "unknown (pass --commit)"
 
 
 class Run:
