@@ -17,6 +17,8 @@
 // /proc/self/io's wchar, which Gloo's socket writes go through); and the gradient memory a
 // rank holds between micro-batches (stage 1: the whole 16-bit/fp32 buffer and the partition;
 // stage 2: the partition, buckets only while in flight).
+#include "dscpp/ops/autograd_function.h"  // first: see there (g++ 13's -Warray-bounds)
+
 #include <torch/torch.h>
 
 #include <fmt/format.h>

@@ -220,7 +220,8 @@ TORCH_MODULE(Net);
 
 template <typename E>
 void train(E& engine) {
-  at::Tensor x = at::sin(at::arange(16, at::kFloat).reshape({4, 4}) * (engine.global_steps() + 1));
+  at::Tensor x = at::sin(at::arange(16, at::kFloat).reshape({4, 4}) * (engine.global_steps() + 1))
+                     .to(engine.device());  // the engine's module is on its device (a GPU's)
   engine.backward(engine.forward(x).square().mean());
   engine.step();
 }
