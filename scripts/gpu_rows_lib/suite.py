@@ -10,8 +10,9 @@ import time
 
 from . import machine
 
-# "  12/614 Test  #12: zero.Stage3Relay.X ......***Failed    1.23 sec"
-TEST_LINE = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (\S+) \.*\s*(?:\*\*\*)?(.+?)\s+[\d.]+ sec\s*$", re.M)
+# "  12/614 Test  #12: zero.Stage3Relay.X ......***Failed    1.23 sec"; a name may hold spaces
+# (a parameterised gtest's "Suite/Test/(0, 1)"): it ends at the dots.
+TEST_LINE = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (.+?) \.+\s*(?:\*\*\*)?(\S.*?)\s+[\d.]+ sec\s*$", re.M)
 
 
 def parse_ctest(text):
@@ -36,7 +37,7 @@ def list_tests(build, env, exclude=None):
     None where ctest lists none."""
     args = ["ctest", "-N"] + (["-E", exclude] if exclude else [])
     r = subprocess.run(args, cwd=build, env=env, capture_output=True, text=True)
-    tests = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s*Test\s+#(\d+): (\S+)", r.stdout, re.M)}
+    tests = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s*Test\s+#(\d+): (.+?)\s*$", r.stdout, re.M)}
     return tests or None
 
 
