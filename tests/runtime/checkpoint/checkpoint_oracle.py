@@ -8,9 +8,13 @@ resume:    for ZeRO stages 0, 1, 2, 3 on 2 ranks, training to step 20 in one go 
            the losses and weights of training to 10, saving, and resuming to 20 in new
            processes; client_state comes back; every file opens with torch.load's defaults
            (weights_only=True).
-kill:      a job SIGKILLed at random moments while saving every step resumes from `latest`.
+kill:      a job SIGKILLed at random moments while saving every step resumes from `latest`:
+           stages 0, 2 and 3, each killed twice (a fresh job, then the job resumed from the
+           first one's `latest`); three times with --matrix (Oracle_kill_matrix).
 ranks:     a checkpoint of N ranks continues on M (2->4, 4->2, 2->1, stages 1, 2 and 3) as the
-           single-process LibTorch reference trains (1e-5 relative).
+           single-process LibTorch reference trains (1e-5 relative): by default each stage and
+           each change of ranks once, and stage 3 (partitions per parameter) both ways; every
+           case with --matrix (ctest checkpoint.Oracle_ranks_matrix, label checkpoint_matrix).
 deepspeed: DeepSpeed's zero_to_fp32 gives our tools/zero_to_fp32's weights for stages 1, 2, 3;
            DeepSpeed loads our checkpoints of stages 0-2 and continues as we do, and we load
            its checkpoints and continue as it does (1e-5 relative, fp32 on CPU).
@@ -66,6 +70,21 @@ class Runner:
                          "--init", self.init, "--stage", str(stage), "--ga", str(ga), "--steps", str(steps),
                          "--out", out, *extra], out)
 
+    def deepspeed_cases(self, name, ranks, cases, extra=(), steps=STEPS):
+        """One launch of ds_train.py --cases: every (stage, ga) of `cases` in turn, each writing
+        `name` with {stage} and {ga} filled in (as are --save and --load in `extra`)."""
+        out = os.path.join(self.tmp, name + ".json")
+        self.run([self.args.launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()),
+                  "--no_local_rank", sys.executable, os.path.join(ENGINE_TESTS, "ds_train.py"),
+                  "--init", self.init, "--cases", ",".join(f"{s}:{g}" for s, g in cases), "--steps", str(steps),
+                  "--out", out, *extra], out.format(stage=cases[-1][0], ga=cases[-1][1]))
+        return {c: self.load(out.format(stage=c[0], ga=c[1])) for c in cases}
+
+    @staticmethod
+    def load(path):
+        with open(path) as f:
+            return json.load(f)
+
     def reference(self, cfg):
         out = os.path.join(self.tmp, "reference.json")
         return self.run([self.args.train, "--mode", "reference", "--config", json.dumps(cfg), "--steps",
@@ -120,7 +139,9 @@ def part_resume(r, report):
 
 def part_kill(r, report):
     """A job killed (SIGKILL, every process) at random moments while it saves every step still
-    resumes from the checkpoint `latest` names, and that checkpoint is complete."""
+    resumes from the checkpoint `latest` names, and that checkpoint is complete. Two kills per
+    stage cover both jobs that can be killed (one starting fresh, one resuming); --matrix kills
+    a third time."""
     import random
     import signal
     rng = random.Random(1234)
@@ -128,7 +149,7 @@ def part_kill(r, report):
         cfg = config(stage, 1)
         ckpt = os.path.join(r.tmp, f"kill_s{stage}")
         problems = []
-        for attempt in range(3):
+        for attempt in range(3 if r.args.matrix else 2):
             out = os.path.join(r.tmp, f"kill_s{stage}_{attempt}.json")
             cmd = [r.args.launcher, "--num_gpus", "2", "--master_port", str(free_port()), r.args.train, "--mode",
                    "dscpp", "--config", json.dumps(cfg), "--steps", "100000", "--save", ckpt, "--save-interval",
@@ -150,11 +171,17 @@ def part_kill(r, report):
             if got["first_step"] != saved or len(got["losses"]) != 2:
                 problems.append(f"resumed at {got['first_step']} with {len(got['losses'])} steps, latest is {tag}")
             problems += opens_with_torch_load(ckpt)
-        report(f"kill during saves stage={stage} (3 SIGKILLs, resumed from latest)", problems)
+        report(f"kill during saves stage={stage} ({3 if r.args.matrix else 2} SIGKILLs, resumed from latest)",
+               problems)
+
+
+RANKS_CASES = [(1, 2, 4), (2, 2, 4), (2, 4, 2), (1, 4, 2), (2, 2, 1), (3, 2, 4), (3, 4, 2)]
+# (stage, saved, loaded) by default: stage 1 4->2, stage 2 2->4 and 2->1, stage 3 both ways.
+RANKS_COVERING = [(2, 2, 4), (1, 4, 2), (2, 2, 1), (3, 2, 4), (3, 4, 2)]
 
 
 def part_ranks(r, report):
-    for stage, saved, loaded in [(1, 2, 4), (2, 2, 4), (2, 4, 2), (1, 4, 2), (2, 2, 1), (3, 2, 4), (3, 4, 2)]:
+    for stage, saved, loaded in RANKS_CASES if r.args.matrix else RANKS_COVERING:
         cfg = config(stage, 2)
         ckpt = os.path.join(r.tmp, f"ranks_s{stage}_{saved}")
         if not os.path.isdir(ckpt):
@@ -172,19 +199,27 @@ def part_deepspeed(r, report):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     r.init = os.path.join(r.tmp, "init.json")
     r.run([r.args.train, "--mode", "init", "--out", r.init], r.init)
-    for stage in (0, 1, 2):
-        ga = 2
-        cfg = config(stage, ga)
-        ours = os.path.join(r.tmp, f"ours_s{stage}")
-        theirs = os.path.join(r.tmp, f"theirs_s{stage}")
-        # One run both saves at SAVE_AT and trains on (part_resume shows a save changes nothing):
-        # each system's launches cost seconds of CI's 2 cores.
-        full = r.dscpp(f"ds_full_s{stage}", 2, cfg, ["--save", ours, "--save-at", str(SAVE_AT)])
-        problems = []
+    stages, ga = (0, 1, 2), 2
+    ours, theirs = (os.path.join(r.tmp, f"{who}_s{{stage}}") for who in ("ours", "theirs"))
+    # One run of ours both saves at SAVE_AT and trains on (part_resume shows a save changes
+    # nothing). DeepSpeed's side is two launches of every stage each (ds_train.py --cases): its
+    # resumes from our checkpoints, and its straight runs saving at SAVE_AT. A launch costs CI's
+    # 2 cores ~12 s of importing torch and DeepSpeed on each rank, a case well under a second.
+    full = {s: r.dscpp(f"ds_full_s{s}", 2, config(s, ga), ["--save", ours.format(stage=s), "--save-at",
+                                                         str(SAVE_AT)]) for s in stages}
+    cases = [(s, ga) for s in stages]
+    launch_errors = []
+    try:
+        ds_resumed = r.deepspeed_cases("ds_loads_ours_s{stage}", 2, cases, ["--load", ours])
+        ds_full = r.deepspeed_cases("ds_straight_s{stage}", 2, cases, ["--save", theirs, "--save-at", str(SAVE_AT)])
+    except RuntimeError as e:  # every stage's case below then names the failed launch
+        launch_errors.append(str(e))
+    for stage in stages:
+        problems = list(launch_errors)
         if stage >= 1:
-            ds_sd = get_fp32_state_dict_from_zero_checkpoint(ours)
+            ds_sd = get_fp32_state_dict_from_zero_checkpoint(ours.format(stage=stage))
             out = os.path.join(r.tmp, f"fp32_s{stage}.pt")
-            subprocess.run([r.args.zero_to_fp32, ours, out], check=True, capture_output=True)
+            subprocess.run([r.args.zero_to_fp32, ours.format(stage=stage), out], check=True, capture_output=True)
             our_sd = torch.load(out)
             if sorted(ds_sd) != sorted(our_sd):
                 problems.append(f"zero_to_fp32 keys differ: DeepSpeed {sorted(ds_sd)}, ours {sorted(our_sd)}")
@@ -192,20 +227,24 @@ def part_deepspeed(r, report):
                 bad = [k for k in ds_sd if not torch.equal(ds_sd[k], our_sd[k])]
                 if bad:
                     problems.append(f"zero_to_fp32 values differ for {bad}")
-        # DeepSpeed resumes from our checkpoint and trains on as we do.
-        ds_resumed = r.deepspeed(f"ds_loads_ours_s{stage}", 2, stage, ga, ["--load", ours])
-        if ds_resumed["first_step"] != SAVE_AT:
-            problems.append(f"DeepSpeed resumed at {ds_resumed['first_step']}")
-        problems += compare(ds_resumed["losses"], full["losses"][SAVE_AT:], "DeepSpeed-from-ours losses", exact=False)
-        problems += compare(ds_resumed["params"], full["params"], "DeepSpeed-from-ours weights", exact=False)
-        # We resume from DeepSpeed's checkpoint and train on as it does.
-        ds_full = r.deepspeed(f"ds_straight_s{stage}", 2, stage, ga, ["--save", theirs, "--save-at", str(SAVE_AT)])
-        ours_resumed = r.dscpp(f"ours_loads_ds_s{stage}", 2, cfg, ["--load", theirs])
-        problems += compare(ours_resumed["losses"], ds_full["losses"][SAVE_AT:], "ours-from-DeepSpeed losses",
-                            exact=False)
-        problems += compare(ours_resumed["params"], ds_full["params"], "ours-from-DeepSpeed weights", exact=False)
-        if ours_resumed.get("client_state", {}).get("saved_at") != SAVE_AT:
-            problems.append(f"client_state from DeepSpeed's checkpoint: {ours_resumed.get('client_state')}")
+        if not launch_errors:
+            # DeepSpeed resumed from our checkpoint and trained on as we do.
+            theirs_resumed, theirs_full = ds_resumed[(stage, ga)], ds_full[(stage, ga)]
+            if theirs_resumed["first_step"] != SAVE_AT:
+                problems.append(f"DeepSpeed resumed at {theirs_resumed['first_step']}")
+            problems += compare(theirs_resumed["losses"], full[stage]["losses"][SAVE_AT:],
+                                "DeepSpeed-from-ours losses", exact=False)
+            problems += compare(theirs_resumed["params"], full[stage]["params"], "DeepSpeed-from-ours weights",
+                                exact=False)
+            # We resume from DeepSpeed's checkpoint and train on as it did.
+            ours_resumed = r.dscpp(f"ours_loads_ds_s{stage}", 2, config(stage, ga),
+                                   ["--load", theirs.format(stage=stage)])
+            problems += compare(ours_resumed["losses"], theirs_full["losses"][SAVE_AT:], "ours-from-DeepSpeed losses",
+                                exact=False)
+            problems += compare(ours_resumed["params"], theirs_full["params"], "ours-from-DeepSpeed weights",
+                                exact=False)
+            if ours_resumed.get("client_state", {}).get("saved_at") != SAVE_AT:
+                problems.append(f"client_state from DeepSpeed's checkpoint: {ours_resumed.get('client_state')}")
         report(f"deepspeed interop stage={stage}", problems)
     # Stage 3: DeepSpeed's zero_to_fp32 reads our per-parameter partitions as ours does.
     cfg = config(3, 2)
@@ -230,6 +269,8 @@ def main():
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", dest="zero_to_fp32", required=True)
     ap.add_argument("--part", choices=["resume", "kill", "ranks", "deepspeed", "all"], default="all")
+    ap.add_argument("--matrix", action="store_true",
+                    help="ranks: every case, not the covering set; kill: three kills per stage")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="checkpoint_oracle_")

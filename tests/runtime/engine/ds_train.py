@@ -11,8 +11,9 @@ Linear(32,32) -> tanh -> Linear(32,4), MSE loss), started from the weights that
 CPU (Gloo) in fp32 with torch's AdamW. Rank 0 writes {"losses": [global mean loss per step],
 "params": [flat, in module.parameters() order]} to --out. --cases STAGE:GA,... trains each case
 in turn in this one process (a fresh model and engine each, one process group, as a second
-deepspeed.initialize does), writing --out with {stage} and {ga} filled in: the interpreter's
-~5 s of importing torch and DeepSpeed is paid once per launch, not once per case.
+deepspeed.initialize does), writing --out (and saving to --save, loading from --load) with
+{stage} and {ga} filled in: the interpreter's ~5 s of importing torch and DeepSpeed, most of a
+launch's cost on CPU, is paid once per launch, not once per case.
 
 The rank comes from the environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 `--local_rank=K` is accepted, but the launcher inserts it right after the program it starts,
@@ -68,8 +69,9 @@ def config(stage, ga):
     }
 
 
-def train(args, stage, ga_asked, out):
-    """One case: a fresh model from --init trained at `stage` with accumulation `ga_asked`."""
+def train(args, stage, ga_asked, out, save, load):
+    """One case: a fresh model from --init trained at `stage` with accumulation `ga_asked`,
+    resumed from `load` and saved to `save` when given."""
     import deepspeed
 
     torch.manual_seed(0)
@@ -93,9 +95,9 @@ def train(args, stage, ga_asked, out):
     assert mb * ga * n == GLOBAL_BATCH, (mb, ga, n)
 
     first = 0
-    if args.load:
-        path, _ = engine.load_checkpoint(args.load)
-        assert path is not None, f"DeepSpeed found no checkpoint in {args.load}"
+    if load:
+        path, _ = engine.load_checkpoint(load)
+        assert path is not None, f"DeepSpeed found no checkpoint in {load}"
         first = engine.global_steps
     losses = []
     for s in range(first, args.steps):
@@ -111,7 +113,7 @@ def train(args, stage, ga_asked, out):
         torch.distributed.all_reduce(t)
         losses.append(t.item() / n)
         if s + 1 == args.save_at:
-            engine.save_checkpoint(args.save, client_state={"saved_at": s + 1})
+            engine.save_checkpoint(save, client_state={"saved_at": s + 1})
     assert engine.global_steps == args.steps, engine.global_steps
 
     # At stages 1 and 2 each rank updates its partition of the fp32 weights and the updated
@@ -138,14 +140,14 @@ def main():
     ap.add_argument("--cases", help="STAGE:GA,...: several cases in this process (instead of --stage/--ga)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", required=True, help="with --cases, {stage} and {ga} are filled in")
-    ap.add_argument("--save", help="checkpoint folder to save to after step --save-at")
+    ap.add_argument("--save", help="checkpoint folder to save to after step --save-at (as --out)")
     ap.add_argument("--save-at", type=int, default=-1)
-    ap.add_argument("--load", help="checkpoint folder to resume from (its latest tag)")
+    ap.add_argument("--load", help="checkpoint folder to resume from, its latest tag (as --out)")
     args = ap.parse_args()
     if args.cases:
         cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",")]
-        if any(len(c) != 2 for c in cases) or args.save or args.load:
-            ap.error("--cases takes STAGE:GA pairs, and no --save or --load")
+        if any(len(c) != 2 for c in cases):
+            ap.error("--cases takes STAGE:GA pairs")
     elif args.stage is None or args.ga is None:
         ap.error("--stage and --ga (or --cases) are required")
     else:
@@ -160,8 +162,11 @@ def main():
     # returns None, nothing is probed or compiled, and collectives go through Gloo.
     deepspeed.ops.__compatible_ops__ = {}
     deepspeed.init_distributed(dist_backend="gloo")
+    def fill(pattern, stage, ga):
+        return pattern.format(stage=stage, ga=ga) if args.cases and pattern else pattern
+
     for stage, ga in cases:
-        train(args, stage, ga, args.out.format(stage=stage, ga=ga) if args.cases else args.out)
+        train(args, stage, ga, *(fill(p, stage, ga) for p in (args.out, args.save, args.load)))
     exit_rank()  # not destroy_process_group(): see tests/rank_exit.py
 
 
