@@ -269,6 +269,7 @@ StepResult ZeroOptimizer::step(double loss_scale, at::Tensor global_sumsq) {
     PhaseTimer timer(sumsq_ms_);
     stats = global_sumsq.defined() ? std::move(global_sumsq) : this->global_sumsq();
   }
+  result.global_sumsq = stats;
   StepScaleInputs in;
   in.loss_scale = loss_scale;
   // A 16-bit partition holds sums: the averaging rides on the norm and the

@@ -104,6 +104,9 @@ struct StepResult {
   // device (read it when needed), or on the host when the overflow check has
   // already brought the sum there.
   at::Tensor grad_norm;
+  // The global sum of squares the step was decided on (the one step() was given, or the one
+  // it worked out), for optimizers that share its norm, clip and overflow verdict.
+  at::Tensor global_sumsq;
 };
 
 class ZeroOptimizer {

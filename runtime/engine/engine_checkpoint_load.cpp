@@ -114,10 +114,9 @@ bool EngineCore::load_module(const PyValue& model, const std::string& path,
   } else {
     // Parameters outside ZeRO (frozen ones) are in `module` as at the other stages. The
     // experts' own ZeroOptimizer (ep_size > 1) partitions its parameters too.
-    EngineExperts* ex = experts();
-    std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
+    std::set<std::string> partitioned;
+    for (const auto& p : zero_set_) partitioned.insert(p.names->begin(), p.names->end());
     for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
-    if (ex) partitioned.insert(ex->names().begin(), ex->names().end());
     NamedParams others;
     for (const auto& [name, p] : named_params_())
       if (!partitioned.count(name)) others.emplace_back(name, p);
@@ -354,8 +353,8 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
     std::map<std::string, at::Tensor> parts;  // each state over the whole partition
     int64_t step = -1;
   };
-  std::vector<Target> targets = {{zero_.get(), {}, -1}};
-  if (ex) targets.push_back({&ex->zero(), {}, -1});
+  std::vector<Target> targets;  // the set's partitions, in checkpoint order (dense, experts)
+  for (const auto& p : zero_set_) targets.push_back({p.zero, {}, -1});
   for (auto& t : targets)
     for (const auto& name : t.zero->state_names()) t.parts[name] = t.zero->state_partition(name);
   for (int f = 0; f < saved_world; ++f) {
@@ -556,15 +555,13 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
           // At stage 3 the module takes no values: a MoE model's come from the partitions.
           load_zero_partitions(load_dir, tag, model, path, false);
         } else if (!universal) {  // a universal load's weights came from zero/ above
-          zero_->refresh_master_from_params();
-          if (ex) ex->zero().refresh_master_from_params();
+          refresh_masters_from_params();
         }
       } else {
         if (universal || moe_relayout) {
           // loaded above
         } else if (other_params) {  // its partitions hold other parameters: the module's stand
-          zero_->refresh_master_from_params();
-          if (ex) ex->zero().refresh_master_from_params();
+          refresh_masters_from_params();
         } else if (zero_->stage() == 0) {
           load_stage0_optimizer(model, path, options.load_optimizer_states);
           if (ex) {
@@ -610,8 +607,7 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     error = fmt::format("load_checkpoint (rank {}): {}", group_->rank(), e.what());
   }
   agree(error, "load_checkpoint");
-  zero_->publish_master();
-  if (EngineExperts* ex = experts()) ex->zero().publish_master();
+  publish_masters();
   if (!rng.is_none()) restore_rng_state(rng);
   return result;
 }

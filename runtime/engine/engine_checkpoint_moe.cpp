@@ -66,7 +66,6 @@ void EngineCore::load_moe_relayout(const std::string& dir, const std::string& ta
                                    const LoadCheckpointOptions& options,
                                    LoadCheckpointResult& result) {
   const engine_checkpoint::Experts experts = *client_.expert_params;
-  EngineExperts* ex = experts_.get();
   const bool here3 = zero_->stage() >= 3;
   const checkpoint::ExpertRelayout relayout(dir, tag, saved_model, path);
   if (saved_stage >= 3 && !here3) {
@@ -74,8 +73,8 @@ void EngineCore::load_moe_relayout(const std::string& dir, const std::string& ta
     // in (load_module casts them), under each of their names (a shared one's aliases too).
     std::map<std::string, std::string> source;
     for (const auto& [alias, name] : shared_params_) source[alias] = name;
-    std::set<std::string> trainable(param_names_.begin(), param_names_.end());
-    if (ex) trainable.insert(ex->names().begin(), ex->names().end());
+    std::set<std::string> trainable;
+    for (const auto& p : zero_set_) trainable.insert(p.names->begin(), p.names->end());
     PyValue module = need(model, "module", path);
     for (const auto& [name, p] : named_params_()) {
       auto s = source.find(name);
@@ -94,20 +93,17 @@ void EngineCore::load_moe_relayout(const std::string& dir, const std::string& ta
           },
           optimizer_states);
     };
-    load(*zero_, param_names_);
-    if (ex) load(ex->zero(), ex->names());
+    for (const auto& p : zero_set_) load(*p.zero, *p.names);
   };
   const bool other_params = load_module(model, path, options, result);
   if (options.load_module_only) {
     if (here3) {
       whole(false);  // at stage 3 the module takes no values
     } else {
-      zero_->refresh_master_from_params();
-      if (ex) ex->zero().refresh_master_from_params();
+      refresh_masters_from_params();
     }
   } else if (other_params) {  // its parameters differ: the module's values stand
-    zero_->refresh_master_from_params();
-    if (ex) ex->zero().refresh_master_from_params();
+    refresh_masters_from_params();
   } else {
     whole(options.load_optimizer_states);
   }

@@ -81,8 +81,7 @@ void EngineCore::load_pipe_checkpoint(const std::string& dir, const std::string&
   const bool other_params = load_module(view, path, options, result);
   EngineExperts* ex = this->experts();
   if (options.load_module_only || other_params) {
-    zero_->refresh_master_from_params();
-    if (ex) ex->zero().refresh_master_from_params();
+    refresh_masters_from_params();
   } else {
     std::map<std::string, const checkpoint::UniversalParam*> by_name;
     for (const auto& p : ck.params) by_name[p.name] = &p;

@@ -52,8 +52,8 @@ namespace {
 // 1; DeepSpeed's optimizer holds the dense groups first, then the MoE ones, the order of
 // split_params_into_different_moe_groups_for_optimizer).
 std::vector<zero::ZeroOptimizer*> checkpointed_zeros(EngineCore& core) {
-  std::vector<zero::ZeroOptimizer*> out = {&core.zero_optimizer()};
-  if (EngineExperts* ex = core.experts()) out.push_back(&ex->zero());
+  std::vector<zero::ZeroOptimizer*> out;
+  for (const auto& p : core.zero_partitions()) out.push_back(p.zero);
   return out;
 }
 
@@ -210,9 +210,9 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
   PyValue module = PyValue::ordered_dict();
   // At stage 3 the parameters are empty at rest: their values live in the ZeRO files only,
   // and `module` holds the buffers (as DeepSpeed's stage-3 files do).
-  std::set<std::string> partitioned(param_names_.begin(), param_names_.end());
+  std::set<std::string> partitioned;
+  for (const auto& p : zero_set_) partitioned.insert(p.names->begin(), p.names->end());
   for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
-  if (EngineExperts* ex = experts()) partitioned.insert(ex->names().begin(), ex->names().end());
   for (const auto& [name, p] : named_params_())
     if (zero_->stage() < 3 || !partitioned.count(name))
       module.set(PyValue(name), PyValue(p.detach()));
@@ -281,9 +281,8 @@ PyValue EngineCore::zero_states() {
   // One group per ZeroOptimizer: the dense one over the data group, the experts' (ep_size > 1)
   // over their expert-data group, as DeepSpeed's ZeRO 1-2 partitions a MoE param group over
   // its real_dp_process_group.
-  std::vector<std::pair<zero::ZeroOptimizer*, comm::ProcessGroup*>> zeros = {
-      {zero_.get(), group_.get()}};
-  if (EngineExperts* ex = experts()) zeros.emplace_back(&ex->zero(), ex->expert_data_group().get());
+  std::vector<std::pair<zero::ZeroOptimizer*, comm::ProcessGroup*>> zeros;
+  for (const auto& p : zero_set_) zeros.emplace_back(p.zero, p.group);
   PyValue state = PyValue::dict(), groups = PyValue::list(), fp32 = PyValue::list();
   PyValue group_paddings = PyValue::list(), alignment = PyValue::list(), counts = PyValue::list();
   for (size_t g = 0; g < zeros.size(); ++g) {

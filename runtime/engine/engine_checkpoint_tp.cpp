@@ -38,7 +38,6 @@
 #include "dscpp/runtime/checkpoint/universal_from_zero.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
-#include "dscpp/runtime/engine/engine_experts.h"
 #include "dscpp/runtime/engine/moe_checkpoint.h"
 #include "dscpp/runtime/engine/universal_load.h"
 #include "dscpp/zero/zero_optimizer.h"
@@ -251,7 +250,6 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
   }
   view.set(PyValue("module"), std::move(module));
   const bool other_params = load_module(view, path0, options, result);
-  EngineExperts* const ex = this->experts();  // the experts' own ZeroOptimizer (ep_size > 1)
   auto load_params = [&](bool optimizer_states) {
     auto load = [&](zero::ZeroOptimizer& z, const std::vector<std::string>& names) {
       engine_checkpoint::load_whole_params(
@@ -262,14 +260,12 @@ void EngineCore::load_tp_checkpoint(const std::string& dir, const std::string& t
           },
           optimizer_states);
     };
-    load(*zero_, param_names_);
-    if (ex) load(ex->zero(), ex->names());
+    for (const auto& p : zero_set_) load(*p.zero, *p.names);
   };
   if (here3) {  // (other parameters were refused by load_module at stage 3)
     load_params(options.load_optimizer_states && !options.load_module_only);
   } else if (options.load_module_only || other_params) {
-    zero_->refresh_master_from_params();
-    if (ex) ex->zero().refresh_master_from_params();
+    refresh_masters_from_params();
   } else {
     load_params(options.load_optimizer_states);
   }

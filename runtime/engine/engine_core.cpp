@@ -30,6 +30,12 @@ namespace dscpp {
 
 namespace {
 
+// After its forward (no backward to follow) or its backward: a partition's parameters back to
+// rest (stage 3; its layer hooks' end of step when it has them).
+void release_after_use(ZeroPartition& p) {
+  p.layer_gather ? p.layer_gather->end_step() : p.zero->release();
+}
+
 // Keys the config reader accepts whose mechanism the engine does not have yet: said once
 // at start-up, never ignored silently.
 std::vector<std::string> engine_gaps(const DSConfig& c) {
@@ -159,6 +165,7 @@ std::vector<std::vector<int>> EngineCore::layer_buckets() const {
 void EngineCore::start_publish_waits() {
   publish_waits_ = std::make_unique<zero::PublishWaits>(*zero_, layer_buckets());
   layered_->set_layer_hooks(publish_waits_.get());
+  zero_set_.front().publish_waits = publish_waits_.get();
 }
 
 void EngineCore::start_layer_gather(const zero::LayerGatherOptions& options) {
@@ -168,6 +175,7 @@ void EngineCore::start_layer_gather(const zero::LayerGatherOptions& options) {
   auto layer_buckets = this->layer_buckets();
   layer_gather_ = std::make_unique<zero::LayerGather>(*zero_, std::move(layer_buckets), options);
   layered_->set_layer_hooks(layer_gather_.get());
+  zero_set_.front().layer_gather = layer_gather_.get();
 }
 
 void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
@@ -206,17 +214,17 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
                  "'stage3_max_reuse_distance' and 'stage3_param_persistence_threshold' have no "
                  "effect on it\n";
   }
-  zo.reduce_sumsq_across = reduce_sumsq_across_;
-  if (tensor_parallel_size() > 1) {
-    // Each parameter once: this rank's replicas taken out where it is not model rank 0, the
-    // client's sum (a pipeline's stages) added, then the model group's. The three sums are
-    // over orthogonal axes, so their order does not matter; the local corrections come first.
-    zo.reduce_sumsq_across = [this, across = reduce_sumsq_across_](at::Tensor& sumsq) {
-      sumsq = sumsq - tp_grads_->duplicate_sumsq().to(sumsq.options());
-      if (across) across(sumsq);
-      model_group_->all_reduce(sumsq).wait();
-    };
-  }
+  // The whole model's sum of squares, in one order: this rank's dense sum (ZeroOptimizer's),
+  // every other partition's share, this rank's dense replicas taken out where it is not model
+  // rank 0, the client's sum (a pipeline's stages), the model group's; then ZeroOptimizer sums
+  // over the data group. The sums are over orthogonal axes; the local terms come first.
+  zo.reduce_sumsq_across = [this, tp = tensor_parallel_size() > 1,
+                            across = reduce_sumsq_across_](at::Tensor& sumsq) {
+    for (size_t i = 1; i < zero_set_.size(); ++i) zero_set_[i].add_sumsq(sumsq);
+    if (tp) sumsq = sumsq - tp_grads_->duplicate_sumsq().to(sumsq.options());
+    if (across) across(sumsq);
+    if (tp) model_group_->all_reduce(sumsq).wait();
+  };
   // Parameter groups: each trainable parameter's group, by name.
   if (!client_.param_groups.empty()) {
     std::map<std::string, int> group_of_name;
@@ -267,7 +275,13 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   take_experts(params, zo);  // (a no-op without expert parameters of ep_size > 1)
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
-  if (experts_) build_experts(zo, *opt);
+  ZeroPartition dense;
+  dense.name = "dense";
+  dense.zero = zero_.get();
+  dense.group = group_.get();
+  dense.names = &param_names_;
+  zero_set_.push_back(std::move(dense));
+  add_expert_partition(zo, *opt);
   if (tensor_parallel_size() > 1) {
     std::vector<nn::TensorParallelAttr> attrs;
     for (const auto& name : param_names_) {
@@ -278,6 +292,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
       attrs.push_back(it->second);
     }
     tp_grads_ = std::make_unique<TensorParallelGrads>(*zero_, model_group_, std::move(attrs));
+    zero_set_.front().tp_grads = tp_grads_.get();
     use_tensor_parallel_layout();  // a pipeline replaces it with its own
   }
   if (layered_) z.stage == 3 ? start_layer_gather(settings.layer_gather) : start_publish_waits();
@@ -323,27 +338,29 @@ double EngineCore::now_ms() {
 
 void EngineCore::forward_begin() {
   if (config_.wall_clock_breakdown) forward_start_ = now_ms();
-  if (zero_->stage() == 3) {  // what forward_failed puts back to rest
-    rest_before_forward_.resize(zero_->layout().buckets.size());
-    for (size_t b = 0; b < rest_before_forward_.size(); ++b)
-      rest_before_forward_[b] =
-          zero_->bucket_state(static_cast<int>(b)) == zero::ZeroOptimizer::BucketState::kRest;
+  for (auto& p : zero_set_) {
+    if (p.zero->stage() == 3) {  // what forward_failed puts back to rest
+      p.rest_before_forward.resize(p.zero->layout().buckets.size());
+      for (size_t b = 0; b < p.rest_before_forward.size(); ++b)
+        p.rest_before_forward[b] =
+            p.zero->bucket_state(static_cast<int>(b)) == zero::ZeroOptimizer::BucketState::kRest;
+    }
+    // Stage 3 of a partition without layer hooks (a module without layers, the experts):
+    // gathered as a whole for its forward and kept until its backward is done. Layer hooks
+    // gather layer by layer (at stages 1-2 with deferred all-gathers, they wait for them layer
+    // by layer; without, this waits for them all).
+    if (!p.layer_gather && !p.publish_waits) p.zero->gather();
   }
-  // Stage 3 of a module without layers: gathered as a whole for its forward and kept until
-  // its backward is done. A layered module gathers layer by layer through its hooks (at
-  // stages 1-2 with deferred all-gathers, its hooks wait for them layer by layer; any other
-  // module waits for them all here).
-  if (!layer_gather_ && !publish_waits_) zero_->gather();
-  if (experts_) experts_->forward_begin();        // (stage 3: gathered as a whole)
   flops_profiler_->forward_begin(global_steps_);  // last: it times the module's forward
 }
 
 void EngineCore::forward_end() {
-  // Parameters no layer named (and anything read after the forward) have arrived too.
-  if (publish_waits_) zero_->wait_all_published();
-  // A forward without autograd (evaluation) has no backward to wait for.
-  if (!at::GradMode::is_enabled()) layer_gather_ ? layer_gather_->end_step() : zero_->release();
-  if (experts_) experts_->forward_end(at::GradMode::is_enabled());
+  for (auto& p : zero_set_) {
+    // Parameters no layer named (and anything read after the forward) have arrived too.
+    if (p.publish_waits) p.zero->wait_all_published();
+    // A forward without autograd (evaluation) has no backward to wait for.
+    if (!at::GradMode::is_enabled()) release_after_use(p);
+  }
   if (config_.wall_clock_breakdown) timers_.forward += now_ms() - forward_start_;
   flops_profiler_->forward_end();
 }
@@ -353,9 +370,9 @@ void EngineCore::forward_failed() {
   // graph (its layer boundaries included) went with the exception. Only stage 3's gathers
   // outlive it: the whole module's (forward_begin), or the layers' (LayerGather's hooks).
   flops_profiler_->forward_failed();
-  for (size_t b = 0; b < rest_before_forward_.size(); ++b)
-    if (rest_before_forward_[b]) zero_->release_bucket(static_cast<int>(b));
-  if (experts_) experts_->forward_failed();
+  for (auto& p : zero_set_)
+    for (size_t b = 0; b < p.rest_before_forward.size(); ++b)
+      if (p.rest_before_forward[b]) p.zero->release_bucket(static_cast<int>(b));
 }
 
 void EngineCore::defer_error(const std::string& what) noexcept {
@@ -381,11 +398,10 @@ void EngineCore::backward(const at::Tensor& loss) {
   const bool boundary = is_gradient_accumulation_boundary();
   // Stages 2-3 reduce every micro-step into the fp32 partition; stages 0 and 1 let the
   // gradients accumulate in the flat buffer and reduce once, at the boundary.
-  if (boundary) zero_->arm_overlapped_step(scaler_->loss_scale());
-  zero_->begin_backward(zero_optimization_stage() >= 2 || boundary);
-  if (experts_)
-    experts_->begin_backward(zero_optimization_stage() >= 2 || boundary, boundary,
-                             scaler_->loss_scale());
+  for (auto& p : zero_set_) {
+    if (boundary) p.zero->arm_overlapped_step(scaler_->loss_scale());
+    p.zero->begin_backward(zero_optimization_stage() >= 2 || boundary);
+  }
   if (monitor_->enabled() && reporter_) {
     at::Tensor l = loss.detach().to(at::kDouble);
     loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
@@ -396,10 +412,7 @@ void EngineCore::backward(const at::Tensor& loss) {
   if (scaler_->loss_scale() != 1.0) scaled = scaled * scaler_->loss_scale();
   scaled.backward();
   const double t1 = timed ? now_ms() : 0;
-  zero_->end_backward();
-  if (experts_) experts_->end_backward();
-  // Stage 3: the gradients are reduced, the parameters go back to rest.
-  layer_gather_ ? layer_gather_->end_step() : zero_->release();
+  end_backward_set();
   if (timed) {
     const double t2 = now_ms();
     timers_.backward += t2 - t0;
@@ -412,17 +425,50 @@ void EngineCore::backward_from(const std::vector<at::Tensor>& outputs,
                                const std::vector<at::Tensor>& grads, bool reduce) {
   const bool timed = config_.wall_clock_breakdown;
   const double t0 = timed ? now_ms() : 0;
-  zero_->begin_backward(zero_optimization_stage() >= 2 || reduce);
-  if (experts_) experts_->begin_backward(zero_optimization_stage() >= 2 || reduce, false, 1.0);
+  for (auto& p : zero_set_) p.zero->begin_backward(zero_optimization_stage() >= 2 || reduce);
   torch::autograd::backward(outputs, grads);
   const double t1 = timed ? now_ms() : 0;
-  zero_->end_backward();
-  if (experts_) experts_->end_backward();
+  end_backward_set();
   if (timed) {
     const double t2 = now_ms();
     timers_.backward += t2 - t0;
     timers_.backward_reduce += t2 - t1;
   }
+}
+
+void EngineCore::end_backward_set() {
+  for (auto& p : zero_set_) p.zero->end_backward();
+  // Stage 3: the gradients are reduced, the parameters go back to rest.
+  for (auto& p : zero_set_) release_after_use(p);
+}
+
+zero::StepResult EngineCore::step_optimizers() {
+  const double scale = scaler_->loss_scale();
+  // The first partition's step works out the whole model's sum of squares (its
+  // reduce_sumsq_across adds the others' shares); the others step with that same sum, in the
+  // same units: one norm, one clip, one overflow verdict, one loss scale.
+  zero::ZeroOptimizer& first = *zero_set_.front().zero;
+  zero::StepResult r = first.step(scale);
+  for (size_t i = 1; i < zero_set_.size(); ++i) {
+    zero::ZeroOptimizer& z = *zero_set_[i].zero;
+    if (z.deferred_scale() != first.deferred_scale())
+      throw Error(std::string("engine: the ") + zero_set_[i].name + " and " +
+                  zero_set_.front().name + " gradient partitions are averaged differently");
+    // The LR schedule drives the first partition's optimizer; the others take its groups'
+    // settings (add_expert_partition checked that they have no group of their own).
+    optim::Optimizer& mine = z.optimizer();
+    for (int g = 0; g < mine.num_shards(); ++g) mine.copy_hyper(g, first.optimizer(), g);
+    z.step(scale, r.global_sumsq);
+  }
+  return r;
+}
+
+void EngineCore::publish_masters() {
+  for (auto& p : zero_set_) p.zero->publish_master();
+}
+
+void EngineCore::refresh_masters_from_params() {
+  for (auto& p : zero_set_) p.zero->refresh_master_from_params();
 }
 
 void EngineCore::step() {
@@ -432,8 +478,9 @@ void EngineCore::step() {
   if (!boundary) return;
   const double t0 = config_.wall_clock_breakdown ? now_ms() : 0;
   flops_profiler_->step_begin();
-  if (tp_grads_) tp_grads_->all_reduce_sequence_parallel();
-  zero::StepResult r = step_optimizers();  // the dense step (and the experts')
+  for (auto& p : zero_set_)
+    if (p.tp_grads) p.tp_grads->all_reduce_sequence_parallel();  // before the norm reads them
+  zero::StepResult r = step_optimizers();
   if (config_.wall_clock_breakdown) timers_.step += now_ms() - t0;
   step_applied_ = r.applied;
   if (r.applied) grad_norm_ = r.grad_norm;

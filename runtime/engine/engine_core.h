@@ -56,6 +56,30 @@ namespace profiler {
 class EngineFlopsProfiler;
 }
 
+// One ZeRO partition of the engine's parameters (docs/architecture.md, "A set of partitions"):
+// a ZeroOptimizer over its own process group, averaging its gradients by its own rule
+// (ZeroOptions::average_over), and what the engine drives it with. The engine holds a set of
+// them in a fixed order and loops over it for backward, the norm, the clip, the step, publishing
+// and refreshing: the dense parameters first, over the data group (the LR schedule drives its
+// optimizer, and its global sum of squares takes every other partition's share), then an MoE
+// model's experts over the expert-data group (runtime/engine/engine_experts.h). A later group of
+// parameters with its own process group is one more entry.
+struct ZeroPartition {
+  const char* name = "";                            // "dense", "experts": for errors
+  zero::ZeroOptimizer* zero = nullptr;              // owned by the engine (dense) or what built it
+  comm::ProcessGroup* group = nullptr;              // where it partitions and reduces
+  const std::vector<std::string>* names = nullptr;  // its parameters' names, in its order
+  // Its share of the whole model's sum of squares, added to the first partition's local sum
+  // before that one's reductions; empty for the first.
+  std::function<void(at::Tensor&)> add_sumsq;
+  TensorParallelGrads* tp_grads = nullptr;  // its sequence-parallel sums at the step (null: none)
+  // The layer hooks that gather it layer by layer (stage 3) or wait for its deferred all-gathers
+  // layer by layer (stages 1-2); neither: gathered whole around forward and backward.
+  zero::LayerGather* layer_gather = nullptr;
+  zero::PublishWaits* publish_waits = nullptr;
+  std::vector<char> rest_before_forward;  // stage 3: per bucket, at rest when forward began
+};
+
 // load_checkpoint's switches, DeepSpeed's names, order and defaults.
 struct LoadCheckpointOptions {
   // false: the module's missing and unexpected keys are tolerated (PyTorch's strict=False):
@@ -264,6 +288,8 @@ class EngineCore {
   zero::ZeroOptimizer* expert_zero_optimizer();
   const std::shared_ptr<comm::ProcessGroup>& expert_data_group() const;
   EngineExperts* experts() { return experts_.get(); }
+  // The set of ZeRO partitions, dense first (see ZeroPartition).
+  const std::vector<ZeroPartition>& zero_partitions() const { return zero_set_; }
   // Every buffer the engine allocates for training, by name and where a GPU run keeps it
   // (ZeRO's parts: zero/memory_breakdown.h, zero_optimizer.h), at this moment.
   zero::MemoryBreakdown memory_breakdown() const;
@@ -273,12 +299,18 @@ class EngineCore {
 
  private:
   std::vector<std::vector<int>> layer_buckets() const;  // per layer, its parameters' buckets
-  // Expert parallelism (engine_experts.cpp): takes the experts out of params (and zo's lists)
-  // and adds their share to the dense norm; then, once the dense optimizer exists, builds
-  // theirs. step_optimizers: the dense step, and the experts' with the same sum of squares.
+  // Expert parallelism (engine_experts.cpp): takes the experts out of params (and zo's lists);
+  // then, once the dense optimizer exists, adds theirs to the set (neither does anything
+  // without expert parameters of ep_size > 1).
   void take_experts(std::vector<at::Tensor>& params, zero::ZeroOptions& zo);
-  void build_experts(const zero::ZeroOptions& zo, const optim::Optimizer& dense);
+  void add_expert_partition(const zero::ZeroOptions& zo, const optim::Optimizer& dense);
+  // The set's step: the first partition's, then the others' with its sum of squares.
   zero::StepResult step_optimizers();
+  // Every partition's end of backward (the reductions), then its parameters back to rest.
+  void end_backward_set();
+  // Every partition's master copy into its parameters (after a load), or the other way.
+  void publish_masters();
+  void refresh_masters_from_params();
   void start_publish_waits();
   void log_progress();
   void write_monitor_events(double train_loss);
@@ -373,13 +405,13 @@ class EngineCore {
   std::vector<std::string> param_names_;  // the trainable parameters, as the ZeRO buffer holds them
   std::vector<std::pair<std::string, std::string>> shared_params_;  // alias -> first name
   double forward_start_ = 0;
-  std::vector<char> rest_before_forward_;  // stage 3: per bucket, at rest when forward began
-  bool deferred_ = false;                  // see defer_error
+  bool deferred_ = false;                                 // see defer_error
   std::function<void(at::Tensor&)> reduce_sumsq_across_;  // set_reduce_sumsq_across
   std::shared_ptr<comm::ProcessGroup> model_group_;       // InitArgs::model_group
   std::shared_ptr<const std::map<std::string, nn::TensorParallelAttr>> tp_attrs_;
   std::unique_ptr<TensorParallelGrads> tp_grads_;  // with a model group of size > 1
   std::unique_ptr<EngineExperts> experts_;         // with expert parameters of ep_size > 1
+  std::vector<ZeroPartition> zero_set_;            // zero_ first, then the experts' (if any)
   std::string deferred_error_;
 };
 

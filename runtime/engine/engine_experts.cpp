@@ -166,45 +166,6 @@ void EngineExperts::add_sumsq(at::Tensor& dense_local_sumsq) {
   dense_local_sumsq = dense_local_sumsq + mine;
 }
 
-void EngineExperts::reduce_over_tensor_group() {
-  if (tp_grads_) tp_grads_->all_reduce_sequence_parallel();
-}
-
-void EngineExperts::forward_begin() {
-  if (zero_->stage() != 3) return;
-  at_rest_before_forward_ = !zero_->gathered();
-  zero_->gather();
-}
-
-void EngineExperts::forward_end(bool grad_enabled) {
-  if (!grad_enabled) zero_->release();  // no backward to wait for
-}
-
-void EngineExperts::forward_failed() {
-  if (at_rest_before_forward_) zero_->release();
-  at_rest_before_forward_ = false;
-}
-
-void EngineExperts::begin_backward(bool reduce, bool boundary, double loss_scale) {
-  if (boundary) zero_->arm_overlapped_step(loss_scale);
-  zero_->begin_backward(reduce);
-}
-
-void EngineExperts::end_backward() {
-  zero_->end_backward();
-  zero_->release();  // stage 3: back to rest (a no-op at stages 0-2)
-  at_rest_before_forward_ = false;
-}
-
-zero::StepResult EngineExperts::step(double loss_scale, const at::Tensor& global_sumsq,
-                                     zero::ZeroOptimizer& dense) {
-  if (zero_->deferred_scale() != dense.deferred_scale())
-    throw Error("engine: the expert and dense gradient partitions are averaged differently");
-  optim::Optimizer& mine = zero_->optimizer();
-  for (int g = 0; g < mine.num_shards(); ++g) mine.copy_hyper(g, dense.optimizer(), g);
-  return zero_->step(loss_scale, global_sumsq);
-}
-
 // EngineCore's side (engine_core.h), here to keep engine_core.cpp to its one job.
 
 zero::ZeroOptimizer* EngineCore::expert_zero_optimizer() {
@@ -220,32 +181,26 @@ void EngineCore::take_experts(std::vector<at::Tensor>& params, zero::ZeroOptions
   if (!client_.expert_params) return;
   experts_ = EngineExperts::take(*client_.expert_params, params, param_names_, zo, group_,
                                  client_.expert_data_group, model_group_, tp_attrs_.get());
-  if (!experts_) return;
-  // The experts' share first (a local term at stages 1-3), then what the client adds (a
-  // pipeline's other stages, whose experts are counted by the same sums).
-  zo.reduce_sumsq_across = [this, across = zo.reduce_sumsq_across](at::Tensor& sumsq) {
-    experts_->add_sumsq(sumsq);
-    if (across) across(sumsq);
-  };
 }
 
-void EngineCore::build_experts(const zero::ZeroOptions& zo, const optim::Optimizer& dense) {
+void EngineCore::add_expert_partition(const zero::ZeroOptions& zo, const optim::Optimizer& dense) {
+  if (!experts_) return;
   auto optimizer =
       config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
   if (!optimizer) throw Error("initialize: the client optimizer factory gave null");
   optimizer->set_cpu_kernels(dense.cpu_kernels());
   experts_->build(zo, std::move(optimizer), dense);
-}
-
-zero::StepResult EngineCore::step_optimizers() {
-  const double scale = scaler_->loss_scale();
-  if (!experts_) return zero_->step(scale);
-  experts_->reduce_over_tensor_group();  // before the norm reads the partition
-  // One sum for both: the dense one carries the experts' share (take_experts).
-  const at::Tensor sumsq = zero_->global_sumsq();
-  zero::StepResult r = zero_->step(scale, sumsq);
-  experts_->step(scale, sumsq, *zero_);
-  return r;
+  EngineExperts* ex = experts_.get();
+  ZeroPartition p;
+  p.name = "experts";
+  p.zero = &ex->zero();
+  p.group = ex->expert_data_group().get();
+  p.names = &ex->names();
+  // Their share of the norm (a local term at stages 1-3), before what the client adds (a
+  // pipeline's other stages, whose experts are counted by the same sums).
+  p.add_sumsq = [ex](at::Tensor& sumsq) { ex->add_sumsq(sumsq); };
+  p.tp_grads = ex->tp_grads();
+  zero_set_.push_back(std::move(p));
 }
 
 }  // namespace dscpp

@@ -3,21 +3,23 @@
 // partitions the experts over the expert-data-parallel group; here the engine finds them itself
 // (nn::moe::expert_parameters on the module: InitArgs::expert_params) and, where any has
 // ep_size > 1, gives them a second ZeroOptimizer of the same stage over the expert-data group,
-// the dense parameters keeping theirs over the data group. One mechanism for both: the same
-// ZeroOptimizer, buckets and partition code, with two differences of options.
+// the dense parameters keeping theirs over the data group: the second partition of the engine's
+// set (engine_core.h, ZeroPartition), which the engine drives like the first. One mechanism for
+// both: the same ZeroOptimizer, buckets and partition code, with two differences of options.
 //   - Averaging: an expert's gradient already sums the tokens of its expert-parallel group, so
 //     the expert-data group's sum is divided by the whole data group's size (DeepSpeed's
 //     _reduce_expert_gradients and its ZeRO 1-2 divide by the data world, "to maintain the
 //     gradients value unaffected by ep_size"): ZeroOptions::average_over.
 //   - The norm: one for the whole model, each expert parameter counted once over the world.
-//     The dense optimizer's reduce_sumsq_across adds the experts' share before its data-group
-//     sum: at stages 1-3 this rank's expert partition (the partitions of an expert-data group
-//     cover its experts once, the expert-parallel groups' experts are disjoint, and together
-//     they make the data group), at stage 0 the sum of this rank's whole experts over its
-//     expert-parallel group (the dense sum is not reduced there). Both optimizers then step
-//     with that one sum (ZeroOptimizer::step(loss_scale, sumsq)): one clip, one overflow verdict,
-//     one loss scale. (DeepSpeed's ZeRO 1-2 instead averages the expert groups' norms over the
-//     expert-data group, which is not the model's norm: we take the exact one.)
+//     The dense optimizer's reduce_sumsq_across adds the experts' share (add_sumsq, the
+//     partition's) before its data-group sum: at stages 1-3 this rank's expert partition (the
+//     partitions of an expert-data group cover its experts once, the expert-parallel groups'
+//     experts are disjoint, and together they make the data group), at stage 0 the sum of this
+//     rank's whole experts over its expert-parallel group (the dense sum is not reduced there).
+//     Both optimizers then step with that one sum (ZeroOptimizer::step(loss_scale, sumsq)): one
+//     clip, one overflow verdict, one loss scale. (DeepSpeed's ZeRO 1-2 instead averages the expert
+//     groups' norms over the expert-data group, which is not the model's norm: we take the exact
+//     one.)
 // The expert-data group: InitArgs::expert_data_group when given (its size must be the data
 // group's over ep_size), otherwise made here from the MoE layers' own expert-parallel groups:
 // the data-group ranks at the same place of their expert-parallel groups hold the same experts
@@ -79,20 +81,9 @@ class EngineExperts {
   // local sum before its data-group all-reduce (see above). Collective over the
   // expert-parallel group at stage 0.
   void add_sumsq(at::Tensor& dense_local_sumsq);
-  // Before the norm at the accumulation boundary: the experts' partial gradients (the token
-  // split's) summed over the tensor group. A no-op without tensor parallelism.
-  void reduce_over_tensor_group();
-
-  // Around the engine's forward, backward and step (the dense calls' twins).
-  void forward_begin();
-  void forward_end(bool grad_enabled);
-  void forward_failed();
-  void begin_backward(bool reduce, bool boundary, double loss_scale);
-  void end_backward();
-  // With the whole model's sum of squares; dense: the dense ZeroOptimizer, whose groups'
-  // settings (the schedule's lr) the experts take first.
-  zero::StepResult step(double loss_scale, const at::Tensor& global_sumsq,
-                        zero::ZeroOptimizer& dense);
+  // The experts' partial gradients (the token split's), summed over the tensor group before
+  // the norm at the accumulation boundary: null without tensor parallelism.
+  TensorParallelGrads* tp_grads() { return tp_grads_.get(); }
 
   zero::ZeroOptimizer& zero() { return *zero_; }
   const std::shared_ptr<comm::ProcessGroup>& expert_data_group() const { return edp_; }
@@ -116,7 +107,6 @@ class EngineExperts {
   std::shared_ptr<comm::ProcessGroup> model_;      // the tensor-parallel group (null: none)
   std::vector<nn::TensorParallelAttr> tp_attrs_;   // each expert parameter's, with model_
   std::unique_ptr<TensorParallelGrads> tp_grads_;  // over zero_'s partition, with model_
-  bool at_rest_before_forward_ = false;            // stage 3: what forward_failed puts back
 };
 
 }  // namespace dscpp
