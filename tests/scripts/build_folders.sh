@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The README's two commands, scripts/test.sh and scripts/demo.sh, share build/ (type Check) on
-# the CPU: the demo asks only for what it runs, and whichever runs second builds only what the
-# first left out, never reconfiguring the other's folder. Runs both scripts in a copy of
-# scripts/ whose build.sh records the folder, type and targets each asks for (and ctest, the
-# tools and the launcher are stubs), in either order.
+# The README's two commands, scripts/test.sh and scripts/demo.sh, and their build folders. On a
+# machine without a CUDA toolkit both use build/ (type Check): the demo asks only for what it
+# runs, and whichever runs second builds only what the first left out, never reconfiguring the
+# other's folder. With a toolkit, test.sh builds the CUDA variant in build-cuda/ (Check) and runs
+# ctest there, and the demo still builds its three targets in build/. Runs both scripts in a
+# copy of scripts/ whose build.sh records the folder, type and targets each asks for (and
+# ctest, the tools and the launcher are stubs), in either order, for each variant.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -29,19 +31,24 @@ chmod +x "$tmp/bin/ctest" "$tmp/bin/nvidia-smi"
 export PATH="$tmp/bin:$PATH"
 unset DSCPP_BUILD_TYPE DSCPP_BUILD_DIR
 cd "$tmp/tree"
-for order in "test demo" "demo test"; do
-  rm -f builds.log
-  for s in $order; do "./scripts/$s.sh" >/dev/null; done
-  cpu=$(grep '^cpu ' builds.log)
-  want_test="cpu build Check"
-  want_demo="cpu build Check train_gpt preprocess_data dscpp_launcher"
-  if ! grep -qx "$want_test" <<<"$cpu" || ! grep -qx "$want_demo" <<<"$cpu" ||
-     [ "$(wc -l <<<"$cpu")" -ne 2 ] || ! grep -qx "ctest in build" builds.log; then
-    echo "FAIL ($order): builds asked for:"; cat builds.log; exit 1
-  fi
-  # The CUDA variant, where test.sh builds it, has its own folder too.
-  if grep -q '^cuda ' builds.log && ! grep -qx "cuda build-cuda Check" builds.log; then
-    echo "FAIL ($order): CUDA build:"; cat builds.log; exit 1
-  fi
+want_demo="cpu build Check train_gpt preprocess_data dscpp_launcher"
+for variant in cpu cuda; do
+  for order in "test demo" "demo test"; do
+    rm -f builds.log
+    for s in $order; do DSCPP_TEST_VARIANT=$variant "./scripts/$s.sh" >/dev/null; done
+    if [ "$variant" = cpu ]; then
+      cpu=$(grep '^cpu ' builds.log)
+      if ! grep -qx "cpu build Check" <<<"$cpu" || ! grep -qx "$want_demo" <<<"$cpu" ||
+         [ "$(wc -l <<<"$cpu")" -ne 2 ] || ! grep -qx "ctest in build" builds.log ||
+         grep -q '^cuda ' builds.log; then
+        echo "FAIL ($variant, $order): builds asked for:"; cat builds.log; exit 1
+      fi
+    elif ! grep -qx "cuda build-cuda Check" builds.log || ! grep -qx "$want_demo" builds.log ||
+         [ "$(grep -c '^cuda ' builds.log)" -ne 1 ] || [ "$(grep -c '^cpu ' builds.log)" -ne 1 ] ||
+         ! grep -qx "ctest in build-cuda" builds.log; then
+      echo "FAIL ($variant, $order): builds asked for:"; cat builds.log; exit 1
+    fi
+  done
 done
-echo "PASS: test.sh builds build/ (Check), demo.sh its three targets there, in either order"
+echo "PASS: test.sh builds build/ (Check) and shares it with demo.sh's three targets, or builds" \
+  "build-cuda/ (Check) for the CUDA variant; in either order"
