@@ -13,6 +13,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <optional>
 #include <vector>
 
 namespace dscpp::nn {
@@ -77,16 +78,24 @@ variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bo
   const fp8::Format gf = grad_format(r);
   at::Tensor g = grad.reshape({-1, grad.size(-1)});
   variable_list out(with_bias ? 3 : 2);
+  // g quantised once per axis it is reduced along; a tensorwise scale has no axis, so both
+  // products take the same quantised g.
+  std::optional<fp8::Quantized> g_rows, g_cols;
+  auto g_along = [&](int64_t reduced) -> const fp8::Quantized& {
+    auto& q = reduced == 1 || r.scaling == Fp8Scaling::Tensorwise ? g_rows : g_cols;
+    if (!q) q = quantize(g, reduced, gf, r);
+    return *q;
+  };
   if (ctx->needs_input_grad(0)) {
     // dx = g · W: g per row (reduced over out), W per column (reduced over out).
-    const fp8::Quantized gq = quantize(g, 1, gf, r);
+    const fp8::Quantized& gq = g_along(1);
     const fp8::Quantized wq = quantize(weight, 0, fp8::Format::E4M3, r);
     out[0] = fp8::scaled_mm(gq, as_right_col_major(wq), grad.scalar_type()).view(x.sizes());
   }
   if (ctx->needs_input_grad(1)) {
     // dW = gᵀ · x: both per column of their [rows, *] form (reduced over the tokens).
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    const fp8::Quantized a = as_left_from_t(quantize(g, 0, gf, r));
+    const fp8::Quantized a = as_left_from_t(g_along(0));
     const fp8::Quantized b = as_right_col_major(quantize(x2, 0, fp8::Format::E4M3, r));
     const at::ScalarType type = weight.scalar_type();
     const bool written =
