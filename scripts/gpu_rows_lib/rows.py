@@ -317,9 +317,11 @@ def targets_of(row):
 
 
 def needs_deepspeed(row):
-    # The suite too: some of its tests read DeepSpeed's files with DeepSpeed's own code.
+    # The suite too: some of its tests read DeepSpeed's files with DeepSpeed's own code. The
+    # torchao rows: torchao travels among the same carried wheels and installs with them.
     kind = row.get("kind", "train")
-    return kind == "suite" or kind == "train" and row["system"] == "deepspeed" or bool(row.get("deepspeed"))
+    return (kind == "suite" or kind == "train" and row["system"] in ("deepspeed", "torchao")
+            or bool(row.get("deepspeed")))
 
 
 def ds_ops_of(row, root):
@@ -361,7 +363,7 @@ def commands(row, ctx):
         ds_path = os.path.join(ctx["work"], "ds_config.json")
         files[ds_path] = json.dumps(ds, indent=2) + "\n"
     gpus, port, py = row.get("gpus", 1), str(ctx["port"]), subst["py"]
-    args = list(row.get("args", []))
+    args = [a.format(**subst) for a in row.get("args", [])]
     rss = [py, "bench/peak_rss.py"] if row.get("host_rss") else []
     if system == "dscpp":
         cmd = rss + [LAUNCHER.format(**subst), "--num_gpus", str(gpus), "--master_port", port,
