@@ -31,37 +31,44 @@ fp8::Format grad_format(const Fp8Recipe& r) {
   return r.hybrid ? fp8::Format::E5M2 : fp8::Format::E4M3;
 }
 
-// x quantised with a scale per slice along `reduced` (rowwise) or one scale (tensorwise).
-fp8::Quantized quantize(const at::Tensor& x, int64_t reduced, fp8::Format f, const Fp8Recipe& r) {
-  return r.scaling == Fp8Scaling::Rowwise ? fp8::quantize_axiswise(x, reduced, f, r.margin)
-                                          : fp8::quantize_tensorwise(x, f, r.margin);
+bool tensorwise(const Fp8Recipe& r) {
+  return r.scaling == Fp8Scaling::Tensorwise;
 }
 
-// The operand b of a product as _scaled_mm wants it: column-major, its scale [1, n].
-fp8::Quantized as_right(const fp8::Quantized& rows_major_t) {
-  // rows_major_t holds bᵀ [n, k] row-major with its scale [n, 1] (or a scalar).
-  return {rows_major_t.data.t(),
-          rows_major_t.scale.dim() == 2 ? rows_major_t.scale.t() : rows_major_t.scale};
+// x quantised, one scale or one per slice along `reduced` (rowwise, scales rounded to powers of
+// two as torchao's rowwise recipe has them), in the layouts asked for.
+fp8::Layouts quantize(const at::Tensor& x, int64_t reduced, fp8::Format f, const Fp8Recipe& r,
+                      bool rows, bool transposed) {
+  return fp8::quantize_layouts(x, tensorwise(r) ? -1 : reduced, f, r.margin, !tensorwise(r), rows,
+                               transposed);
 }
 
-// The operand a of a product from the quantised transpose aᵀ [k, m] (scale [1, m] or scalar).
-fp8::Quantized as_left_from_t(const fp8::Quantized& t) {
-  return {t.data.t().contiguous(), t.scale.dim() == 2 ? t.scale.t() : t.scale};
+// The operand b [k, n] of a product from bᵀ [n, k] quantised row-major (scale [n, 1] or a
+// scalar): its transposed view is the column-major b that _scaled_mm takes, without a copy.
+fp8::Quantized as_right(const fp8::Quantized& b_t) {
+  return {b_t.data.t(), b_t.scale.dim() == 2 ? b_t.scale.t() : b_t.scale};
 }
 
-// The right operand b [k, n] from a row-major b quantised per column (scale [1, n]).
-fp8::Quantized as_right_col_major(const fp8::Quantized& b) {
-  return {b.data.t().contiguous().t(), b.scale};
-}
-
-at::Tensor forward_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                           const Fp8Recipe& r) {
-  at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  // y = x · Wᵀ: x per row (reduced over in), W per output row (reduced over in).
-  const fp8::Quantized xq = quantize(x2, 1, fp8::Format::E4M3, r);
-  const fp8::Quantized wq = quantize(weight, 1, fp8::Format::E4M3, r);
-  at::Tensor out = fp8::scaled_mm(xq, as_right(wq), x.scalar_type());
+// y = x · Wᵀ: x per row and W per output row (both reduced over in). Tensorwise, xᵀ's fp8 (dW's
+// operand) comes out of the same pass as x's and is what backward keeps instead of x: one byte
+// an element instead of two, and no second cast of x.
+at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, const Fp8Recipe& r) {
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  const bool keep_xt = tensorwise(r) && weight.requires_grad();
+  const fp8::Layouts xq = quantize(x2, 1, fp8::Format::E4M3, r, true, keep_xt);
+  const fp8::Layouts wq = quantize(weight, 1, fp8::Format::E4M3, r, true, false);
+  at::Tensor out = fp8::scaled_mm(xq.rows, as_right(wq.rows), x.scalar_type());
   if (bias.defined()) out.add_(bias);
+  if (keep_xt) {
+    ctx->save_for_backward({xq.transposed.data, xq.transposed.scale, weight});
+  } else {
+    ctx->save_for_backward({x2, at::Tensor(), weight});
+  }
+  ctx->saved_data["x_sizes"] = x.sizes().vec();
+  ctx->saved_data["hybrid"] = r.hybrid;
+  ctx->saved_data["rowwise"] = r.scaling == Fp8Scaling::Rowwise;
+  ctx->saved_data["margin"] = static_cast<int64_t>(r.margin);
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(0);
   return out.view(sizes);
@@ -69,62 +76,52 @@ at::Tensor forward_product(const at::Tensor& x, const at::Tensor& weight, const 
 
 variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bool with_bias) {
   auto saved = ctx->get_saved_variables();
-  const at::Tensor& x = saved[0];
-  const at::Tensor& weight = saved[1];
+  const at::Tensor& weight = saved[2];
   Fp8Recipe r;
   r.hybrid = ctx->saved_data["hybrid"].toBool();
   r.scaling = ctx->saved_data["rowwise"].toBool() ? Fp8Scaling::Rowwise : Fp8Scaling::Tensorwise;
   r.margin = static_cast<int>(ctx->saved_data["margin"].toInt());
   const fp8::Format gf = grad_format(r);
+  const bool dx = ctx->needs_input_grad(0), dw = ctx->needs_input_grad(1);
   at::Tensor g = grad.reshape({-1, grad.size(-1)});
   variable_list out(with_bias ? 3 : 2);
-  // g quantised once per axis it is reduced along; a tensorwise scale has no axis, so both
-  // products take the same quantised g.
-  std::optional<fp8::Quantized> g_rows, g_cols;
-  auto g_along = [&](int64_t reduced) -> const fp8::Quantized& {
-    auto& q = reduced == 1 || r.scaling == Fp8Scaling::Tensorwise ? g_rows : g_cols;
-    if (!q) q = quantize(g, reduced, gf, r);
-    return *q;
-  };
-  if (ctx->needs_input_grad(0)) {
-    // dx = g · W: g per row (reduced over out), W per column (reduced over out).
-    const fp8::Quantized& gq = g_along(1);
-    const fp8::Quantized wq = quantize(weight, 0, fp8::Format::E4M3, r);
-    out[0] = fp8::scaled_mm(gq, as_right_col_major(wq), grad.scalar_type()).view(x.sizes());
+  // dx = g · W takes g per row; dW = gᵀ · x takes gᵀ per row, g per column. Tensorwise, one
+  // pass writes both layouts of g; rowwise, each its own scales.
+  fp8::Layouts gq;
+  if (dx || (dw && tensorwise(r))) gq = quantize(g, 1, gf, r, dx, dw && tensorwise(r));
+  if (dw && !tensorwise(r)) gq.transposed = quantize(g, 0, gf, r, false, true).transposed;
+  if (dx) {
+    // W per column (reduced over out): Wᵀ row-major is the column-major W the product takes.
+    const fp8::Layouts wq = quantize(weight, 0, fp8::Format::E4M3, r, false, true);
+    const auto x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    out[0] = fp8::scaled_mm(gq.rows, as_right(wq.transposed), grad.scalar_type()).view(x_sizes);
   }
-  if (ctx->needs_input_grad(1)) {
-    // dW = gᵀ · x: both per column of their [rows, *] form (reduced over the tokens).
-    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    const fp8::Quantized a = as_left_from_t(g_along(0));
-    const fp8::Quantized b = as_right_col_major(quantize(x2, 0, fp8::Format::E4M3, r));
+  if (dw) {
+    // x per column (reduced over the tokens): xᵀ, kept from forward (tensorwise) or cast now.
+    const fp8::Quantized xt =
+        tensorwise(r) ? fp8::Quantized{saved[0], saved[1]}
+                      : quantize(saved[0], 0, fp8::Format::E4M3, r, false, true).transposed;
+    const fp8::Quantized b = as_right(xt);
     const at::ScalarType type = weight.scalar_type();
     const bool written =
         ops::write_grad_into(weight, weight.sizes(), at::empty({0}, weight.options()),
                              [&](at::Tensor slot, bool accumulate) {
-                               at::Tensor p = fp8::scaled_mm(a, b, type);
+                               at::Tensor p = fp8::scaled_mm(gq.transposed, b, type);
                                if (accumulate)
                                  slot.add_(p);
                                else
                                  slot.copy_(p);
                              });
-    if (!written) out[1] = fp8::scaled_mm(a, b, type);
+    if (!written) out[1] = fp8::scaled_mm(gq.transposed, b, type);
   }
   if (with_bias && ctx->needs_input_grad(2)) out[2] = g.sum(0);
   return out;
 }
 
-void save(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const Fp8Recipe& r) {
-  ctx->save_for_backward({x, weight});
-  ctx->saved_data["hybrid"] = r.hybrid;
-  ctx->saved_data["rowwise"] = r.scaling == Fp8Scaling::Rowwise;
-  ctx->saved_data["margin"] = static_cast<int64_t>(r.margin);
-}
-
 struct Fp8LinearWithBias : torch::autograd::Function<Fp8LinearWithBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, const Fp8Recipe& r) {
-    save(ctx, x, weight, r);
-    return forward_product(x, weight, bias, r);
+    return forward_and_save(ctx, x, weight, bias, r);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list g = backward_products(ctx, grads[0], true);
@@ -136,8 +133,7 @@ struct Fp8LinearWithBias : torch::autograd::Function<Fp8LinearWithBias> {
 struct Fp8LinearNoBias : torch::autograd::Function<Fp8LinearNoBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const Fp8Recipe& r) {
-    save(ctx, x, weight, r);
-    return forward_product(x, weight, at::Tensor(), r);
+    return forward_and_save(ctx, x, weight, at::Tensor(), r);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list g = backward_products(ctx, grads[0], false);

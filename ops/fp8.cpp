@@ -5,6 +5,14 @@
 
 #include <cmath>
 
+#ifdef DSCPP_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "dscpp/ops/kernel_dtype.h"
+#include "dscpp/ops/kernel_launch.h"
+#endif
+
 namespace dscpp::ops::fp8 {
 
 double max_finite(Format f) {
@@ -54,15 +62,76 @@ Quantized quantize(const at::Tensor& x, const at::Tensor& scale, Format f) {
 }
 
 Quantized quantize_tensorwise(const at::Tensor& x, Format f, int margin) {
-  check_2d(x, "the tensor quantised");
-  return quantize_by_factor(x, quantising_factor(x.abs().amax(), f, margin, false), f);
+  return quantize_layouts(x, -1, f, margin, false, true, false).rows;
 }
 
 Quantized quantize_axiswise(const at::Tensor& x, int64_t reduced, Format f, int margin,
                             bool power_of_2) {
+  return quantize_layouts(x, reduced, f, margin, power_of_2, true, false).rows;
+}
+
+namespace {
+
+Quantized transposed(const Quantized& q) {
+  return {q.data.t().contiguous(), q.scale.dim() == 2 ? q.scale.t() : q.scale};
+}
+
+#ifdef DSCPP_CUDA
+// The one-pass kernel: the amax by one reduction (the infinity norm: no |x| is written), then
+// the cast into the layouts asked for, the factors taken from the amax on the device.
+Layouts quantize_layouts_cuda(const at::Tensor& x_in, int64_t reduced, Format f, int margin,
+                              bool power_of_2, bool want_rows, bool want_transposed,
+                              cuda::DType type) {
+  const at::Tensor x = x_in.contiguous();
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = x.size(0), cols = x.size(1);
+  at::Tensor amax = reduced < 0 ? at::linalg_vector_norm(x, INFINITY)
+                                : at::linalg_vector_norm(x, INFINITY, {reduced}, false);
+  amax = amax.to(x.scalar_type()).contiguous();
+  const auto bytes = x.options().dtype(dtype(f));
+  Layouts out;
+  at::Tensor data = want_rows ? at::empty({rows, cols}, bytes) : at::Tensor();
+  at::Tensor data_t = want_transposed ? at::empty({cols, rows}, bytes) : at::Tensor();
+  at::Tensor scale = at::empty({amax.numel()}, x.options().dtype(at::kFloat));
+  cuda::launch_fp8_cast(x.data_ptr(), amax.data_ptr(), rows, cols, type,
+                        reduced < 0    ? 0
+                        : reduced == 1 ? 1
+                                       : 2,
+                        f == Format::E4M3 ? cuda::Fp8Kind::kE4M3 : cuda::Fp8Kind::kE5M2, margin,
+                        power_of_2, want_rows ? data.data_ptr() : nullptr,
+                        want_transposed ? data_t.data_ptr() : nullptr, scale.data_ptr<float>(),
+                        c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  // The scale's shape as the composition gives it: scalar, [rows, 1] or [1, cols].
+  const at::Tensor s = reduced < 0    ? scale.reshape({})
+                       : reduced == 1 ? scale.view({rows, 1})
+                                      : scale.view({1, cols});
+  if (want_rows) out.rows = {data, s};
+  if (want_transposed) out.transposed = {data_t, s.dim() == 2 ? s.t() : s};
+  return out;
+}
+#endif
+
+}  // namespace
+
+Layouts quantize_layouts(const at::Tensor& x, int64_t reduced, Format f, int margin,
+                         bool power_of_2, bool want_rows, bool want_transposed) {
   check_2d(x, "the tensor quantised");
-  at::Tensor amax = x.abs().amax({reduced}, /*keepdim=*/true);
-  return quantize_by_factor(x, quantising_factor(amax, f, margin, power_of_2), f);
+  if (reduced < -1 || reduced > 1)
+    throw Fp8Error("fp8: a scale is per tensor (-1) or along dimension 0 or 1, found " +
+                   std::to_string(reduced));
+#ifdef DSCPP_CUDA
+  if (x.is_cuda() && x.numel() > 0) {
+    if (const auto type = cuda::kernel_dtype(x.scalar_type()))
+      return quantize_layouts_cuda(x, reduced, f, margin, power_of_2, want_rows, want_transposed,
+                                   *type);
+  }
+#endif
+  const at::Tensor amax = reduced < 0 ? x.abs().amax() : x.abs().amax({reduced}, /*keepdim=*/true);
+  const Quantized q = quantize_by_factor(x, quantising_factor(amax, f, margin, power_of_2), f);
+  Layouts out;
+  if (want_rows) out.rows = q;
+  if (want_transposed) out.transposed = transposed(q);
+  return out;
 }
 
 at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_dtype) {

@@ -59,6 +59,18 @@ Quantized quantize_tensorwise(const at::Tensor& x, Format f, int margin = 0);
 Quantized quantize_axiswise(const at::Tensor& x, int64_t reduced, Format f, int margin = 0,
                             bool power_of_2 = true);
 
+// x (2-D) quantised in the layouts asked for, from one reading of x on CUDA (ops/fp8_cast.cu;
+// the ATen composition elsewhere, the same values): `rows` is x itself, `transposed` is xᵀ
+// [cols, rows] row-major with its scale transposed (scalar, [1, rows] or [cols, 1]), the form
+// a product's operand takes without a copy. reduced -1: one scale (as quantize_tensorwise); 0
+// or 1: one per slice along it (as quantize_axiswise). A layout not asked for stays empty.
+struct Layouts {
+  Quantized rows;
+  Quantized transposed;
+};
+Layouts quantize_layouts(const at::Tensor& x, int64_t reduced, Format f, int margin,
+                         bool power_of_2, bool want_rows, bool want_transposed);
+
 // a [m, k] (scale scalar or [m, 1]) times b [k, n] (scale scalar or [1, n]) -> [m, n] of
 // out_dtype, accumulated in fp32. On CUDA b must be column-major (the transpose of a
 // contiguous [n, k]) and m, k, n multiples of 16, as _scaled_mm requires; on the CPU any layout.

@@ -9,6 +9,7 @@
 #include "dscpp/nn/fp8_linear.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/ops/fp8.h"
+#include "tests/gpu_skip.h"
 
 namespace fp8 = dscpp::ops::fp8;
 using dscpp::nn::Fp8Autocast;
@@ -94,28 +95,35 @@ TEST(Fp8Recipe, ParsesMegatronsValuesAndNamesAWrongOne) {
 //   y  = q(x, per row) · q(W, per row)ᵀ + b
 //   dx = q(dy, per row, grad format) · q(W, per column)
 //   dW = q(dy, per column, grad format)ᵀ · q(x, per column)
-class Fp8LinearMatchesFloat64 : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+// On the CPU in fp32; on a GPU in bf16, through the cast kernel (ops/fp8_cast.cu) and cuBLASLt's
+// fp8 product, the reference taking the same bf16 inputs.
+class Fp8LinearMatchesFloat64 : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
 
 TEST_P(Fp8LinearMatchesFloat64, ForwardAndBothGradients) {
-  const auto [rowwise, hybrid] = GetParam();
+  const auto [rowwise, hybrid, cuda] = GetParam();
+  if (cuda) DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(7);
-  const at::Tensor x0 = at::randn({32, 64}) * at::linspace(0.1, 4.0, 64);  // uneven columns
-  const at::Tensor w0 = at::randn({48, 64}) * 0.05;
-  const at::Tensor b0 = at::randn({48});
-  const at::Tensor dy = at::randn({32, 48}) * at::linspace(0.01, 2.0, 32).unsqueeze(1);
+  // The GPU takes bf16 (rowwise products there give bf16 only); the reference reads the same
+  // rounded values.
+  const at::ScalarType type = cuda ? at::kBFloat16 : at::kFloat;
+  auto input = [&](const at::Tensor& t) { return t.to(type).to(at::kFloat); };
+  const at::Tensor x0 = input(at::randn({32, 64}) * at::linspace(0.1, 4.0, 64));  // uneven columns
+  const at::Tensor w0 = input(at::randn({48, 64}) * 0.05);
+  const at::Tensor b0 = input(at::randn({48}));
+  const at::Tensor dy = input(at::randn({32, 48}) * at::linspace(0.01, 2.0, 32).unsqueeze(1));
 
   Fp8Recipe recipe;
   recipe.hybrid = hybrid;
   recipe.scaling = rowwise ? Fp8Scaling::Rowwise : Fp8Scaling::Tensorwise;
-  at::Tensor x = x0.clone().requires_grad_(true);
-  at::Tensor w = w0.clone().requires_grad_(true);
-  at::Tensor b = b0.clone().requires_grad_(true);
+  const at::Device device = cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  auto leaf = [&](const at::Tensor& t) { return t.to(device, type).requires_grad_(true); };
+  at::Tensor x = leaf(x0), w = leaf(w0), b = leaf(b0);
   at::Tensor y;
   {
     Fp8Autocast scope(recipe);
     y = dscpp::nn::linear(x, w, b);
   }
-  torch::autograd::backward({y}, {dy});
+  torch::autograd::backward({y}, {dy.to(device, type)});
 
   const fp8::Format e4 = fp8::Format::E4M3;
   const fp8::Format gf = hybrid ? fp8::Format::E5M2 : fp8::Format::E4M3;
@@ -126,28 +134,33 @@ TEST_P(Fp8LinearMatchesFloat64, ForwardAndBothGradients) {
       at::mm(reference_qd(dy, 1, gf, rowwise), reference_qd(w0, 0, e4, rowwise));
   const at::Tensor dw_ref =
       at::mm(reference_qd(dy, 0, gf, rowwise).t(), reference_qd(x0, 0, e4, rowwise));
-  auto check = [](const at::Tensor& got, const at::Tensor& want, const char* what) {
-    const double err = (got.to(at::kDouble) - want).abs().max().item<double>();
+  // fp32 accumulation of the same fp8 operands: ~1e-7 of the result's scale; in bf16 the
+  // result's own rounding, 2^-8 of each value. A wrong scale or operand is off by O(1).
+  const double tol = cuda ? 1e-2 : 1e-5;
+  auto check = [tol](const at::Tensor& got, const at::Tensor& want, const char* what) {
+    const double err = (got.to(at::kCPU, at::kDouble) - want).abs().max().item<double>();
     const double scale = want.abs().max().item<double>();
-    // fp32 accumulation of the same fp8 operands: ~1e-7 of the result's scale.
-    EXPECT_LT(err, 1e-5 * scale) << what << ": max |diff| " << err << " of " << scale;
+    EXPECT_LT(err, tol * scale) << what << ": max |diff| " << err << " of " << scale;
   };
   check(y, y_ref, "y");
   check(x.grad(), dx_ref, "dx");
   check(w.grad(), dw_ref, "dW");
   check(b.grad(), dy.sum(0).to(at::kDouble), "db");
 
-  // The products are fp8's: far from the exact ones (e4m3 keeps 3 mantissa bits).
+  // The products are fp8's: far from the exact ones (e4m3 keeps 3 mantissa bits), farther
+  // than bf16's rounding of the result on the GPU.
   const at::Tensor exact = at::mm(x0.to(at::kDouble), w0.to(at::kDouble).t()) + b0.to(at::kDouble);
-  EXPECT_GT((y.to(at::kDouble) - exact).abs().max().item<double>(),
-            1e-3 * exact.abs().max().item<double>());
+  EXPECT_GT((y.to(at::kCPU, at::kDouble) - exact).abs().max().item<double>(),
+            (cuda ? 1e-2 : 1e-3) * exact.abs().max().item<double>());
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8LinearMatchesFloat64,
-                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param) ? "Rowwise" : "Tensorwise") +
-                                  (std::get<1>(info.param) ? "Hybrid" : "E4m3");
+                                  (std::get<1>(info.param) ? "Hybrid" : "E4m3") +
+                                  (std::get<2>(info.param) ? "Cuda" : "");
                          });
 
 TEST(Fp8Autocast, AnInnerEmptyScopeKeepsHighPrecisionAndTheOuterComesBack) {
