@@ -1,32 +1,30 @@
 #!/usr/bin/env bash
 # The test suite, the README's second command (after scripts/install.sh); CI runs it on a
-# fresh clone. Builds one variant (type Check) and runs its default tier through ctest: where
-# a CUDA toolkit is present, the CUDA variant with g++ (build-cuda/), the GPU machines'
-# compiler, so that its warnings fail here before they do there, and its tests run on the CPU
-# (those that need a GPU skip); without one, the CPU variant (build/). One build, not a CPU
-# build beside a CUDA one: the CUDA variant compiles everything the CPU one does. Ends with
-# the time of each part, then ctest's summary.
-# docs/testing.md lists the tiers. Environment: DSCPP_TEST_JOBS (ctest's jobs, default 2),
-# DSCPP_TEST_EXCLUDE_LABELS (a regular expression of the labels left out; default: the
-# matrices, `_matrix$`), DSCPP_TEST_VARIANT (cpu or cuda: the variant, instead of the
-# toolkit's presence), DSCPP_INSTALL_S (the install's seconds, for the closing times).
+# fresh clone. Builds the CPU variant (type Check) with g++, the GPU machines' compiler, so that
+# its warnings fail here before they fail a GPU call, in build-test/ (the demo's clang++ build
+# in build/ stays as it is), and runs the default tier through ctest. The CUDA variant's own
+# code (the kernels, the GPU paths) is built with g++ and warnings as errors by the GPU suite
+# (scripts/gpu_rows.py suite): its test processes load LibTorch's CUDA libraries, which cost
+# every process a third of a second more without a GPU (docs/perf-log/2026-12-07.md D).
+# Ends with the time of each part, then ctest's summary.
+# docs/testing.md lists the tiers. Environment: DSCPP_TEST_JOBS (ctest's jobs, default 4: the
+# tests wait on their ranks and files as much as they compute), DSCPP_TEST_EXCLUDE_LABELS (a
+# regular expression of the labels left out; default: the matrices, `_matrix$`),
+# DSCPP_TEST_VARIANT (cpu, the default, or cuda: the CUDA variant in build-cuda/, where a CUDA
+# toolkit is), DSCPP_INSTALL_S (the install's seconds, for the closing times).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DSCPP_BUILD_TYPE=${DSCPP_BUILD_TYPE:-Check}
-variant=${DSCPP_TEST_VARIANT:-}
-if [ -z "$variant" ]; then
-  if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then variant=cuda; else variant=cpu; fi
-fi
+variant=${DSCPP_TEST_VARIANT:-cpu}
 start=$SECONDS
 case "$variant" in
+  cpu)
+    DSCPP_CXX=g++ DSCPP_BUILD_DIR=${DSCPP_BUILD_DIR:-build-test} scripts/build.sh cpu
+    dir=${DSCPP_BUILD_DIR:-build-test} what="CPU variant, g++" ;;
   cuda)
     DSCPP_CXX=g++ scripts/build.sh cuda
     ./build-cuda/tools/dscpp_report >/dev/null # the CUDA build loads and runs without a GPU
     dir=build-cuda what="CUDA variant, g++" ;;
-  cpu)
-    echo "dscpp test: no CUDA toolkit on this machine: the CPU variant"
-    scripts/build.sh cpu
-    dir=build what="CPU variant" ;;
   *) echo "dscpp test: DSCPP_TEST_VARIANT=$variant: expected cpu or cuda" >&2; exit 2 ;;
 esac
 build_s=$((SECONDS - start))
@@ -36,7 +34,7 @@ left_out=$(ctest --print-labels | sed -n 's/^  //p' | grep -E "$exclude" | tr '\
 echo "dscpp test: labels left out (run one with: cd $dir && ctest -L LABEL): ${left_out:-none}"
 t=$SECONDS
 status=0
-ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-2}" -LE "$exclude" 2>&1 |
+ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-4}" -LE "$exclude" 2>&1 |
   tee ctest.log || status=$?
 test_s=$((SECONDS - t))
 echo
