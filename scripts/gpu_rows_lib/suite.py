@@ -12,16 +12,20 @@ from . import machine
 
 # "  12/614 Test  #12: zero.Stage3Relay.X ......***Failed    1.23 sec"; a name may hold spaces
 # (a parameterised gtest's "Suite/Test/(0, 1)"): it ends at the dots.
-TEST_LINE = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (.+?) \.+\s*(?:\*\*\*)?(\S.*?)\s+[\d.]+ sec\s*$", re.M)
+TEST_LINE = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (.+?) \.+\s*(?:\*\*\*)?(\S.*?)\s+([\d.]+) sec\s*$", re.M)
 
 
-def parse_ctest(text):
-    """{'passed': [names], 'failed': [(name, status)], 'skipped': [names], 'not_built': [names]}
-    from ctest's output ("Not Run": its executable was not built, e.g. stopped by the deadline)."""
-    out = {"passed": [], "failed": [], "skipped": [], "not_built": []}
+def parse_ctest(text, timeout=None):
+    """{'passed': [names], 'failed': [(name, status)], 'skipped': [names], 'not_built': [names],
+    'stopped': [names]} from ctest's output ("Not Run": its executable was not built, e.g.
+    stopped by the deadline). A "Timeout" before TIMEOUT (ctest's per-test limit) is ctest's
+    --stop-time ending a test that was still running: stopped, neither failed nor done."""
+    out = {"passed": [], "failed": [], "skipped": [], "not_built": [], "stopped": []}
     for m in TEST_LINE.finditer(text):
-        name, status = m.group(1), m.group(2).strip()
-        if status.startswith("Passed"):
+        name, status, secs = m.group(1), m.group(2).strip(), float(m.group(3))
+        if status.startswith("Timeout") and timeout is not None and secs < timeout - 1:
+            out["stopped"].append(name)
+        elif status.startswith("Passed"):
             out["passed"].append(name)
         elif status.startswith("Skipped") or status.startswith("Not Run (Disabled)"):
             out["skipped"].append(name)
@@ -150,12 +154,13 @@ def run_ctest(build, env, exclude, what, deadline, logdir, sources, resume=True)
     # it takes would wrap at midnight, where only the timeout around ctest stops it.
     stop_at = time.localtime(time.time() + left - 15)
     stop = ["--stop-time", time.strftime("%H:%M:%S", stop_at)] if stop_at.tm_mday == time.localtime().tm_mday else []
-    args = ["ctest", "--output-on-failure", "-j", str(min(8, os.cpu_count() or 8)), "--timeout", "300",
+    per_test = 300
+    args = ["ctest", "--output-on-failure", "-j", str(min(8, os.cpu_count() or 8)), "--timeout", str(per_test),
             *stop, *only, "-E", exclude, "--output-junit", os.path.join(logdir, "ctest.junit.xml")]
     open(ctest_log, "w").close()  # this call's tests only
     rc = machine.run_logged(args, build, env, ctest_log, left)
     with open(ctest_log, errors="replace") as f:
-        res = parse_ctest(f.read())
+        res = parse_ctest(f.read(), per_test if stop else None)
     ran = len(res["passed"]) + len(res["failed"]) + len(res["skipped"]) + len(res["not_built"])
     with open(state_path, "w") as f:
         json.dump({"fingerprint": fp, "passed": sorted(set(done["passed"]) | set(res["passed"])),
@@ -164,6 +169,7 @@ def run_ctest(build, env, exclude, what, deadline, logdir, sources, resume=True)
     lines.append(f"suite: this call ran {ran} of the {len(todo)} left: passed {len(res['passed'])}, "
                  f"failed {len(res['failed'])}, skipped {len(res['skipped'])}, not run for want of their "
                  f"executable {len(res['not_built'])}, not reached before the deadline {len(todo) - ran}"
+                 + (f" ({len(res['stopped'])} of them stopped by it while running)" if res["stopped"] else "")
                  + (" (ctest stopped by the deadline)" if rc == 124 else ""))
     if earlier or len(todo) - ran:
         passed = len(done["passed"]) + len(res["passed"])

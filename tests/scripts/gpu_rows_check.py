@@ -135,11 +135,13 @@ def main():
  3/6 Test  #3: a.Skips ..........................***Skipped   0.00 sec
  4/6 Test  #4: a_NOT_BUILT ......................***Not Run   0.00 sec
  5/6 Test  #5: a.Crashes ........................***Exception: SegFault  0.20 sec
- 6/6 Test  #6: a.Slow ...........................***Timeout 300.05 sec
+ 6/7 Test  #6: a.Slow ...........................***Timeout 300.05 sec
+ 7/7 Test  #7: a.CutByTheDeadline ...............***Timeout   3.31 sec
 """
-    got = parse_ctest(transcript)
+    got = parse_ctest(transcript, timeout=300)
     check(got["passed"] == ["a.Passes"] and got["skipped"] == ["a.Skips"] and got["not_built"] == ["a_NOT_BUILT"]
-          and [n for n, _ in got["failed"]] == ["a.Regex", "a.Crashes", "a.Slow"], f"parse_ctest: {got}")
+          and [n for n, _ in got["failed"]] == ["a.Regex", "a.Crashes", "a.Slow"]
+          and got["stopped"] == ["a.CutByTheDeadline"], f"parse_ctest: {got}")
     check_ctest_report()
     if failures:
         print("\n\n".join(failures))
