@@ -11,6 +11,7 @@ packages=(build-essential clang cmake ninja-build ccache git python3-venv python
   libgloo-dev fortunes zlib1g-dev
   libyaml-cpp-dev  # config/: model configs as YAML
   libclang-rt-14-dev  # tests/fuzz: libFuzzer, ASan and UBSan for clang
+  lld  # the linker where the compiler can use it: links in less than half GNU ld's time
   libprotobuf-dev protobuf-compiler  # runtime/monitor: TensorBoard event records
   liburing-dev  # zero/: ZeRO-Infinity's NVMe swap files through io_uring
   iso-codes  # tests/data: text in ~150 languages (gettext catalogs) for the tokenizer test

@@ -28,7 +28,16 @@ case "$variant" in
   *) echo "dscpp test: DSCPP_TEST_VARIANT=$variant: expected cpu or cuda" >&2; exit 2 ;;
 esac
 build_s=$((SECONDS - start))
+root=$PWD
 cd "$dir"
+# ctest starts the longest tests first when it knows their times. A fresh clone's build knows
+# none: an earlier run's times (tests/ctest_costs.txt; refresh it from a build's
+# Testing/Temporary/CTestCostData.txt) seed them, so that the run does not end on one long test
+# that started last. Later runs in the same build use their own.
+seed=$root/tests/ctest_costs.txt
+if [ ! -f Testing/Temporary/CTestCostData.txt ] && [ -f "$seed" ]; then
+  mkdir -p Testing/Temporary && cp "$seed" Testing/Temporary/CTestCostData.txt
+fi
 exclude=${DSCPP_TEST_EXCLUDE_LABELS:-_matrix\$}
 left_out=$(ctest --print-labels | sed -n 's/^  //p' | grep -E "$exclude" | tr '\n' ' ' || true)
 echo "dscpp test: labels left out (run one with: cd $dir && ctest -L LABEL): ${left_out:-none}"
