@@ -34,9 +34,11 @@ void check_nvme_path(const std::string& path, const std::string& key) {
 std::string make_swap_folder(const std::string& path, const std::string& key,
                              const std::vector<std::string>& parts) {
   check_nvme_path(path, key);
-  // Another rank's remove_swap_folder may take an empty parent away between our making it and
-  // making its child (ENOENT): start again from the top. Once our folder is in it, a parent is
-  // no longer empty and stays, so a few tries always suffice.
+  // Another rank's remove_swap_folder may take an empty parent away at any point: between our
+  // making it and making its child (ENOENT), between our mkdir finding it there and
+  // create_directory's look at what it found (EEXIST), or after both (no error, and no folder
+  // when we look): start again from the top. Once our folder is in it, a parent is no longer
+  // empty and stays, so a few tries always suffice.
   constexpr int kTries = 64;
   for (int attempt = 1;; ++attempt) {
     fs::path folder(path);
@@ -50,9 +52,12 @@ std::string make_swap_folder(const std::string& path, const std::string& key,
       break;
     }
     if (made) return folder.string();
-    if (ec != std::errc::no_such_file_or_directory || attempt == kTries)
+    const bool raced =
+        !ec || ec == std::errc::no_such_file_or_directory || ec == std::errc::file_exists;
+    if (!raced || attempt == kTries)
       throw Error(fmt::format("{} '{}': cannot make the swap folder '{}': {}", key, path,
-                              folder.string(), ec.message()));
+                              folder.string(),
+                              ec ? ec.message() : "removed again each time it was made"));
   }
 }
 
