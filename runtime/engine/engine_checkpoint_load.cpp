@@ -10,6 +10,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "dscpp/nn/rng_tracker.h"
@@ -22,6 +23,7 @@
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
 #include "dscpp/runtime/checkpoint/universal.h"
+#include "dscpp/runtime/checkpoint/universal_from_zero.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/runtime/engine/engine_experts.h"
@@ -501,39 +503,65 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
                             "' has no tensor-parallel metadata (dscpp_tensor_parallel): a "
                             "tensor-parallel engine loads only checkpoints saved by one");
     } else {
-      // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0.
-      int saved_stage = 0;
-      if (const PyValue* s = model.find(PyValue("dscpp_zero_stage"))) {
+      // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0,
+      // and write one model-states file per rank only at stage 3; at 1-2 its ZeRO files tell.
+      int saved_stage = zero_->stage();
+      if (universal) {
+        // any stage: the folder holds whole tensors
+      } else if (const PyValue* s = model.find(PyValue("dscpp_zero_stage"))) {
         saved_stage = static_cast<int>(s->as_int());
-      } else if (need(model, "optimizer", path).is_none()) {
-        saved_stage = -1;  // 1 or 2: the ZeRO files tell
+      } else if (!need(model, "optimizer", path).is_none()) {
+        saved_stage = 0;
+      } else if (path == checkpoint::zero_model_states_path(load_dir, tag, 0)) {
+        saved_stage = 3;
+      } else {
+        const std::string zpath = checkpoint::find_zero_states(load_dir, tag, 0);
+        const PyValue z = checkpoint::load_torch_file(zpath);
+        saved_stage = static_cast<int>(
+            need(need(z, "optimizer_state_dict", zpath), "zero_stage", zpath).as_int());
       }
-      if (!universal && !options.load_module_only && saved_stage >= 0 &&
-          saved_stage != zero_->stage() && (saved_stage == 0 || zero_->stage() == 0))
+      // Saved at another stage, the weights alone come from the module, where it holds them
+      // (stages 0-2 on both sides).
+      const bool other_layout =
+          saved_stage != zero_->stage() &&
+          (!options.load_module_only || saved_stage == 3 || zero_->stage() == 3);
+      // The checkpoint's normal form (universal_load.h: every parameter whole by name), where
+      // it is not laid out as this engine's partitions: a universal folder, or a checkpoint of
+      // another ZeRO stage, consolidated from every rank's files. A MoE checkpoint of another
+      // stage 1-3 or expert-parallel degree: load_moe_relayout below.
+      std::optional<engine_checkpoint::WholeParams> whole;
+      PyValue settings;  // the optimizer's settings with the normal form: its loss scaler
+      if (universal) {
+        whole = engine_checkpoint::WholeParams::universal_folder(result.path);
+        settings = checkpoint::load_torch_file(
+            (fs::path(result.path) / "zero" / "optimizer_state.pt").string());
+      } else if (other_layout && experts.empty()) {
+        checkpoint::UniversalCheckpoint ck =
+            checkpoint::universal_from_zero_checkpoint(load_dir, tag);
+        whole = engine_checkpoint::WholeParams::consolidated(std::move(ck.params), result.path);
+        model = std::move(ck.model);
+        settings = std::move(ck.optimizer_state);
+      } else if (other_layout &&
+                 (saved_stage == 0 || zero_->stage() == 0 || !moe_relayout)) {
         throw CheckpointError(
             fmt::format("'{}' is a ZeRO stage {} checkpoint; this engine runs stage {}", path,
                         saved_stage, zero_->stage()));
-      if (!universal && !options.load_module_only && saved_stage == -1 && zero_->stage() == 0)
-        throw CheckpointError("'" + path +
-                              "' is a ZeRO stage 1-2 checkpoint; this engine runs stage 0");
+      }
 
-      if (universal) {
-        // As DeepSpeed: the weights come from zero/ (the module is not read), the buffers,
-        // which zero/ does not hold, from the model states where they are.
+      if (whole) {
+        // As DeepSpeed's universal load: the weights come from the normal form (the module is
+        // not read), the buffers, which it does not hold, from the model states' module.
         // A tensor-parallel engine (plain or a pipeline's) cuts its shard of each split tensor.
         std::map<std::string, checkpoint::ParamPartition> parts;
         if (tensor_parallel_size() > 1)
           parts = engine_checkpoint::partitions_of(tensor_parallel_info());
-        engine_checkpoint::load_universal_partition(
-            *zero_, param_names_, result.path,
-            options.load_optimizer_states && !options.load_module_only,
-            tensor_parallel_size() > 1 ? &parts : nullptr, tensor_parallel_rank());
-        // The folder holds the one-rank model's experts (every global expert; replicated over
-        // tensor ranks): this expert-parallel rank's are cut from them per global expert.
-        if (ex)
-          engine_checkpoint::load_universal_experts(
-              ex->zero(), ex->names(), experts, result.path,
-              options.load_optimizer_states && !options.load_module_only);
+        const bool states = options.load_optimizer_states && !options.load_module_only;
+        engine_checkpoint::load_partition_by_name(*zero_, param_names_, *whole, states,
+                                                  tensor_parallel_size() > 1 ? &parts : nullptr,
+                                                  tensor_parallel_rank());
+        // The normal form holds the one-rank model's experts (every global expert; replicated
+        // over tensor ranks): this expert-parallel rank's are cut from them per global expert.
+        if (ex) engine_checkpoint::load_experts_by_name(ex->zero(), ex->names(), experts, *whole, states);
         const PyValue* module = model.find(PyValue("module"));
         for (const auto& [name, b] : named_buffers_()) {
           const PyValue* v = module && module->is_dict() ? module->find(PyValue(name)) : nullptr;
@@ -545,20 +573,20 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       bool other_params = false;
       if (moe_relayout) {
         load_moe_relayout(load_dir, tag, saved_model, path, saved_stage, model, options, result);
-      } else if (!universal) {
+      } else if (!whole) {
         other_params = load_module(model, path, options, result);
       }
       if (options.load_module_only) {
         if (moe_relayout) {
           // loaded above
-        } else if (!universal && zero_->stage() >= 3 && !experts.empty()) {
+        } else if (!whole && zero_->stage() >= 3 && !experts.empty()) {
           // At stage 3 the module takes no values: a MoE model's come from the partitions.
           load_zero_partitions(load_dir, tag, model, path, false);
-        } else if (!universal) {  // a universal load's weights came from zero/ above
+        } else if (!whole) {  // the normal form's weights were loaded above
           refresh_masters_from_params();
         }
       } else {
-        if (universal || moe_relayout) {
+        if (whole || moe_relayout) {
           // loaded above
         } else if (other_params) {  // its partitions hold other parameters: the module's stand
           refresh_masters_from_params();
@@ -578,14 +606,14 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
         load_engine_counters(model, path, options);
         if (model.find(PyValue("dscpp_loss_scaler"))) {
           // loaded with the counters
-        } else if (zero_->stage() >= 1 || universal) {
+        } else if (whole || zero_->stage() >= 1) {
           // DeepSpeed pickles its LossScaler object; we read it as a dict of its fields.
-          const std::string zpath =
-              universal ? (fs::path(result.path) / "zero" / "optimizer_state.pt").string()
-                        : checkpoint::find_zero_states(load_dir, tag, 0);
-          PyValue z = checkpoint::load_torch_file(zpath);
-          const PyValue* ls0 =
-              (universal ? z : need(z, "optimizer_state_dict", zpath)).find(PyValue("loss_scaler"));
+          PyValue z;
+          if (!whole) {
+            const std::string zpath = checkpoint::find_zero_states(load_dir, tag, 0);
+            z = need(checkpoint::load_torch_file(zpath), "optimizer_state_dict", zpath);
+          }
+          const PyValue* ls0 = (whole ? settings : z).find(PyValue("loss_scaler"));
           if (ls0 && ls0->is_dict()) {
             nlohmann::json j = ls0->to_json();
             j.erase("__class__");

@@ -3,8 +3,10 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <map>
+#include <memory>
 #include <set>
 
 #include "dscpp/runtime/checkpoint/ds_partition.h"
@@ -27,12 +29,45 @@ std::map<std::string, checkpoint::ParamPartition> partitions_of(const checkpoint
   return parts;
 }
 
-void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
-                              const std::string& tag_dir, bool load_optimizer_states,
-                              const std::map<std::string, checkpoint::ParamPartition>* tp_parts,
-                              int tp_rank) {
+WholeParams WholeParams::universal_folder(const std::string& tag_dir) {
+  return {[tag_dir](const std::string& name, const std::vector<int64_t>& shape) {
+            return checkpoint::read_universal_param(tag_dir, name, shape);
+          },
+          [tag_dir](const std::string& name) {
+            return checkpoint::universal_param_dir(tag_dir, name);
+          }};
+}
+
+WholeParams WholeParams::consolidated(std::vector<checkpoint::UniversalParam> params,
+                                      const std::string& tag_dir) {
+  auto by_name = std::make_shared<std::map<std::string, checkpoint::UniversalParam>>();
+  for (auto& p : params) {
+    std::string name = p.name;
+    (*by_name)[name] = std::move(p);
+  }
+  auto where = [tag_dir](const std::string& name) {
+    return fmt::format("checkpoint '{}', parameter '{}'", tag_dir, name);
+  };
+  return {[by_name, where](const std::string& name, const std::vector<int64_t>& shape) {
+            auto it = by_name->find(name);
+            if (it == by_name->end())
+              throw CheckpointError(where(name) + ": no such parameter in the checkpoint");
+            const at::Tensor& t = it->second.fp32;
+            if (!t.defined() || t.sizes().vec() != shape)
+              throw CheckpointError(fmt::format("{}: shape {} in the checkpoint, {} in the model",
+                                                where(name), fmt::join(t.sizes(), "x"),
+                                                fmt::join(shape, "x")));
+            return it->second;
+          },
+          where};
+}
+
+void load_partition_by_name(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
+                            const WholeParams& whole, bool load_optimizer_states,
+                            const std::map<std::string, checkpoint::ParamPartition>* tp_parts,
+                            int tp_rank) {
   if (names.size() != zero.layout().params.size())
-    throw CheckpointError(fmt::format("load_universal: {} parameter names for {} parameters",
+    throw CheckpointError(fmt::format("load_checkpoint: {} parameter names for {} parameters",
                                       names.size(), zero.layout().params.size()));
   load_whole_params(
       zero,
@@ -42,36 +77,34 @@ void load_universal_partition(zero::ZeroOptimizer& zero, const std::vector<std::
           auto it = tp_parts->find(names[i]);
           if (it != tp_parts->end() && it->second.partition_dim) part = &it->second;
         }
-        if (!part) return checkpoint::read_universal_param(tag_dir, names[i], zero.param_shape(i));
-        // A split parameter: the file's whole tensor, this rank's shard of it.
-        checkpoint::UniversalParam p =
-            checkpoint::read_universal_param(tag_dir, names[i], part->logical_shape);
-        const std::string where = checkpoint::universal_param_dir(tag_dir, names[i]);
+        if (!part) return whole.read(names[i], zero.param_shape(i));
+        // A split parameter: the whole tensor, this rank's shard of it.
+        checkpoint::UniversalParam p = whole.read(names[i], part->logical_shape);
+        const std::string where = whole.where(names[i]);
         p.fp32 = checkpoint::tp_shard(p.fp32, *part, tp_rank, where);
         for (auto& [state, value] : p.states)
           value = checkpoint::tp_shard(value, *part, tp_rank, where);
         p.partition = checkpoint::ParamPartition::whole(p.fp32.sizes().vec());
         return p;
       },
-      [&](size_t i) { return checkpoint::universal_param_dir(tag_dir, names[i]); },
-      load_optimizer_states);
+      [&](size_t i) { return whole.where(names[i]); }, load_optimizer_states);
 }
 
-void load_universal_experts(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
-                            const std::map<std::string, nn::moe::ExpertParam>& experts,
-                            const std::string& tag_dir, bool load_optimizer_states) {
+void load_experts_by_name(zero::ZeroOptimizer& zero, const std::vector<std::string>& names,
+                          const std::map<std::string, nn::moe::ExpertParam>& experts,
+                          const WholeParams& whole, bool load_optimizer_states) {
   if (names.size() != zero.layout().params.size())
-    throw CheckpointError(fmt::format("load_universal: {} expert parameter names for {} parameters",
+    throw CheckpointError(fmt::format("load_checkpoint: {} expert parameter names for {} parameters",
                                       names.size(), zero.layout().params.size()));
   // The one-rank model's parameters this rank's experts come from, read whole: a clone's
-  // folder is its global expert's (the slot's key is that expert's one-rank name), a stacked
+  // source is its global expert's (the slot's key is that expert's one-rank name), a stacked
   // weight's the one tensor [E, ...] of every expert of its layer.
-  std::vector<checkpoint::UniversalParam> whole;
+  std::vector<checkpoint::UniversalParam> sources;
   std::set<std::string> read;
   for (size_t i = 0; i < names.size(); ++i) {
     auto e = experts.find(names[i]);
     if (e == experts.end())
-      throw CheckpointError("load_universal: '" + names[i] + "' is not an expert parameter");
+      throw CheckpointError("load_checkpoint: '" + names[i] + "' is not an expert parameter");
     std::vector<int64_t> shape = zero.param_shape(i);
     std::string source = names[i];
     if (e->second.local_expert < 0) {
@@ -79,19 +112,14 @@ void load_universal_experts(zero::ZeroOptimizer& zero, const std::vector<std::st
     } else {
       source = checkpoint::expert_slots(names[i], e->second).at(0).key;
     }
-    if (read.insert(source).second)
-      whole.push_back(checkpoint::read_universal_param(tag_dir, source, shape));
+    if (read.insert(source).second) sources.push_back(whole.read(source, shape));
   }
-  const checkpoint::ExpertRelayout relayout("universal checkpoint '" + tag_dir + "'",
-                                            std::move(whole),
+  const std::string what = names.empty() ? "checkpoint" : whole.where(names.front());
+  const checkpoint::ExpertRelayout relayout(what, std::move(sources),
                                             checkpoint::one_rank_experts(experts));
   load_whole_params(
       zero, [&](size_t i) { return relayout.param(names.at(i), experts); },
-      [&](size_t i) {
-        return fmt::format("universal checkpoint '{}': expert parameter '{}'", tag_dir,
-                           names.at(i));
-      },
-      load_optimizer_states);
+      [&](size_t i) { return whole.where(names.at(i)); }, load_optimizer_states);
 }
 
 void load_whole_params(zero::ZeroOptimizer& zero,

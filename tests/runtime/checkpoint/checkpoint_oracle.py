@@ -15,6 +15,11 @@ ranks:     a checkpoint of N ranks continues on M (2->4, 4->2, 2->1, stages 1, 2
            single-process LibTorch reference trains (1e-5 relative): by default each stage and
            each change of ranks once, and stage 3 (partitions per parameter) both ways; every
            case with --matrix (ctest checkpoint.Oracle_ranks_matrix, label checkpoint_matrix).
+stages:    a checkpoint of one ZeRO stage continues at another (through the checkpoint's normal
+           form: every parameter whole by name), with or without a change of ranks, as the
+           single-process reference trains (1e-5 relative): by default each stage saved and
+           loaded, each pair of (0, 1-2, 3), each change of ranks with a change of stage; every
+           pair of stages at 1, 2 and 4 ranks with --matrix (checkpoint.Oracle_stages_matrix).
 deepspeed: DeepSpeed's zero_to_fp32 gives our tools/zero_to_fp32's weights for stages 1, 2, 3;
            DeepSpeed loads our checkpoints of stages 0-2 and continues as we do, and we load
            its checkpoints and continue as it does (1e-5 relative, fp32 on CPU).
@@ -194,6 +199,26 @@ def part_ranks(r, report):
         report(f"ranks stage={stage} {saved}->{loaded}", problems)
 
 
+# (saved stage, ranks, loaded stage, ranks)
+STAGES_CASES = [(a, 2, b, n) for a in range(4) for b in range(4) if a != b for n in (1, 2, 4)]
+STAGES_COVERING = [(0, 2, 1, 2), (1, 2, 0, 4), (2, 4, 3, 2), (3, 2, 0, 1), (0, 2, 3, 4), (3, 2, 2, 2),
+                   (2, 2, 1, 1)]
+
+
+def part_stages(r, report):
+    for saved_stage, saved, stage, loaded in STAGES_CASES if r.args.matrix else STAGES_COVERING:
+        ckpt = os.path.join(r.tmp, f"stages_s{saved_stage}_{saved}")
+        if not os.path.isdir(ckpt):
+            r.dscpp(f"stages_save_s{saved_stage}_{saved}", saved, config(saved_stage, 2),
+                    ["--save", ckpt, "--save-at", str(SAVE_AT)], steps=SAVE_AT)
+        cfg = config(stage, 2)
+        got = r.dscpp(f"stages_load_s{saved_stage}_{saved}_s{stage}_{loaded}", loaded, cfg, ["--load", ckpt])
+        ref = r.reference(cfg)
+        problems = compare(got["losses"], ref["losses"][SAVE_AT:], "losses", exact=False)
+        problems += compare(got["params"], ref["params"], "weights", exact=False)
+        report(f"stages {saved_stage}->{stage} ranks {saved}->{loaded}", problems)
+
+
 def part_deepspeed(r, report):
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -268,9 +293,9 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", dest="zero_to_fp32", required=True)
-    ap.add_argument("--part", choices=["resume", "kill", "ranks", "deepspeed", "all"], default="all")
+    ap.add_argument("--part", choices=["resume", "kill", "ranks", "stages", "deepspeed", "all"], default="all")
     ap.add_argument("--matrix", action="store_true",
-                    help="ranks: every case, not the covering set; kill: three kills per stage")
+                    help="ranks, stages: every case, not the covering set; kill: three kills per stage")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="checkpoint_oracle_")
@@ -283,7 +308,7 @@ def main():
         counts[0 if ok else 1] += 1
         print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ': ' + '; '.join(problems)}", flush=True)
 
-    parts = {"resume": part_resume, "kill": part_kill, "ranks": part_ranks, "deepspeed": part_deepspeed}
+    parts = {"resume": part_resume, "kill": part_kill, "ranks": part_ranks, "stages": part_stages, "deepspeed": part_deepspeed}
     for name, fn in parts.items():
         if args.part in (name, "all"):
             try:
