@@ -476,16 +476,11 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     // A universal checkpoint holds whole tensors (zero/<name>/): any stage, any ranks.
     const bool universal = config_.checkpoint.load_universal;
     // MoE (moe_checkpoint.h): the module gets this rank's experts from their files; saved at
-    // another expert-parallel degree, the weights and optimizer state are re-selected.
+    // another expert-parallel degree, it loads through the normal form below.
     const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
     const PyValue saved_model = model;
-    // ... and saved at another ZeRO stage (3 <-> 1-2: stage 3 partitions each parameter on
-    // its own, and its module holds none), each parameter is consolidated whole the same way.
-    const PyValue* stage_v = model.find(PyValue("dscpp_zero_stage"));
-    const bool other_stage = stage_v && stage_v->as_int() != zero_->stage();
-    const bool moe_relayout =
-        !universal && !experts.empty() &&
-        (checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size || other_stage);
+    const bool other_ep = !universal && !experts.empty() &&
+                          checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size;
     // The experts' own ZeroOptimizer (ep_size > 1): loaded beside the dense one.
     EngineExperts* ex = this->experts();
     // A pipeline checkpoint (layer files, or a MoE stage's model states and expert files; one
@@ -527,25 +522,19 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
           (!options.load_module_only || saved_stage == 3 || zero_->stage() == 3);
       // The checkpoint's normal form (universal_load.h: every parameter whole by name), where
       // it is not laid out as this engine's partitions: a universal folder, or a checkpoint of
-      // another ZeRO stage, consolidated from every rank's files. A MoE checkpoint of another
-      // stage 1-3 or expert-parallel degree: load_moe_relayout below.
+      // another ZeRO stage or expert-parallel degree, consolidated from every rank's files.
       std::optional<engine_checkpoint::WholeParams> whole;
       PyValue settings;  // the optimizer's settings with the normal form: its loss scaler
       if (universal) {
         whole = engine_checkpoint::WholeParams::universal_folder(result.path);
         settings = checkpoint::load_torch_file(
             (fs::path(result.path) / "zero" / "optimizer_state.pt").string());
-      } else if (other_layout && experts.empty()) {
+      } else if (other_layout || other_ep) {
         checkpoint::UniversalCheckpoint ck =
             checkpoint::universal_from_zero_checkpoint(load_dir, tag);
         whole = engine_checkpoint::WholeParams::consolidated(std::move(ck.params), result.path);
         model = std::move(ck.model);
         settings = std::move(ck.optimizer_state);
-      } else if (other_layout &&
-                 (saved_stage == 0 || zero_->stage() == 0 || !moe_relayout)) {
-        throw CheckpointError(
-            fmt::format("'{}' is a ZeRO stage {} checkpoint; this engine runs stage {}", path,
-                        saved_stage, zero_->stage()));
       }
 
       if (whole) {
@@ -561,32 +550,28 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
                                                   tensor_parallel_rank());
         // The normal form holds the one-rank model's experts (every global expert; replicated
         // over tensor ranks): this expert-parallel rank's are cut from them per global expert.
-        if (ex) engine_checkpoint::load_experts_by_name(ex->zero(), ex->names(), experts, *whole, states);
+        if (ex)
+          engine_checkpoint::load_experts_by_name(ex->zero(), ex->names(), experts, *whole, states);
         const PyValue* module = model.find(PyValue("module"));
         for (const auto& [name, b] : named_buffers_()) {
           const PyValue* v = module && module->is_dict() ? module->find(PyValue(name)) : nullptr;
           if (v && v->is_tensor() && v->as_tensor().sizes() == b.sizes()) b.copy_(v->as_tensor());
         }
       }
-      // A MoE checkpoint of another layout: the module and every parameter from it whole
-      // (engine_checkpoint_moe.cpp).
+      // Laid out as this engine's partitions: the module, then each partition from its files.
       bool other_params = false;
-      if (moe_relayout) {
-        load_moe_relayout(load_dir, tag, saved_model, path, saved_stage, model, options, result);
-      } else if (!whole) {
-        other_params = load_module(model, path, options, result);
-      }
+      if (!whole) other_params = load_module(model, path, options, result);
       if (options.load_module_only) {
-        if (moe_relayout) {
+        if (whole) {
           // loaded above
-        } else if (!whole && zero_->stage() >= 3 && !experts.empty()) {
+        } else if (zero_->stage() >= 3 && !experts.empty()) {
           // At stage 3 the module takes no values: a MoE model's come from the partitions.
           load_zero_partitions(load_dir, tag, model, path, false);
-        } else if (!whole) {  // the normal form's weights were loaded above
+        } else {
           refresh_masters_from_params();
         }
       } else {
-        if (whole || moe_relayout) {
+        if (whole) {
           // loaded above
         } else if (other_params) {  // its partitions hold other parameters: the module's stand
           refresh_masters_from_params();

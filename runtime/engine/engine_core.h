@@ -336,14 +336,6 @@ class EngineCore {
   void load_zero_partitions(const std::string& dir, const std::string& tag,
                             const checkpoint::PyValue& model, const std::string& model_path,
                             bool load_optimizer_states);
-  // A MoE checkpoint saved at another expert-parallel degree or ZeRO stage
-  // (engine_checkpoint_moe.cpp): the module (`model`: the view moe_model_view made, completed
-  // here when a stage-3 save left the parameters out) and every parameter, whole from
-  // checkpoint::ExpertRelayout, with the optimizer state as `options` say.
-  void load_moe_relayout(const std::string& dir, const std::string& tag,
-                         const checkpoint::PyValue& saved_model, const std::string& path,
-                         int saved_stage, checkpoint::PyValue& model,
-                         const LoadCheckpointOptions& options, LoadCheckpointResult& result);
   // A pipeline checkpoint (checkpoint/pipe_checkpoint.h) read whole, this engine's part
   // loaded from it (any number of stages and data ranks, any ZeRO stage 0-2).
   void load_pipe_checkpoint(const std::string& dir, const std::string& tag,

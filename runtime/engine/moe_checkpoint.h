@@ -1,8 +1,8 @@
 // The engine's side of DeepSpeed's MoE checkpoint layout (runtime/checkpoint/moe_layout.h):
 // what save_checkpoint adds and removes when the module has expert parameters, and the view of
 // a MoE checkpoint that load_checkpoint reads (the module with this rank's local experts; at
-// another expert-parallel degree checkpoint::ExpertRelayout re-selects each parameter's fp32
-// weights and optimizer state per global expert). Internal to runtime/engine
+// another expert-parallel degree or ZeRO stage the checkpoint loads through its normal form,
+// universal_load.h, which cuts each expert per global expert). Internal to runtime/engine
 // (engine_checkpoint_save.cpp, engine_checkpoint_load.cpp); no communication.
 #pragma once
 
@@ -37,7 +37,5 @@ void to_moe_model_states(checkpoint::PyValue& model, const Experts& experts);
 checkpoint::PyValue moe_model_view(const std::string& dir, const std::string& tag,
                                    const checkpoint::PyValue& model, const std::string& path,
                                    const Experts& experts);
-
-// Loading at another expert-parallel degree: checkpoint::ExpertRelayout (moe_relayout.h).
 
 }  // namespace dscpp::engine_checkpoint

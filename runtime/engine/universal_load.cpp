@@ -94,8 +94,9 @@ void load_experts_by_name(zero::ZeroOptimizer& zero, const std::vector<std::stri
                           const std::map<std::string, nn::moe::ExpertParam>& experts,
                           const WholeParams& whole, bool load_optimizer_states) {
   if (names.size() != zero.layout().params.size())
-    throw CheckpointError(fmt::format("load_checkpoint: {} expert parameter names for {} parameters",
-                                      names.size(), zero.layout().params.size()));
+    throw CheckpointError(
+        fmt::format("load_checkpoint: {} expert parameter names for {} parameters", names.size(),
+                    zero.layout().params.size()));
   // The one-rank model's parameters this rank's experts come from, read whole: a clone's
   // source is its global expert's (the slot's key is that expert's one-rank name), a stacked
   // weight's the one tensor [E, ...] of every expert of its layer.
