@@ -58,6 +58,7 @@
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/aux_loss.h"
+#include "dscpp/nn/fp8_linear.h"
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/nn/rng_tracker.h"
 #include "dscpp/ops/grad_destination.h"

@@ -17,6 +17,7 @@
 #include "dscpp/data/data_loader.h"
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel_specs.h"
+#include "dscpp/nn/fp8_linear.h"
 #include "dscpp/nn/rng_tracker.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/runtime/monitor/monitor.h"

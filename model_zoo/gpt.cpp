@@ -21,6 +21,7 @@
 #include "dscpp/comm/process_group.h"
 #include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
+#include "dscpp/nn/fp8_linear.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/module_scope.h"
 #include "dscpp/nn/normal_init.h"

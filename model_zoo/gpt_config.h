@@ -23,7 +23,7 @@
 
 #include "dscpp/model_zoo/moe_config.h"
 #include "dscpp/model_zoo/parallelism_config.h"
-#include "dscpp/nn/fp8_linear.h"
+#include "dscpp/nn/fp8_recipe.h"
 
 namespace dscpp::model_zoo {
 

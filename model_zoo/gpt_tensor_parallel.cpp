@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "dscpp/config/config_error.h"
+#include "dscpp/nn/fp8_linear.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/linear_async_communication.h"
 #include "dscpp/nn/normal_init.h"

@@ -144,30 +144,6 @@ struct Fp8LinearNoBias : torch::autograd::Function<Fp8LinearNoBias> {
 
 }  // namespace
 
-Fp8Recipe fp8_recipe_from(const std::string& fmt, const std::string& recipe, int margin) {
-  Fp8Recipe r;
-  if (fmt == "hybrid") {
-    r.hybrid = true;
-  } else if (fmt == "e4m3") {
-    r.hybrid = false;
-  } else {
-    throw fp8::Fp8Error("fp8: expected \"hybrid\" or \"e4m3\", found \"" + fmt + "\"");
-  }
-  if (recipe == "tensorwise") {
-    r.scaling = Fp8Scaling::Tensorwise;
-  } else if (recipe == "rowwise") {
-    r.scaling = Fp8Scaling::Rowwise;
-  } else {
-    throw fp8::Fp8Error("fp8_recipe: expected \"tensorwise\" or \"rowwise\", found \"" + recipe +
-                        "\"");
-  }
-  if (margin < 0 || margin > 32)
-    throw fp8::Fp8Error("fp8_margin: expected an integer in [0, 32], found " +
-                        std::to_string(margin));
-  r.margin = margin;
-  return r;
-}
-
 Fp8Autocast::Fp8Autocast(std::optional<Fp8Recipe> recipe) : saved_(tl_recipe) {
   tl_recipe = recipe;
 }

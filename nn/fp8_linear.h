@@ -23,19 +23,9 @@
 #include <optional>
 #include <string>
 
+#include "dscpp/nn/fp8_recipe.h"
+
 namespace dscpp::nn {
-
-enum class Fp8Scaling { Tensorwise, Rowwise };
-
-struct Fp8Recipe {
-  bool hybrid = true;  // e5m2 for the output gradient; false: e4m3 throughout
-  Fp8Scaling scaling = Fp8Scaling::Tensorwise;
-  int margin = 0;
-};
-
-// Parses the model config's values: fmt "hybrid" | "e4m3", recipe "tensorwise" | "rowwise".
-// Throws ops::fp8::Fp8Error naming the value and what is accepted.
-Fp8Recipe fp8_recipe_from(const std::string& fmt, const std::string& recipe, int margin);
 
 // FP8 products for nn::linear on this thread while it lives (nullopt: high precision, e.g.
 // the layers a model keeps in bf16 inside an enclosing scope). Scopes nest; the innermost holds.

@@ -17,15 +17,9 @@
 
 #include <string>
 
-#include "dscpp/error.h"
+#include "dscpp/ops/fp8_error.h"
 
 namespace dscpp::ops::fp8 {
-
-// A tensor or setting fp8 cannot take, named.
-class Fp8Error : public dscpp::Error {
- public:
-  using dscpp::Error::Error;
-};
 
 enum class Format { E4M3, E5M2 };
 

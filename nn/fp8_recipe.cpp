@@ -1,0 +1,34 @@
+// The FP8 recipe's parser: see fp8_recipe.h.
+#include "dscpp/nn/fp8_recipe.h"
+
+#include "dscpp/ops/fp8_error.h"
+
+namespace dscpp::nn {
+
+namespace fp8 = ops::fp8;
+
+Fp8Recipe fp8_recipe_from(const std::string& fmt, const std::string& recipe, int margin) {
+  Fp8Recipe r;
+  if (fmt == "hybrid") {
+    r.hybrid = true;
+  } else if (fmt == "e4m3") {
+    r.hybrid = false;
+  } else {
+    throw fp8::Fp8Error("fp8: expected \"hybrid\" or \"e4m3\", found \"" + fmt + "\"");
+  }
+  if (recipe == "tensorwise") {
+    r.scaling = Fp8Scaling::Tensorwise;
+  } else if (recipe == "rowwise") {
+    r.scaling = Fp8Scaling::Rowwise;
+  } else {
+    throw fp8::Fp8Error("fp8_recipe: expected \"tensorwise\" or \"rowwise\", found \"" + recipe +
+                        "\"");
+  }
+  if (margin < 0 || margin > 32)
+    throw fp8::Fp8Error("fp8_margin: expected an integer in [0, 32], found " +
+                        std::to_string(margin));
+  r.margin = margin;
+  return r;
+}
+
+}  // namespace dscpp::nn
