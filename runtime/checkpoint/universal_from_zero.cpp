@@ -42,18 +42,30 @@ PyValue without(const PyValue& dict, const std::set<std::string>& drop) {
   return out;
 }
 
+// param_shapes as one group, the one-rank model's: every parameter of `params` at its shape.
+void set_one_rank_shapes(PyValue& model, const std::vector<UniversalParam>& params) {
+  PyValue shapes = PyValue::ordered_dict();
+  for (const UniversalParam& p : params) {
+    PyValue dims = PyValue::list();
+    for (int64_t d : p.fp32.sizes()) dims.append(PyValue(d));
+    shapes.set(PyValue(p.name), std::move(dims));
+  }
+  PyValue groups = PyValue::list();
+  groups.append(std::move(shapes));
+  model.set("param_shapes", std::move(groups));
+}
+
 // A tensor-parallel checkpoint of the plain engine (mp_rank_XX per tensor rank): every rank's
 // parameters consolidated over its data ranks, each split tensor (the module's too) merged over
 // the tensor ranks (tp_reshape.h), and its dscpp_partition filled from dscpp_tensor_parallel:
-// the whole tensor and how it was cut, which the universal files carry.
+// the whole tensor and how it was cut, which the universal files carry. With experts
+// (DeepSpeed's MoE layout per tensor rank: layer_L_expert_E_mp_rank_XX files, the experts' ZeRO
+// group in its zero_pp_rank_D_mp_rank_XX files), each tensor rank's part is read as a pipeline
+// MoE stage's, as the one-rank model's (moe_pipe_stage.h); the experts are replicated over the
+// tensor ranks and have no partition, so tensor rank 0's stand.
 void tensor_parallel_params(const std::string& dir, const std::string& tag,
                             const std::string& path0, UniversalCheckpoint& ck, PyValue& module) {
-  // Its experts lie in per-tensor-rank expert files and ZeRO groups this reader does not take:
-  // refused rather than written without them.
-  if (ck.model.contains(PyValue("num_experts")))
-    throw CheckpointError("'" + path0 +
-                          "' is a MoE checkpoint with tensor parallelism: to_universal does not "
-                          "convert one yet (load_checkpoint and zero_to_fp32 read it)");
+  const bool moe = ck.model.contains(PyValue("num_experts"));
   const PyValue& info = need(ck.model, "dscpp_tensor_parallel", path0);
   const int t = static_cast<int>(need(info, "tp_degree", path0).as_int());
   std::map<std::string, ParamPartition> parts;
@@ -76,23 +88,37 @@ void tensor_parallel_params(const std::string& dir, const std::string& tag,
     if (b.save_id != b0.save_id || b.global_steps != b0.global_steps)
       throw CheckpointError("'" + path + "' was not written by the save of '" + path0 +
                             "': files of another run");
-    modules.push_back(need(model, "module", path));
-    for (auto& p : consolidate_params(
-             model, path, modules.back(),
-             [&](int dp) {
-               for (bool bf16 : {false, true}) {
-                 const std::string z = pipe_zero_states_path(dir, tag, dp, 0, r, t, bf16);
-                 if (std::filesystem::is_regular_file(z)) return z;
-               }
-               throw CheckpointError(fmt::format(
-                   "'{}' has no ZeRO partition file of tensor rank {}, data rank {} (expected {})",
-                   tag_dir(dir, tag), r, dp, pipe_zero_states_path(dir, tag, dp, 0, r, t, false)));
-             },
-             r == 0 ? &ck.optimizer_state : nullptr)) {
+    auto zero_file = [&](int dp) {
+      for (bool bf16 : {false, true}) {
+        const std::string z = pipe_zero_states_path(dir, tag, dp, 0, r, t, bf16);
+        if (std::filesystem::is_regular_file(z)) return z;
+      }
+      throw CheckpointError(fmt::format(
+          "'{}' has no ZeRO partition file of tensor rank {}, data rank {} (expected {})",
+          tag_dir(dir, tag), r, dp, pipe_zero_states_path(dir, tag, dp, 0, r, t, false)));
+    };
+    std::vector<UniversalParam> params;
+    if (moe) {
+      PipeMoeStage part(dir, tag, model, path, r, zero_file);
+      // The optimizer's settings, as moe_params reads them (the dense group's files).
+      if (r == 0)
+        consolidate_params(model, path, need(model, "module", path), zero_file,
+                           &ck.optimizer_state);
+      modules.push_back(std::move(part.module));
+      params = std::move(part.params);
+    } else {
+      modules.push_back(need(model, "module", path));
+      params = consolidate_params(model, path, modules.back(), zero_file,
+                                  r == 0 ? &ck.optimizer_state : nullptr);
+    }
+    for (auto& p : params) {
+      auto& mine = by_rank[static_cast<size_t>(r)];
+      if (mine.count(p.name)) continue;  // (a MoE stage at ep 1 lists its experts twice)
       if (r == 0) names.push_back(p.name);
-      by_rank[static_cast<size_t>(r)][p.name] = std::move(p);
+      mine[p.name] = std::move(p);
     }
   }
+  if (moe) module = modules.at(0);
   for (const std::string& name : names) {
     std::vector<const UniversalParam*> of;
     for (int r = 0; r < t; ++r) {
@@ -135,19 +161,10 @@ void tensor_parallel_params(const std::string& dir, const std::string& tag,
     whole.set(module.keys()[i], PyValue(merge(name, shards)));
   }
   module = std::move(whole);
-}
-
-// param_shapes as one group, the one-rank model's: every parameter of `params` at its shape.
-void set_one_rank_shapes(PyValue& model, const std::vector<UniversalParam>& params) {
-  PyValue shapes = PyValue::ordered_dict();
-  for (const UniversalParam& p : params) {
-    PyValue dims = PyValue::list();
-    for (int64_t d : p.fp32.sizes()) dims.append(PyValue(d));
-    shapes.set(PyValue(p.name), std::move(dims));
+  if (moe) {  // the one-rank model's, no longer cut by expert-parallel rank
+    ck.model = without(ck.model, {"num_experts", "dscpp_moe"});
+    set_one_rank_shapes(ck.model, ck.params);
   }
-  PyValue groups = PyValue::list();
-  groups.append(std::move(shapes));
-  model.set("param_shapes", std::move(groups));
 }
 
 // A pipeline or 3D checkpoint (pipe_checkpoint.h reads it whole: every stage's layer files,

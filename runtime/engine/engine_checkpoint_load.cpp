@@ -22,6 +22,7 @@
 #include "dscpp/runtime/checkpoint/moe_relayout.h"
 #include "dscpp/runtime/checkpoint/pipe_checkpoint.h"
 #include "dscpp/runtime/checkpoint/save_binding.h"
+#include "dscpp/runtime/checkpoint/tp_reshape.h"
 #include "dscpp/runtime/checkpoint/universal.h"
 #include "dscpp/runtime/checkpoint/universal_from_zero.h"
 #include "dscpp/runtime/engine/checkpoint_parts.h"
@@ -450,6 +451,137 @@ bool EngineCore::latest_tag(const std::string& load_dir, std::string* tag) {
   return found;
 }
 
+bool EngineCore::is_own_layout(const std::string& dir, const std::string& tag, const PyValue& model,
+                               const std::string& path, const LoadCheckpointOptions& options) {
+  if (checkpoint::is_pipe_checkpoint(model) || model.contains(PyValue("dscpp_tensor_parallel")) ||
+      tensor_parallel_size() > 1 || ckpt_layout_.stages > 1)
+    return false;
+  const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
+  if (!experts.empty() && checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size)
+    return false;
+  // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0,
+  // and write one model-states file per rank only at stage 3; at 1-2 its ZeRO files tell.
+  int saved_stage = 0;
+  if (const PyValue* s = model.find(PyValue("dscpp_zero_stage"))) {
+    saved_stage = static_cast<int>(s->as_int());
+  } else if (!need(model, "optimizer", path).is_none()) {
+    saved_stage = 0;
+  } else if (path == checkpoint::zero_model_states_path(dir, tag, 0)) {
+    saved_stage = 3;
+  } else {
+    const std::string zpath = checkpoint::find_zero_states(dir, tag, 0);
+    const PyValue z = checkpoint::load_torch_file(zpath);
+    saved_stage = static_cast<int>(
+        need(need(z, "optimizer_state_dict", zpath), "zero_stage", zpath).as_int());
+  }
+  if (saved_stage == zero_->stage()) return true;
+  // Saved at another stage, the weights alone come from the module where it holds them.
+  return options.load_module_only && saved_stage < 3 && zero_->stage() < 3;
+}
+
+void EngineCore::load_own_layout(const std::string& dir, const std::string& tag, PyValue model,
+                                 const std::string& path, const LoadCheckpointOptions& options,
+                                 LoadCheckpointResult& result) {
+  // MoE (moe_checkpoint.h): the module gets this rank's experts from their files.
+  const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
+  model = moe_model_view(dir, tag, model, path, experts);
+  // The experts' own ZeroOptimizer (ep_size > 1): loaded beside the dense one.
+  EngineExperts* ex = this->experts();
+  const bool other_params = load_module(model, path, options, result);
+  if (options.load_module_only) {
+    if (zero_->stage() >= 3 && !experts.empty()) {
+      // At stage 3 the module takes no values: a MoE model's come from the partitions.
+      load_zero_partitions(dir, tag, model, path, false);
+    } else {
+      refresh_masters_from_params();
+    }
+  } else if (other_params) {  // its partitions hold other parameters: the module's stand
+    refresh_masters_from_params();
+  } else if (zero_->stage() == 0) {
+    load_stage0_optimizer(model, path, options.load_optimizer_states);
+    if (ex) {
+      // Its experts' optimizer: expp_rank_<ep rank>, after the dense parameters.
+      const std::string expp = checkpoint::expp_optim_states_path(dir, tag, ex->ep_rank());
+      load_stage0(ex->zero(), ex->names(),
+                  need(checkpoint::load_torch_file(expp), "optimizer", expp), expp,
+                  static_cast<int64_t>(param_names_.size()), options.load_optimizer_states);
+    }
+  } else {
+    load_zero_partitions(dir, tag, model, path, options.load_optimizer_states);
+  }
+}
+
+void EngineCore::load_normal_form(const WholeParams& whole, const PyValue& module,
+                                  const std::string& where, const LoadCheckpointOptions& options) {
+  // A tensor-parallel engine (plain or a pipeline's) cuts its shard of each split tensor.
+  const int t = tensor_parallel_size(), me = tensor_parallel_rank();
+  std::map<std::string, checkpoint::ParamPartition> parts;
+  if (t > 1) parts = partitions_of(tensor_parallel_info());
+  const bool states = options.load_optimizer_states && !options.load_module_only;
+  load_partition_by_name(*zero_, param_names_, whole, states, t > 1 ? &parts : nullptr, me);
+  // The normal form holds the one-rank model's experts (every global expert; replicated over
+  // tensor ranks): this expert-parallel rank's are cut from them per global expert.
+  if (EngineExperts* ex = experts())
+    load_experts_by_name(ex->zero(), ex->names(), *client_.expert_params, whole, states);
+  // What ZeRO does not hold, from the module: a frozen parameter must be there (unless
+  // load_module_strict is false) at its shape; a buffer is taken where it is.
+  std::set<std::string> partitioned;
+  for (const auto& p : zero_set_) partitioned.insert(p.names->begin(), p.names->end());
+  for (const auto& [alias, name] : shared_params_) partitioned.insert(alias);
+  auto take = [&](const std::string& name, at::Tensor dst, bool frozen_param) {
+    const PyValue* v = module.is_dict() ? module.find(PyValue(name)) : nullptr;
+    if (!v || !v->is_tensor()) {
+      if (frozen_param && options.load_module_strict)
+        throw CheckpointError(
+            fmt::format("{}: no frozen parameter '{}' in its module (load_module_strict=false "
+                        "keeps this model's)",
+                        where, name));
+      return;
+    }
+    at::Tensor src = v->as_tensor();
+    if (auto it = parts.find(name); it != parts.end() && it->second.partition_dim)
+      src = checkpoint::tp_shard(src, it->second, me, where + ": " + name);
+    if (src.sizes() != dst.sizes()) {
+      if (!frozen_param) return;
+      throw CheckpointError(fmt::format("{}: '{}' is {} there, {} in this model", where, name,
+                                        fmt::join(src.sizes(), "x"), fmt::join(dst.sizes(), "x")));
+    }
+    dst.copy_(src);
+  };
+  for (const auto& [name, p] : named_params_())
+    if (!partitioned.count(name)) take(name, p, true);
+  for (const auto& [name, b] : named_buffers_()) take(name, b, false);
+}
+
+PyValue EngineCore::rng_states_of(const std::string& dir, const std::string& tag,
+                                  const PyValue& model, const std::string& path) {
+  int64_t stages = 1, t = 1, d = 0;
+  if (const PyValue* p = model.find(PyValue("dscpp_pipe"))) {
+    stages = need(*p, "stages", path).as_int();
+    d = need(*p, "data_parallel_size", path).as_int();
+    if (const PyValue* m = p->find(PyValue("model_parallel_size"))) t = m->as_int();
+  } else if (const PyValue* info = model.find(PyValue("dscpp_tensor_parallel"))) {
+    t = need(*info, "tp_degree", path).as_int();
+    d = need(*info, "data_parallel_size", path).as_int();
+  } else if (const PyValue* w = model.find(PyValue("dp_world_size"))) {
+    d = w->as_int();
+  }
+  if (stages == ckpt_layout_.stages && t == tensor_parallel_size() && d == group_->size()) {
+    // This rank's model-states file holds the states of its data ranks.
+    const std::string mine =
+        ckpt_layout_.model_states_path ? ckpt_layout_.model_states_path(dir, tag) : path;
+    const PyValue other = mine == path ? PyValue() : checkpoint::load_torch_file(mine);
+    const PyValue* r = (mine == path ? model : other).find(PyValue("dscpp_rng_states"));
+    return r ? *r : PyValue();
+  }
+  if (ckpt_group().rank() == 0)
+    std::cerr << fmt::format(
+        "dscpp: the checkpoint was saved on {} stages x {} data ranks x {} model ranks, this run "
+        "has {} x {} x {}: its random-number states are not restored\n",
+        stages, d, t, ckpt_layout_.stages, group_->size(), tensor_parallel_size());
+  return PyValue();
+}
+
 LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
                                                  const std::string& tag_in,
                                                  const LoadCheckpointOptions& options) {
@@ -471,142 +603,57 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     std::string path = checkpoint::model_states_path(load_dir, tag);
     if (!fs::exists(path) && fs::exists(checkpoint::zero_model_states_path(load_dir, tag, 0)))
       path = checkpoint::zero_model_states_path(load_dir, tag, 0);
-    PyValue model = checkpoint::load_torch_file(path);
+    const PyValue model = checkpoint::load_torch_file(path);
     result.path = checkpoint::tag_dir(load_dir, tag);
     // A universal checkpoint holds whole tensors (zero/<name>/): any stage, any ranks.
     const bool universal = config_.checkpoint.load_universal;
-    // MoE (moe_checkpoint.h): the module gets this rank's experts from their files; saved at
-    // another expert-parallel degree, it loads through the normal form below.
-    const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
-    const PyValue saved_model = model;
-    const bool other_ep = !universal && !experts.empty() &&
-                          checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size;
-    // The experts' own ZeroOptimizer (ep_size > 1): loaded beside the dense one.
-    EngineExperts* ex = this->experts();
-    // A pipeline checkpoint (layer files, or a MoE stage's model states and expert files; one
-    // model-states file per stage) is read whole, as the one-rank model's, and this engine's
-    // part taken from it, onto any layout and expert-parallel degree.
-    const bool pipe = !universal && checkpoint::is_pipe_checkpoint(model);
-    if (!universal && !pipe) model = moe_model_view(load_dir, tag, model, path, experts);
-    if (pipe) {
-      load_pipe_checkpoint(load_dir, tag, model, path, options, result, rng);
-    } else if (!universal && model.find(PyValue("dscpp_tensor_parallel"))) {
-      // (as saved: the tensor-parallel loader reads every tensor rank's expert files itself)
-      load_tp_checkpoint(load_dir, tag, saved_model, path, options, result, rng);
-    } else if (!universal && tensor_parallel_size() > 1) {
-      throw CheckpointError("'" + path +
-                            "' has no tensor-parallel metadata (dscpp_tensor_parallel): a "
-                            "tensor-parallel engine loads only checkpoints saved by one");
-    } else {
-      // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0,
-      // and write one model-states file per rank only at stage 3; at 1-2 its ZeRO files tell.
-      int saved_stage = zero_->stage();
-      if (universal) {
-        // any stage: the folder holds whole tensors
-      } else if (const PyValue* s = model.find(PyValue("dscpp_zero_stage"))) {
-        saved_stage = static_cast<int>(s->as_int());
-      } else if (!need(model, "optimizer", path).is_none()) {
-        saved_stage = 0;
-      } else if (path == checkpoint::zero_model_states_path(load_dir, tag, 0)) {
-        saved_stage = 3;
-      } else {
+    PyValue settings;  // the optimizer's settings: DeepSpeed's loss scaler is there
+    if (!universal && is_own_layout(load_dir, tag, model, path, options)) {
+      load_own_layout(load_dir, tag, model, path, options, result);
+      if (!options.load_module_only && zero_->stage() >= 1 &&
+          !model.contains(PyValue("dscpp_loss_scaler"))) {
         const std::string zpath = checkpoint::find_zero_states(load_dir, tag, 0);
-        const PyValue z = checkpoint::load_torch_file(zpath);
-        saved_stage = static_cast<int>(
-            need(need(z, "optimizer_state_dict", zpath), "zero_stage", zpath).as_int());
+        settings = need(checkpoint::load_torch_file(zpath), "optimizer_state_dict", zpath);
       }
-      // Saved at another stage, the weights alone come from the module, where it holds them
-      // (stages 0-2 on both sides).
-      const bool other_layout =
-          saved_stage != zero_->stage() &&
-          (!options.load_module_only || saved_stage == 3 || zero_->stage() == 3);
-      // The checkpoint's normal form (universal_load.h: every parameter whole by name), where
-      // it is not laid out as this engine's partitions: a universal folder, or a checkpoint of
-      // another ZeRO stage or expert-parallel degree, consolidated from every rank's files.
-      std::optional<engine_checkpoint::WholeParams> whole;
-      PyValue settings;  // the optimizer's settings with the normal form: its loss scaler
-      if (universal) {
-        whole = engine_checkpoint::WholeParams::universal_folder(result.path);
-        settings = checkpoint::load_torch_file(
-            (fs::path(result.path) / "zero" / "optimizer_state.pt").string());
-      } else if (other_layout || other_ep) {
-        checkpoint::UniversalCheckpoint ck =
-            checkpoint::universal_from_zero_checkpoint(load_dir, tag);
-        whole = engine_checkpoint::WholeParams::consolidated(std::move(ck.params), result.path);
-        model = std::move(ck.model);
-        settings = std::move(ck.optimizer_state);
+      if (const PyValue* r = model.find(PyValue("dscpp_rng_states"))) rng = *r;
+    } else if (universal) {
+      // As DeepSpeed's universal load: the weights from zero/<name>/, the buffers from the
+      // model states' module.
+      settings = checkpoint::load_torch_file(
+          (fs::path(result.path) / "zero" / "optimizer_state.pt").string());
+      const PyValue* module = model.find(PyValue("module"));
+      load_normal_form(WholeParams::universal_folder(result.path),
+                       module ? *module : PyValue::dict(), result.path, options);
+      if (const PyValue* r = model.find(PyValue("dscpp_rng_states"))) rng = *r;
+    } else {
+      // Any other layout (another ZeRO stage, expert-parallel degree, tensor degree, number of
+      // pipeline stages, or the plain engine and a pipeline's): the normal form, every rank's
+      // files consolidated into the one-rank model's parameters (universal_from_zero.h).
+      if (model.contains(PyValue("num_experts")) &&
+          model.contains(PyValue("dscpp_tensor_parallel")) && zero_->stage() >= 3)
+        throw CheckpointError(fmt::format(
+            "'{}': a MoE checkpoint with tensor parallelism loads at ZeRO stages 0-2, this "
+            "engine runs stage {}",
+            path, zero_->stage()));
+      checkpoint::UniversalCheckpoint ck =
+          checkpoint::universal_from_zero_checkpoint(load_dir, tag);
+      settings = std::move(ck.optimizer_state);
+      load_normal_form(WholeParams::consolidated(std::move(ck.params), result.path),
+                       need(ck.model, "module", path), result.path, options);
+      rng = rng_states_of(load_dir, tag, model, path);
+    }
+    if (!options.load_module_only) {
+      load_engine_counters(model, path, options);
+      // Ours keep the scaler with the counters; DeepSpeed pickles its LossScaler object, which
+      // we read as a dict of its fields.
+      const PyValue* ls = settings.is_dict() ? settings.find(PyValue("loss_scaler")) : nullptr;
+      if (!model.contains(PyValue("dscpp_loss_scaler")) && ls && ls->is_dict()) {
+        nlohmann::json j = ls->to_json();
+        j.erase("__class__");
+        scaler_->load_state_dict(j);
       }
-
-      if (whole) {
-        // As DeepSpeed's universal load: the weights come from the normal form (the module is
-        // not read), the buffers, which it does not hold, from the model states' module.
-        // A tensor-parallel engine (plain or a pipeline's) cuts its shard of each split tensor.
-        std::map<std::string, checkpoint::ParamPartition> parts;
-        if (tensor_parallel_size() > 1)
-          parts = engine_checkpoint::partitions_of(tensor_parallel_info());
-        const bool states = options.load_optimizer_states && !options.load_module_only;
-        engine_checkpoint::load_partition_by_name(*zero_, param_names_, *whole, states,
-                                                  tensor_parallel_size() > 1 ? &parts : nullptr,
-                                                  tensor_parallel_rank());
-        // The normal form holds the one-rank model's experts (every global expert; replicated
-        // over tensor ranks): this expert-parallel rank's are cut from them per global expert.
-        if (ex)
-          engine_checkpoint::load_experts_by_name(ex->zero(), ex->names(), experts, *whole, states);
-        const PyValue* module = model.find(PyValue("module"));
-        for (const auto& [name, b] : named_buffers_()) {
-          const PyValue* v = module && module->is_dict() ? module->find(PyValue(name)) : nullptr;
-          if (v && v->is_tensor() && v->as_tensor().sizes() == b.sizes()) b.copy_(v->as_tensor());
-        }
-      }
-      // Laid out as this engine's partitions: the module, then each partition from its files.
-      bool other_params = false;
-      if (!whole) other_params = load_module(model, path, options, result);
-      if (options.load_module_only) {
-        if (whole) {
-          // loaded above
-        } else if (zero_->stage() >= 3 && !experts.empty()) {
-          // At stage 3 the module takes no values: a MoE model's come from the partitions.
-          load_zero_partitions(load_dir, tag, model, path, false);
-        } else {
-          refresh_masters_from_params();
-        }
-      } else {
-        if (whole) {
-          // loaded above
-        } else if (other_params) {  // its partitions hold other parameters: the module's stand
-          refresh_masters_from_params();
-        } else if (zero_->stage() == 0) {
-          load_stage0_optimizer(model, path, options.load_optimizer_states);
-          if (ex) {
-            // Its experts' optimizer: expp_rank_<ep rank>, after the dense parameters.
-            const std::string expp =
-                checkpoint::expp_optim_states_path(load_dir, tag, ex->ep_rank());
-            load_stage0(ex->zero(), ex->names(),
-                        need(checkpoint::load_torch_file(expp), "optimizer", expp), expp,
-                        static_cast<int64_t>(param_names_.size()), options.load_optimizer_states);
-          }
-        } else {
-          load_zero_partitions(load_dir, tag, model, path, options.load_optimizer_states);
-        }
-        load_engine_counters(model, path, options);
-        if (model.find(PyValue("dscpp_loss_scaler"))) {
-          // loaded with the counters
-        } else if (whole || zero_->stage() >= 1) {
-          // DeepSpeed pickles its LossScaler object; we read it as a dict of its fields.
-          PyValue z;
-          if (!whole) {
-            const std::string zpath = checkpoint::find_zero_states(load_dir, tag, 0);
-            z = need(checkpoint::load_torch_file(zpath), "optimizer_state_dict", zpath);
-          }
-          const PyValue* ls0 = (whole ? settings : z).find(PyValue("loss_scaler"));
-          if (ls0 && ls0->is_dict()) {
-            nlohmann::json j = ls0->to_json();
-            j.erase("__class__");
-            scaler_->load_state_dict(j);
-          }
-        }
-        if (const PyValue* r = model.find(PyValue("dscpp_rng_states"))) rng = *r;
-      }
+    } else {
+      rng = PyValue();
     }
     for (size_t i = 0; i < model.size(); ++i) {
       const PyValue& k = model.keys()[i];

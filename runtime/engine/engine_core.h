@@ -48,6 +48,9 @@ struct ExpertParam;
 class LossScaler;
 class EngineExperts;
 struct ZeroSettings;
+namespace engine_checkpoint {
+struct WholeParams;
+}
 class TensorParallelGrads;
 namespace monitor {
 class MonitorMaster;
@@ -336,20 +339,29 @@ class EngineCore {
   void load_zero_partitions(const std::string& dir, const std::string& tag,
                             const checkpoint::PyValue& model, const std::string& model_path,
                             bool load_optimizer_states);
-  // A pipeline checkpoint (checkpoint/pipe_checkpoint.h) read whole, this engine's part
-  // loaded from it (any number of stages and data ranks, any ZeRO stage 0-2).
-  void load_pipe_checkpoint(const std::string& dir, const std::string& tag,
-                            const checkpoint::PyValue& model, const std::string& path,
-                            const LoadCheckpointOptions& options, LoadCheckpointResult& result,
-                            checkpoint::PyValue& rng);
+  // Whether the checkpoint (rank 0's model states `model`, read from `path`) is laid out as
+  // this engine's partitions: the plain engine's files at this ZeRO stage and expert-parallel
+  // degree, so that each rank reads its own part (load_own_layout). Any other layout loads
+  // through the checkpoint's normal form (load_normal_form).
+  bool is_own_layout(const std::string& dir, const std::string& tag,
+                     const checkpoint::PyValue& model, const std::string& path,
+                     const LoadCheckpointOptions& options);
+  void load_own_layout(const std::string& dir, const std::string& tag, checkpoint::PyValue model,
+                       const std::string& path, const LoadCheckpointOptions& options,
+                       LoadCheckpointResult& result);
+  // Every trainable parameter from `whole` into the set's partitions (this engine's tensor
+  // shard and experts cut from them), and what ZeRO does not hold (buffers, frozen
+  // parameters) by name from `module`, the one-rank model's state dict. No communication.
+  void load_normal_form(const engine_checkpoint::WholeParams& whole,
+                        const checkpoint::PyValue& module, const std::string& where,
+                        const LoadCheckpointOptions& options);
+  // This rank's random-number states where the checkpoint (rank 0's model states `model`)
+  // was saved on this run's layout; None (saying so on rank 0) otherwise.
+  checkpoint::PyValue rng_states_of(const std::string& dir, const std::string& tag,
+                                    const checkpoint::PyValue& model, const std::string& path);
   // Tensor parallelism (engine_checkpoint_tp.cpp): Megatron-DeepSpeed's mp_rank_XX layout,
-  // set by attach() with a model group; the partition metadata written into mp_rank_00; a
-  // checkpoint carrying it loaded onto any tensor and data degree.
+  // set by attach() with a model group; the partition metadata written into mp_rank_00.
   void use_tensor_parallel_layout();
-  void load_tp_checkpoint(const std::string& dir, const std::string& tag,
-                          const checkpoint::PyValue& model, const std::string& path,
-                          const LoadCheckpointOptions& options, LoadCheckpointResult& result,
-                          checkpoint::PyValue& rng);
   // The engine's counters, schedule and loss scaler from a model-states file.
   void load_engine_counters(const checkpoint::PyValue& model, const std::string& path,
                             const LoadCheckpointOptions& options);

@@ -9,9 +9,9 @@
 //   - at tensor 2 x data 2, ep 1, at tensor 1 x data 4, ep 2 (model_zoo's GPT, the saved ZeRO
 //     stage), and into the plain one-rank engine (model_zoo's GPT at tensor 1, ep 1, the global
 //     batch on one rank, ZeRO 0): within 1e-5 relative;
-// zero_to_fp32 of the checkpoint is the weights the one-rank engine loaded, bit for bit; and
-// with the first case: a missing expert file is refused naming it, loading at ZeRO 3 is refused
-// naming the stage, to_universal (not done yet) is refused rather than dropping the experts.
+// zero_to_fp32 of the checkpoint is the weights the one-rank engine loaded, bit for bit, and
+// to_universal's (the checkpoint's normal form) are zero_to_fp32's; and with the first case: a
+// missing expert file is refused naming it, loading at ZeRO 3 is refused naming the stage.
 //   tp_moe_checkpoint --phase save|resume --dir DIR --case e2k<k>d1s<s>z<stage>g<ga> [...]
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -221,11 +221,19 @@ void resume_phase(const std::string& dir, dscpp::comm::ProcessGroup& world,
     compare(c.name + ": resumed on one rank (tensor 1, ep 1)",
             train(eng, m, Place{}, c, kSaveAt, kSteps), want, 1e-5, rank);
   }
+  if (rank == 0) {
+    // The normal form (to_universal's): the one-rank model's fp32 weights, as zero_to_fp32's.
+    const auto sd = dscpp::checkpoint::get_fp32_state_dict_from_zero_checkpoint(dir);
+    const auto u = dscpp::checkpoint::universal_from_zero_checkpoint(dir);
+    bool same = !u.params.empty();
+    for (const auto& p : u.params) {
+      const auto* v = sd.find(dscpp::checkpoint::PyValue(p.name));
+      same = same && v && v->is_tensor() && at::equal(v->as_tensor(), p.fp32);
+    }
+    check(same && u.params.size() == sd.size(),
+          c.name + ": to_universal's weights are zero_to_fp32's, every one", rank);
+  }
   if (!refusals) return;
-  if (rank == 0)
-    refused(
-        c.name + ": to_universal", "to_universal does not convert one yet",
-        [&] { (void)dscpp::checkpoint::universal_from_zero_checkpoint(dir); }, rank);
   const std::string gone = "layer_1_expert_2_mp_rank_01_model_states.pt";
   const std::string missing = dir + "_missing";
   if (rank == 0) {
