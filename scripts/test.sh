@@ -6,6 +6,9 @@
 # code (the kernels, the GPU paths) is built with g++ and warnings as errors by the GPU suite
 # (scripts/gpu_rows.py suite): its test processes load LibTorch's CUDA libraries, which cost
 # every process a third of a second more without a GPU (docs/perf-log/2026-12-07.md D).
+# The fuzzers (tests/fuzz: libFuzzer with ASan and UBSan) need clang++: their harnesses alone
+# are built with it in build-fuzz/ and run after the suite (label fuzz), where clang++ and
+# libFuzzer are (scripts/install.sh installs both).
 # Ends with the time of each part, then ctest's summary.
 # docs/testing.md lists the tiers. Environment: DSCPP_TEST_JOBS (ctest's jobs, default 4: the
 # tests wait on their ranks and files as much as they compute), DSCPP_TEST_EXCLUDE_LABELS (a
@@ -46,13 +49,27 @@ status=0
 ctest --output-on-failure --timeout 600 -j "${DSCPP_TEST_JOBS:-4}" -LE "$exclude" 2>&1 |
   tee ctest.log || status=$?
 test_s=$((SECONDS - t))
+cd "$root"
+t=$SECONDS
+fuzz="not built (no clang++)"
+read -r -a harnesses <<<"$(find tests/fuzz -maxdepth 1 -name '*.cmake' 2>/dev/null |
+  sed 's|.*/\(.*\)\.cmake$|fuzz_\1|' | sort | tr '\n' ' ')"
+if command -v clang++ >/dev/null && [ "${#harnesses[@]}" -gt 0 ]; then
+  DSCPP_CXX=clang++ DSCPP_BUILD_DIR=build-fuzz scripts/build.sh cpu "${harnesses[@]}" \
+    >build-fuzz.log 2>&1 || { tail -30 build-fuzz.log; status=1; }
+  (cd build-fuzz && ctest --output-on-failure -j 2 -L '^fuzz$' 2>&1 | tee ctest.log) || status=1
+  fuzz="$((SECONDS - t)) s"
+fi
+cd "$dir"
 echo
 echo "dscpp test: times: install ${DSCPP_INSTALL_S:--} s, build ($what) ${build_s} s," \
-  "tests ${test_s} s"
+  "tests ${test_s} s, fuzzers (clang++ build and runs) ${fuzz}"
 echo "dscpp test: slowest tests (s):"
 # ctest's lines: "  n/N Test  #k: name ....   Passed   12.34 sec"
 sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' ctest.log |
   sort -rn | awk 'NR <= 10 { print "  " $0 }'
+[ -f build-fuzz/ctest.log ] || [ ! -d "$root/build-fuzz" ] ||
+  echo "dscpp test: fuzzers: $(grep -E "tests passed|tests failed out of" "$root/build-fuzz/ctest.log" | tail -1)"
 # ctest's own summary stays the last lines of the run.
 grep -E "tests passed|tests failed out of|Total Test time" ctest.log | tail -2 || true
 exit "$status"

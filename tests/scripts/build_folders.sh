@@ -3,7 +3,8 @@
 # test.sh builds the whole CPU variant (type Check) with g++ in build-test/ and runs ctest
 # there; the demo builds only its three targets in build/ with the default compiler (clang++
 # where there is one: twice as fast on LibTorch code); neither reconfigures the other's folder
-# (a folder's compiler cannot change without a rebuild). DSCPP_TEST_VARIANT=cuda builds the
+# (a folder's compiler cannot change without a rebuild); test.sh builds the fuzzers' harnesses
+# alone with clang++ in build-fuzz/ and runs their ctest there. DSCPP_TEST_VARIANT=cuda builds the
 # CUDA variant in build-cuda/ instead. Runs both scripts in a copy of scripts/ whose build.sh
 # records the variant, folder, compiler, type and targets each asks for (and ctest, the tools
 # and the launcher are stubs), in either order, for each variant.
@@ -11,7 +12,8 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/tree/scripts" "$tmp/bin" "$tmp/tree/runs/corpus"
+mkdir -p "$tmp/tree/scripts" "$tmp/bin" "$tmp/tree/runs/corpus" "$tmp/tree/tests/fuzz"
+touch "$tmp/tree/tests/fuzz/zip.cmake" "$tmp/tree/tests/fuzz/config.cmake"
 cp "$src/scripts/test.sh" "$src/scripts/demo.sh" "$tmp/tree/scripts/"
 touch "$tmp/tree/runs/corpus/fortunes_text_document.idx"
 cat >"$tmp/tree/scripts/build.sh" <<'STUB'
@@ -28,11 +30,13 @@ chmod +x "$tmp/tree/scripts/build.sh"
 printf '#!/bin/sh\necho "ctest in $(basename "$PWD")" >>../builds.log\n' >"$tmp/bin/ctest"
 # No GPU here: demo.sh picks the CPU variant (nvidia-smi fails).
 printf '#!/bin/sh\nexit 1\n' >"$tmp/bin/nvidia-smi"
-chmod +x "$tmp/bin/ctest" "$tmp/bin/nvidia-smi"
+printf '#!/bin/sh\ntrue\n' >"$tmp/bin/clang++"
+chmod +x "$tmp/bin/ctest" "$tmp/bin/nvidia-smi" "$tmp/bin/clang++"
 export PATH="$tmp/bin:$PATH"
 unset DSCPP_BUILD_TYPE DSCPP_BUILD_DIR DSCPP_CXX
 cd "$tmp/tree"
 want_demo="cpu build default Check train_gpt preprocess_data dscpp_launcher"
+want_fuzz="cpu build-fuzz clang++ Check fuzz_config fuzz_zip"
 for variant in cpu cuda; do
   case "$variant" in
     cpu) want_test="cpu build-test g++ Check" want_ctest="ctest in build-test" ;;
@@ -42,10 +46,12 @@ for variant in cpu cuda; do
     rm -f builds.log
     for s in $order; do DSCPP_TEST_VARIANT=$variant "./scripts/$s.sh" >/dev/null; done
     if ! grep -qx "$want_test" builds.log || ! grep -qx "$want_demo" builds.log ||
-       [ "$(grep -vc "^ctest" builds.log)" -ne 2 ] || ! grep -qx "$want_ctest" builds.log; then
+       ! grep -qx "$want_fuzz" builds.log || [ "$(grep -vc "^ctest" builds.log)" -ne 3 ] ||
+       ! grep -qx "$want_ctest" builds.log || ! grep -qx "ctest in build-fuzz" builds.log; then
       echo "FAIL ($variant, $order): builds asked for:"; cat builds.log; exit 1
     fi
   done
 done
 echo "PASS: test.sh builds build-test/ (CPU variant, g++, Check), or build-cuda/ for the CUDA" \
-  "variant, and runs ctest there; demo.sh builds its three targets in build/; in either order"
+  "variant, and runs ctest there, and the fuzzers with clang++ in build-fuzz/; demo.sh builds" \
+  "its three targets in build/; in either order"
