@@ -629,11 +629,12 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
       // Any other layout (another ZeRO stage, expert-parallel degree, tensor degree, number of
       // pipeline stages, or the plain engine and a pipeline's): the normal form, every rank's
       // files consolidated into the one-rank model's parameters (universal_from_zero.h).
-      if (model.contains(PyValue("num_experts")) &&
-          model.contains(PyValue("dscpp_tensor_parallel")) && zero_->stage() >= 3)
+      // (Experts with tensor parallelism train at ZeRO stages 0-2 only.)
+      if (client_.expert_params && !client_.expert_params->empty() && tensor_parallel_size() > 1 &&
+          zero_->stage() >= 3)
         throw CheckpointError(fmt::format(
-            "'{}': a MoE checkpoint with tensor parallelism loads at ZeRO stages 0-2, this "
-            "engine runs stage {}",
+            "'{}': experts with tensor parallelism train, and a MoE checkpoint loads, at ZeRO "
+            "stages 0-2; this engine runs stage {}",
             path, zero_->stage()));
       checkpoint::UniversalCheckpoint ck =
           checkpoint::universal_from_zero_checkpoint(load_dir, tag);

@@ -249,7 +249,7 @@ void resume_phase(const std::string& dir, dscpp::comm::ProcessGroup& world,
   {
     TpRun run(g, ep_groups, c, c.ep, 3, 2);
     refused(
-        c.name + ": loading at ZeRO 3", "loads at ZeRO stages 0-2",
+        c.name + ": loading at ZeRO 3", "a MoE checkpoint loads, at ZeRO stages 0-2",
         [&] { run.eng.load_checkpoint(dir); }, rank);
   }
 }
