@@ -513,16 +513,12 @@ void EngineCore::load_own_layout(const std::string& dir, const std::string& tag,
 
 void EngineCore::load_normal_form(const WholeParams& whole, const PyValue& module,
                                   const std::string& where, const LoadCheckpointOptions& options) {
-  // A tensor-parallel engine (plain or a pipeline's) cuts its shard of each split tensor.
+  const bool states = options.load_optimizer_states && !options.load_module_only;
+  for (const auto& p : zero_set_) p.load_by_name(whole, states);
+  // A frozen parameter split over the tensor ranks: this rank's shard of it.
   const int t = tensor_parallel_size(), me = tensor_parallel_rank();
   std::map<std::string, checkpoint::ParamPartition> parts;
   if (t > 1) parts = partitions_of(tensor_parallel_info());
-  const bool states = options.load_optimizer_states && !options.load_module_only;
-  load_partition_by_name(*zero_, param_names_, whole, states, t > 1 ? &parts : nullptr, me);
-  // The normal form holds the one-rank model's experts (every global expert; replicated over
-  // tensor ranks): this expert-parallel rank's are cut from them per global expert.
-  if (EngineExperts* ex = experts())
-    load_experts_by_name(ex->zero(), ex->names(), *client_.expert_params, whole, states);
   // What ZeRO does not hold, from the module: a frozen parameter must be there (unless
   // load_module_strict is false) at its shape; a buffer is taken where it is.
   std::set<std::string> partitioned;

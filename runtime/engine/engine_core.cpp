@@ -17,6 +17,7 @@
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/engine/engine_experts.h"
 #include "dscpp/runtime/engine/tensor_parallel_grads.h"
+#include "dscpp/runtime/engine/universal_load.h"
 #include "dscpp/runtime/engine/zero_options_from.h"
 #include "dscpp/runtime/monitor/monitor.h"
 #include "dscpp/runtime/monitor/peak_memory.h"
@@ -280,6 +281,14 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   dense.zero = zero_.get();
   dense.group = group_.get();
   dense.names = &param_names_;
+  dense.load_by_name = [this](const engine_checkpoint::WholeParams& whole, bool states) {
+    // A tensor-parallel engine (plain or a pipeline's) cuts its shard of each split tensor.
+    const int t = tensor_parallel_size();
+    std::map<std::string, checkpoint::ParamPartition> parts;
+    if (t > 1) parts = engine_checkpoint::partitions_of(tensor_parallel_info());
+    engine_checkpoint::load_partition_by_name(*zero_, param_names_, whole, states,
+                                              t > 1 ? &parts : nullptr, tensor_parallel_rank());
+  };
   zero_set_.push_back(std::move(dense));
   add_expert_partition(zo, *opt);
   if (tensor_parallel_size() > 1) {

@@ -81,6 +81,9 @@ struct ZeroPartition {
   zero::LayerGather* layer_gather = nullptr;
   zero::PublishWaits* publish_waits = nullptr;
   std::vector<char> rest_before_forward;  // stage 3: per bucket, at rest when forward began
+  // Its parameters from the checkpoint's normal form (universal_load.h), cut as it holds them
+  // (its tensor shards, its experts), with the optimizer states when `states`.
+  std::function<void(const engine_checkpoint::WholeParams&, bool states)> load_by_name;
 };
 
 // load_checkpoint's switches, DeepSpeed's names, order and defaults.

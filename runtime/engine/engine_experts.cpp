@@ -10,6 +10,7 @@
 #include "dscpp/error.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/universal_load.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
 
 namespace dscpp {
@@ -200,6 +201,12 @@ void EngineCore::add_expert_partition(const zero::ZeroOptions& zo, const optim::
   // pipeline's other stages, whose experts are counted by the same sums).
   p.add_sumsq = [ex](at::Tensor& sumsq) { ex->add_sumsq(sumsq); };
   p.tp_grads = ex->tp_grads();
+  // The normal form holds the one-rank model's experts (every global expert; replicated over
+  // tensor ranks): this expert-parallel rank's are cut from them per global expert.
+  p.load_by_name = [this, ex](const engine_checkpoint::WholeParams& whole, bool states) {
+    engine_checkpoint::load_experts_by_name(ex->zero(), ex->names(), *client_.expert_params, whole,
+                                            states);
+  };
   zero_set_.push_back(std::move(p));
 }
 
