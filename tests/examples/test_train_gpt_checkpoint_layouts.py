@@ -25,7 +25,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_train_gpt_flags import FAILED, Job, check, megatron_format, write_json  # noqa: E402
+from test_train_gpt_flags import Job, check, megatron_format, summary, write_json  # noqa: E402
 from test_train_gpt_pipeline import steps  # noqa: E402
 
 # (t, p, d, ep, ZeRO stage) saved -> loaded
@@ -96,11 +96,7 @@ def main():
             print(f"note: {what}: steps 4-6 against the saving job's: {errs}")
             check(f"{what}: steps 4-6 within 1e-5 relative of the saving job's (worst {worst:.2e})",
                   ok and worst <= 1e-5, log2)
-    if FAILED:
-        print("FAILED:", FAILED)
-        return 1
-    print("all passed")
-    return 0
+    return summary()
 
 
 if __name__ == "__main__":

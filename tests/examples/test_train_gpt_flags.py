@@ -36,6 +36,15 @@ def check(name, ok, detail=""):
         print(detail[-3000:])
 
 
+def summary():
+    """The exit status of a test of checks: 1, naming them, when any failed."""
+    if FAILED:
+        print("FAILED:", FAILED)
+        return 1
+    print("all passed")
+    return 0
+
+
 class Job:
 
     def __init__(self, launcher, train_gpt, tmp):
