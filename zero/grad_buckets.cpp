@@ -49,65 +49,20 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
   if (!per_bucket() && flat_grads_zero) std::fill(dirty_.begin(), dirty_.end(), 0);
 }
 
-GradBuckets::~GradBuckets() {
-  if (!landing_) return;
-  try {
-    landing_->drain();
-  } catch (...) {  // (a failed landing was reported by the finish() that waited for it)
-  }
-}
-
-std::optional<double> GradBuckets::landed_sumsq() const {
-  if (!landed_valid_) return std::nullopt;
-  double total = 0;
-  for (double s : landed_sumsq_) total += s;
-  return total;
-}
-
 bool GradBuckets::flat_grads_zero() const {
   return !per_bucket() && std::none_of(dirty_.begin(), dirty_.end(), [](char d) { return d; });
 }
 
 void GradBuckets::set_on_complete(std::function<void(int)> fn) {
   on_complete_ = fn;
-  if (landing_) landing_->set_on_landed(std::move(fn));
-}
-
-void GradBuckets::take_phase_times(PhaseTimes& times) {
-  if (landing_) landing_->take_times(times);
-}
-
-bool GradBuckets::may_alias_partition(const ReduceOptions& options, int group_size,
-                                      at::ScalarType grad_type, at::ScalarType partition_type,
-                                      bool on_host) {
-  // launch()'s identity on one rank: the flat slice itself is the reduced data when nothing
-  // converts or scales it; complete() adds it into the partition unchanged (a 16-bit partition,
-  // or an fp32 one whose post-scale is 1), which for the alias is already the case.
-  const int averaged = options.average_over > 0 ? options.average_over : group_size;
-  const bool post_one = partition_type != at::kFloat || averaged == 1;
-  return group_size == 1 && !on_host && grad_type == partition_type &&
-         options.communication_data_type.value_or(grad_type) == grad_type &&
-         !options.prescale_gradients && options.gradient_predivide_factor == 1.0 && post_one;
+  if (sink_) sink_->set_on_complete(std::move(fn));
 }
 
 void GradBuckets::set_partition(at::Tensor partition, bool fresh, bool on_host) {
-  aliased_ = flat_grads_.defined() && partition.defined() &&
-             partition.data_ptr() == flat_grads_.data_ptr();
-  if (aliased_ &&
-      (partition.numel() != flat_grads_.numel() || partition.device() != flat_grads_.device() ||
-       !may_alias_partition(options_, group_->size(), flat_grads_.scalar_type(),
-                            partition.scalar_type(), on_host)))
-    throw dscpp::Error(
-        "GradBuckets: the gradient partition is the flat gradient buffer, but the reduction "
-        "is not the identity there (several ranks, another type or size, a host partition, a "
-        "communication type or a pre-/post-scaling): give the partition its own buffer");
-  partition_ = std::move(partition);
-  fresh_ = fresh;
-  host_ = on_host;
-  if (host_ && !landing_) {
-    landing_ = std::make_unique<HostLanding>(grad_options_.device());
-    landing_->set_on_landed(on_complete_);
-  }
+  if (sink_) sink_->drain();
+  sink_ = PartitionSink::make(layout_, options_, group_->size(), grad_options_, flat_grads_,
+                              std::move(partition), fresh, on_host);
+  sink_->set_on_complete(on_complete_);
 }
 
 int64_t GradBuckets::in_flight_bytes() const {
@@ -123,21 +78,20 @@ int64_t GradBuckets::in_flight_bytes() const {
   }
   // (a flat bucket's chunk landing is counted with the flat buffer: the worker's count is an
   // upper bound of what the buckets add)
-  if (landing_ && !flat_grads_.defined()) n += landing_->device_bytes();
+  if (sink_ && !flat_grads_.defined()) n += sink_->device_bytes();
   return n;
 }
 
 void GradBuckets::cleared() {
-  fresh_ = true;
-  landed_valid_ = false;
-  // The alias: the step zeroed the partition, which is the flat buffer (overwrites_partition()
-  // is false for it), so the first product into each view may overwrite it again.
-  if (aliased_) std::fill(dirty_.begin(), dirty_.end(), 0);
+  sink_->cleared();
+  // The alias: the step zeroed the partition, which is the flat buffer (overwrites() is false
+  // for it), so the first product into each view may overwrite it again.
+  if (sink_->aliases_flat()) std::fill(dirty_.begin(), dirty_.end(), 0);
 }
 
 void GradBuckets::add_memory(MemoryBreakdown& m) const {
   // (the alias: the buffer is the partition, listed once, by its owner)
-  if (flat_grads_.defined() && !aliased_)
+  if (flat_grads_.defined() && !(sink_ && sink_->aliases_flat()))
     m.push_back({"grads16.flat", bytes_of(flat_grads_), true});
   m.push_back({"reduce_buckets", in_flight_bytes(), true});
 }
@@ -147,35 +101,6 @@ std::vector<int> GradBuckets::ready_order() const {
   for (int i = static_cast<int>(seen_.size()) - 1; i >= 0; --i)
     if (!seen_[i]) order.push_back(i);
   return order;
-}
-
-double GradBuckets::post_scale() const {
-  const int n = averaged_over();
-  return options_.prescale_gradients ? 1.0 : options_.gradient_predivide_factor / n;
-}
-
-bool GradBuckets::overwrites_partition() const {
-  // The one rule for a reduction straight into the partition (launch() applies it to an empty
-  // partition): every bucket is reduced by every backward (finish() issues the ones backward
-  // left), each by a reduce-scatter whose data is of the partition's type; or, on one rank,
-  // stage 0's identity reduction of the whole bucket (an all-reduce over several ranks adds
-  // into the partition, which must then start at zero).
-  const auto comm_type =
-      options_.communication_data_type.value_or(grad_options_.dtype().toScalarType());
-  const bool overwrites = options_.scatter ? options_.use_reduce_scatter : group_->size() == 1;
-  return !aliased_ && raw() && overwrites && comm_type == partition_.scalar_type() &&
-         grad_options_.dtype().toScalarType() == partition_.scalar_type();
-}
-
-double GradBuckets::deferred_scale() const {
-  return raw() ? post_scale() : 1.0;
-}
-
-at::Tensor GradBuckets::target(int b) {
-  const auto& bucket = layout_.buckets[b];
-  return options_.scatter
-             ? partition_.slice(0, bucket.part_offset, bucket.part_offset + bucket.chunk)
-             : partition_.slice(0, bucket.begin, bucket.end);
 }
 
 void GradBuckets::begin(bool reduce) {
@@ -196,10 +121,7 @@ void GradBuckets::begin(bool reduce) {
     throw dscpp::Error("GradBuckets: per-bucket gradient storage reduces every micro-step");
   reducing_ = in_backward_ = reduce;
   std::fill(ready_.begin(), ready_.end(), 0);
-  landed_valid_ = false;  // (this backward changes the partition)
-  summing_ = reduce && host_ && sum_next_;
-  sum_next_ = false;
-  if (summing_) landed_sumsq_.assign(layout_.buckets.size(), 0.0);
+  sink_->begin_window(reduce);
   next_launch_ = next_complete_ = 0;
   ready_calls_ = 0;
   for (size_t b = 0; b < layout_.buckets.size(); ++b)
@@ -275,19 +197,12 @@ void GradBuckets::written(int param) {
     dirty_[param] = 1;
 }
 
-bool GradBuckets::in_partition(int b) const {
-  const auto& bucket = layout_.buckets[b];
-  return partition_.defined() && !host_ && group_->size() == 1 && fresh_ &&
-         overwrites_partition() && bucket.chunk == bucket.end - bucket.begin &&
-         !options_.prescale_gradients && options_.gradient_predivide_factor == 1.0 &&
-         partition_.device() == grad_options_.device();
-}
-
 at::Tensor& GradBuckets::storage(int b) {
   at::Tensor& store = storage_[b];
   if (!store.defined()) {
     const auto& bucket = layout_.buckets[b];
-    store = in_partition(b) ? target(b) : at::empty({bucket.end - bucket.begin}, grad_options_);
+    store =
+        in_partition(b) ? sink_->target(b) : at::empty({bucket.end - bucket.begin}, grad_options_);
     note_in_flight();
   }
   return store;
@@ -332,13 +247,11 @@ void GradBuckets::launch(int b) {
   if (pre != 1.0) data.mul_(pre);
   if (n == 1) {
     // One rank: the reduction is the identity. Into the partition directly where the
-    // collective would have written it (the storage may be that slice already).
-    // (a host partition takes the sums through a copy: start_landing)
-    // The alias: the data is the partition's own slice (may_alias_partition: nothing
-    // converted or scaled it), which holds the sums already, fresh or not.
-    direct_[b] = aliased_ || (fresh_ && overwrites_partition() && !host_);
+    // collective would have written it (the storage may be that slice already). The alias:
+    // the data is the partition's own slice, which holds the sums already, fresh or not.
+    direct_[b] = sink_->direct();
     if (direct_[b]) {
-      at::Tensor into = target(b);
+      at::Tensor into = sink_->target(b);
       if (into.data_ptr() != data.data_ptr()) {
         at::NoGradGuard no_grad;
         into.copy_(data);
@@ -349,9 +262,8 @@ void GradBuckets::launch(int b) {
     works_[b] = comm::Work();
   } else if (options_.scatter && options_.use_reduce_scatter) {
     // Into a 16-bit partition that holds nothing yet, the collective writes the sums itself.
-    // (a host partition takes the sums through a copy: start_landing)
-    direct_[b] = fresh_ && overwrites_partition() && !host_;
-    results_[b] = direct_[b] ? target(b) : at::empty({bucket.chunk}, data.options());
+    direct_[b] = sink_->direct();
+    results_[b] = direct_[b] ? sink_->target(b) : at::empty({bucket.chunk}, data.options());
     works_[b] = group_->reduce_scatter(results_[b], data, comm::ReduceOp::kSum);
   } else {
     results_[b] = data;
@@ -388,34 +300,15 @@ void GradBuckets::complete(int b) {
     const int64_t r = group_->rank();
     source = source.slice(0, r * bucket.chunk, (r + 1) * bucket.chunk);
   }
-  if (host_) {
-    start_landing(b, source);
-  } else if (!direct_[b]) {  // (a direct reduction is in place already)
-    at::NoGradGuard no_grad;
-    at::Tensor into = target(b);
-    const double post = post_scale();
-    if (raw())
-      into.add_(source.to(partition_.scalar_type()));
-    else if (post == 1.0)
-      into.add_(source.to(at::kFloat));
-    else
-      into.add_(source.to(at::kFloat), post);
+  if (!direct_[b]) {  // (a direct reduction is in place already)
+    sink_->receive(b, source);
+    if (sink_->on_host()) note_in_flight();  // (its chunk on the way down)
   }
   works_[b] = comm::Work();
   results_[b] = at::Tensor();
   direct_[b] = 0;
-  if (!host_ && on_complete_) on_complete_(b);  // (a host partition's: when it has landed)
-}
-
-void GradBuckets::start_landing(int b, const at::Tensor& source) {
-  at::Tensor into = target(b);
-  // The sums of a 16-bit partition that holds nothing yet go straight into it.
-  const bool straight =
-      fresh_ && overwrites_partition() && source.scalar_type() == into.scalar_type();
-  const double post = post_scale();
-  landing_->land(b, source, std::move(into), straight, raw() ? 1.0 : post,
-                 summing_ ? &landed_sumsq_[b] : nullptr);
-  note_in_flight();
+  // (a host partition reports its own, once the chunk has landed)
+  if (!sink_->reports_completion() && on_complete_) on_complete_(b);
 }
 
 void GradBuckets::finish() {
@@ -426,19 +319,16 @@ void GradBuckets::finish() {
   for (auto& p : pending_) p = 0;
   launch_ready();
   while (next_complete_ < static_cast<int>(layout_.buckets.size())) complete(next_complete_++);
-  if (landing_) landing_->drain();
-  landed_valid_ = summing_;  // (every bucket has landed, each with its sum)
-  summing_ = false;
+  sink_->end_window();
   issued_early_ = 0;
   for (int calls : ready_at_launch_) issued_early_ += calls < ready_calls_;
   // The reduced 16-bit gradients are in the partition now: start the next window empty.
   // (the alias: the buffer is the partition the step reads; the step zeroes it: cleared())
-  if (!per_bucket() && !aliased_) {
+  if (!per_bucket() && !sink_->aliases_flat()) {
     flat_grads_.zero_();
     std::fill(dirty_.begin(), dirty_.end(), 0);
   }
   reducing_ = false;
-  fresh_ = false;
 }
 
 }  // namespace dscpp::zero

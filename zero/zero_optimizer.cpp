@@ -72,12 +72,11 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // GB less at 6.92 B parameters), and no copy at the boundary. Not with offload, whose
   // stepper reads the partition a bucket at a time while the next window could write it.
   at::Tensor flat_grads;
-  const bool alias =
-      options_.alias_grad_partition && options_.stage < 2 && options_.accumulates &&
-      !options_.offload.enabled && layout_.partition == layout_.total &&
-      master_->grads().device() == opts.device() &&
-      GradBuckets::may_alias_partition(ro, group_->size(), opts.dtype().toScalarType(),
-                                       options_.grad_dtype, master_->grads_on_host());
+  const bool alias = options_.alias_grad_partition && options_.stage < 2 && options_.accumulates &&
+                     !options_.offload.enabled && layout_.partition == layout_.total &&
+                     master_->grads().device() == opts.device() &&
+                     PartitionSink::may_alias(ro, group_->size(), opts.dtype().toScalarType(),
+                                              options_.grad_dtype, master_->grads_on_host());
   if (options_.stage < 2 && options_.accumulates)
     flat_grads = alias ? master_->grads() : at::zeros({layout_.total}, opts);
   buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, params, opts, group_, ro,
@@ -136,7 +135,7 @@ MemoryBreakdown ZeroOptimizer::memory_breakdown() const {
 PhaseTimes ZeroOptimizer::take_phase_times() {
   PhaseTimes t;
   take_phase(t, "step.sumsq", sumsq_ms_);
-  buckets_->take_phase_times(t);
+  buckets_->sink().take_phase_times(t);
   if (offload_) offload_->take_phase_times(t);
   if (overlap_) overlap_->take_phase_times(t);
   return t;
@@ -151,7 +150,7 @@ void ZeroOptimizer::arm_overlapped_step(double loss_scale) {
 void ZeroOptimizer::begin_backward(bool reduce) {
   // (a first backward re-lays after it, and the new buckets start without the sums; an
   // overlapped update has the cores during backward, and its step sums the partition after)
-  if (window_end_ && reduce && relaid_ && !armed_) buckets_->sum_squares_on_landing();
+  if (window_end_ && reduce && relaid_ && !armed_) buckets_->sink().sum_squares_on_landing();
   window_end_ = false;
   buckets_->begin(reduce);
   if (!armed_ || !reduce) return;
@@ -160,7 +159,7 @@ void ZeroOptimizer::begin_backward(bool reduce) {
   store_->wait_all_published();  // the destinations are the flat buffer's
   StepScaleInputs in;
   in.loss_scale = armed_loss_scale_;
-  in.deferred = buckets_->deferred_scale();
+  in.deferred = buckets_->sink().deferred_scale();
   // No clip: the scale does not depend on the sum (the same float64 arithmetic as step()'s).
   const StepScale<double> s = unscale_and_clip(0.0, in);
   overlap_destinations_.clear();
@@ -208,7 +207,7 @@ void ZeroOptimizer::relay_from_first_backward() {
   const bool shared = !options_.offload.enabled && store_->partition_shares(master_->whole());
   store_->relayout(old, /*move_partition=*/!shared);
   const int rank = store_->chunk_rank();
-  const bool aliased = buckets_->aliases_partition();
+  const bool aliased = buckets_->sink().aliases_flat();
   // On one rank (a partition is the flat buffer) every buffer of the master is permuted in its
   // own storage, where it lives: the host, which an offloaded run fills with 14 bytes a
   // parameter, holds no second copy of a buffer (at 9 B parameters 36 GB more), nor does the
@@ -231,7 +230,7 @@ void ZeroOptimizer::relay_from_first_backward() {
   at::Tensor flat_grads = aliased ? master_->grads() : buckets_->flat_grads();
   if (flat_grads.defined() && !aliased)
     relay_in_place(old, layout_, flat_grads, /*partition=*/false, rank, *group_, device);
-  const bool fresh_partition = buckets_->fresh();
+  const bool fresh_partition = buckets_->sink().fresh();
   const bool flat_zero = buckets_->flat_grads_zero();  // (a re-lay moves zeros as zeros)
   const int64_t copies = buckets_->copies();
   buckets_.reset();  // (its landing worker is idle: finish() drained it)
@@ -245,7 +244,7 @@ at::Tensor ZeroOptimizer::global_sumsq() {
   at::NoGradGuard no_grad;
   // (on the training device, where the collectives run: a host gradient partition's sum too;
   // its landings may have summed it already)
-  const std::optional<double> landed = buckets_->landed_sumsq();
+  const std::optional<double> landed = buckets_->sink().landed_sumsq();
   at::Tensor local = landed ? at::full({}, *landed, at::TensorOptions().dtype(at::kFloat))
                             : master_->local_sumsq();
   at::Tensor stats = local.to(param_options_.device());
@@ -274,7 +273,7 @@ StepResult ZeroOptimizer::step(double loss_scale, at::Tensor global_sumsq) {
   in.loss_scale = loss_scale;
   // A 16-bit partition holds sums: the averaging rides on the norm and the
   // unscale.
-  in.deferred = buckets_->deferred_scale();
+  in.deferred = buckets_->sink().deferred_scale();
   in.clip = options_.gradient_clipping;
   // An optimizer that skips its update on a non-finite scale takes the overflow
   // verdict on the device: the whole update is queued before the host reads the
@@ -342,7 +341,7 @@ StepResult ZeroOptimizer::step(double loss_scale, at::Tensor global_sumsq) {
 void ZeroOptimizer::clear_gradients() {
   // A partition the next reduction overwrites whole is left as it is (a pass
   // over it saved).
-  master_->clear_gradients(!buckets_->overwrites_partition());
+  master_->clear_gradients(!buckets_->sink().overwrites());
   buckets_->cleared();
 }
 

@@ -60,8 +60,8 @@ struct ZeroOptions {
   // zeroing each step).
   bool accumulates = true;
   // Stages 0-1 with accumulation, where the reduction over the data group is the identity on
-  // every element (one rank, the partition of the gradients' type on the device: GradBuckets::
-  // may_alias_partition): the gradient partition is the flat gradient buffer itself, so the
+  // every element (one rank, the partition of the gradients' type on the device:
+  // PartitionSink::may_alias): the gradient partition is the flat gradient buffer itself, so the
   // model's gradients are held once, not twice, and the boundary copies nothing into the
   // partition. false keeps two buffers (the same numbers; for tests and comparisons).
   bool alias_grad_partition = true;
@@ -151,7 +151,7 @@ class ZeroOptimizer {
   // group at stages 1-3. A 0-dim fp32 tensor on the training device. Collective.
   at::Tensor global_sumsq();
   // What the partition's values are still to be multiplied by to be averaged gradients.
-  double deferred_scale() const { return buckets_->deferred_scale(); }
+  double deferred_scale() const { return buckets_->sink().deferred_scale(); }
 
   // The three parts.
   ParamStore& param_store() { return *store_; }
@@ -169,7 +169,7 @@ class ZeroOptimizer {
   void set_master_partition(const at::Tensor& values) { master_->assign(values); }
   // options.grad_dtype; with the alias, the flat gradient buffer itself (grads_aliased()).
   const at::Tensor& grad_partition() const { return master_->grads(); }
-  bool grads_aliased() const { return buckets_->aliases_partition(); }
+  bool grads_aliased() const { return buckets_->sink().aliases_flat(); }
   at::Tensor& flat_params() { return store_->flat_params(); }  // stages 0-2
   // With defer_allgather: waits for bucket b's all-gather after the last step,
   // if it is still pending (on a GPU the current stream waits; the host does

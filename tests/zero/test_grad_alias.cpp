@@ -275,7 +275,7 @@ TEST(GradAlias, APartitionForcedOntoTheBufferWhereItIsNotExactIsRefused) {
   GradBuckets fine(layout, flat, params, flat.options(), dscpp::comm::make_no_op_group(0, 1), ro,
                    true);
   fine.set_partition(flat);
-  EXPECT_TRUE(fine.aliases_partition());
+  EXPECT_TRUE(fine.sink().aliases_flat());
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ Result run(const Case& c, bool fusion) {
     res.issued += zo.buckets_issued_during_backward();
   }
   res.copies = zo.grad_buckets().copies();
-  res.partition = zo.grad_partition().to(at::kDouble) * zo.grad_buckets().deferred_scale();
+  res.partition = zo.grad_partition().to(at::kDouble) * zo.grad_buckets().sink().deferred_scale();
   // The float64 reference on the global batch, laid out as the (re-laid) buffer.
   Net ref = make_net(at::kDouble);
   at::Tensor loss = at::zeros({}, at::kDouble);

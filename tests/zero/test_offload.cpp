@@ -128,17 +128,17 @@ TEST(Offload, TheWindowsLastLandingsSumTheNormsSquares) {
     ASSERT_TRUE(off.zero->master().grads_on_host());
     // Two micro-steps, the second the window's last: the sums are of the accumulated chunks.
     backward(off, 1);
-    EXPECT_FALSE(off.zero->grad_buckets().landed_sumsq().has_value());  // not asked for
+    EXPECT_FALSE(off.zero->grad_buckets().sink().landed_sumsq().has_value());  // not asked for
     off.zero->arm_overlapped_step(1.0);
     backward(off, 2);
-    const std::optional<double> landed = off.zero->grad_buckets().landed_sumsq();
+    const std::optional<double> landed = off.zero->grad_buckets().sink().landed_sumsq();
     ASSERT_TRUE(landed.has_value()) << c10::toString(dtype);
     const double whole = dscpp::ops::host_sum_of_squares(off.zero->grad_partition());
     ASSERT_GT(whole, 0.0);
     EXPECT_NEAR(*landed, whole, 1e-12 * whole) << c10::toString(dtype);
     EXPECT_NEAR(off.zero->global_sumsq().item<double>(), whole, 1e-6 * whole);
     off.zero->step(1.0);
-    EXPECT_FALSE(off.zero->grad_buckets().landed_sumsq().has_value());  // cleared with the step
+    EXPECT_FALSE(off.zero->grad_buckets().sink().landed_sumsq().has_value());  // cleared with the step
   }
 }
 
