@@ -138,7 +138,8 @@ TEST(Offload, TheWindowsLastLandingsSumTheNormsSquares) {
     EXPECT_NEAR(*landed, whole, 1e-12 * whole) << c10::toString(dtype);
     EXPECT_NEAR(off.zero->global_sumsq().item<double>(), whole, 1e-6 * whole);
     off.zero->step(1.0);
-    EXPECT_FALSE(off.zero->grad_buckets().sink().landed_sumsq().has_value());  // cleared with the step
+    EXPECT_FALSE(
+        off.zero->grad_buckets().sink().landed_sumsq().has_value());  // cleared with the step
   }
 }
 
