@@ -231,12 +231,7 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     const bool universal = config_.checkpoint.load_universal;
     PyValue settings;  // the optimizer's settings: DeepSpeed's loss scaler is there
     if (!universal && is_own_layout(load_dir, tag, model, path, options)) {
-      load_own_layout(load_dir, tag, model, path, options, result);
-      if (!options.load_module_only && zero_->stage() >= 1 &&
-          !model.contains(PyValue("dscpp_loss_scaler"))) {
-        const std::string zpath = checkpoint::find_zero_states(load_dir, tag, 0);
-        settings = need(checkpoint::load_torch_file(zpath), "optimizer_state_dict", zpath);
-      }
+      load_own_layout(load_dir, tag, model, path, options, result, settings);
       if (const PyValue* r = model.find(PyValue("dscpp_rng_states"))) rng = *r;
     } else if (universal) {
       // As DeepSpeed's universal load: the weights from zero/<name>/, the buffers from the

@@ -277,7 +277,7 @@ void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& 
 
 void EngineCore::load_zero_partitions(const std::string& dir, const std::string& tag,
                                       const PyValue& model, const std::string& model_path,
-                                      bool load_optimizer_states) {
+                                      bool load_optimizer_states, PyValue* settings) {
   const int saved_world = static_cast<int>(need(model, "dp_world_size", model_path).as_int());
   if (saved_world < 1) throw CheckpointError("'" + model_path + "': dp_world_size < 1");
   const checkpoint::SaveBinding model_binding = checkpoint::read_binding(model, model_path);
@@ -308,6 +308,7 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
     checkpoint::check_partition_binding(model_binding, model_path,
                                         checkpoint::read_binding(file, path), path, f);
     const PyValue& osd = need(file, "optimizer_state_dict", path);
+    if (f == 0 && settings) *settings = osd;
     const int64_t stage = need(osd, "zero_stage", path).as_int();
     if (stage != zero_->stage())
       throw CheckpointError(
@@ -345,14 +346,20 @@ bool EngineCore::is_own_layout(const std::string& dir, const std::string& tag, c
   if (!experts.empty() && checkpoint::moe_ep_size(model) != experts.begin()->second.ep_size)
     return false;
   // Which stage wrote it: ours say so; DeepSpeed's keep the optimizer here only at stage 0,
-  // and write one model-states file per rank only at stage 3; at 1-2 its ZeRO files tell.
+  // and write one model-states file per rank only at stage 3; at 1-2 the config it saved
+  // (ds_config, where the program gave it as a dict) or else its ZeRO files tell.
   int saved_stage = 0;
+  const PyValue* ds = model.find(PyValue("ds_config"));
+  const PyValue* zo = ds && ds->is_dict() ? ds->find(PyValue("zero_optimization")) : nullptr;
+  const PyValue* zs = zo && zo->is_dict() ? zo->find(PyValue("stage")) : nullptr;
   if (const PyValue* s = model.find(PyValue("dscpp_zero_stage"))) {
     saved_stage = static_cast<int>(s->as_int());
   } else if (!need(model, "optimizer", path).is_none()) {
     saved_stage = 0;
   } else if (path == checkpoint::zero_model_states_path(dir, tag, 0)) {
     saved_stage = 3;
+  } else if (zs && zs->is_int()) {
+    saved_stage = static_cast<int>(zs->as_int());
   } else {
     const std::string zpath = checkpoint::find_zero_states(dir, tag, 0);
     const PyValue z = checkpoint::load_torch_file(zpath);
@@ -366,7 +373,7 @@ bool EngineCore::is_own_layout(const std::string& dir, const std::string& tag, c
 
 void EngineCore::load_own_layout(const std::string& dir, const std::string& tag, PyValue model,
                                  const std::string& path, const LoadCheckpointOptions& options,
-                                 LoadCheckpointResult& result) {
+                                 LoadCheckpointResult& result, PyValue& settings) {
   // MoE (moe_checkpoint.h): the module gets this rank's experts from their files.
   const Experts experts = client_.expert_params ? *client_.expert_params : Experts{};
   model = moe_model_view(dir, tag, model, path, experts);
@@ -392,7 +399,7 @@ void EngineCore::load_own_layout(const std::string& dir, const std::string& tag,
                   static_cast<int64_t>(param_names_.size()), options.load_optimizer_states);
     }
   } else {
-    load_zero_partitions(dir, tag, model, path, options.load_optimizer_states);
+    load_zero_partitions(dir, tag, model, path, options.load_optimizer_states, &settings);
   }
 }
 

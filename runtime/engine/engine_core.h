@@ -339,9 +339,11 @@ class EngineCore {
                    const LoadCheckpointOptions& options, LoadCheckpointResult& result);
   void load_stage0_optimizer(const checkpoint::PyValue& model, const std::string& path,
                              bool load_optimizer_states);
+  // settings (null: not wanted) receives the first partition file's optimizer_state_dict,
+  // where DeepSpeed keeps its loss scaler (so that no file is read twice for it).
   void load_zero_partitions(const std::string& dir, const std::string& tag,
                             const checkpoint::PyValue& model, const std::string& model_path,
-                            bool load_optimizer_states);
+                            bool load_optimizer_states, checkpoint::PyValue* settings = nullptr);
   // Whether the checkpoint (rank 0's model states `model`, read from `path`) is laid out as
   // this engine's partitions: the plain engine's files at this ZeRO stage and expert-parallel
   // degree, so that each rank reads its own part (load_own_layout). Any other layout loads
@@ -349,9 +351,10 @@ class EngineCore {
   bool is_own_layout(const std::string& dir, const std::string& tag,
                      const checkpoint::PyValue& model, const std::string& path,
                      const LoadCheckpointOptions& options);
+  // settings: the optimizer's settings it read on the way (DeepSpeed's loss scaler), or None.
   void load_own_layout(const std::string& dir, const std::string& tag, checkpoint::PyValue model,
                        const std::string& path, const LoadCheckpointOptions& options,
-                       LoadCheckpointResult& result);
+                       LoadCheckpointResult& result, checkpoint::PyValue& settings);
   // Every trainable parameter from `whole` into the set's partitions (this engine's tensor
   // shard and experts cut from them), and what ZeRO does not hold (buffers, frozen
   // parameters) by name from `module`, the one-rank model's state dict. No communication.

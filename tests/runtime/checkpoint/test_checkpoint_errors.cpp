@@ -334,6 +334,41 @@ TEST_F(Checkpoints, AnotherStageContinuesAsTheSavingEngine) {
   }
 }
 
+// DeepSpeed writes no dscpp_loss_scaler: its (pickled) LossScaler lies in the first ZeRO file's
+// optimizer_state_dict, read from there as a dict of its fields, with that file's partition.
+TEST_F(Checkpoints, DeepSpeedsLossScalerComesFromTheFirstPartitionFile) {
+  json c = config(1);
+  c["fp16"] = {{"enabled", true}, {"initial_scale_power", 10}};
+  {
+    torch::manual_seed(0);
+    Net a;
+    auto ea = dscpp::initialize(a, c);
+    ea.save_checkpoint(dir(), "t");  // (no step: the scale is the initial 1024)
+  }
+  const std::string model_path = (dir_ / "t" / "mp_rank_00_model_states.pt").string();
+  const std::string zero_path = (dir_ / "t" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").string();
+  PyValue model = dscpp::checkpoint::load_torch_file(model_path);
+  ASSERT_TRUE(model.contains(PyValue("dscpp_loss_scaler")));
+  PyValue kept = PyValue::dict();
+  for (size_t i = 0; i < model.size(); ++i)
+    if (model.keys()[i].as_string() != "dscpp_loss_scaler")
+      kept.set(model.keys()[i], model.values()[i]);
+  dscpp::checkpoint::save_torch_file(kept, model_path);
+  PyValue zero = dscpp::checkpoint::load_torch_file(zero_path);
+  PyValue osd = zero.at(PyValue("optimizer_state_dict"));
+  osd.set(PyValue("loss_scaler"), PyValue::from_json({{"__class__", "DynamicLossScaler"},
+                                                      {"cur_scale", 96.0},
+                                                      {"cur_iter", 3},
+                                                      {"last_overflow_iter", -1},
+                                                      {"cur_hysteresis", 2}}));
+  zero.set(PyValue("optimizer_state_dict"), osd);
+  dscpp::checkpoint::save_torch_file(zero, zero_path);
+  Net b;
+  auto eb = dscpp::initialize(b, c);
+  eb.load_checkpoint(dir());
+  EXPECT_EQ(eb.loss_scale(), 96.0);
+}
+
 // A normal form that cannot be made names the file it lacks.
 TEST_F(Checkpoints, AnotherStageWithAMissingPartitionFileNamesIt) {
   save(1);
