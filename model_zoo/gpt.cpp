@@ -22,6 +22,7 @@
 #include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/fp8_linear.h"
+#include "dscpp/nn/fp8_meta.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/module_scope.h"
 #include "dscpp/nn/normal_init.h"
@@ -170,6 +171,9 @@ GPTBlockImpl::GPTBlockImpl(const GPTConfig& c, int64_t layer_,
   } else {
     mlp = register_module("mlp", GPTMLP(c));
   }
+  // Delayed scaling's amax histories, one slot per matrix (the submodules above hold them all).
+  if (fp8 && fp8->scaling == nn::Fp8Scaling::Delayed)
+    fp8_meta = register_module("fp8_meta", nn::Fp8Meta(nn::fp8_products_of(*this), *fp8));
 }
 
 at::Tensor GPTBlockImpl::run_mlp(const at::Tensor& x) {
@@ -180,7 +184,7 @@ at::Tensor GPTBlockImpl::run_mlp(const at::Tensor& x) {
 
 at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
   nn::ModuleScope scope(*this);
-  nn::Fp8Autocast fp8_scope(fp8);
+  nn::Fp8Autocast fp8_scope(fp8, fp8_meta ? fp8_meta.get() : nullptr);
   const at::Tensor branch = at::dropout(attn(apply_norm(*ln_1, x)), dropout, is_training());
   if (!fused_add_norm) {
     const at::Tensor h = x + branch;

@@ -33,6 +33,7 @@
 #include "dscpp/model_zoo/gpt_config.h"
 #include "dscpp/model_zoo/gpt_moe.h"
 #include "dscpp/nn/activation_checkpointing.h"
+#include "dscpp/nn/fp8_meta.h"
 #include "dscpp/nn/layer_spec.h"
 
 namespace dscpp::model_zoo {
@@ -115,6 +116,7 @@ struct GPTBlockImpl : torch::nn::Module {
   // Its linear products in fp8 (GPTConfig::fp8_recipe_of); nullopt: bf16. Applied in
   // forward, so that activation checkpointing's recompute multiplies the same way.
   std::optional<nn::Fp8Recipe> fp8;
+  nn::Fp8Meta fp8_meta{nullptr};  // a delayed recipe's state (registered as "fp8_meta")
 
  private:
   at::Tensor run_mlp(const at::Tensor& x);

@@ -70,14 +70,18 @@ struct GPTConfig {
   // path only (the same gradients): not written by to_json().
   bool gradient_accumulation_fusion = true;
   // FP8 for the blocks' linear products (nn/fp8_linear.h), with Megatron-Core's key names:
-  // fp8 "hybrid" or "e4m3" (absent: off), fp8_recipe "tensorwise" (torchao's default) or
-  // "rowwise" (torchao's), fp8_margin. With first_last_layers_bf16 the first
-  // num_layers_at_start_in_bf16 and the last num_layers_at_end_in_bf16 blocks stay bf16; on by
-  // default (Megatron's default is off), as the peers' FP8 recipes keep those layers. The
-  // embedding and the output head are always bf16.
+  // fp8 "hybrid" or "e4m3" (absent: off), fp8_recipe "tensorwise" (torchao's default),
+  // "rowwise" (torchao's) or "delayed" (Transformer Engine's), fp8_margin. With
+  // first_last_layers_bf16 the first num_layers_at_start_in_bf16 and the last
+  // num_layers_at_end_in_bf16 blocks stay bf16; on by default (Megatron's default is off), as the
+  // peers' FP8 recipes keep those layers. The embedding and the output head are always bf16.
   std::string fp8;
   std::string fp8_recipe = "tensorwise";
   int64_t fp8_margin = 0;
+  // fp8_recipe "delayed" (nn/fp8_meta.h), with Megatron's defaults: the steps of amax history
+  // kept per operand, and "most_recent" or "max" of it for the scale.
+  int64_t fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";
   bool first_last_layers_bf16 = true;
   int64_t num_layers_at_start_in_bf16 = 1;
   int64_t num_layers_at_end_in_bf16 = 1;

@@ -10,6 +10,7 @@
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/nn/fp8_linear.h"
+#include "dscpp/nn/fp8_meta.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/linear_async_communication.h"
 #include "dscpp/nn/normal_init.h"
@@ -158,6 +159,9 @@ TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::G
   } else {
     mlp = register_module("mlp", TensorParallelGPTMLP(c, group));
   }
+  // Delayed scaling's amax histories, one slot per matrix (the submodules above hold them all).
+  if (fp8 && fp8->scaling == nn::Fp8Scaling::Delayed)
+    fp8_meta = register_module("fp8_meta", nn::Fp8Meta(nn::fp8_products_of(*this), *fp8));
 }
 
 at::Tensor TensorParallelGPTBlockImpl::run_mlp(const at::Tensor& x) {
@@ -168,7 +172,9 @@ at::Tensor TensorParallelGPTBlockImpl::run_mlp(const at::Tensor& x) {
 at::Tensor TensorParallelGPTBlockImpl::forward(const at::Tensor& x) {
   // With sequence parallelism x is this rank's [S/t, B, h]: the LayerNorms, the residual adds
   // and the dropouts see only it (the dropout masks then differ across ranks).
-  nn::Fp8Autocast fp8_scope(fp8);  // in forward: activation checkpointing's recompute too
+  nn::Fp8Autocast fp8_scope(
+      fp8,
+      fp8_meta ? fp8_meta.get() : nullptr);  // in forward: activation checkpointing's recompute too
   const bool training = is_training();
   const at::Tensor branch = dropout_in(attn(ln_1(x)), dropout, training, sequence_parallel);
   if (!fused_add_norm) {

@@ -49,6 +49,7 @@
 
 #include "dscpp/model_zoo/gpt_config.h"
 #include "dscpp/model_zoo/gpt_moe.h"
+#include "dscpp/nn/fp8_meta.h"
 #include "dscpp/nn/parallel_linear.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/nn/vocab_parallel_embedding.h"
@@ -106,6 +107,7 @@ struct TensorParallelGPTBlockImpl : torch::nn::Module, nn::TensorParallelModule 
   MoELayerStats moe_stats;            // an MoE block's routing since the last take_moe_stats
   int64_t layer = 0;                  // this block's index in the model
   std::optional<nn::Fp8Recipe> fp8;   // GPTConfig::fp8_recipe_of(layer); nullopt: bf16
+  nn::Fp8Meta fp8_meta{nullptr};      // a delayed recipe's state (registered as "fp8_meta")
   double dropout = 0;
   bool sequence_parallel = false;
   bool fused_add_norm = true;  // residual_layernorm_fusion: the first add and ln_2 in one op

@@ -3,6 +3,7 @@
 
 #include "dscpp/nn/fp8_linear.h"
 
+#include "dscpp/nn/fp8_meta.h"
 #include "dscpp/ops/fp8.h"
 #include "dscpp/ops/grad_destination.h"
 
@@ -22,7 +23,7 @@ namespace fp8 = ops::fp8;
 
 namespace {
 
-thread_local std::optional<Fp8Recipe> tl_recipe;
+thread_local Fp8ScopeState tl_scope;
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -31,14 +32,29 @@ fp8::Format grad_format(const Fp8Recipe& r) {
   return r.hybrid ? fp8::Format::E5M2 : fp8::Format::E4M3;
 }
 
+// One scale per operand (tensorwise and delayed), not per row.
 bool tensorwise(const Fp8Recipe& r) {
-  return r.scaling == Fp8Scaling::Tensorwise;
+  return r.scaling != Fp8Scaling::Rowwise;
 }
 
+// A delayed product's state: its module's Fp8Meta tensors and its slot; empty otherwise.
+struct Delayed {
+  at::Tensor history, scale;
+  int64_t slot = -1;
+};
+
 // x quantised, one scale or one per slice along `reduced` (rowwise, scales rounded to powers of
-// two as torchao's rowwise recipe has them), in the layouts asked for.
+// two as torchao's rowwise recipe has them), in the layouts asked for. Delayed: by the factor
+// the slot's operand holds, its amax recorded for the next update.
 fp8::Layouts quantize(const at::Tensor& x, int64_t reduced, fp8::Format f, const Fp8Recipe& r,
-                      bool rows, bool transposed) {
+                      bool rows, bool transposed, const Delayed& d = {},
+                      Fp8Operand operand = Fp8Operand::Input) {
+  if (r.scaling == Fp8Scaling::Delayed) {
+    const int64_t column = 3 * d.slot + static_cast<int64_t>(operand);
+    record_fp8_amax(d.history, d.slot, operand, fp8::amax(x));
+    return fp8::quantize_layouts_by_factor(x, d.scale.narrow(0, column, 1).reshape({}), f, rows,
+                                           transposed);
+  }
   return fp8::quantize_layouts(x, tensorwise(r) ? -1 : reduced, f, r.margin, !tensorwise(r), rows,
                                transposed);
 }
@@ -53,11 +69,12 @@ fp8::Quantized as_right(const fp8::Quantized& b_t) {
 // operand) comes out of the same pass as x's and is what backward keeps instead of x: one byte
 // an element instead of two, and no second cast of x.
 at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, const Fp8Recipe& r) {
+                            const at::Tensor& bias, const Fp8Recipe& r, const Delayed& d) {
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   const bool keep_xt = tensorwise(r) && weight.requires_grad();
-  const fp8::Layouts xq = quantize(x2, 1, fp8::Format::E4M3, r, true, keep_xt);
-  const fp8::Layouts wq = quantize(weight, 1, fp8::Format::E4M3, r, true, false);
+  const fp8::Layouts xq = quantize(x2, 1, fp8::Format::E4M3, r, true, keep_xt, d);
+  const fp8::Layouts wq =
+      quantize(weight, 1, fp8::Format::E4M3, r, true, false, d, Fp8Operand::Weight);
   at::Tensor out = fp8::scaled_mm(xq.rows, as_right(wq.rows), x.scalar_type());
   if (bias.defined()) out.add_(bias);
   if (keep_xt) {
@@ -67,8 +84,13 @@ at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at:
   }
   ctx->saved_data["x_sizes"] = x.sizes().vec();
   ctx->saved_data["hybrid"] = r.hybrid;
-  ctx->saved_data["rowwise"] = r.scaling == Fp8Scaling::Rowwise;
+  ctx->saved_data["scaling"] = static_cast<int64_t>(r.scaling);
   ctx->saved_data["margin"] = static_cast<int64_t>(r.margin);
+  if (d.slot >= 0) {
+    ctx->saved_data["delayed_history"] = d.history;
+    ctx->saved_data["delayed_scale"] = d.scale;
+    ctx->saved_data["delayed_slot"] = d.slot;
+  }
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(0);
   return out.view(sizes);
@@ -79,8 +101,14 @@ variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bo
   const at::Tensor& weight = saved[2];
   Fp8Recipe r;
   r.hybrid = ctx->saved_data["hybrid"].toBool();
-  r.scaling = ctx->saved_data["rowwise"].toBool() ? Fp8Scaling::Rowwise : Fp8Scaling::Tensorwise;
+  r.scaling = static_cast<Fp8Scaling>(ctx->saved_data["scaling"].toInt());
   r.margin = static_cast<int>(ctx->saved_data["margin"].toInt());
+  Delayed d;
+  if (r.scaling == Fp8Scaling::Delayed) {
+    d.history = ctx->saved_data["delayed_history"].toTensor();
+    d.scale = ctx->saved_data["delayed_scale"].toTensor();
+    d.slot = ctx->saved_data["delayed_slot"].toInt();
+  }
   const fp8::Format gf = grad_format(r);
   const bool dx = ctx->needs_input_grad(0), dw = ctx->needs_input_grad(1);
   at::Tensor g = grad.reshape({-1, grad.size(-1)});
@@ -88,11 +116,17 @@ variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bo
   // dx = g · W takes g per row; dW = gᵀ · x takes gᵀ per row, g per column. Tensorwise, one
   // pass writes both layouts of g; rowwise, each its own scales.
   fp8::Layouts gq;
-  if (dx || (dw && tensorwise(r))) gq = quantize(g, 1, gf, r, dx, dw && tensorwise(r));
+  if (dx || (dw && tensorwise(r)))
+    gq = quantize(g, 1, gf, r, dx, dw && tensorwise(r), d, Fp8Operand::OutputGrad);
   if (dw && !tensorwise(r)) gq.transposed = quantize(g, 0, gf, r, false, true).transposed;
   if (dx) {
     // W per column (reduced over out): Wᵀ row-major is the column-major W the product takes.
-    const fp8::Layouts wq = quantize(weight, 0, fp8::Format::E4M3, r, false, true);
+    // (Delayed: by the factor forward cast it with; its amax is forward's.)
+    const fp8::Layouts wq = r.scaling == Fp8Scaling::Delayed
+                                ? fp8::quantize_layouts_by_factor(
+                                      weight, d.scale.narrow(0, 3 * d.slot + 1, 1).reshape({}),
+                                      fp8::Format::E4M3, false, true)
+                                : quantize(weight, 0, fp8::Format::E4M3, r, false, true);
     const auto x_sizes = ctx->saved_data["x_sizes"].toIntVector();
     out[0] = fp8::scaled_mm(gq.rows, as_right(wq.transposed), grad.scalar_type()).view(x_sizes);
   }
@@ -120,36 +154,36 @@ variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bo
 
 struct Fp8LinearWithBias : torch::autograd::Function<Fp8LinearWithBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, const Fp8Recipe& r) {
-    return forward_and_save(ctx, x, weight, bias, r);
+                            const at::Tensor& bias, const Fp8Recipe& r, const Delayed& d) {
+    return forward_and_save(ctx, x, weight, bias, r, d);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list g = backward_products(ctx, grads[0], true);
-    g.emplace_back();  // the recipe
+    g.resize(g.size() + 2);  // the recipe, the delayed state
     return g;
   }
 };
 
 struct Fp8LinearNoBias : torch::autograd::Function<Fp8LinearNoBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const Fp8Recipe& r) {
-    return forward_and_save(ctx, x, weight, at::Tensor(), r);
+                            const Fp8Recipe& r, const Delayed& d) {
+    return forward_and_save(ctx, x, weight, at::Tensor(), r, d);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list g = backward_products(ctx, grads[0], false);
-    g.emplace_back();
+    g.resize(g.size() + 2);
     return g;
   }
 };
 
 }  // namespace
 
-Fp8Autocast::Fp8Autocast(std::optional<Fp8Recipe> recipe) : saved_(tl_recipe) {
-  tl_recipe = recipe;
+Fp8Autocast::Fp8Autocast(std::optional<Fp8Recipe> recipe, Fp8MetaImpl* meta) : saved_(tl_scope) {
+  tl_scope = {recipe, meta, 0};
 }
 
 Fp8Autocast::~Fp8Autocast() {
-  tl_recipe = saved_;
+  tl_scope = saved_;
 }
 
 void check_fp8_usable(const c10::Device& device, bool fp16) {
@@ -171,7 +205,7 @@ void check_fp8_usable(const c10::Device& device, bool fp16) {
 }
 
 const Fp8Recipe* current_fp8_recipe() {
-  return tl_recipe ? &*tl_recipe : nullptr;
+  return tl_scope.recipe ? &*tl_scope.recipe : nullptr;
 }
 
 bool fp8_applies(const at::Tensor& x, const at::Tensor& weight) {
@@ -185,8 +219,24 @@ bool fp8_applies(const at::Tensor& x, const at::Tensor& weight) {
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                       const Fp8Recipe& recipe) {
   RECORD_FUNCTION("dscpp::fp8_linear", std::vector<c10::IValue>({x, weight, bias}));
-  return bias.defined() ? Fp8LinearWithBias::apply(x, weight, bias, recipe)
-                        : Fp8LinearNoBias::apply(x, weight, recipe);
+  Delayed d;
+  if (recipe.scaling == Fp8Scaling::Delayed) {
+    Fp8MetaImpl* meta = tl_scope.meta;
+    if (!meta)
+      throw fp8::Fp8Error(
+          "fp8_recipe \"delayed\": a product made in an Fp8Autocast scope without its module's "
+          "Fp8Meta, where the amax history lives (nn/fp8_meta.h)");
+    d.slot = tl_scope.next_slot++;
+    if (d.slot >= meta->products())
+      throw fp8::Fp8Error(fmt::format(
+          "fp8_recipe \"delayed\": the module's Fp8Meta has room for {} products, and its "
+          "forward made a {}th",
+          meta->products(), d.slot + 1));
+    d.history = meta->amax_history;
+    d.scale = meta->scale;
+  }
+  return bias.defined() ? Fp8LinearWithBias::apply(x, weight, bias, recipe, d)
+                        : Fp8LinearNoBias::apply(x, weight, recipe, d);
 }
 
 }  // namespace dscpp::nn

@@ -7,8 +7,10 @@
 // Formats (Megatron's `fp8`): "e4m3" throughout, or "hybrid": e4m3 for the forward's
 // operands, e5m2 (more range, less precision) for the output gradient in backward.
 // Scaling (`fp8_recipe`): "tensorwise" (one scale per operand, from its current absolute
-// maximum; torchao's default recipe) or "rowwise" (one per row of each operand along the
-// product's reduced dimension, scales rounded to powers of two; torchao's "rowwise").
+// maximum; torchao's default recipe), "rowwise" (one per row of each operand along the
+// product's reduced dimension, scales rounded to powers of two; torchao's "rowwise") or
+// "delayed" (one per operand, from the amax history of earlier steps; Transformer Engine's
+// DelayedScaling, fp8_meta.h).
 // `fp8_margin` scales the range down by 2^margin. ops/fp8.h has the arithmetic.
 //
 // The scope is per thread, and a module applies it in its own forward (the GPT's blocks do,
@@ -27,17 +29,29 @@
 
 namespace dscpp::nn {
 
+class Fp8MetaImpl;
+
+// What an Fp8Autocast scope holds: the recipe, the module's delayed-scaling state and the slot
+// its next product takes.
+struct Fp8ScopeState {
+  std::optional<Fp8Recipe> recipe;
+  Fp8MetaImpl* meta = nullptr;
+  int64_t next_slot = 0;
+};
+
 // FP8 products for nn::linear on this thread while it lives (nullopt: high precision, e.g.
 // the layers a model keeps in bf16 inside an enclosing scope). Scopes nest; the innermost holds.
+// A delayed recipe needs `meta`, the module's state (fp8_meta.h): the products made in the
+// scope take its slots in call order from 0, the same again in a recompute.
 class Fp8Autocast {
  public:
-  explicit Fp8Autocast(std::optional<Fp8Recipe> recipe);
+  explicit Fp8Autocast(std::optional<Fp8Recipe> recipe, Fp8MetaImpl* meta = nullptr);
   ~Fp8Autocast();
   Fp8Autocast(const Fp8Autocast&) = delete;
   Fp8Autocast& operator=(const Fp8Autocast&) = delete;
 
  private:
-  std::optional<Fp8Recipe> saved_;
+  Fp8ScopeState saved_;
 };
 
 // Throws ops::fp8::Fp8Error where fp8 cannot train: with fp16 (FP8 keeps the parameters bf16;

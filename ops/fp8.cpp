@@ -56,6 +56,14 @@ at::Tensor scale_from_amax(const at::Tensor& amax, Format f, int margin, bool po
   return quantising_factor(amax, f, margin, power_of_2).reciprocal();
 }
 
+at::Tensor factor_from_amax(const at::Tensor& amax, Format f, int margin) {
+  return quantising_factor(amax, f, margin, false);
+}
+
+at::Tensor amax(const at::Tensor& x) {
+  return at::linalg_vector_norm(x, INFINITY).to(at::kFloat);
+}
+
 Quantized quantize(const at::Tensor& x, const at::Tensor& scale, Format f) {
   check_2d(x, "the tensor quantised");
   return quantize_by_factor(x, scale.to(at::kFloat).reciprocal(), f);
@@ -128,6 +136,16 @@ Layouts quantize_layouts(const at::Tensor& x, int64_t reduced, Format f, int mar
 #endif
   const at::Tensor amax = reduced < 0 ? x.abs().amax() : x.abs().amax({reduced}, /*keepdim=*/true);
   const Quantized q = quantize_by_factor(x, quantising_factor(amax, f, margin, power_of_2), f);
+  Layouts out;
+  if (want_rows) out.rows = q;
+  if (want_transposed) out.transposed = transposed(q);
+  return out;
+}
+
+Layouts quantize_layouts_by_factor(const at::Tensor& x, const at::Tensor& factor, Format f,
+                                   bool want_rows, bool want_transposed) {
+  check_2d(x, "the tensor quantised");
+  const Quantized q = quantize_by_factor(x, factor.to(at::kFloat), f);
   Layouts out;
   if (want_rows) out.rows = q;
   if (want_transposed) out.transposed = transposed(q);

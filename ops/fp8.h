@@ -42,6 +42,13 @@ struct Quantized {
 at::Tensor scale_from_amax(const at::Tensor& amax, Format f, int margin = 0,
                            bool power_of_2 = false);
 
+// The quantising factor max / (amax · 2^margin), scale_from_amax's reciprocal (fp8 value = x ·
+// factor): what delayed scaling keeps between steps, as Transformer Engine's `scale`.
+at::Tensor factor_from_amax(const at::Tensor& amax, Format f, int margin = 0);
+
+// x's absolute maximum as an fp32 scalar, by one reduction (no |x| written).
+at::Tensor amax(const at::Tensor& x);
+
 // x (2-D) in f with the given scale (scalar, [rows, 1] or [1, cols]), saturated to the range.
 Quantized quantize(const at::Tensor& x, const at::Tensor& scale, Format f);
 
@@ -64,6 +71,11 @@ struct Layouts {
 };
 Layouts quantize_layouts(const at::Tensor& x, int64_t reduced, Format f, int margin,
                          bool power_of_2, bool want_rows, bool want_transposed);
+
+// x (2-D) quantised by a factor already known (a scalar: delayed scaling's), saturated to the
+// range, in the layouts asked for; the scale is the factor's reciprocal.
+Layouts quantize_layouts_by_factor(const at::Tensor& x, const at::Tensor& factor, Format f,
+                                   bool want_rows, bool want_transposed);
 
 // a [m, k] (scale scalar or [m, 1]) times b [k, n] (scale scalar or [1, n]) -> [m, n] of
 // out_dtype, accumulated in fp32. On CUDA b must be column-major (the transpose of a

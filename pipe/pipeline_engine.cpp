@@ -105,6 +105,7 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
                     out.emplace_back(item.key(), item.value());
                   return out;
                 });
+  core_->set_module(stage.get());
   tied_ = std::make_unique<TiedGrads>(module_, core_->zero_optimizer());
   core_->set_checkpoint_layout(checkpoint_layout());
 }

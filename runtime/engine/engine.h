@@ -180,7 +180,7 @@ Engine<ModuleHolder> initialize(ModuleHolder module, const nlohmann::json& confi
                  return out;
                },
                dynamic_cast<nn::Layered*>(impl));
-  core->set_profiled_module(impl);
+  core->set_module(impl);
   return Engine<ModuleHolder>(std::move(module), std::move(core));
 }
 

@@ -13,6 +13,7 @@
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/config/config_error.h"
 #include "dscpp/error.h"
+#include "dscpp/nn/fp8_meta.h"
 #include "dscpp/optim/lr_schedules.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/engine/engine_experts.h"
@@ -103,7 +104,8 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
                                                                     group_->rank(), device_);
 }
 
-void EngineCore::set_profiled_module(const torch::nn::Module* module) {
+void EngineCore::set_module(torch::nn::Module* module) {
+  module_ = module;
   flops_profiler_->set_module(module);
 }
 
@@ -490,6 +492,11 @@ void EngineCore::step() {
   for (auto& p : zero_set_)
     if (p.tp_grads) p.tp_grads->all_reduce_sequence_parallel();  // before the norm reads them
   zero::StepResult r = step_optimizers();
+  // FP8's delayed scales from this step's amaxes, alike on every data rank.
+  if (module_)
+    nn::update_fp8_metas(*module_, [this](at::Tensor& row) {
+      if (group_->size() > 1) group_->all_reduce(row, comm::ReduceOp::kMax).wait();
+    });
   if (config_.wall_clock_breakdown) timers_.step += now_ms() - t0;
   step_applied_ = r.applied;
   if (r.applied) grad_norm_ = r.grad_norm;

@@ -192,9 +192,10 @@ class EngineCore {
   // any other module, gathered as a whole at stage 3.
   void attach(const ModuleCast& cast, std::function<NamedParams()> named_params,
               std::function<NamedParams()> named_buffers, nn::Layered* layered = nullptr);
-  // The module the flops profiler walks (its tree, its parameters' owners); the engine's
-  // module, which outlives this core inside Engine<M>.
-  void set_profiled_module(const torch::nn::Module* module);
+  // The engine's module (or a pipeline stage's), which outlives this core: the flops profiler
+  // walks it (its tree, its parameters' owners), and the FP8 delayed-scaling state in it
+  // (nn/fp8_meta.h) is updated after each optimizer step.
+  void set_module(torch::nn::Module* module);
 
   // DeepSpeed's save_checkpoint / load_checkpoint (runtime/engine/engine_checkpoint.cpp):
   // collective, on every rank. tag "" means "global_step<N>" on save and <dir>/latest on
@@ -407,6 +408,7 @@ class EngineCore {
   InitArgs client_;  // the client optimizer and schedule factories, used by attach()
   std::unique_ptr<monitor::MonitorMaster> monitor_;                // tensorboard / csv_monitor
   std::unique_ptr<profiler::EngineFlopsProfiler> flops_profiler_;  // flops_profiler
+  torch::nn::Module* module_ = nullptr;                            // set_module
   at::Tensor loss_sum_;   // this accumulation's micro-batch losses, while a monitor is on
   double step_loss_ = 0;  // set_step_loss's, while has_step_loss_
   bool has_step_loss_ = false;

@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt_config.h"
@@ -271,13 +274,23 @@ TEST(ModelConfigs, Fp8KeysReadAsMegatronNamesThemAndKeepTheFirstAndLastBlocksInB
   EXPECT_FALSE(all.fp8_recipe_of(3)->hybrid);
   EXPECT_EQ(all.fp8_recipe_of(3)->scaling, dscpp::nn::Fp8Scaling::Rowwise);
   EXPECT_EQ(all.fp8_recipe_of(3)->margin, 2);
-  // Wrong values are named with what is accepted; delayed scaling is refused as such.
-  json bad = base;
-  bad["fp8"] = "e5m2";
-  EXPECT_TRUE(has(error_of([&] { mz::GPTConfig::from_json(bad); }), "fp8"))
-      << error_of([&] { mz::GPTConfig::from_json(bad); });
-  bad = base;
-  bad.update({{"fp8", "hybrid"}, {"fp8_recipe", "delayed"}});
-  const std::string delayed = error_of([&] { mz::GPTConfig::from_json(bad); });
-  EXPECT_TRUE(has(delayed, "fp8_recipe") && has(delayed, "not implemented")) << delayed;
+  // Delayed, with Megatron's defaults (a history of 1, the most recent amax), then others.
+  j.update({{"fp8", "hybrid"}, {"fp8_recipe", "delayed"}});
+  const mz::GPTConfig delayed = mz::GPTConfig::from_json(j);
+  EXPECT_EQ(delayed.fp8_recipe_of(2)->scaling, dscpp::nn::Fp8Scaling::Delayed);
+  EXPECT_EQ(delayed.fp8_recipe_of(2)->amax_history_len, 1);
+  EXPECT_EQ(delayed.fp8_recipe_of(2)->amax_compute_algo, dscpp::nn::Fp8AmaxAlgo::MostRecent);
+  j.update({{"fp8_amax_history_len", 16}, {"fp8_amax_compute_algo", "max"}});
+  const mz::GPTConfig history = mz::GPTConfig::from_json(j);
+  EXPECT_EQ(history.fp8_recipe_of(2)->amax_history_len, 16);
+  EXPECT_EQ(history.fp8_recipe_of(2)->amax_compute_algo, dscpp::nn::Fp8AmaxAlgo::Max);
+  EXPECT_EQ(mz::GPTConfig::from_json(history.to_json()).to_json(), history.to_json());
+  // Wrong values are named with what is accepted.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"fp8", "e5m2"}, {"fp8_amax_history_len", 0}, {"fp8_amax_compute_algo", "mean"}}) {
+    json bad = j;
+    bad[key] = value;
+    const std::string e = error_of([&] { mz::GPTConfig::from_json(bad); });
+    EXPECT_TRUE(has(e, key)) << key << ": " << e;
+  }
 }
