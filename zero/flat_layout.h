@@ -54,6 +54,23 @@ struct FlatLayout {
                           int64_t alignment, const std::vector<int>& group_of = {},
                           const std::vector<int>& unit_of = {},
                           const std::vector<int>& ready_order = {});
+  // The same, but every parameter whole in one rank's chunk ("whole matrices": Muon
+  // orthogonalises each matrix whole, so one rank must hold all of it). Each parameter gets an
+  // owner: by its cost (Newton-Schulz's flops, say), largest first, to the rank with the least
+  // cost so far (the lowest on a tie). A bucket takes, from each rank, that rank's next
+  // parameters in the order above (group, unit, ready order) up to bucket_size / world_size
+  // elements (at least one); its chunk is the largest rank's share rounded up to alignment,
+  // and rank r's parameters lie end to end from the start of chunk r, padding after them. A
+  // rank's partition then holds its parameters whole, and a bucket's reduce-scatter gives
+  // each owner the reduced gradients of its own parameters.
+  static FlatLayout build_whole(const std::vector<int64_t>& numels, int world_size,
+                                int64_t bucket_size, int64_t alignment,
+                                const std::vector<double>& cost,
+                                const std::vector<int>& group_of = {},
+                                const std::vector<int>& unit_of = {},
+                                const std::vector<int>& ready_order = {});
+  // The rank whose chunk holds parameter i (its whole elements, in a build_whole layout).
+  int owner_of(int i) const;
   // Whether two layouts place every parameter and bucket alike.
   bool same_placement(const FlatLayout& other) const;
 };
