@@ -76,6 +76,21 @@ class Optimizer {
     return false;
   }
 
+  // The parameters lying whole in shard i: where each starts in the shard and its shape. An
+  // optimizer that updates a parameter as a whole (Muon orthogonalises each matrix) keeps
+  // them and needs_whole_params(): ZeRO then lays its partitions out so that every parameter
+  // lies whole in one rank's (zero/flat_layout.h, build_whole) and gives each shard its
+  // parameters. An elementwise optimizer ignores them.
+  struct ShardParam {
+    int64_t offset = 0;
+    std::vector<int64_t> shape;
+  };
+  virtual bool needs_whole_params() const { return false; }
+  virtual void set_shard_params(int shard, std::vector<ShardParam> params) {
+    (void)shard;
+    (void)params;
+  }
+
   // ZeRO-Offload's CPU optimizers (ops/cpu_adam.h, DeepSpeed's DeepSpeedCPUAdam / CPUAdagrad /
   // CPULion): Adam, AdamW, Adagrad and Lion update shards on the CPU with the vectorised,
   // threaded kernels, which also read 16-bit gradients, fuse grad_scale and write a

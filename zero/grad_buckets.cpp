@@ -214,14 +214,17 @@ at::Tensor GradBuckets::bucket_data(int b) {
   if (!store.defined()) {  // no gradient reached this bucket (unused parameters)
     storage(b).zero_();
   } else {
+    // Padding (between parameters in a whole-parameter layout, after the last in every
+    // layout) and parameters without a gradient are zeros; bucket.params go by offset.
     int64_t end = bucket.begin;
     for (int i : bucket.params) {
       const auto& lp = layout_.params[i];
+      if (lp.offset > end) store.slice(0, end - bucket.begin, lp.offset - bucket.begin).zero_();
       if (!written_[i])
         store.slice(0, lp.offset - bucket.begin, lp.offset - bucket.begin + lp.numel).zero_();
       end = std::max(end, lp.offset + lp.numel);
     }
-    if (end < bucket.end) store.slice(0, end - bucket.begin).zero_();  // alignment padding
+    if (end < bucket.end) store.slice(0, end - bucket.begin).zero_();
   }
   for (int i : bucket.params) written_[i] = 0;
   return std::exchange(store, at::Tensor());

@@ -20,13 +20,13 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
                              std::unique_ptr<optim::Optimizer> optimizer,
                              std::shared_ptr<comm::ProcessGroup> group, ZeroOptions options)
     : options_(options), group_(std::move(group)) {
-  std::vector<int64_t> numels;
-  for (const auto& p : params) numels.push_back(p.numel());
-  // Stages 1-3 partition every bucket over the ranks; stage 0's one partition
-  // is the buffer.
-  const int parts = options_.stage >= 1 ? group_->size() : 1;
-  layout_ = FlatLayout::build(numels, parts, options_.reduce_bucket_size, options_.alignment,
-                              options_.group_of, options_.unit_of);
+  for (const auto& p : params) shapes_.push_back(p.sizes().vec());
+  whole_params_ = optimizer && optimizer->needs_whole_params();
+  if (whole_params_ && options_.offload.enabled)
+    throw Error("ZeroOptimizer: optimizer '" + optimizer->name() +
+                "' updates each parameter whole, which ZeRO-Offload's host steps do not do: "
+                "turn offload_optimizer off for it");
+  layout_ = lay_out({});
   const auto opts = params.empty() ? at::TensorOptions().dtype(at::kFloat) : params[0].options();
   if (options_.grad_dtype != at::kFloat && options_.grad_dtype != opts.dtype().toScalarType())
     throw Error(
@@ -101,6 +101,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   if (options_.stage >= 3) store_->keep_only_partition(master_->whole());
   buckets_->set_partition(master_->grads(), true, master_->grads_on_host());
   master_->add_shards(options_.group_options);
+  describe_shards();
   // The update overlaps backward only where its scale is known before backward (no clipping,
   // no overflow check: neither waits for the global norm), at stages 1-2, with overlap_comm
   // (DeepSpeed's switch for overlapping offload's copies with backward). After the shards exist:
@@ -192,11 +193,7 @@ void ZeroOptimizer::relay_from_first_backward() {
     t = t.cpu();
     for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(t[k].item<int64_t>());
   }
-  std::vector<int64_t> numels;
-  for (const auto& p : layout_.params) numels.push_back(p.numel);
-  FlatLayout fresh =
-      FlatLayout::build(numels, layout_.world_size, options_.reduce_bucket_size, options_.alignment,
-                        options_.group_of, options_.unit_of, order);
+  FlatLayout fresh = lay_out(order);
   if (fresh.same_placement(layout_)) return;
   store_->release();  // stage 3: every bucket at rest under the old layout first
   const FlatLayout old = layout_;
@@ -238,6 +235,48 @@ void ZeroOptimizer::relay_from_first_backward() {
                                            group_, reduce_options_, flat_zero);
   buckets_->count_copies(copies);
   buckets_->set_partition(master_->grads(), fresh_partition, master_->grads_on_host());
+  describe_shards();
+}
+
+FlatLayout ZeroOptimizer::lay_out(const std::vector<int>& ready_order) const {
+  std::vector<int64_t> numels;
+  for (const auto& s : shapes_) numels.push_back(c10::multiply_integers(s));
+  // Stages 1-3 partition every bucket over the ranks; stage 0's one partition is the buffer.
+  const int parts = options_.stage >= 1 ? group_->size() : 1;
+  if (!whole_params_)
+    return FlatLayout::build(numels, parts, options_.reduce_bucket_size, options_.alignment,
+                             options_.group_of, options_.unit_of, ready_order);
+  // Each parameter whole on one rank, the ranks balanced by Newton-Schulz's work: a
+  // [.., rows, cols] matrix's iteration costs about rows · cols · min(rows, cols) per matrix.
+  std::vector<double> cost;
+  for (const auto& s : shapes_) {
+    if (s.size() < 2) {
+      cost.push_back(static_cast<double>(c10::multiply_integers(s)));
+      continue;
+    }
+    const double rows = static_cast<double>(s[s.size() - 2]), cols = static_cast<double>(s.back());
+    const double batch = static_cast<double>(c10::multiply_integers(s.begin(), s.end() - 2));
+    cost.push_back(batch * rows * cols * std::min(rows, cols));
+  }
+  return FlatLayout::build_whole(numels, parts, options_.reduce_bucket_size, options_.alignment,
+                                 cost, options_.group_of, options_.unit_of, ready_order);
+}
+
+void ZeroOptimizer::describe_shards() {
+  if (!whole_params_) return;
+  const int rank = store_->chunk_rank();
+  optim::Optimizer& opt = master_->optimizer();
+  std::vector<std::vector<optim::Optimizer::ShardParam>> of_group(layout_.groups.size());
+  for (int i = 0; i < static_cast<int>(layout_.params.size()); ++i) {
+    if (layout_.owner_of(i) != rank) continue;
+    const FlatLayout::Param& p = layout_.params[i];
+    const FlatLayout::Bucket& b = layout_.buckets[p.bucket];
+    const int64_t in_partition = b.part_offset + p.offset - (b.begin + rank * b.chunk);
+    of_group[b.group].push_back({in_partition - layout_.groups[b.group].part_begin, shapes_[i]});
+  }
+  // One shard per group (MasterPartition::add_shards without offload).
+  for (size_t g = 0; g < of_group.size(); ++g)
+    opt.set_shard_params(static_cast<int>(g), std::move(of_group[g]));
 }
 
 at::Tensor ZeroOptimizer::global_sumsq() {

@@ -279,10 +279,17 @@ class ZeroOptimizer {
   void clear_gradients();
   // Once, at the end of the first backward: the layout from the order gradients became ready.
   void relay_from_first_backward();
+  // The layout for this optimizer (flat ranges, or every parameter whole in one rank's
+  // partition where the optimizer needs_whole_params), in `ready_order` (empty: the guess).
+  FlatLayout lay_out(const std::vector<int>& ready_order) const;
+  // For an optimizer that needs_whole_params: each shard's parameters (this rank's own).
+  void describe_shards();
 
   ZeroOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;
   FlatLayout layout_;
+  std::vector<std::vector<int64_t>> shapes_;  // the parameters' shapes, in registration order
+  bool whole_params_ = false;                 // the optimizer needs_whole_params
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<MasterPartition> master_;
   std::unique_ptr<GradBuckets> buckets_;

@@ -1,0 +1,48 @@
+// Muon on ZeRO's shards: each matrix of a shard updated whole, as DeepSpeed 0.19.8's
+// MuonWithAuxAdam updates its Muon parameter groups (runtime/zero/muon/muon_optimizer.py):
+//   update = muon_update(grad, momentum_buffer)   (optim/muon_update.h: Nesterov momentum,
+//                                                  Newton-Schulz, the sqrt(rows / cols) scale)
+//   p <- p · (1 - lr · weight_decay) - lr · update
+// Hyper-parameters (DeepSpeed's Muon half of a param group): lr (0.02), momentum (0.95),
+// weight_decay (0), ns_method ("gram" | "standard"). State: momentum_buffer, the shard's size.
+// The auxiliary Adam half (embeddings, norms, biases, the output head) is an Adam optimizer
+// of its own, stepping the other parameters.
+//
+// needs_whole_params(): the shards it is given hold their matrices whole (ZeRO's whole
+// layout), each described by set_shard_params (a rank may own none of a group's: its shard is
+// padding); elements outside them stay as they are. A shard never described is refused at its
+// first step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "dscpp/optim/optimizer.h"
+
+namespace dscpp::optim {
+
+class Muon : public Optimizer {
+ public:
+  // params: the Muon half's settings, read as "optimizer.params" (unknown keys are errors).
+  explicit Muon(const Hyper& params);
+  std::string name() const override { return "muon"; }
+  std::unique_ptr<Optimizer> make_like() const override { return fresh_copy(*this); }
+  bool needs_whole_params() const override { return true; }
+  void set_shard_params(int shard, std::vector<ShardParam> params) override;
+
+  // The matrices (or stacked expert groups) this optimizer has orthogonalised so far: the
+  // Newton-Schulz work this rank did.
+  int64_t orthogonalised() const { return orthogonalised_; }
+
+ protected:
+  Hyper resolve(const Hyper& given, const std::string& path, bool strict) const override;
+  void init_state(Shard& s) override;
+  void update(Shard& s, const at::Tensor& grad) override;
+
+ private:
+  std::vector<std::vector<ShardParam>> params_;  // per shard (none: padding only)
+  std::vector<char> described_;                  // per shard: set_shard_params called
+  int64_t orthogonalised_ = 0;
+};
+
+}  // namespace dscpp::optim
