@@ -1,6 +1,8 @@
 // Muon's per-matrix update (muon_update.h).
 #include "dscpp/optim/muon_update.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -87,8 +89,29 @@ NsMethod ns_method_from(const std::string& name) {
   throw MuonError("ns_method: expected \"gram\" or \"standard\", found \"" + name + "\"");
 }
 
+namespace {
+
+// DeepSpeed's CPU accelerator's is_fp16_supported: oneDNN's fp16 on this CPU (AVX512-FP16 or
+// AMX-FP16), through the same registered op torch.ops.mkldnn._is_mkldnn_fp16_supported calls.
+bool cpu_fp16_supported() {
+  static const bool supported = [] {
+    try {
+      return c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_is_mkldnn_fp16_supported", "")
+          .typed<bool()>()
+          .call();
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return supported;
+}
+
+}  // namespace
+
 at::ScalarType ns_compute_dtype(NsMethod method, const c10::Device& device) {
-  if (method == NsMethod::Gram) return device.is_cuda() ? at::kHalf : at::kFloat;
+  if (method == NsMethod::Gram)
+    return device.is_cuda() || cpu_fp16_supported() ? at::kHalf : at::kFloat;
   return at::kBFloat16;
 }
 

@@ -10,7 +10,8 @@
 //   "gram": the same map iterated on the small Gram matrix R = XXᵀ (a restart at step 2 keeps
 //           it stable in half precision); the standard iteration for square or tall inputs.
 // Each runs in DeepSpeed's precision for the device: on a GPU, gram in fp16 and standard in
-// bf16; on the CPU, gram in fp32 (DeepSpeed's CPU accelerator has no fp16) and standard in bf16.
+// bf16; on the CPU, standard in bf16 and gram in fp16 where DeepSpeed's CPU accelerator says
+// fp16 is supported (oneDNN's fp16 on the CPU: AVX512-FP16 or AMX-FP16), else in fp32.
 // A non-finite gradient leaves the momentum as it was and comes back as the update, so that the
 // loss scaler still sees the overflow and skips the step.
 #pragma once
