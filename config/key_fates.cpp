@@ -162,7 +162,8 @@ const std::vector<KeyFate> kTable = {
     N("zero_optimization.override_module_apply", kTuning, "false"),
     N("zero_optimization.log_trace_cache_warnings", kTuning, "true"),
     N("zero_optimization.enable_sanity_checks", kTuning, "true"),
-    N("zero_optimization.save_muon_momentum_buffer_in_memory", "dscpp has no Muon", "true"),
+    N("zero_optimization.save_muon_momentum_buffer_in_memory",
+      "Muon's momentum stays in its ZeRO partition", "true"),
     N("zero_optimization.leaf_module", kTuning, R"({"classes": []})"),
     N("zero_optimization.compute_grad_norm", kTuning, "false"),
     // Optimizer and schedule (their params are typed and checked by optim/).

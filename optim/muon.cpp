@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dscpp/config/section.h"
 #include "dscpp/optim/muon_update.h"
 #include "dscpp/optim/param_reader.h"
 
@@ -84,6 +85,36 @@ void Muon::update(Shard& s, const at::Tensor& grad) {
     if (wd != 0) w.mul_(1 - lr * wd);
     w.add_(u.reshape({numel}).to(w.scalar_type()), -lr);
   }
+}
+
+bool is_muon(const OptimizerConfig& config) {
+  return config::lower(config.type) == "muon";
+}
+
+MuonHalves make_muon_halves(const OptimizerConfig& config) {
+  const Hyper params = config.params.is_null() ? Hyper::object() : config.params;
+  ParamReader r(params, "optimizer.params");
+  r.must_be_false("per_head_muon", "per-head Newton-Schulz for attention is not implemented");
+  Hyper muon = Hyper::object(), adam = Hyper::object();
+  for (const char* key : {"momentum", "ns_method"})
+    if (r.has(key)) muon[key] = params.at(key);
+  for (const char* key : {"betas", "eps"})
+    if (r.has(key)) adam[key] = params.at(key);
+  adam["betas"] = r.betas("betas", {0.9, 0.95});
+  adam["eps"] = r.number("eps", 1e-10, 0);
+  const double wd = r.number("weight_decay", 0, 0);
+  muon["weight_decay"] = adam["weight_decay"] = wd;
+  const std::optional<double> lr = r.optional_number("lr", 0);
+  muon["lr"] = r.number("muon_lr", lr.value_or(0.02), 0);
+  adam["lr"] = r.number("adam_lr", lr.value_or(3e-4), 0);
+  adam["adam_w_mode"] = r.flag("adam_w_mode", true);
+  if (r.has("momentum")) r.number("momentum", 0.95, 0, 1);
+  if (r.has("ns_method")) r.text("ns_method", "gram");
+  r.finish();
+  MuonHalves h;
+  h.muon = std::make_unique<Muon>(muon);
+  h.adam = make_optimizer(OptimizerConfig{"adam", adam});
+  return h;
 }
 
 }  // namespace dscpp::optim

@@ -45,4 +45,16 @@ class Muon : public Optimizer {
   int64_t orthogonalised_ = 0;
 };
 
+// DeepSpeed's "type": "Muon": the optimizers of its two halves, as
+// DeepSpeedEngine._muon_param_groups and MuonWithAuxAdam set them up. params: lr (both halves),
+// muon_lr and adam_lr (each half's, over lr), momentum, ns_method (Muon's), betas, eps (Adam's),
+// weight_decay (both), adam_w_mode (true: AdamW's decay). The Adam half's defaults are
+// MuonWithAuxAdam's (lr 3e-4, betas 0.9 / 0.95, eps 1e-10, no decay). Unknown keys are errors
+// naming optimizer.params.KEY; per_head_muon is refused (not implemented).
+struct MuonHalves {
+  std::unique_ptr<Optimizer> muon, adam;
+};
+bool is_muon(const OptimizerConfig& config);
+MuonHalves make_muon_halves(const OptimizerConfig& config);
+
 }  // namespace dscpp::optim

@@ -348,6 +348,7 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
                                  const PyValue& client_state) {
   const std::string tag = tag_in.empty() ? "global_step" + std::to_string(global_steps_) : tag_in;
   checkpoint::check_tag(tag);
+  check_checkpointed("save_checkpoint");
   zero_->wait_all_published();  // the module's parameters are saved as they are
   if (!client_state.is_dict()) throw dscpp::Error("save_checkpoint: client_state must be a dict");
   for (const auto& k : client_state.keys()) {

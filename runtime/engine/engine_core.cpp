@@ -15,6 +15,7 @@
 #include "dscpp/error.h"
 #include "dscpp/nn/fp8_meta.h"
 #include "dscpp/optim/lr_schedules.h"
+#include "dscpp/optim/muon.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/engine/engine_experts.h"
 #include "dscpp/runtime/engine/tensor_parallel_grads.h"
@@ -91,6 +92,7 @@ EngineCore::EngineCore(const nlohmann::json& config, InitArgs args) {
   client_.lr_scheduler = std::move(args.lr_scheduler);
   client_.expert_params = std::move(args.expert_params);
   client_.expert_data_group = std::move(args.expert_data_group);
+  client_.use_muon = std::move(args.use_muon);
   dtype_ = config_.fp16.enabled ? at::kHalf : config_.bf16.enabled ? at::kBFloat16 : at::kFloat;
   if (group_->backend_name() == "nccl") device_ = at::Device(at::kCUDA, local_rank_);
   scaler_ = std::make_unique<LossScaler>(config_.fp16);
@@ -252,8 +254,18 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
                          "', which is not a trainable parameter of the module");
     if (unlisted) zo.group_options.push_back(nlohmann::json::object());
   }
-  auto optimizer =
-      config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
+  std::unique_ptr<optim::Optimizer> optimizer, muon;
+  if (config_.optimizer && optim::is_muon(*config_.optimizer)) {
+    // DeepSpeed's Muon: the auxiliary Adam steps the dense partition, Muon its own.
+    optim::MuonHalves halves = optim::make_muon_halves(*config_.optimizer);
+    optimizer = std::move(halves.adam);
+    muon = std::move(halves.muon);
+    // DeepSpeed's auxiliary Adam is its FusedAdam, which on the CPU accelerator is the CPU
+    // Adam kernel: ours (ops/cpu_adam.h) where the shards are on the CPU.
+    optimizer->set_cpu_kernels(true);
+  } else {
+    optimizer = config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
+  }
   if (!optimizer) throw dscpp::Error("initialize: the client optimizer factory gave null");
   if (zo.offload.enabled) {
     // ZeRO-Offload: the master and the optimizer state on the host, the CPU optimizer steps
@@ -276,6 +288,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
                             "tensor operations on the CPU");
   }
   take_experts(params, zo);  // (a no-op without expert parameters of ep_size > 1)
+  if (muon) take_muon(params, zo, std::move(muon));
   auto* opt = optimizer.get();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params, std::move(optimizer), group_, zo);
   ZeroPartition dense;
@@ -293,6 +306,7 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
   };
   zero_set_.push_back(std::move(dense));
   add_expert_partition(zo, *opt);
+  add_muon_partition();
   if (tensor_parallel_size() > 1) {
     std::vector<nn::TensorParallelAttr> attrs;
     for (const auto& name : param_names_) {
@@ -465,10 +479,9 @@ zero::StepResult EngineCore::step_optimizers() {
     if (z.deferred_scale() != first.deferred_scale())
       throw Error(std::string("engine: the ") + zero_set_[i].name + " and " +
                   zero_set_.front().name + " gradient partitions are averaged differently");
-    // The LR schedule drives the first partition's optimizer; the others take its groups'
-    // settings (add_expert_partition checked that they have no group of their own).
-    optim::Optimizer& mine = z.optimizer();
-    for (int g = 0; g < mine.num_shards(); ++g) mine.copy_hyper(g, first.optimizer(), g);
+    // The LR schedule drives the first partition's optimizer; each other takes what it
+    // follows of it.
+    if (zero_set_[i].follow_schedule) zero_set_[i].follow_schedule(first.optimizer());
     z.step(scale, r.global_sumsq);
   }
   return r;

@@ -84,6 +84,11 @@ struct ZeroPartition {
   // Its parameters from the checkpoint's normal form (universal_load.h), cut as it holds them
   // (its tensor shards, its experts), with the optimizer states when `states`.
   std::function<void(const engine_checkpoint::WholeParams&, bool states)> load_by_name;
+  // After the first partition's step, before its own: what it takes of the LR schedule's
+  // settings (written into the first partition's optimizer); null: nothing.
+  std::function<void(const optim::Optimizer& first)> follow_schedule;
+  // Why its state is not checkpointed yet (save and load refuse, naming it); null: it is.
+  const char* not_checkpointed = nullptr;
 };
 
 // load_checkpoint's switches, DeepSpeed's names, order and defaults.
@@ -136,6 +141,10 @@ struct InitArgs {
   // ranks); null: made from the MoE layers' expert-parallel groups inside `group`.
   std::shared_ptr<comm::ProcessGroup> expert_data_group;
   bool strict_config = false;
+  // With "type": "Muon": which parameters Muon steps, by state_dict name, over DeepSpeed's rule
+  // (set_optimizer_flags: a matrix whose name holds neither "embed" nor "lm_head"), as
+  // DeepSpeed's `param.use_muon`; the others take the auxiliary Adam.
+  std::map<std::string, bool> use_muon;
   // Parameter groups; trainable parameters in none of them form one more group with the
   // config's settings. Empty: one group of every trainable parameter.
   std::vector<ParamGroup> param_groups;
@@ -310,6 +319,13 @@ class EngineCore {
   // then, once the dense optimizer exists, adds theirs to the set (neither does anything
   // without expert parameters of ep_size > 1).
   void take_experts(std::vector<at::Tensor>& params, zero::ZeroOptions& zo);
+  // "type": "Muon" (runtime/engine/engine_muon.cpp): the parameters Muon steps, taken out of
+  // params / param_names_ into their own partition of the set, added after the dense one.
+  void take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& zo,
+                 std::unique_ptr<optim::Optimizer> muon);
+  void add_muon_partition();
+  // Refuses a save or load while a partition of the set is not checkpointed.
+  void check_checkpointed(const char* what) const;
   void add_expert_partition(const zero::ZeroOptions& zo, const optim::Optimizer& dense);
   // The set's step: the first partition's, then the others' with its sum of squares.
   zero::StepResult step_optimizers();
@@ -408,7 +424,9 @@ class EngineCore {
   InitArgs client_;  // the client optimizer and schedule factories, used by attach()
   std::unique_ptr<monitor::MonitorMaster> monitor_;                // tensorboard / csv_monitor
   std::unique_ptr<profiler::EngineFlopsProfiler> flops_profiler_;  // flops_profiler
-  torch::nn::Module* module_ = nullptr;                            // set_module
+  std::unique_ptr<zero::ZeroOptimizer> muon_zero_;  // "type": "Muon": the Muon half's partition
+  std::vector<std::string> muon_names_;             // its parameters' names
+  torch::nn::Module* module_ = nullptr;             // set_module
   at::Tensor loss_sum_;   // this accumulation's micro-batch losses, while a monitor is on
   double step_loss_ = 0;  // set_step_loss's, while has_step_loss_
   bool has_step_loss_ = false;

@@ -201,6 +201,12 @@ void EngineCore::add_expert_partition(const zero::ZeroOptions& zo, const optim::
   // pipeline's other stages, whose experts are counted by the same sums).
   p.add_sumsq = [ex](at::Tensor& sumsq) { ex->add_sumsq(sumsq); };
   p.tp_grads = ex->tp_grads();
+  // The LR schedule's settings, group by group (build checked that the experts have no group
+  // of their own): the same optimizer kind as the dense one.
+  p.follow_schedule = [ex](const optim::Optimizer& first) {
+    optim::Optimizer& mine = ex->zero().optimizer();
+    for (int g = 0; g < mine.num_shards(); ++g) mine.copy_hyper(g, first, g);
+  };
   // The normal form holds the one-rank model's experts (every global expert; replicated over
   // tensor ranks): this expert-parallel rank's are cut from them per global expert.
   p.load_by_name = [this, ex](const engine_checkpoint::WholeParams& whole, bool states) {

@@ -2,6 +2,7 @@
 """DeepSpeed itself as the oracle for dscpp's engine, ZeRO stages 0-2.
 
     deepspeed_oracle.py --launcher build/launcher/dscpp --train build/tests/runtime/engine/engine_train
+        [--muon gram|standard] [--ranks N]
 
 Writes engine_train's initial weights (--mode init), then for every stage in 0, 1, 2 and
 gradient accumulation 1 and 4 trains the same model on the same data for 20 steps on 2 ranks
@@ -9,7 +10,20 @@ twice: with DeepSpeed (ds_train.py, CPU accelerator, Gloo, torch's AdamW; every 
 launch, --cases, so that torch and DeepSpeed are imported once) and with dscpp (engine_train
 --mode dscpp, a launch per case), both under the dscpp launcher and with the same ds_config. The
 losses and final weights must agree within 1e-5 relative (fp32 on CPU). Prints one line per
-case and `N passed, M failed` last; exits 1 on any failure."""
+case and `N passed, M failed` last; exits 1 on any failure.
+
+With --muon, both train with DeepSpeed's Muon (ds_train.config), that Newton-Schulz method,
+accumulation 1 and 2, on --ranks ranks: l2 and l3's weights by Muon (each orthogonalised once,
+by its owner rank, here), the biases and l1's weight by the auxiliary Adam: the user's
+override of the default tags on both sides (DeepSpeed's param.use_muon, InitArgs::use_muon).
+l1's weight is the model's one tall matrix, whose Newton-Schulz result differs from
+DeepSpeed's by one unit in the last place of the half-precision iteration
+(tests/optim/muon_update_oracle.py). Two steps, not 20 (the second takes the first's momentum):
+the iteration runs in fp16 (gram, on a CPU with fp16: DeepSpeed's choice) or bf16 (standard),
+where a difference in the last bit of a gradient (fp32 sums in another order) now and then
+rounds an element of the update to the neighbouring half-precision value, and the iteration
+and the steps after it spread that (DeepSpeed against itself, stage 0 against stage 1, drifts
+1e-3 apart in 20 steps; here a third step already differed by 8e-4 at stages 1 and 2)."""
 import argparse
 import itertools
 import json
@@ -24,6 +38,7 @@ import time
 GLOBAL_BATCH = 16
 RANKS = 2
 TOLERANCE = 1e-5
+MUON_STEPS = 2
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # tests/
@@ -50,30 +65,36 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, help="20; 2 with --muon")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
     ap.add_argument("--python", default=sys.executable, help="Python with torch and deepspeed")
+    ap.add_argument("--muon", choices=["gram", "standard"], help="DeepSpeed's Muon with this ns_method")
+    ap.add_argument("--ranks", type=int, default=RANKS)
     args = ap.parse_args()
+    if args.steps is None:
+        args.steps = MUON_STEPS if args.muon else 20
     tmp = tempfile.mkdtemp(prefix="deepspeed_oracle_")
     init = os.path.join(tmp, "init.json")
     run([args.train, "--mode", "init", "--out", init], init, args.timeout)
     passed = failed = 0
     start = time.monotonic()
-    cases = list(itertools.product([0, 1, 2], [1, 4]))
+    cases = list(itertools.product([0, 1, 2], [1, 2] if args.muon else [1, 4]))
     ds_pattern = os.path.join(tmp, "ds_s{stage}_ga{ga}.json")
     # The launcher puts --local_rank=K right after the program, which is the Python
     # interpreter here and would reject it; ds_train.py reads LOCAL_RANK instead.
-    ds_cmd = [args.launcher, "--num_gpus", str(RANKS), "--master_port", str(free_port()), "--no_local_rank",
+    ds_cmd = [args.launcher, "--num_gpus", str(args.ranks), "--master_port", str(free_port()), "--no_local_rank",
               args.python, os.path.join(HERE, "ds_train.py"), "--init", init,
               "--cases", ",".join(f"{s}:{g}" for s, g in cases), "--steps", str(args.steps), "--out", ds_pattern]
+    if args.muon:
+        ds_cmd += ["--muon", args.muon]
     try:
         run(ds_cmd, ds_pattern.format(stage=cases[-1][0], ga=cases[-1][1]), args.timeout * len(cases))
         ds_error = None
     except Exception as e:  # noqa: BLE001 - DeepSpeed's failure fails every case
         ds_error = e
     for stage, ga in cases:
-        name = f"stage={stage} accumulation={ga} ranks={RANKS}"
-        cfg = config(stage, ga)
+        name = f"stage={stage} accumulation={ga} ranks={args.ranks}" + (f" muon {args.muon}" if args.muon else "")
+        cfg = config(stage, ga, args.muon)
         ds_out = ds_pattern.format(stage=stage, ga=ga)
         cpp_out = os.path.join(tmp, f"dscpp_s{stage}_ga{ga}.json")
         try:
@@ -81,9 +102,10 @@ def main():
                 raise RuntimeError(f"DeepSpeed's run failed: {ds_error}")
             with open(ds_out) as f:
                 ref = json.load(f)
-            got = run([args.launcher, "--num_gpus", str(RANKS), "--master_port", str(free_port()), args.train,
+            got = run([args.launcher, "--num_gpus", str(args.ranks), "--master_port", str(free_port()), args.train,
                        "--mode", "dscpp", "--config", json.dumps(cfg), "--steps", str(args.steps),
-                       "--out", cpp_out], cpp_out, args.timeout)
+                       "--out", cpp_out] + (["--adam-param", "l1.weight"] if args.muon else []),
+                      cpp_out, args.timeout)
             problems = []
             loss_err = param_err = float("nan")
             if len(got["losses"]) != len(ref["losses"]) or len(ref["losses"]) != args.steps:

@@ -54,14 +54,22 @@ def samples(first, count):
     return x, y
 
 
-def config(stage, ga):
+def config(stage, ga, muon=None):
+    """muon: a Newton-Schulz method ("gram" or "standard"): DeepSpeed's Muon (the weights by
+    Muon, the biases by its auxiliary Adam), without clipping (DeepSpeed's ZeRO 1-2 would clip
+    the orthogonalised update, its stage 0 the gradient)."""
+    optimizer = {"type": "AdamW",
+                 "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01,
+                            "torch_adam": True}}
+    if muon:
+        optimizer = {"type": "Muon",
+                     "params": {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1, "ns_method": muon,
+                                "betas": [0.9, 0.999], "eps": 1e-8}}
     return {
         "train_batch_size": GLOBAL_BATCH,
         "gradient_accumulation_steps": ga,
-        "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW",
-                      "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01,
-                                 "torch_adam": True}},
+        "gradient_clipping": 0.0 if muon else 1.0,
+        "optimizer": optimizer,
         "zero_optimization": {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
                               "reduce_bucket_size": 300},
         "steps_per_print": 1 << 30,
@@ -83,14 +91,15 @@ def train(args, stage, ga_asked, out, save, load):
             w = init[name]
             p.copy_(torch.tensor(w["values"], dtype=torch.float64).reshape(w["shape"]).to(p.dtype))
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=config(stage, ga_asked))
+                                           config=config(stage, ga_asked, args.muon))
     n, r = engine.world_size, engine.global_rank
     # Make sure DeepSpeed really runs the stage asked for: ZeRO 1 and 2 wrap the AdamW in its
     # DeepSpeedZeroOptimizer (partitioned fp32 state, reduce-scattered gradients).
     assert engine.zero_optimization_stage() == stage, engine.zero_optimization_stage()
-    want = "DeepSpeedZeroOptimizer" if stage in (1, 2) else "AdamW"
+    basic = "MuonWithAuxAdam" if args.muon else "AdamW"
+    want = "DeepSpeedZeroOptimizer" if stage in (1, 2) else basic
     assert type(engine.optimizer).__name__ == want, type(engine.optimizer).__name__
-    assert type(engine.basic_optimizer) is torch.optim.AdamW, type(engine.basic_optimizer)
+    assert type(engine.basic_optimizer).__name__ == basic, type(engine.basic_optimizer)
     mb, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     assert mb * ga * n == GLOBAL_BATCH, (mb, ga, n)
 
@@ -143,6 +152,7 @@ def main():
     ap.add_argument("--save", help="checkpoint folder to save to after step --save-at (as --out)")
     ap.add_argument("--save-at", type=int, default=-1)
     ap.add_argument("--load", help="checkpoint folder to resume from, its latest tag (as --out)")
+    ap.add_argument("--muon", help="train with DeepSpeed's Muon and this ns_method (config's muon)")
     args = ap.parse_args()
     if args.cases:
         cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",")]
@@ -153,6 +163,11 @@ def main():
     else:
         cases = [(args.stage, args.ga)]
 
+    if args.muon:
+        # DeepSpeed compiles Muon's Newton-Schulz with torch.compile, whose fused kernels round
+        # differently from its eager code, which is the definition dscpp follows: eager here.
+        import torch._dynamo
+        torch._dynamo.config.disable = True
     import deepspeed  # slow; after argument errors
 
     # On the CPU accelerator DeepSpeed's TorchBackend JIT-compiles its shared-memory
@@ -161,6 +176,16 @@ def main():
     # inference_all_reduce, never training, so declare no op compatible: build_shm_op() then
     # returns None, nothing is probed or compiled, and collectives go through Gloo.
     deepspeed.ops.__compatible_ops__ = {}
+    if args.muon:
+        # The user's override of DeepSpeed's tags (param.use_muon, set in initialize): l1.weight,
+        # the model's one tall matrix, goes to the auxiliary Adam (deepspeed_oracle.py says why).
+        tag = deepspeed.set_optimizer_flags
+
+        def set_optimizer_flags(config_class, model):
+            tag(config_class, model)
+            model.l1.weight.use_muon = False
+
+        deepspeed.set_optimizer_flags = set_optimizer_flags
     deepspeed.init_distributed(dist_backend="gloo")
     def fill(pattern, stage, ga):
         return pattern.format(stage=stage, ga=ga) if args.cases and pattern else pattern

@@ -107,6 +107,8 @@ struct CheckpointArgs {
   std::string save, load;
   int save_at = -1;
   int save_interval = 0;  // also save after every this many steps (0: never)
+  // With "type": "Muon": parameters given to the auxiliary Adam (InitArgs::use_muon false).
+  std::vector<std::string> adam_params;
 };
 
 // Trains with dscpp; returns rank 0's result, null on other ranks.
@@ -115,7 +117,9 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
                  const CheckpointArgs& ckpt) {
   json result;
   const int64_t global_batch = cfg["train_batch_size"].get<int64_t>();
-  auto engine = dscpp::initialize(model, cfg);
+  dscpp::InitArgs init;
+  for (const auto& name : ckpt.adam_params) init.use_muon[name] = false;
+  auto engine = dscpp::initialize(model, cfg, init);
   const int n = engine.world_size(), r = engine.global_rank();
   const int64_t mb = engine.train_micro_batch_size_per_gpu();
   const int64_t ga = engine.gradient_accumulation_steps();
@@ -225,7 +229,9 @@ int train_main(int argc, char** argv) {
       "save", po::value(&ckpt.save), "dscpp mode: checkpoint folder to save to")(
       "save-at", po::value(&ckpt.save_at), "dscpp mode: save after this optimizer step")(
       "save-interval", po::value(&ckpt.save_interval), "dscpp mode: save every K steps")(
-      "load", po::value(&ckpt.load), "dscpp mode: checkpoint folder to resume from");
+      "load", po::value(&ckpt.load), "dscpp mode: checkpoint folder to resume from")(
+      "adam-param", po::value(&ckpt.adam_params)->composing(),
+      "dscpp mode, Muon: a parameter the auxiliary Adam steps (repeatable)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);

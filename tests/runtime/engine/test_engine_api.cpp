@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <type_traits>
@@ -346,4 +347,54 @@ TEST(EngineApiErrors, EveryLibraryErrorDerivesFromDscppError) {
   dscpp::InitArgs args;
   args.param_groups.push_back({{"no.such.parameter"}, json::object()});
   EXPECT_THROW(dscpp::initialize(m, config(0), args), dscpp::Error);
+}
+
+// "type": "Muon": which parameters each half takes (DeepSpeed's rule, the user's override),
+// and what is refused by name: offload, a non-matrix given to Muon, an unknown name, and the
+// checkpoints of a Muon run (not written yet).
+TEST(EngineApiMuon, HalvesOverridesAndRefusals) {
+  auto muon_config = [](int stage) {
+    json c = config(stage);
+    c["optimizer"] = {{"type", "Muon"}, {"params", {{"lr", 0.02}, {"ns_method", "standard"}}}};
+    return c;
+  };
+  auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  {
+    // a.weight and head.weight are matrices: Muon's; the biases: Adam's. The engine trains.
+    Net m;
+    auto engine = dscpp::initialize(m, muon_config(1));
+    const at::Tensor before = m->a->weight.detach().clone();
+    const at::Tensor bias_before = m->a->bias.detach().clone();
+    for (int i = 0; i < 2; ++i) {
+      at::Tensor loss = engine.forward(at::ones({2, 4})).square().mean();
+      engine.backward(loss);
+      engine.step();
+    }
+    EXPECT_FALSE(at::equal(m->a->weight, before));
+    EXPECT_FALSE(at::equal(m->a->bias, bias_before));
+    const std::string save =
+        error_of([&] { engine.save_checkpoint(testing::TempDir() + "muon_ck"); });
+    EXPECT_NE(save.find("Muon"), std::string::npos) << save;
+  }
+  Net m;
+  dscpp::InitArgs bias;
+  bias.use_muon["a.bias"] = true;
+  EXPECT_NE(error_of([&] { dscpp::initialize(m, muon_config(1), bias); }).find("not a matrix"),
+            std::string::npos);
+  dscpp::InitArgs unknown;
+  unknown.use_muon["no.such"] = false;
+  EXPECT_NE(error_of([&] { dscpp::initialize(m, muon_config(1), unknown); }).find("no.such"),
+            std::string::npos);
+  json offload = muon_config(2);
+  offload["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  const std::string e = error_of([&] { dscpp::initialize(m, offload); });
+  EXPECT_NE(e.find("optimizer.type"), std::string::npos) << e;
+  EXPECT_NE(e.find("ZeRO-Offload"), std::string::npos) << e;
 }

@@ -1,0 +1,111 @@
+// DeepSpeed's "type": "Muon" in the engine: the parameters Muon steps form one more partition
+// of the ZeRO set (engine_core.h, ZeroPartition), over the data group, with ZeroOptimizer's
+// whole-parameter layout: every matrix lies whole in one rank's partition (owners balanced by
+// Newton-Schulz's work), its owner orthogonalises it once, and the publish brings it to the
+// others. The rest (embeddings, the output head, norms, biases) stay in the dense partition,
+// stepped by the auxiliary Adam (optim/muon.h: make_muon_halves).
+//
+// Which parameters: DeepSpeed's set_optimizer_flags rule (a matrix, its name holding neither
+// "embed" nor "lm_head"), overridden by name with InitArgs::use_muon as DeepSpeed's
+// `param.use_muon`. The norm: the Muon partition's share is added to the dense one's local sum
+// before the data group's, as the experts' is; both step with that one sum. The clip scales
+// the gradient before Muon's momentum takes it, as DeepSpeed's Muon without ZeRO does.
+// With an LR schedule, the schedule's lr reaches Muon too (DeepSpeed's schedulers write every
+// param group's lr, both halves').
+//
+// Not yet, each refused naming it: tensor parallelism, pipelines, expert parallelism
+// (ep_size > 1), ZeRO-Offload, parameter groups, and checkpoints of a Muon run.
+#include <algorithm>
+#include <set>
+
+#include "dscpp/config/config_error.h"
+#include "dscpp/config/section.h"
+#include "dscpp/error.h"
+#include "dscpp/runtime/engine/engine_core.h"
+#include "dscpp/runtime/engine/engine_experts.h"
+
+namespace dscpp {
+
+namespace {
+
+// DeepSpeed's default: a matrix whose name holds neither "embed" nor "lm_head".
+bool muon_by_default(const std::string& name, const at::Tensor& p) {
+  const std::string n = config::lower(name);
+  return p.dim() >= 2 && n.find("embed") == std::string::npos &&
+         n.find("lm_head") == std::string::npos;
+}
+
+}  // namespace
+
+void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& zo,
+                           std::unique_ptr<optim::Optimizer> muon) {
+  auto refuse = [](const std::string& what) {
+    throw ConfigError("optimizer.type", "\"Muon\" with " + what + " is not implemented yet");
+  };
+  if (tensor_parallel_size() > 1) refuse("tensor parallelism");
+  if (reduce_sumsq_across_) refuse("pipeline parallelism");
+  if (experts_) refuse("expert parallelism (ep_size > 1)");
+  if (zo.offload.enabled) refuse("ZeRO-Offload (offload_optimizer)");
+  if (!client_.param_groups.empty()) refuse("parameter groups");
+  std::set<std::string> known(param_names_.begin(), param_names_.end());
+  for (const auto& [name, on] : client_.use_muon)
+    if (!known.count(name))
+      throw dscpp::Error("initialize: use_muon names '" + name +
+                         "', which is not a trainable parameter of the module");
+  std::vector<at::Tensor> kept, taken;
+  std::vector<std::string> kept_names;
+  std::vector<int> kept_units, taken_units;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = client_.use_muon.find(param_names_[i]);
+    const bool on =
+        it != client_.use_muon.end() ? it->second : muon_by_default(param_names_[i], params[i]);
+    if (on && params[i].dim() < 2)
+      throw dscpp::Error("initialize: use_muon is true for '" + param_names_[i] +
+                         "', which is not a matrix: Muon orthogonalises matrices");
+    (on ? taken : kept).push_back(params[i]);
+    (on ? muon_names_ : kept_names).push_back(param_names_[i]);
+    if (!zo.unit_of.empty()) (on ? taken_units : kept_units).push_back(zo.unit_of[i]);
+  }
+  if (taken.empty()) return;  // no matrix: the auxiliary Adam steps everything
+  params = std::move(kept);
+  param_names_ = std::move(kept_names);
+  if (!zo.unit_of.empty()) zo.unit_of = std::move(kept_units);
+  // Gathered whole around forward and backward at stage 3 (the layer gathers are the dense
+  // partition's), as the experts' partition is.
+  zero::ZeroOptions mo = zo;
+  mo.unit_of.clear();
+  mo.defer_allgather = false;
+  muon_zero_ = std::make_unique<zero::ZeroOptimizer>(std::move(taken), std::move(muon), group_, mo);
+}
+
+void EngineCore::add_muon_partition() {
+  if (!muon_zero_) return;
+  zero::ZeroOptimizer* z = muon_zero_.get();
+  ZeroPartition p;
+  p.name = "muon";
+  p.zero = z;
+  p.group = group_.get();
+  p.names = &muon_names_;
+  // This rank's partition (stages 1-3: the data group's sum covers the matrices once; stage 0:
+  // every rank holds them all, and the dense sum is not reduced further).
+  p.add_sumsq = [z](at::Tensor& sumsq) {
+    sumsq = sumsq + z->master().local_sumsq().to(sumsq.options());
+  };
+  p.follow_schedule = [this, z](const optim::Optimizer& first) {
+    if (scheduler_) z->optimizer().set_lr(first.get_lr());
+  };
+  p.not_checkpointed = "the Muon partition's momentum and whole-matrix layout";
+  p.load_by_name = [](const engine_checkpoint::WholeParams&, bool) {
+    throw dscpp::Error("load_checkpoint: checkpoints of a Muon run are not implemented yet");
+  };
+  zero_set_.push_back(std::move(p));
+}
+
+void EngineCore::check_checkpointed(const char* what) const {
+  for (const auto& p : zero_set_)
+    if (p.not_checkpointed)
+      throw dscpp::Error(std::string(what) + ": not implemented yet for " + p.not_checkpointed +
+                         " (" + p.name + " partition)");
+}
+
+}  // namespace dscpp
