@@ -23,7 +23,10 @@ the iteration runs in fp16 (gram, on a CPU with fp16: DeepSpeed's choice) or bf1
 where a difference in the last bit of a gradient (fp32 sums in another order) now and then
 rounds an element of the update to the neighbouring half-precision value, and the iteration
 and the steps after it spread that (DeepSpeed against itself, stage 0 against stage 1, drifts
-1e-3 apart in 20 steps; here a third step already differed by 8e-4 at stages 1 and 2)."""
+1e-3 apart in 20 steps; here a third step already differed by 8e-4 at stages 1 and 2). Each
+case also counts the Newton-Schulz runs of all ranks: dscpp's must be each Muon matrix once a
+step at stages 1-2 (every rank's at stage 0); DeepSpeed's are printed beside them (its ZeRO 1-2
+runs a matrix on every rank that holds a piece of it)."""
 import argparse
 import itertools
 import json
@@ -120,8 +123,19 @@ def main():
                 param_err = rel_err(got["params"], ref["params"])
                 if not param_err <= TOLERANCE:
                     problems.append(f"weights differ (worst relative error {param_err:.2e})")
+            if args.muon:
+                # The work: two matrices by Muon; dscpp's owners run each once a step in the group
+                # (every rank at stage 0, as DeepSpeed), DeepSpeed's ZeRO 1-2 every rank that
+                # holds a piece of it.
+                once = 2 * args.steps  # at the accumulation boundary, whatever the accumulation
+                want = once * (args.ranks if stage == 0 else 1)
+                if got.get("orthogonalised") != want:
+                    problems.append(f"dscpp ran Newton-Schulz {got.get('orthogonalised')} times, not {want}")
+                work = f"; Newton-Schulz runs: dscpp {got.get('orthogonalised'):.0f}, DeepSpeed {ref.get('orthogonalised'):.0f}"
+            else:
+                work = ""
             ok = not problems
-            msg = f"losses {loss_err:.1e}, weights {param_err:.1e}" if ok else "; ".join(problems)
+            msg = (f"losses {loss_err:.1e}, weights {param_err:.1e}" + work) if ok else "; ".join(problems)
         except Exception as e:  # noqa: BLE001 - any failure of a run is this case's failure
             ok, msg = False, str(e)
         print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)

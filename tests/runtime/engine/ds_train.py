@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 GLOBAL_BATCH = 16
+MUON_RUNS = [0]  # this rank's muon_update calls (with --muon)
 
 
 class Mlp(torch.nn.Module):
@@ -133,9 +134,13 @@ def train(args, stage, ga_asked, out, save, load):
     torch.distributed.all_gather(gathered, flat)
     for k, g in enumerate(gathered):
         assert torch.equal(g, flat), f"rank {k}'s module weights differ from rank {r}'s"
+    runs = torch.tensor([float(MUON_RUNS[0])], dtype=torch.float64)
+    torch.distributed.all_reduce(runs)
+    MUON_RUNS[0] = 0
     if r == 0:
         with open(out, "w") as f:
-            json.dump({"losses": losses, "params": flat.tolist(), "first_step": first}, f)
+            json.dump({"losses": losses, "params": flat.tolist(), "first_step": first,
+                       "orthogonalised": runs.item()}, f)
             f.write("\n")
     torch.distributed.barrier()
 
@@ -186,6 +191,19 @@ def main():
             model.l1.weight.use_muon = False
 
         deepspeed.set_optimizer_flags = set_optimizer_flags
+        # Count the Newton-Schulz runs (muon_update calls) wherever DeepSpeed imported it.
+        import deepspeed.runtime.zero.muon.original_muon as original
+        import deepspeed.runtime.zero.muon.muon_optimizer as muon_optimizer
+        import deepspeed.runtime.zero.stage_1_and_2 as stage_1_and_2
+        update = original.muon_update
+
+        def counted(*a, **k):
+            MUON_RUNS[0] += 1
+            return update(*a, **k)
+
+        for module in (original, muon_optimizer, stage_1_and_2):
+            if hasattr(module, "muon_update"):
+                module.muon_update = counted
     deepspeed.init_distributed(dist_backend="gloo")
     def fill(pattern, stage, ga):
         return pattern.format(stage=stage, ga=ga) if args.cases and pattern else pattern

@@ -15,6 +15,7 @@
 #include "dscpp/dscpp.h"
 #include "dscpp/model_zoo/gpt.h"
 #include "dscpp/nn/layer_module.h"
+#include "dscpp/optim/muon.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/zero/gathered_parameters.h"
 #include "dscpp/zero/layer_gather.h"
@@ -191,6 +192,13 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
     result["params"] = flat_params(*model);
   }
   result["state_numel"] = zo.optimizer().state_numel();
+  // Muon: the Newton-Schulz runs of all ranks (each matrix once a step in the data group).
+  for (const auto& p : engine.core().zero_partitions())
+    if (const auto* muon = dynamic_cast<const dscpp::optim::Muon*>(&p.zero->optimizer())) {
+      at::Tensor runs = at::tensor({static_cast<double>(muon->orthogonalised())}, at::kDouble);
+      p.group->all_reduce(runs).wait();
+      result["orthogonalised"] = runs.item<double>();
+    }
   // ZeRO-Offload: where the master and the optimizer state live.
   result["offloaded"] = zo.offloaded();
   result["master_device"] = zo.master_partition().device().str();
