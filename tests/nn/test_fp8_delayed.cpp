@@ -123,9 +123,10 @@ TEST(Fp8Delayed, EachStepCastsWithTheScalesOfTheHistoryBeforeIt) {
       EXPECT_EQ(holder.meta->scale[2].item<float>(), hg.factor);
       // Rolled: row 0 starts over; the newest amax is the last row.
       EXPECT_EQ(holder.meta->amax_history[0].abs().sum().item<float>(), 0.0f);
-      if (len > 1)
+      if (len > 1) {
         EXPECT_EQ(holder.meta->amax_history[len - 1][0].item<float>(),
                   x0.abs().max().item<float>());
+      }
     }
   }
 }

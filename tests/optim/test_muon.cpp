@@ -32,7 +32,8 @@ TEST(MuonShards, EachMatrixOfAShardStepsWholeAsDeepSpeedsMuonGroup) {
   for (const std::string method : {"gram", "standard"}) {
     SCOPED_TRACE(method);
     const double lr = 0.03, wd = 0.1, beta = 0.9;
-    optim::Muon muon({{"lr", lr}, {"weight_decay", wd}, {"momentum", beta}, {"ns_method", method}});
+    optim::Muon muon(nlohmann::json{
+        {"lr", lr}, {"weight_decay", wd}, {"momentum", beta}, {"ns_method", method}});
     // [8, 12] at 0, 4 elements of padding, an expert group [3, 6, 4] at 100.
     at::manual_seed(11);
     at::Tensor shard = at::randn({172});
@@ -70,10 +71,10 @@ TEST(MuonShards, DeepSpeedsDefaultsAndWrongSettingsNamed) {
   EXPECT_EQ(muon.get_lr(), 0.02);
   EXPECT_EQ(muon.get_momentum(), 0.95);
   EXPECT_TRUE(muon.needs_whole_params());
-  const std::string method = error_of([] { optim::Muon({{"ns_method", "svd"}}); });
+  const std::string method = error_of([] { optim::Muon(nlohmann::json{{"ns_method", "svd"}}); });
   EXPECT_NE(method.find("optimizer.params.ns_method"), std::string::npos) << method;
   EXPECT_NE(error_of([] {
-              optim::Muon({{"nesterov", false}});
+              optim::Muon(nlohmann::json{{"nesterov", false}});
             }).find("nesterov"),
             std::string::npos);
 }
