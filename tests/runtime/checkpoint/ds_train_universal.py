@@ -15,5 +15,5 @@ if __name__ == "__main__":
     if "--load-universal" in sys.argv:
         sys.argv.remove("--load-universal")
         plain = ds_train.config
-        ds_train.config = lambda stage, ga: {**plain(stage, ga), "checkpoint": {"load_universal": True}}
+        ds_train.config = lambda stage, ga, muon=None: {**plain(stage, ga, muon), "checkpoint": {"load_universal": True}}
     ds_train.main()
