@@ -25,10 +25,13 @@ const std::vector<std::vector<int64_t>> kShapes = {
     {16, 24}, {24, 16}, {32, 32}, {8, 40}, {2, 8, 12}};
 const nlohmann::json kMuon = {{"lr", 0.05}, {"weight_decay", 0.1}, {"momentum", 0.9}};
 
-// Rank r's gradient of parameter i at step s (the same on every process).
+// Rank r's gradient of parameter i at step s (the same on every process), in multiples of
+// 2^-6: the ranks' sum is exact in any order, so the mean is the same bits on both sides
+// (Newton-Schulz in half precision, gram's fp16 on a CPU that has it, would carry a last-bit
+// difference of the sums into whole units of its own last place).
 at::Tensor grad_of(int r, size_t i, int s) {
   auto gen = at::detail::createCPUGenerator(1000 * r + 10 * static_cast<int>(i) + s);
-  return at::randn(kShapes[i], gen);
+  return at::round(at::randn(kShapes[i], gen) * 64) / 64;
 }
 
 std::vector<at::Tensor> initial() {
