@@ -76,13 +76,7 @@ function(dscpp_reuse_pch dir)
       # A unit that defines a macro before its first include (NDEBUG, to read LibTorch's
       # headers as LibTorch's own code does) must parse them itself: the precompiled header
       # was parsed without it.
-      set(defines_first FALSE)
-      if(EXISTS ${src} AND src MATCHES "\\.(cpp|cc)$")
-        file(STRINGS ${src} directives REGEX "^#(define|undef|include)" LIMIT_COUNT 1)
-        if(directives MATCHES "^#(define|undef)")
-          set(defines_first TRUE)
-        endif()
-      endif()
+      dscpp_defines_before_includes(${src} defines_first)  # cmake/Unity.cmake
       if(own OR flags OR defines_first)
         set_source_files_properties(${src} TARGET_DIRECTORY ${t}
                                     PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
