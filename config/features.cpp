@@ -29,13 +29,13 @@ void ignore(Diagnostics& diag, const std::string& what) {
   diag.ignored.push_back(what + ": not implemented by dscpp, ignored");
 }
 
-struct Removed {
+struct RemovedFeature {
   const char* key;
   const char* what;
 };
 
 // The features DeepSpeed 0.19 removed: ignoring them would train another model.
-const Removed kRemoved[] = {
+const RemovedFeature kRemovedFeatures[] = {
     {"compression_training", "DeepSpeed's compression library (quantisation/pruning)"},
     {"quantize_training", "Mixture-of-Quantization (MoQ)"},
     {"eigenvalue", "eigenvalue-based MoQ"},
@@ -52,7 +52,7 @@ const Removed kRemoved[] = {
 }  // namespace
 
 void refuse_removed_features(Section& root, Diagnostics& diag) {
-  for (const auto& r : kRemoved) {
+  for (const auto& r : kRemovedFeatures) {
     const json* v = root.raw(r.key);
     if (!v) continue;
     if (switched_on(v))
