@@ -23,8 +23,8 @@
 namespace dscpp::ops::detail {
 namespace {
 
-void check_args(const at::Tensor& x, const at::Tensor& branch, const at::Tensor& weight,
-                const at::Tensor& bias) {
+void check_add_layer_norm_args(const at::Tensor& x, const at::Tensor& branch,
+                               const at::Tensor& weight, const at::Tensor& bias) {
   TORCH_CHECK(x.defined() && branch.defined() && weight.defined() && bias.defined(),
               "add_layer_norm: x, branch, weight and bias must be defined");
   TORCH_CHECK(x.sizes() == branch.sizes(), "add_layer_norm: x is ", x.sizes(), ", branch is ",
@@ -66,7 +66,7 @@ cudaStream_t stream_of(const at::Tensor& t) {
 AddLayerNormForward add_layer_norm_forward(const at::Tensor& x, const at::Tensor& branch,
                                            const at::Tensor& weight, const at::Tensor& bias,
                                            double eps) {
-  check_args(x, branch, weight, bias);
+  check_add_layer_norm_args(x, branch, weight, bias);
   const int64_t n = x.size(-1);
 #ifdef DSCPP_CUDA
   if (const auto dtype = kernel_path(x, branch, weight, bias)) {

@@ -19,7 +19,7 @@
 namespace dscpp::ops::detail {
 namespace {
 
-void check_args(const at::Tensor& x, const at::Tensor& bias, const char* where) {
+void check_bias_gelu_args(const at::Tensor& x, const at::Tensor& bias, const char* where) {
   TORCH_CHECK(x.defined() && bias.defined(), where, ": x and bias must be defined");
   TORCH_CHECK(x.dim() >= 1 && bias.dim() == 1 && x.size(-1) == bias.size(0), where,
               ": expected x [..., n] and bias [n], got ", x.sizes(), " and ", bias.sizes(),
@@ -52,7 +52,7 @@ cudaStream_t stream_of(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, bool tanh_approximation) {
-  check_args(x, bias, "bias_gelu");
+  check_bias_gelu_args(x, bias, "bias_gelu");
 #ifdef DSCPP_CUDA
   if (const auto dtype = kernel_path(x, bias)) {
     const c10::cuda::CUDAGuard guard(x.device());
@@ -73,7 +73,7 @@ std::pair<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad, con
                                                      const at::Tensor& bias,
                                                      bool tanh_approximation, bool need_dx,
                                                      bool need_dbias) {
-  check_args(x, bias, "bias_gelu backward");
+  check_bias_gelu_args(x, bias, "bias_gelu backward");
   TORCH_CHECK(grad.sizes() == x.sizes(), "bias_gelu backward: grad is ", grad.sizes(), ", x is ",
               x.sizes());
   if (!need_dx && !need_dbias) return {};

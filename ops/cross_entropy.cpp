@@ -21,7 +21,8 @@
 namespace dscpp::ops::detail {
 namespace {
 
-void check_args(const at::Tensor& logits, const at::Tensor& targets, const char* where) {
+void check_cross_entropy_args(const at::Tensor& logits, const at::Tensor& targets,
+                              const char* where) {
   TORCH_CHECK(logits.defined() && targets.defined(), where, ": logits and targets must be defined");
   TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0), where,
               ": expected logits [N, V] and targets [N], got ", logits.sizes(), " and ",
@@ -60,7 +61,7 @@ cudaStream_t stream_of(const at::Tensor& t) {
 
 CrossEntropyForward cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
                                           int64_t ignore_index) {
-  check_args(logits, targets, "cross_entropy");
+  check_cross_entropy_args(logits, targets, "cross_entropy");
   const int64_t vocab = logits.size(1);
 #ifdef DSCPP_CUDA
   if (const auto dtype = kernel_path(logits)) {
@@ -97,7 +98,7 @@ CrossEntropyForward cross_entropy_forward(const at::Tensor& logits, const at::Te
 at::Tensor cross_entropy_backward(const at::Tensor& grad, const at::Tensor& logits,
                                   const at::Tensor& targets, const at::Tensor& lse,
                                   const at::Tensor& count, int64_t ignore_index) {
-  check_args(logits, targets, "cross_entropy backward");
+  check_cross_entropy_args(logits, targets, "cross_entropy backward");
 #ifdef DSCPP_CUDA
   if (const auto dtype = kernel_path(logits); dtype && lse.scalar_type() == at::kFloat) {
     const int64_t rows = logits.size(0), vocab = logits.size(1);

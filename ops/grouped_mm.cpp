@@ -25,7 +25,8 @@ namespace dscpp::ops {
 
 namespace {
 
-void check_args(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& counts) {
+void check_grouped_mm_args(const at::Tensor& rows, const at::Tensor& weights,
+                           const at::Tensor& counts) {
   if (!rows.defined() || !weights.defined() || !counts.defined() || rows.dim() != 2 ||
       weights.dim() != 3 || counts.dim() != 1 || rows.size(1) != weights.size(1) ||
       counts.size(0) != weights.size(0) || counts.scalar_type() != at::kLong)
@@ -190,7 +191,7 @@ at::Tensor grouped_mm_offsets(const at::Tensor& counts, const at::Device& device
 
 at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& counts,
                       const at::Tensor& offsets) {
-  check_args(rows, weights, counts);
+  check_grouped_mm_args(rows, weights, counts);
   if (offsets.defined() && (offsets.scalar_type() != at::kInt || offsets.dim() != 1 ||
                             offsets.size(0) != counts.size(0) || offsets.device() != rows.device()))
     throw dscpp::Error(fmt::format(
@@ -205,7 +206,7 @@ at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& weights, const a
 
 at::Tensor grouped_mm_loop(const at::Tensor& rows, const at::Tensor& weights,
                            const at::Tensor& counts) {
-  check_args(rows, weights, counts);
+  check_grouped_mm_args(rows, weights, counts);
   return loop_forward(rows.contiguous(), weights.contiguous(), host_counts(counts, rows.size(0)));
 }
 

@@ -27,8 +27,8 @@ namespace dscpp::ops {
 
 namespace {
 
-void check_args(const at::Tensor& dw, const at::Tensor& rows, const at::Tensor& grad,
-                const std::vector<int64_t>& counts) {
+void check_weight_grad_args(const at::Tensor& dw, const at::Tensor& rows, const at::Tensor& grad,
+                            const std::vector<int64_t>& counts) {
   const bool shapes = dw.defined() && rows.defined() && grad.defined() && dw.dim() == 3 &&
                       rows.dim() == 2 && grad.dim() == 2 && rows.size(0) == grad.size(0) &&
                       dw.size(0) == static_cast<int64_t>(counts.size()) &&
@@ -229,7 +229,7 @@ void set_grouped_weight_grad_mode(GroupedWeightGradMode mode) {
 void grouped_weight_grad_into(const at::Tensor& dw, const at::Tensor& rows, const at::Tensor& grad,
                               const std::vector<int64_t>& counts, bool accumulate,
                               WeightGradKernel kernel) {
-  check_args(dw, rows, grad, counts);
+  check_weight_grad_args(dw, rows, grad, counts);
   // Named for the profilers (it is not an ATen op): the trace shows the products here.
   RECORD_FUNCTION("dscpp::grouped_weight_grad", std::vector<c10::IValue>({rows, grad}));
   at::NoGradGuard no_grad;

@@ -27,7 +27,7 @@
 namespace dscpp::ops {
 namespace {
 
-void check_args(const at::Tensor& scores, const at::Tensor& bias, int64_t k) {
+void check_router_args(const at::Tensor& scores, const at::Tensor& bias, int64_t k) {
   if (!scores.defined() || scores.dim() != 2 || scores.scalar_type() != at::kFloat)
     throw Error(fmt::format("moe_topk_route: expected fp32 scores [tokens, experts], got {}",
                             scores.defined()
@@ -121,7 +121,7 @@ bool moe_topk_route_uses_kernels(const at::Tensor& scores, int64_t k) {
 MoeTopK moe_topk_route(const at::Tensor& scores, const at::Tensor& bias, int64_t k, bool normalize,
                        double scale, bool allow_kernels) {
   RECORD_FUNCTION("dscpp::moe_topk_route", std::vector<c10::IValue>({scores}));
-  check_args(scores, bias, k);
+  check_router_args(scores, bias, k);
 #ifdef DSCPP_CUDA
   if (allow_kernels && moe_topk_route_uses_kernels(scores, k)) {
     // An optional, not an undefined tensor: autograd's Function takes every tensor argument
