@@ -96,7 +96,7 @@ at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at:
   return out.view(sizes);
 }
 
-variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bool with_bias) {
+variable_list fp8_backward_products(AutogradContext* ctx, const at::Tensor& grad, bool with_bias) {
   auto saved = ctx->get_saved_variables();
   const at::Tensor& weight = saved[2];
   Fp8Recipe r;
@@ -158,7 +158,7 @@ struct Fp8LinearWithBias : torch::autograd::Function<Fp8LinearWithBias> {
     return forward_and_save(ctx, x, weight, bias, r, d);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list g = backward_products(ctx, grads[0], true);
+    variable_list g = fp8_backward_products(ctx, grads[0], true);
     g.resize(g.size() + 2);  // the recipe, the delayed state
     return g;
   }
@@ -170,7 +170,7 @@ struct Fp8LinearNoBias : torch::autograd::Function<Fp8LinearNoBias> {
     return forward_and_save(ctx, x, weight, at::Tensor(), r, d);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list g = backward_products(ctx, grads[0], false);
+    variable_list g = fp8_backward_products(ctx, grads[0], false);
     g.resize(g.size() + 2);
     return g;
   }

@@ -37,7 +37,7 @@ at::Tensor gather_first_async(const at::Tensor& x, comm::ProcessGroup& g, comm::
 }
 
 // As nn::linear's forward: the same products, so the same bits.
-at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   at::Tensor x2 = x.reshape({-1, x.size(-1)});
   at::Tensor out = bias.defined() ? at::addmm(bias, x2, weight.t()) : at::mm(x2, weight.t());
   auto sizes = x.sizes().vec();
@@ -62,7 +62,7 @@ at::Tensor gather_and_product(const at::Tensor& x_in, const at::Tensor& weight,
     work.wait();
     // As nn::linear records it, for the flops profiler: the gathered input, the parameter.
     RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({total, weight, bias}));
-    return product(total, weight, bias);
+    return linear_product(total, weight, bias);
   }
   at::Tensor out = at::empty(out_sizes, x.options().memory_format(at::MemoryFormat::Contiguous));
   // [t, s/t, ..., out/t]: rank r's rows of the gathered sequence are out_ranks[r].
@@ -82,7 +82,7 @@ at::Tensor gather_and_product(const at::Tensor& x_in, const at::Tensor& weight,
     works[j].wait();
     trace("wait all_gather piece");
     RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({gathered[j], weight, bias}));
-    at::Tensor y = product(gathered[j], weight, bias);  // [t·len, ..., out/t], rank-major
+    at::Tensor y = linear_product(gathered[j], weight, bias);  // [t·len, ..., out/t], rank-major
     auto yv = y.sizes().vec();
     yv[0] = pieces[j].second;
     yv.insert(yv.begin(), t);
@@ -102,7 +102,7 @@ at::Tensor forward_impl(AutogradContext* ctx, const at::Tensor& x, const at::Ten
   ctx->save_for_backward({x, weight});
   if (sequence_parallel) return gather_and_product(x, weight, bias, *holder->group, num_splits);
   RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({x, weight, bias}));
-  return product(x, weight, bias);
+  return linear_product(x, weight, bias);
 }
 
 variable_list backward_impl(AutogradContext* ctx, const at::Tensor& grad, bool with_bias) {

@@ -38,7 +38,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // As nn::linear's forward without a bias: the same product of each row.
-at::Tensor product(const at::Tensor& x, const at::Tensor& weight) {
+at::Tensor product_without_bias(const at::Tensor& x, const at::Tensor& weight) {
   RECORD_FUNCTION("dscpp::linear", std::vector<c10::IValue>({x, weight, at::Tensor()}));
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(0);
@@ -76,7 +76,8 @@ at::Tensor forward_pipelined(const at::Tensor& x_in, const at::Tensor& weight,
       auto v = x.sizes().vec();
       v[0] = t * length;
       // [t, len, ..., out]: the t chunks the reduce-scatter sums, rank r's chunk first-dim r.
-      partials.push_back(product(x_ranks.narrow(1, offset, length).reshape(v), weight));
+      partials.push_back(
+          product_without_bias(x_ranks.narrow(1, offset, length).reshape(v), weight));
       works.push_back(g.reduce_scatter(slice, partials.back()));
     } else {
       // The product straight into its rows of the output, all-reduced there in place.

@@ -16,7 +16,7 @@ namespace dscpp::nn::moe {
 
 namespace {
 
-void check(bool ok, const std::string& what) {
+void check_moe(bool ok, const std::string& what) {
   if (!ok) throw dscpp::Error("MoE: " + what);
 }
 
@@ -62,14 +62,14 @@ MOELayerImpl::MOELayerImpl(TopKGate gate_, std::shared_ptr<torch::nn::Module> ex
       tensor_group(tensor_model_parallel_size(tensor_group_) > 1 ? std::move(tensor_group_)
                                                                  : nullptr),
       sequence_parallel(sequence_parallel_) {
-  check(!sequence_parallel || tensor_group,
-        "sequence_parallel needs the tensor_group of more than one rank whose shard the tokens "
-        "are");
+  check_moe(!sequence_parallel || tensor_group,
+            "sequence_parallel needs the tensor_group of more than one rank whose shard the tokens "
+            "are");
   gate = register_module("gate", std::move(gate_));
   experts = register_module("experts", std::move(experts_));
   local_experts = dynamic_cast<LocalExperts*>(experts.get());
-  check(local_experts != nullptr, "the experts module must implement LocalExperts");
-  check(dispatcher != nullptr, "no token dispatcher");
+  check_moe(local_experts != nullptr, "the experts module must implement LocalExperts");
+  check_moe(dispatcher != nullptr, "no token dispatcher");
 }
 
 std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, int64_t seq_length,
@@ -88,9 +88,9 @@ std::pair<at::Tensor, Routing> MOELayerImpl::forward(const at::Tensor& tokens, i
   // The token split (moe.h): this rank's 1/t of the routed tokens, by the same chunks as the
   // scatter's.
   const int64_t t = tensor_group->size(), s = tokens.size(0);
-  check(s % t == 0, "the tensor-parallel token split needs the tokens of a forward (" +
-                        std::to_string(s) + ") to divide by the tensor-parallel degree (" +
-                        std::to_string(t) + ")");
+  check_moe(s % t == 0, "the tensor-parallel token split needs the tokens of a forward (" +
+                            std::to_string(s) + ") to divide by the tensor-parallel degree (" +
+                            std::to_string(t) + ")");
   const int64_t n = s / t, first = tensor_group->rank() * n;
   Routing mine = routing;
   mine.indices = routing.indices.narrow(0, first, n);
@@ -125,17 +125,17 @@ std::map<std::string, nn::TensorParallelAttr> MoEImpl::tensor_parallel_attribute
 
 MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
   const MoEOptions& o = options;
-  check(o.hidden_size() > 0, "hidden_size must be positive");
-  check(o.ep_size() >= 1 && o.num_experts() % o.ep_size() == 0,
-        "num_experts (" + std::to_string(o.num_experts()) + ") must be divisible by ep_size (" +
-            std::to_string(o.ep_size()) + ")");
+  check_moe(o.hidden_size() > 0, "hidden_size must be positive");
+  check_moe(o.ep_size() >= 1 && o.num_experts() % o.ep_size() == 0,
+            "num_experts (" + std::to_string(o.num_experts()) + ") must be divisible by ep_size (" +
+                std::to_string(o.ep_size()) + ")");
   if (o.ep_size() > 1 || o.ep_group())
-    check(o.ep_group() && o.ep_group()->size() == o.ep_size(),
-          "ep_size = " + std::to_string(o.ep_size()) + " needs ep_group, the expert-parallel " +
-              "group of ep_size ranks; got " +
-              (o.ep_group() ? "a group of " + std::to_string(o.ep_group()->size()) + " ranks"
-                            : std::string("none")));
-  check(o.latent_size() >= 0, "latent_size must be >= 0");
+    check_moe(o.ep_group() && o.ep_group()->size() == o.ep_size(),
+              "ep_size = " + std::to_string(o.ep_size()) + " needs ep_group, the expert-parallel " +
+                  "group of ep_size ranks; got " +
+                  (o.ep_group() ? "a group of " + std::to_string(o.ep_group()->size()) + " ranks"
+                                : std::string("none")));
+  check_moe(o.latent_size() >= 0, "latent_size must be >= 0");
   const int64_t width = o.latent_size() > 0 ? o.latent_size() : o.hidden_size();
   const int64_t local = o.num_experts() / o.ep_size();
 
@@ -143,8 +143,8 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
   if (!o.expert().is_empty()) {
     experts = Experts(o.expert(), local).ptr();
   } else {
-    check(o.ffn_hidden_size() > 0,
-          "no expert module and no ffn_hidden_size for the grouped experts");
+    check_moe(o.ffn_hidden_size() > 0,
+              "no expert module and no ffn_hidden_size for the grouped experts");
     // Local expert j is global expert ep_rank * local + j (moe.h): drawn by that id.
     const int64_t first = o.ep_group() ? o.ep_group()->rank() * local : 0;
     experts = GroupedMLP(GroupedMLPOptions(local, width, o.ffn_hidden_size())
@@ -161,7 +161,7 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
       "deepspeed_moe", MOELayer(TopKGate(gate_options(o)), experts, std::move(dispatcher),
                                 o.tensor_group(), o.sequence_parallel()));
   if (o.use_residual()) {
-    check(!o.expert().is_empty(), "use_residual needs the expert module (its dense MLP)");
+    check_moe(!o.expert().is_empty(), "use_residual needs the expert module (its dense MLP)");
     mlp = o.expert();
     register_module("mlp", mlp.ptr());
     coefficient = register_module("coefficient", torch::nn::Linear(o.hidden_size(), 2));
@@ -182,8 +182,8 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
 
 MoEOutput MoEImpl::forward(const at::Tensor& hidden_states, const at::Tensor& used_token) {
   const int64_t h = options.hidden_size();
-  check(hidden_states.dim() >= 1 && hidden_states.size(-1) == h,
-        "hidden_states must end in hidden_size " + std::to_string(h));
+  check_moe(hidden_states.dim() >= 1 && hidden_states.size(-1) == h,
+            "hidden_states must end in hidden_size " + std::to_string(h));
   at::Tensor tokens = hidden_states.reshape({-1, h});
   // [B, T, H], or with sequence parallelism the shard [T/t, B, H].
   const int64_t seq_length =

@@ -22,44 +22,44 @@ namespace dscpp::nn::moe {
 
 namespace {
 
-void check(bool ok, const std::string& what) {
+void check_gate(bool ok, const std::string& what) {
   if (!ok) throw dscpp::Error("TopKGate: " + what);
 }
 
 void validate(const TopKGateOptions& o) {
-  check(o.model_dim() > 0, "model_dim must be positive, got " + std::to_string(o.model_dim()));
-  check(o.num_experts() > 0,
-        "num_experts must be positive, got " + std::to_string(o.num_experts()));
-  check(o.k() >= 1 && o.k() <= o.num_experts(),
-        "k must be in [1, num_experts = " + std::to_string(o.num_experts()) + "], got " +
-            std::to_string(o.k()));
-  check(o.capacity_factor() >= 0 && o.eval_capacity_factor() >= 0,
-        "capacity_factor and eval_capacity_factor must be >= 0 (0: dropless)");
-  check(o.min_capacity() >= 0, "min_capacity must be >= 0");
+  check_gate(o.model_dim() > 0, "model_dim must be positive, got " + std::to_string(o.model_dim()));
+  check_gate(o.num_experts() > 0,
+             "num_experts must be positive, got " + std::to_string(o.num_experts()));
+  check_gate(o.k() >= 1 && o.k() <= o.num_experts(),
+             "k must be in [1, num_experts = " + std::to_string(o.num_experts()) + "], got " +
+                 std::to_string(o.k()));
+  check_gate(o.capacity_factor() >= 0 && o.eval_capacity_factor() >= 0,
+             "capacity_factor and eval_capacity_factor must be >= 0 (0: dropless)");
+  check_gate(o.min_capacity() >= 0, "min_capacity must be >= 0");
   const std::string& p = o.noisy_gate_policy();
-  check(p.empty() || p == "None" || p == "Jitter" || p == "RSample",
-        "noisy_gate_policy must be None, Jitter or RSample, got '" + p + "'");
-  check(p != "RSample" || o.k() == 1,
-        "noisy_gate_policy RSample applies to k = 1 only (DeepSpeed's top1gating), got k = " +
-            std::to_string(o.k()));
-  check(o.z_loss_coeff() >= 0 && o.seq_aux_loss_coeff() >= 0,
-        "z_loss_coeff and seq_aux_loss_coeff must be >= 0");
-  check(o.bias_update_rate() >= 0, "bias_update_rate must be >= 0");
+  check_gate(p.empty() || p == "None" || p == "Jitter" || p == "RSample",
+             "noisy_gate_policy must be None, Jitter or RSample, got '" + p + "'");
+  check_gate(p != "RSample" || o.k() == 1,
+             "noisy_gate_policy RSample applies to k = 1 only (DeepSpeed's top1gating), got k = " +
+                 std::to_string(o.k()));
+  check_gate(o.z_loss_coeff() >= 0 && o.seq_aux_loss_coeff() >= 0,
+             "z_loss_coeff and seq_aux_loss_coeff must be >= 0");
+  check_gate(o.bias_update_rate() >= 0, "bias_update_rate must be >= 0");
   if (o.group_topk() > 0) {
-    check(o.num_groups() >= 1 && o.num_experts() % o.num_groups() == 0,
-          "device-limited routing: num_experts (" + std::to_string(o.num_experts()) +
-              ") must divide into num_groups (" + std::to_string(o.num_groups()) + ") groups");
-    check(o.group_topk() <= o.num_groups(),
-          "device-limited routing: group_topk (" + std::to_string(o.group_topk()) +
-              ") exceeds num_groups (" + std::to_string(o.num_groups()) + ")");
-    check(o.k() >= o.group_topk(), "device-limited routing: k (" + std::to_string(o.k()) +
-                                       ") must be >= group_topk (" +
-                                       std::to_string(o.group_topk()) + ")");
-    check(o.k() <= o.group_topk() * (o.num_experts() / o.num_groups()),
-          "device-limited routing: k (" + std::to_string(o.k()) +
-              ") exceeds the experts of group_topk groups");
+    check_gate(o.num_groups() >= 1 && o.num_experts() % o.num_groups() == 0,
+               "device-limited routing: num_experts (" + std::to_string(o.num_experts()) +
+                   ") must divide into num_groups (" + std::to_string(o.num_groups()) + ") groups");
+    check_gate(o.group_topk() <= o.num_groups(),
+               "device-limited routing: group_topk (" + std::to_string(o.group_topk()) +
+                   ") exceeds num_groups (" + std::to_string(o.num_groups()) + ")");
+    check_gate(o.k() >= o.group_topk(), "device-limited routing: k (" + std::to_string(o.k()) +
+                                            ") must be >= group_topk (" +
+                                            std::to_string(o.group_topk()) + ")");
+    check_gate(o.k() <= o.group_topk() * (o.num_experts() / o.num_groups()),
+               "device-limited routing: k (" + std::to_string(o.k()) +
+                   ") exceeds the experts of group_topk groups");
   } else {
-    check(o.group_topk() == 0, "group_topk must be >= 0 (0: unlimited)");
+    check_gate(o.group_topk() == 0, "group_topk must be >= 0 (0: unlimited)");
   }
 }
 
@@ -103,9 +103,9 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
                               const at::Tensor& used_token) {
   nn::ModuleScope scope(*this);  // names it to the flops profiler (module_scope.h)
   const TopKGateOptions& o = options;
-  check(x.dim() == 2 && x.size(1) == o.model_dim(), "input must be [tokens, " +
-                                                        std::to_string(o.model_dim()) + "], got " +
-                                                        std::to_string(x.dim()) + " dimensions");
+  check_gate(x.dim() == 2 && x.size(1) == o.model_dim(),
+             "input must be [tokens, " + std::to_string(o.model_dim()) + "], got " +
+                 std::to_string(x.dim()) + " dimensions");
   const int64_t s = x.size(0), e = o.num_experts(), k = o.k();
   const bool train = is_training();
 
@@ -147,9 +147,10 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
   const bool seq_aux = o.seq_aux_loss_coeff() > 0;
   int64_t b = 0;
   if (seq_aux) {
-    check(seq_length > 0 && s % seq_length == 0,
-          "seq_aux_loss_coeff needs the sequence length of [batch, seq] tokens; got seq_length " +
-              std::to_string(seq_length) + " for " + std::to_string(s) + " tokens");
+    check_gate(
+        seq_length > 0 && s % seq_length == 0,
+        "seq_aux_loss_coeff needs the sequence length of [batch, seq] tokens; got seq_length " +
+            std::to_string(seq_length) + " for " + std::to_string(s) + " tokens");
     b = s / seq_length;  // (the kernel path leaves seq_aux_loss to this one)
   }
   at::Tensor seq_counts;  // fp32 [B, E]: each sequence's routes per expert (the group's)
@@ -251,10 +252,10 @@ void TopKGateImpl::route_with_masks(Routing& r, const at::Tensor& scores,
   }
   mask = at::zeros({s, e}, logits.options().dtype(at::kLong)).scatter_(1, indices, 1);
   if (used_token.defined()) {
-    check(k == 1, "used_token applies to k = 1 only (DeepSpeed's top1gating), got k = " +
-                      std::to_string(k));
-    check(used_token.dim() == 1 && used_token.size(0) == s,
-          "used_token must be [tokens] = [" + std::to_string(s) + "]");
+    check_gate(k == 1, "used_token applies to k = 1 only (DeepSpeed's top1gating), got k = " +
+                           std::to_string(k));
+    check_gate(used_token.dim() == 1 && used_token.size(0) == s,
+               "used_token must be [tokens] = [" + std::to_string(s) + "]");
     // DeepSpeed's einsum("s,se->se", used_token, mask1): a float mask from here on.
     mask1 = mask1 * used_token.to(at::kFloat).unsqueeze(1);
     mask = mask1;
@@ -270,9 +271,9 @@ void TopKGateImpl::route_with_masks(Routing& r, const at::Tensor& scores,
     r.capacity = capacity_of(s, e, factor * static_cast<double>(k), o.min_capacity());
     const int64_t select = std::min(r.capacity, s);
     if (k == 1) {
-      check(s >= o.min_capacity(), "the number of tokens (" + std::to_string(s) +
-                                       ") must be >= min_capacity (" +
-                                       std::to_string(o.min_capacity()) + ") to drop tokens");
+      check_gate(s >= o.min_capacity(), "the number of tokens (" + std::to_string(s) +
+                                            ") must be >= min_capacity (" +
+                                            std::to_string(o.min_capacity()) + ") to drop tokens");
       at::Tensor ranked = o.use_rts() ? mask1 * at::rand({s, e}, logits.options()) : mask1;
       at::Tensor top = std::get<1>(ranked.topk(select, 0));
       at::Tensor keep = mask1 * at::zeros_like(mask1).scatter_(0, top, 1);
