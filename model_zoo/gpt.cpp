@@ -14,7 +14,6 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <array>
-#include <cmath>
 #include <iostream>
 #include <utility>
 
@@ -50,12 +49,6 @@ torch::nn::Embedding make_embedding(int64_t rows, int64_t dim, double std) {
   at::Tensor weight = at::empty({rows, dim});
   nn::normal_init(weight, std);
   return torch::nn::Embedding(torch::nn::EmbeddingOptions(rows, dim)._weight(weight));
-}
-
-// Each residual branch's output adds to the stream once per block: scaling them keeps the
-// stream's variance independent of depth (GPT-2, Megatron's output_layer_init_method).
-double residual_std(const GPTConfig& c) {
-  return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
 }
 
 // Every matrix product goes through nn::linear, which saves the weight parameter itself
@@ -106,7 +99,7 @@ GPTAttentionImpl::GPTAttentionImpl(const GPTConfig& c)
   qkv = register_module("qkv",
                         make_linear(c.hidden_size, rows, c.init_method_std, c.add_bias_linear));
   proj = register_module(
-      "proj", make_linear(c.hidden_size, c.hidden_size, residual_std(c), c.add_bias_linear));
+      "proj", make_linear(c.hidden_size, c.hidden_size, c.residual_init_std(), c.add_bias_linear));
 }
 
 at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
@@ -143,7 +136,8 @@ GPTMLPImpl::GPTMLPImpl(const GPTConfig& c)
   const int64_t f = c.ffn_size();
   fc = register_module(
       "fc", make_linear(c.hidden_size, swiglu ? 2 * f : f, c.init_method_std, c.add_bias_linear));
-  proj = register_module("proj", make_linear(f, c.hidden_size, residual_std(c), c.add_bias_linear));
+  proj = register_module("proj",
+                         make_linear(f, c.hidden_size, c.residual_init_std(), c.add_bias_linear));
 }
 
 at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/json_bounds.h"
 #include "dscpp/config/json_text.h"
@@ -338,6 +340,10 @@ void GPTConfig::validate_moe() const {
 
 int64_t GPTConfig::padded_vocab_size(int64_t vocab, int64_t multiple) {
   return (vocab + multiple - 1) / multiple * multiple;
+}
+
+double GPTConfig::residual_init_std() const {
+  return init_method_std / std::sqrt(2.0 * static_cast<double>(num_layers));
 }
 
 int64_t GPTConfig::rotary_dim() const {

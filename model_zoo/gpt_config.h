@@ -122,6 +122,10 @@ struct GPTConfig {
     if (ffn_hidden_size > 0) return ffn_hidden_size;
     return swiglu ? 4 * hidden_size * 2 / 3 / 64 * 64 : 4 * hidden_size;
   }
+  // The std of the residual branches' output projections (Megatron's output_layer_init_method):
+  // init_method_std / sqrt(2 num_layers). Each branch's output adds to the stream once per
+  // block: scaling them keeps the stream's variance independent of depth (GPT-2).
+  double residual_init_std() const;
   int64_t query_groups() const {
     return num_query_groups > 0 ? num_query_groups : num_attention_heads;
   }

@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <string>
 
 #include "dscpp/config/config_error.h"
@@ -19,14 +18,6 @@
 namespace dscpp::model_zoo {
 
 namespace moe = nn::moe;
-
-namespace {
-
-double residual_std(const GPTConfig& c) {
-  return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
-}
-
-}  // namespace
 
 std::shared_ptr<comm::ProcessGroup> checked_expert_parallel_group(
     const GPTConfig& c, const std::shared_ptr<comm::ProcessGroup>& ep_group) {
@@ -93,10 +84,10 @@ nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::Proces
   // degree, so the GPT at ep E starts from ep 1's weights.
   const int64_t first = grouped->options.first_expert();
   nn::normal_init_experts(grouped->weight1, c.init_method_std, first);
-  nn::normal_init_experts(grouped->weight2, residual_std(c), first);
+  nn::normal_init_experts(grouped->weight2, c.residual_init_std(), first);
   if (layer->latent_down) {
     nn::normal_init(layer->latent_down->weight, c.init_method_std);
-    nn::normal_init(layer->latent_up->weight, residual_std(c));
+    nn::normal_init(layer->latent_up->weight, c.residual_init_std());
   }
   return layer;
 }

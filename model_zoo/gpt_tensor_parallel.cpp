@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <cmath>
 #include <utility>
 
 #include "dscpp/config/config_error.h"
@@ -25,11 +24,6 @@ namespace {
 torch::nn::LayerNorm make_layer_norm(const GPTConfig& c) {
   return torch::nn::LayerNorm(
       torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layernorm_epsilon));
-}
-
-// GPT's output_layer_init_method (gpt.cpp): the residual branches' projections scaled down.
-double residual_std(const GPTConfig& c) {
-  return c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
 }
 
 nn::ParallelLinearOptions linear_options(const GPTConfig& c, int64_t in, int64_t out, double std) {
@@ -96,9 +90,9 @@ TensorParallelGPTAttentionImpl::TensorParallelGPTAttentionImpl(const GPTConfig& 
           linear_options(c, c.hidden_size, 3 * c.hidden_size, c.init_method_std).stride(3), group));
   proj = register_module(
       "proj",
-      nn::RowParallelLinear(
-          linear_options(c, c.hidden_size, c.hidden_size, residual_std(c)).input_is_parallel(true),
-          group));
+      nn::RowParallelLinear(linear_options(c, c.hidden_size, c.hidden_size, c.residual_init_std())
+                                .input_is_parallel(true),
+                            group));
 }
 
 at::Tensor TensorParallelGPTAttentionImpl::forward(const at::Tensor& x) {
@@ -132,9 +126,9 @@ TensorParallelGPTMLPImpl::TensorParallelGPTMLPImpl(const GPTConfig& c, nn::Group
           group));
   proj = register_module(
       "proj",
-      nn::RowParallelLinear(
-          linear_options(c, c.ffn_size(), c.hidden_size, residual_std(c)).input_is_parallel(true),
-          group));
+      nn::RowParallelLinear(linear_options(c, c.ffn_size(), c.hidden_size, c.residual_init_std())
+                                .input_is_parallel(true),
+                            group));
 }
 
 at::Tensor TensorParallelGPTMLPImpl::forward(const at::Tensor& x) {
