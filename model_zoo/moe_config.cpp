@@ -13,8 +13,8 @@ using nlohmann::json;
 namespace {
 
 constexpr int64_t kMaxExperts = int64_t{1} << 16;
-constexpr int64_t kMaxFfn = int64_t{1} << 22;  // as GPTConfig's ffn_hidden_size
-constexpr int64_t kMaxWidth = int64_t{1} << 18;
+constexpr int64_t kMaxExpertFfn = int64_t{1} << 22;    // as GPTConfig's ffn_hidden_size
+constexpr int64_t kMaxLatentWidth = int64_t{1} << 18;  // as GPTConfig's hidden_size
 
 // Megatron's None: a key written as null is the key left out.
 bool given(config::Section& s, const std::string& key) {
@@ -92,10 +92,10 @@ void read_moe_keys(config::Section& s, int64_t num_layers, MoEConfig& m) {
   m.num_experts = s.get_int("num_experts", 0, 1, kMaxExperts);
   m.moe_router_topk = s.get_int("moe_router_topk", m.moe_router_topk, 1, kMaxExperts);
   if (given(s, "moe_ffn_hidden_size"))
-    m.moe_ffn_hidden_size = s.get_int("moe_ffn_hidden_size", 0, 1, kMaxFfn);
+    m.moe_ffn_hidden_size = s.get_int("moe_ffn_hidden_size", 0, 1, kMaxExpertFfn);
   if (given(s, "moe_shared_expert_intermediate_size"))
     m.moe_shared_expert_intermediate_size =
-        s.get_int("moe_shared_expert_intermediate_size", 0, 1, kMaxFfn);
+        s.get_int("moe_shared_expert_intermediate_size", 0, 1, kMaxExpertFfn);
   m.moe_aux_loss_coeff = s.get_double("moe_aux_loss_coeff", m.moe_aux_loss_coeff, 0.0);
   if (given(s, "moe_z_loss_coeff")) m.moe_z_loss_coeff = s.get_double("moe_z_loss_coeff", 0.0, 0.0);
   m.moe_router_enable_expert_bias =
@@ -122,7 +122,7 @@ void read_moe_keys(config::Section& s, int64_t num_layers, MoEConfig& m) {
   if (given(s, "moe_router_group_topk"))
     m.moe_router_group_topk = s.get_int("moe_router_group_topk", 0, 1, kMaxExperts);
   if (given(s, "moe_latent_size"))
-    m.moe_latent_size = s.get_int("moe_latent_size", 0, 1, kMaxWidth);
+    m.moe_latent_size = s.get_int("moe_latent_size", 0, 1, kMaxLatentWidth);
 }
 
 void MoEConfig::validate(int64_t num_layers) const {
