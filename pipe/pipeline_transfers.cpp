@@ -6,17 +6,13 @@
 
 #include "dscpp/error.h"
 #include "dscpp/pipe/pipeline_engine.h"
+#include "dscpp/pipe/schedule_internal.h"
 
 namespace dscpp::pipe {
 
 namespace {
 
 constexpr int kActivationTag = 0, kGradTag = 1, kMetaTag = 2;
-
-bool is_transfer(Op op) {
-  return op == Op::kSendActivation || op == Op::kRecvActivation || op == Op::kSendGrad ||
-         op == Op::kRecvGrad;
-}
 
 // Issues each link's ops as one batch, then waits for all.
 void issue_and_wait(std::map<int, std::vector<comm::P2POp>>& by_peer, const PipelineModule& m) {

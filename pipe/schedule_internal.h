@@ -1,4 +1,5 @@
-// What schedule.cpp and schedule_interleaved.cpp share; not part of the public contract.
+// What schedule.cpp, schedule_interleaved.cpp and the engine's transfers (pipeline_transfers.cpp)
+// share; not part of the public contract.
 #pragma once
 
 #include "dscpp/pipe/schedule.h"
@@ -12,6 +13,7 @@ void validate(const PipeShape& shape);
 std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only);
 // ReduceTiedGrads, ReduceGrads, OptimizerStep: the last step's tail.
 void append_step_level(Step& last);
+// SendActivation, RecvActivation, SendGrad, RecvGrad.
 bool is_transfer(Op op);
 
 }  // namespace dscpp::pipe
