@@ -2,6 +2,7 @@
 #include "dscpp/runtime/checkpoint/fp32_state.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <filesystem>
 #include <functional>
@@ -22,12 +23,6 @@ namespace dscpp::checkpoint {
 using detail::need;
 
 namespace {
-
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // The state dict of one model-states file of a non-pipeline checkpoint (zero_file(r): its data
 // rank r's partition file).
@@ -216,7 +211,7 @@ PyValue zero_state_dict(const std::string& dir, const std::string& tag, const Py
       std::vector<int64_t> numels;
       for (size_t i = 0; i < shapes.size(); ++i) {
         dims.push_back(shapes.values()[i].as_ints());
-        numels.push_back(numel_of(dims.back()));
+        numels.push_back(c10::multiply_integers(dims.back()));
       }
       if (!paddings[g].empty() && paddings[g].size() != numels.size())
         throw CheckpointError("'" + tag_dir(dir, tag) + "': " + std::to_string(paddings[g].size()) +

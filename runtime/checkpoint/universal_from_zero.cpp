@@ -2,6 +2,7 @@
 #include "dscpp/runtime/checkpoint/universal_from_zero.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -24,12 +25,6 @@ namespace dscpp::checkpoint {
 using detail::need;
 
 namespace {
-
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // The dict without the given keys (the big tensors ds_to_universal leaves out too).
 PyValue without(const PyValue& dict, const std::set<std::string>& drop) {
@@ -251,7 +246,7 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
   for (size_t i = 0; i < shapes.size(); ++i) {
     names.push_back(shapes.keys()[i].as_string());
     dims.push_back(shapes.values()[i].as_ints());
-    numels.push_back(numel_of(dims.back()));
+    numels.push_back(c10::multiply_integers(dims.back()));
   }
   params.resize(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
