@@ -23,17 +23,6 @@ namespace dscpp::zero {
 
 namespace {
 
-struct Chunk {
-  int bucket;
-  at::Tensor source;  // on the device until its copy is done (no stream owns it)
-  at::Tensor host;    // where the copy lands: `into` itself, or a staging buffer
-  at::Tensor into;    // the partition's slice
-  bool straight;
-  double scale;
-  double* sumsq;                     // null: none
-  std::optional<c10::Event> copied;  // a GPU: the copy down
-};
-
 int64_t bytes(const at::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
@@ -41,6 +30,17 @@ int64_t bytes(const at::Tensor& t) {
 }  // namespace
 
 struct HostLanding::Worker {
+  struct Chunk {
+    int bucket;
+    at::Tensor source;  // on the device until its copy is done (no stream owns it)
+    at::Tensor host;    // where the copy lands: `into` itself, or a staging buffer
+    at::Tensor into;    // the partition's slice
+    bool straight;
+    double scale;
+    double* sumsq;                     // null: none
+    std::optional<c10::Event> copied;  // a GPU: the copy down
+  };
+
   c10::Device device;
   bool streams;
   std::optional<c10::Stream> copy_stream;
@@ -162,8 +162,8 @@ void HostLanding::land(int bucket, at::Tensor source, at::Tensor into, bool stra
     w.rethrow_locked();
   }
   at::NoGradGuard no_grad;
-  Chunk c{bucket, std::move(source), at::Tensor(), std::move(into), straight, scale,
-          sumsq,  std::nullopt};
+  Worker::Chunk c{bucket, std::move(source), at::Tensor(), std::move(into), straight, scale,
+                  sumsq,  std::nullopt};
   if (!w.streams) {
     c.host = c.source;  // (the CPU: the worker reads the chunk where it is)
   } else {
