@@ -11,18 +11,12 @@
 #include <sstream>
 
 #include "errors.h"
+#include "text.h"
 
 extern char** environ;
 
 namespace dscpp::launcher {
 namespace {
-
-std::string trim(const std::string& s) {
-  const char* ws = " \t\r\n\v\f";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
 
 bool starts_with(const std::string& text, const std::string& prefix) {
   return text.compare(0, prefix.size(), prefix) == 0;

@@ -9,18 +9,13 @@
 #include <fstream>
 #include <sstream>
 
+#include "text.h"
+
 namespace dscpp::launcher {
 namespace {
 
 bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
-}
-
-std::string trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && is_space(s[b])) ++b;
-  while (e > b && is_space(s[e - 1])) --e;
-  return s.substr(b, e - b);
 }
 
 // Matches DeepSpeed's `^(\S+)\s+slots=(\d+)`; anything after the slot count (such as an
