@@ -27,6 +27,8 @@ std::string error_of(void (*f)()) {
 }
 }  // namespace
 
+// The fixture and its tests in one anonymous namespace: a test class derived from a fixture of
+// this file alone is of this file too (g++'s -Wsubobject-linkage, where a unity build includes it).
 namespace {
 class Rendezvous : public ::testing::Test {
  protected:
@@ -38,7 +40,6 @@ class Rendezvous : public ::testing::Test {
       unsetenv(v);
   }
 };
-}  // namespace
 
 TEST_F(Rendezvous, NoEnvironmentIsAWorldOfOne) {
   auto e = read_dist_env();
@@ -155,3 +156,5 @@ TEST_F(Rendezvous, ATakenPortIsAnErrorWithoutABacktrace) {
   EXPECT_EQ(e.find("Exception raised from"), std::string::npos) << e;
   EXPECT_EQ(e.find("frame #"), std::string::npos) << e;
 }
+
+}  // namespace
