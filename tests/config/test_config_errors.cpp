@@ -5,7 +5,9 @@
 
 #include "dscpp/config/config_error.h"
 #include "dscpp/config/ds_config.h"
+#include "tests/config/config_test_util.h"
 
+using config_test::parse;
 using dscpp::ConfigError;
 using dscpp::ConfigOptions;
 using dscpp::parse_ds_config;
@@ -22,10 +24,6 @@ std::string error_of(json j, bool strict = false) {
     return e.what();
   }
   return "";
-}
-dscpp::DSConfig parse(json j) {
-  j["train_micro_batch_size_per_gpu"] = 1;
-  return parse_ds_config(j);
 }
 }  // namespace
 

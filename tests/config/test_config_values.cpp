@@ -3,17 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "dscpp/config/ds_config.h"
+#include "tests/config/config_test_util.h"
 
+using config_test::parse;
 using dscpp::ConfigOptions;
 using dscpp::parse_ds_config;
 using nlohmann::json;
-
-namespace {
-dscpp::DSConfig parse(json j) {
-  j["train_micro_batch_size_per_gpu"] = 1;
-  return parse_ds_config(j);
-}
-}  // namespace
 
 TEST(ConfigValues, DefaultsAreDeepSpeeds) {
   auto c = parse(json::object());

@@ -18,7 +18,7 @@ using dscpp::config::parse_yaml_text;
 
 namespace {
 
-std::string error_of(const std::string& text) {
+std::string yaml_error_of(const std::string& text) {
   try {
     parse_yaml_text(text, "m.yaml");
   } catch (const ConfigError& e) {
@@ -90,44 +90,44 @@ TEST(YamlText, PositionsOfEveryKeyAreRecorded) {
 }
 
 TEST(YamlText, ErrorsNameFileLineAndColumn) {
-  std::string e = error_of("model:\n  hidden_size: [1, 2\n  num_layers: 2\n");
+  std::string e = yaml_error_of("model:\n  hidden_size: [1, 2\n  num_layers: 2\n");
   EXPECT_NE(e.find("m.yaml:"), std::string::npos) << e;
   EXPECT_NE(e.find("cannot parse"), std::string::npos) << e;
-  e = error_of("model:\n  hidden_size: 64\n  hidden_size: 128\n");
+  e = yaml_error_of("model:\n  hidden_size: 64\n  hidden_size: 128\n");
   EXPECT_NE(e.find("m.yaml:3:3"), std::string::npos) << e;
   EXPECT_NE(e.find("duplicate key \"hidden_size\""), std::string::npos) << e;
-  e = error_of("a: 1\n---\nb: 2\n");
+  e = yaml_error_of("a: 1\n---\nb: 2\n");
   EXPECT_NE(e.find("m.yaml:2:1"), std::string::npos) << e;
   EXPECT_NE(e.find("second YAML document"), std::string::npos) << e;
   // yaml-cpp 0.7's LoadAll loops forever on these (jbeder/yaml-cpp#1040): an error, at once.
   for (const char* stray : {",", ", a\n", "- 1\n,\n"}) {
-    e = error_of(stray);
+    e = yaml_error_of(stray);
     EXPECT_NE(e.find("stray ','"), std::string::npos) << stray << ": " << e;
   }
-  e = error_of("? [1, 2]\n: x\n");
+  e = yaml_error_of("? [1, 2]\n: x\n");
   EXPECT_NE(e.find("m.yaml:1:"), std::string::npos) << e;
   EXPECT_NE(e.find("key must be a plain name"), std::string::npos) << e;
-  e = error_of("a: !!int x\n");
+  e = yaml_error_of("a: !!int x\n");
   EXPECT_NE(e.find("m.yaml:1:4"), std::string::npos) << e;
   EXPECT_NE(e.find("not a valid !!int"), std::string::npos) << e;
-  e = error_of("a:\n  b: -.inf\n");
+  e = yaml_error_of("a:\n  b: -.inf\n");
   EXPECT_NE(e.find("m.yaml:2:6"), std::string::npos) << e;
   EXPECT_NE(e.find("'-.inf' is not a finite number"), std::string::npos) << e;
-  EXPECT_NE(error_of("a: 1e999\n").find("not a finite number"), std::string::npos);
+  EXPECT_NE(yaml_error_of("a: 1e999\n").find("not a finite number"), std::string::npos);
   // Numbers beyond int64 or a double: a double, text, or the error; never a crash.
   auto big = parse_yaml_text("a: 99999999999999999999\nb: 0xffffffffffffffffff\n", "t");
   EXPECT_DOUBLE_EQ(big["a"].get<double>(), 1e20);
   EXPECT_EQ(big["b"], "0xffffffffffffffffff");
-  EXPECT_NE(error_of("a: " + std::string(100000, '9') + "\n").find("not a finite number"),
+  EXPECT_NE(yaml_error_of("a: " + std::string(100000, '9') + "\n").find("not a finite number"),
             std::string::npos);
   // NUL bytes (yaml-cpp would read them as UTF-16 or UTF-32) and escapes that spell no
   // UTF-8 (a lone surrogate) are refused before anything prints them.
-  e = error_of(std::string("\x01\0\0\0a: 1\n", 9));
+  e = yaml_error_of(std::string("\x01\0\0\0a: 1\n", 9));
   EXPECT_NE(e.find("NUL byte at offset 1"), std::string::npos) << e;
-  e = error_of("a: \"\\ud800\"\n");
+  e = yaml_error_of("a: \"\\ud800\"\n");
   EXPECT_NE(e.find("m.yaml"), std::string::npos) << e;
   EXPECT_EQ(e.find("(no error)"), std::string::npos) << e;
-  e = error_of("# only a comment\n");
+  e = yaml_error_of("# only a comment\n");
   EXPECT_NE(e.find("no configuration"), std::string::npos) << e;
 }
 
@@ -139,9 +139,10 @@ TEST(YamlText, AliasBombsAndDeepNestingAreRefused) {
                         c, prev);
     prev = c;
   }
-  EXPECT_NE(error_of(bomb).find("aliases expanding"), std::string::npos) << error_of(bomb);
+  EXPECT_NE(yaml_error_of(bomb).find("aliases expanding"), std::string::npos)
+      << yaml_error_of(bomb);
   std::string deep = "a: " + std::string(150, '[') + std::string(150, ']') + "\n";
-  EXPECT_NE(error_of(deep).find("nested more than"), std::string::npos) << error_of(deep);
+  EXPECT_NE(yaml_error_of(deep).find("nested more than"), std::string::npos) << yaml_error_of(deep);
 }
 
 TEST(YamlText, ReadConfigFileReadsYamlByItsExtension) {
