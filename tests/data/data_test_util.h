@@ -1,4 +1,5 @@
-// Helpers for the data tests: a temporary directory and small indexed datasets.
+// What the data tests share: a temporary directory, small indexed datasets, and the message of
+// an error.
 #pragma once
 
 #include <unistd.h>
@@ -52,6 +53,17 @@ inline std::vector<std::vector<int32_t>> numbered_documents(int n) {
     docs.push_back(doc);
   }
   return docs;
+}
+
+// The message of the std::runtime_error `f` throws ("" if none).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace dscpp::data::testing

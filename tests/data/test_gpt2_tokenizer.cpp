@@ -17,6 +17,7 @@
 namespace {
 
 using dscpp::data::GPT2Tokenizer;
+using dscpp::data::testing::error_of;
 using dscpp::data::testing::TempDir;
 using Pieces = std::vector<std::string>;
 
@@ -176,16 +177,6 @@ TEST(Gpt2Tokenizer, EqualRanksMergeLeftmostFirst) {
   GPT2Tokenizer t(files.vocab, files.merges);
   EXPECT_EQ(t.encode("aaa"), (std::vector<int32_t>{259, 'a'}));
   EXPECT_EQ(t.encode("aaaaa"), (std::vector<int32_t>{259, 259, 'a'}));
-}
-
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Gpt2Tokenizer, BadFilesAreNamedWithTheProblem) {

@@ -16,19 +16,9 @@
 namespace {
 
 using namespace dscpp::data;
+using dscpp::data::testing::error_of;
 using dscpp::data::testing::TempDir;
 namespace fs = std::filesystem;
-
-// The message of the std::runtime_error `f` throws ("" if none).
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(IndexedDataset, RoundTripKeepsDocumentsSequencesAndTokensInEveryDtype) {
   TempDir dir;
