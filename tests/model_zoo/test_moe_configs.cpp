@@ -5,32 +5,17 @@
 
 #include <filesystem>
 #include <fstream>
-#include <functional>
 
-#include "dscpp/config/config_error.h"
 #include "dscpp/model_zoo/gpt_config.h"
+#include "tests/model_zoo/config_test_util.h"
 
 namespace mz = dscpp::model_zoo;
+using model_config_test::error_of;
+using model_config_test::has;
+using model_config_test::shipped;
 using nlohmann::json;
 
 namespace {
-
-std::string shipped(const std::string& name) {
-  return std::string(DSCPP_MODEL_ZOO_CONFIGS) + "/" + name;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dscpp::ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-bool has(const std::string& message, const std::string& part) {
-  return message.find(part) != std::string::npos;
-}
 
 // A small SwiGLU model with experts: the keys each test changes go on top.
 json base() {
