@@ -23,8 +23,9 @@ struct Case {
 };
 
 // The reference: the loop of products in float64 under autograd.
-std::vector<at::Tensor> reference(const at::Tensor& rows, const at::Tensor& weights,
-                                  const std::vector<int64_t>& counts, const at::Tensor& grad) {
+std::vector<at::Tensor> grouped_mm_reference(const at::Tensor& rows, const at::Tensor& weights,
+                                             const std::vector<int64_t>& counts,
+                                             const at::Tensor& grad) {
   at::Tensor r = rows.to(at::kDouble).detach().requires_grad_(true);
   at::Tensor w = weights.to(at::kDouble).detach().requires_grad_(true);
   std::vector<at::Tensor> parts;
@@ -69,7 +70,7 @@ TEST(GroupedMm, MatchesTheLoopOfProductsWithItsGradients) {
     EXPECT_EQ(dscpp::ops::grouped_mm_uses_aten(rows, weights), c.aten);
     at::Tensor y = dscpp::ops::grouped_mm(rows, weights, counts);
     auto g = torch::autograd::grad({y}, {rows, weights}, {grad});
-    auto want = reference(rows, weights, c.counts, grad);
+    auto want = grouped_mm_reference(rows, weights, c.counts, grad);
     expect_close(y, want[0], c, "output");
     expect_close(g[0], want[1], c, "d_rows");
     expect_close(g[1], want[2], c, "d_weights");
@@ -100,7 +101,7 @@ TEST(GroupedMm, IgnoresPaddingRowsPastTheCounts) {
     at::Tensor y = dscpp::ops::grouped_mm(rows, weights, at::tensor(c.counts, at::kLong));
     ASSERT_EQ(y.size(0), n + pad);
     auto g = torch::autograd::grad({y}, {rows, weights}, {grad});
-    auto want = reference(counted, weights, c.counts, grad.narrow(0, 0, n));
+    auto want = grouped_mm_reference(counted, weights, c.counts, grad.narrow(0, 0, n));
     expect_close(y.narrow(0, 0, n), want[0], c, "output");
     expect_close(g[0].narrow(0, 0, n), want[1], c, "d_rows");
     expect_close(g[1], want[2], c, "d_weights");

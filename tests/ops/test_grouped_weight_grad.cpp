@@ -18,8 +18,8 @@
 namespace {
 
 // dw[e] = rows_e^T grad_e in float64, zero for an empty group.
-at::Tensor reference(const at::Tensor& rows, const at::Tensor& grad,
-                     const std::vector<int64_t>& counts) {
+at::Tensor weight_grad_reference(const at::Tensor& rows, const at::Tensor& grad,
+                                 const std::vector<int64_t>& counts) {
   at::Tensor dw =
       at::zeros({static_cast<int64_t>(counts.size()), rows.size(1), grad.size(1)}, at::kDouble);
   int64_t o = 0;
@@ -41,7 +41,7 @@ TEST(GroupedWeightGrad, IntoASlotMatchesTheProductsOfEachGroup) {
       const int64_t e = static_cast<int64_t>(counts.size());
       // Two padding rows past the counts, which no group may read.
       const at::Tensor rows = at::randn({n + 2, 6}, dtype), grad = at::randn({n + 2, 4}, dtype);
-      const at::Tensor want = reference(rows, grad, counts);
+      const at::Tensor want = weight_grad_reference(rows, grad, counts);
       const at::Tensor before = at::randn({e, 6, 4}, dtype);
       for (const bool accumulate : {false, true}) {
         at::Tensor slot = before.clone();
@@ -108,7 +108,7 @@ TEST(GroupedMm, WritesItsWeightGradientIntoItsDestination) {
       const at::Tensor grad = at::randn({12, 4}, dtype);
       const at::Tensor y = dscpp::ops::grouped_mm(rows, weights, c);
       y.backward(grad);
-      want += reference(rows.detach(), grad, counts);
+      want += weight_grad_reference(rows.detach(), grad, counts);
       // d_rows still comes back through autograd: the loop's gradient.
       at::Tensor want_rows = at::zeros({12, 8}, at::kDouble);
       int64_t o = 0;
@@ -137,8 +137,8 @@ TEST(GroupedMm, ReturnsItsWeightGradientWhereTheDestinationHasNoSlot) {
   dscpp::ops::grouped_mm(rows, weights, at::tensor(counts, at::kLong)).backward(grad);
   ASSERT_TRUE(weights.grad().defined());
   EXPECT_EQ(buffer.writes, 0);
-  EXPECT_TRUE(
-      at::allclose(weights.grad().to(at::kDouble), reference(rows, grad, counts), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(weights.grad().to(at::kDouble),
+                           weight_grad_reference(rows, grad, counts), 1e-5, 1e-5));
 }
 
 // The process setting (train_gpt's --grouped-wgrad): "off" returns the gradient to autograd even
@@ -156,8 +156,8 @@ TEST(GroupedMm, ModeOffReturnsItsWeightGradientToAutograd) {
   dscpp::ops::set_grouped_weight_grad_mode(dscpp::ops::parse_grouped_weight_grad_mode("auto"));
   EXPECT_EQ(buffer.writes, 0);
   ASSERT_TRUE(weights.grad().defined());
-  EXPECT_TRUE(
-      at::allclose(weights.grad().to(at::kDouble), reference(rows, grad, counts), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(weights.grad().to(at::kDouble),
+                           weight_grad_reference(rows, grad, counts), 1e-5, 1e-5));
   try {
     (void)dscpp::ops::parse_grouped_weight_grad_mode("fast");
     ADD_FAILURE() << "'fast' was accepted";

@@ -31,7 +31,7 @@ std::unique_ptr<LRScheduler> schedule(const std::string& type, json params, Opti
   return dscpp::optim::make_scheduler(c, opt);
 }
 
-std::string error_path(const std::string& type, const json& params) {
+std::string schedule_error_path(const std::string& type, const json& params) {
   auto opt = optimizer("adam", json::object());
   try {
     schedule(type, params, *opt);
@@ -154,25 +154,29 @@ TEST(LRRangeTest, StaircaseGrowsInSteps) {
 }
 
 TEST(Schedules, ConfigErrorsNameTheKey) {
-  EXPECT_EQ(error_path("WarmupLr", json::object()), "scheduler.type");
-  EXPECT_EQ(error_path("CosineAnnealingLR", json::object()), "scheduler.type");
-  EXPECT_EQ(error_path("WarmupDecayLR", json::object()), "scheduler.params.total_num_steps");
-  EXPECT_EQ(error_path("WarmupCosineLR", {{"warmup_num_steps", 10}}),
+  EXPECT_EQ(schedule_error_path("WarmupLr", json::object()), "scheduler.type");
+  EXPECT_EQ(schedule_error_path("CosineAnnealingLR", json::object()), "scheduler.type");
+  EXPECT_EQ(schedule_error_path("WarmupDecayLR", json::object()),
             "scheduler.params.total_num_steps");
-  EXPECT_EQ(error_path("WarmupLR", {{"warmup_num_steps", 0}}), "scheduler.params.warmup_num_steps");
-  EXPECT_EQ(error_path("WarmupLR", {{"warmup_num_steps", 2.5}}),
+  EXPECT_EQ(schedule_error_path("WarmupCosineLR", {{"warmup_num_steps", 10}}),
+            "scheduler.params.total_num_steps");
+  EXPECT_EQ(schedule_error_path("WarmupLR", {{"warmup_num_steps", 0}}),
             "scheduler.params.warmup_num_steps");
-  EXPECT_EQ(error_path("WarmupLR", {{"warmup_max_lr", {0.1, 0.2}}}),
+  EXPECT_EQ(schedule_error_path("WarmupLR", {{"warmup_num_steps", 2.5}}),
+            "scheduler.params.warmup_num_steps");
+  EXPECT_EQ(schedule_error_path("WarmupLR", {{"warmup_max_lr", {0.1, 0.2}}}),
             "scheduler.params.warmup_max_lr");
-  EXPECT_EQ(error_path("WarmupLR", {{"warmup_min_ratio", 0.1}}),
+  EXPECT_EQ(schedule_error_path("WarmupLR", {{"warmup_min_ratio", 0.1}}),
             "scheduler.params.warmup_min_ratio");
-  EXPECT_EQ(error_path("OneCycle", {{"cycle_min_lr", 0.1}}), "scheduler.params.cycle_max_lr");
-  EXPECT_EQ(error_path("OneCycle",
-                       {{"cycle_min_lr", 0.1}, {"cycle_max_lr", 1}, {"cycle_first_step_size", 0}}),
-            "scheduler.params.cycle_first_step_size");
-  EXPECT_EQ(error_path("LRRangeTest", {{"lr_range_test_step_size", 0}}),
+  EXPECT_EQ(schedule_error_path("OneCycle", {{"cycle_min_lr", 0.1}}),
+            "scheduler.params.cycle_max_lr");
+  EXPECT_EQ(
+      schedule_error_path(
+          "OneCycle", {{"cycle_min_lr", 0.1}, {"cycle_max_lr", 1}, {"cycle_first_step_size", 0}}),
+      "scheduler.params.cycle_first_step_size");
+  EXPECT_EQ(schedule_error_path("LRRangeTest", {{"lr_range_test_step_size", 0}}),
             "scheduler.params.lr_range_test_step_size");
-  EXPECT_EQ(error_path("WarmupLR", {{"warmup_min_lr", 0}, {"warmup_max_lr", 0.1}}), "");
+  EXPECT_EQ(schedule_error_path("WarmupLR", {{"warmup_min_lr", 0}, {"warmup_max_lr", 0.1}}), "");
 }
 
 }  // namespace

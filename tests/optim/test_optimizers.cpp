@@ -46,7 +46,7 @@ void expect_near(const at::Tensor& got, const std::vector<double>& want, double 
 }
 
 // The path a ConfigError names for building this optimizer (empty: no error).
-std::string error_path(const std::string& type, const json& params) {
+std::string optimizer_error_path(const std::string& type, const json& params) {
   try {
     make(type, params);
   } catch (const ConfigError& e) {
@@ -330,27 +330,29 @@ TEST(Optimizer, NamesAreCaseInsensitiveAndDeepSpeedOnlyParamsAreAccepted) {
   EXPECT_EQ(make("ADAMW")->name(), "adamw");
   EXPECT_EQ(make("sgd")->name(), "SGD");
   EXPECT_EQ(make("LAMB")->name(), "lamb");
-  EXPECT_EQ(error_path("adam", {{"torch_adam", false},
-                                {"adam_w_mode", true},
-                                {"fused", true},
-                                {"set_grad_none", true},
-                                {"fp32_optimizer_states", true}}),
+  EXPECT_EQ(optimizer_error_path("adam", {{"torch_adam", false},
+                                          {"adam_w_mode", true},
+                                          {"fused", true},
+                                          {"set_grad_none", true},
+                                          {"fp32_optimizer_states", true}}),
             "");
 }
 
 TEST(Optimizer, ConfigErrorsNameTheKey) {
-  EXPECT_EQ(error_path("adamx", {}), "optimizer.type");
-  EXPECT_EQ(error_path("adam", {{"betas", {0.9}}}), "optimizer.params.betas");
-  EXPECT_EQ(error_path("adam", {{"betas", {0.9, 1.0}}}), "optimizer.params.betas");
-  EXPECT_EQ(error_path("adam", {{"lr", -1}}), "optimizer.params.lr");
-  EXPECT_EQ(error_path("adam", {{"lr", "fast"}}), "optimizer.params.lr");
-  EXPECT_EQ(error_path("adam", {{"amsgrad", true}}), "optimizer.params.amsgrad");
-  EXPECT_EQ(error_path("adamw", {{"adam_w_mode", "yes"}}), "optimizer.params.adam_w_mode");
-  EXPECT_EQ(error_path("adam", {{"foo", 1}}), "optimizer.params.foo");
-  EXPECT_EQ(error_path("lamb", {{"max_grad_norm", 1.0}}), "optimizer.params.max_grad_norm");
-  EXPECT_EQ(error_path("sgd", {{"nesterov", true}}), "optimizer.params.nesterov");
-  EXPECT_EQ(error_path("adagrad", {{"lr_decay", -0.1}}), "optimizer.params.lr_decay");
-  EXPECT_EQ(error_path("lion", {{"eps", 1e-8}}), "optimizer.params.eps");
+  EXPECT_EQ(optimizer_error_path("adamx", {}), "optimizer.type");
+  EXPECT_EQ(optimizer_error_path("adam", {{"betas", {0.9}}}), "optimizer.params.betas");
+  EXPECT_EQ(optimizer_error_path("adam", {{"betas", {0.9, 1.0}}}), "optimizer.params.betas");
+  EXPECT_EQ(optimizer_error_path("adam", {{"lr", -1}}), "optimizer.params.lr");
+  EXPECT_EQ(optimizer_error_path("adam", {{"lr", "fast"}}), "optimizer.params.lr");
+  EXPECT_EQ(optimizer_error_path("adam", {{"amsgrad", true}}), "optimizer.params.amsgrad");
+  EXPECT_EQ(optimizer_error_path("adamw", {{"adam_w_mode", "yes"}}),
+            "optimizer.params.adam_w_mode");
+  EXPECT_EQ(optimizer_error_path("adam", {{"foo", 1}}), "optimizer.params.foo");
+  EXPECT_EQ(optimizer_error_path("lamb", {{"max_grad_norm", 1.0}}),
+            "optimizer.params.max_grad_norm");
+  EXPECT_EQ(optimizer_error_path("sgd", {{"nesterov", true}}), "optimizer.params.nesterov");
+  EXPECT_EQ(optimizer_error_path("adagrad", {{"lr_decay", -0.1}}), "optimizer.params.lr_decay");
+  EXPECT_EQ(optimizer_error_path("lion", {{"eps", 1e-8}}), "optimizer.params.eps");
 }
 
 TEST(Optimizer, BadShardsAndGradientsAreRejected) {
