@@ -11,7 +11,14 @@
 #include <string>
 #include <vector>
 
+#ifndef FAKE_RANK_BIN
+#error "FAKE_RANK_BIN must name the fake_rank binary"
+#endif
+
 namespace dscpp::launcher::testing {
+
+// The fake_rank binary: the training program that the process tests launch.
+inline const std::string kFakeRank = FAKE_RANK_BIN;
 
 // A fresh directory under /tmp, removed with its contents at destruction.
 class TempDir {

@@ -11,14 +11,8 @@
 
 #include "process_harness.h"
 
-#ifndef FAKE_RANK_BIN
-#error "FAKE_RANK_BIN must name the fake_rank helper"
-#endif
-
 namespace dscpp::launcher::testing {
 namespace {
-
-const std::string kFake = FAKE_RANK_BIN;
 
 // 0, or the errno of binding 0.0.0.0:port (then listening, as a store serving it would).
 int bind_error(int port, bool reuse_address) {
@@ -56,7 +50,7 @@ TEST(FreeMasterPort, EveryRankGetsOnePortHeldUntilTheJobEnds) {
   const std::string go = gate / "go";
   auto start = [&](const TempDir& out) {
     return std::make_unique<Launch>(
-        std::vector<std::string>{"--num_gpus", "3", "--master_port", "0", kFake,
+        std::vector<std::string>{"--num_gpus", "3", "--master_port", "0", kFakeRank,
                                  "out=" + out.path(), "wait_file=" + go},
         std::map<std::string, std::string>{}, "/tmp");
   };

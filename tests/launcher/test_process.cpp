@@ -12,14 +12,8 @@
 
 #include "process_harness.h"
 
-#ifndef FAKE_RANK_BIN
-#error "FAKE_RANK_BIN must name the fake_rank helper"
-#endif
-
 namespace dscpp::launcher::testing {
 namespace {
-
-const std::string kFake = FAKE_RANK_BIN;
 
 bool has_gpu() {
   return file_exists("/proc/driver/nvidia/gpus") || file_exists("/dev/nvidia0");
@@ -56,7 +50,7 @@ void expect_nothing_left(const std::vector<RankInfo>& ranks, double timeout_s = 
 }
 
 TEST_F(ProcessTest, EnvironmentOfFourRanks) {
-  const Result r = run_dscpp({"--num_gpus", "4", "--master_port", "29611", kFake, out_arg(),
+  const Result r = run_dscpp({"--num_gpus", "4", "--master_port", "29611", kFakeRank, out_arg(),
                               "--flag", "two words", "--num_gpus", "9"},
                              {{"INHERITED", "yes"}});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -89,7 +83,7 @@ TEST_F(ProcessTest, EnvironmentOfFourRanks) {
 }
 
 TEST_F(ProcessTest, NoLocalRank) {
-  const Result r = run_dscpp({"--no_local_rank", "--num_gpus", "2", kFake, out_arg(), "x"});
+  const Result r = run_dscpp({"--no_local_rank", "--num_gpus", "2", kFakeRank, out_arg(), "x"});
   ASSERT_EQ(r.code, 0) << r.err;
   for (const RankInfo& info : ranks(2)) {
     EXPECT_EQ(info.args, (std::vector<std::string>{out_arg(), "x"}));
@@ -97,9 +91,9 @@ TEST_F(ProcessTest, NoLocalRank) {
 }
 
 TEST_F(ProcessTest, FailingRankStopsTheJobWithItsExitCode) {
-  const Result r = run_dscpp(
-      {"--num_gpus", "4", kFake, out_arg(), "wait_peers=1", "grandchild=1", "exit=1:7", "sleep=30"},
-      {{"DSCPP_KILL_GRACE_S", "3"}});
+  const Result r = run_dscpp({"--num_gpus", "4", kFakeRank, out_arg(), "wait_peers=1",
+                              "grandchild=1", "exit=1:7", "sleep=30"},
+                             {{"DSCPP_KILL_GRACE_S", "3"}});
   EXPECT_EQ(r.code, 7) << r.err;
   EXPECT_LT(r.seconds, 3.0) << "the others should stop on SIGTERM, well within the grace period";
   EXPECT_NE(r.err.find("rank 1"), std::string::npos) << r.err;
@@ -110,7 +104,7 @@ TEST_F(ProcessTest, FailingRankStopsTheJobWithItsExitCode) {
 // "connection reset by peer"): the message says the peer had ended, and how.
 TEST_F(ProcessTest, FailureNamesThePeersThatHadAlreadyEnded) {
   const Result r =
-      run_dscpp({"--num_gpus", "2", kFake, out_arg(), "exit=1:0", "late_exit=0:5", "sleep=1"});
+      run_dscpp({"--num_gpus", "2", kFakeRank, out_arg(), "exit=1:0", "late_exit=0:5", "sleep=1"});
   EXPECT_EQ(r.code, 5) << r.err;
   EXPECT_NE(r.err.find("rank 0 (pid"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("already ended: rank 1 exited with code 0)"), std::string::npos) << r.err;
@@ -118,14 +112,14 @@ TEST_F(ProcessTest, FailureNamesThePeersThatHadAlreadyEnded) {
 }
 
 TEST_F(ProcessTest, RankKilledBySignalGives128PlusSignal) {
-  const Result r =
-      run_dscpp({"--num_gpus", "3", kFake, out_arg(), "wait_peers=1", "signal=2:6", "sleep=30"});
+  const Result r = run_dscpp(
+      {"--num_gpus", "3", kFakeRank, out_arg(), "wait_peers=1", "signal=2:6", "sleep=30"});
   EXPECT_EQ(r.code, 128 + SIGABRT) << r.err;
   expect_nothing_left(ranks(3));
 }
 
 TEST_F(ProcessTest, KillMinus9OfOneRank) {
-  Launch launch({"--num_gpus", "3", kFake, out_arg(), "grandchild=1", "sleep=30"}, {}, "/tmp");
+  Launch launch({"--num_gpus", "3", kFakeRank, out_arg(), "grandchild=1", "sleep=30"}, {}, "/tmp");
   ASSERT_TRUE(wait_for_ranks(dir_.path(), 3));
   const auto all = ranks(3);
   ASSERT_EQ(::kill(all[1].pid, SIGKILL), 0);
@@ -138,8 +132,8 @@ TEST_F(ProcessTest, KillMinus9OfOneRank) {
 TEST_F(ProcessTest, SignalsToTheLauncherAreForwardedThenTornDown) {
   for (int signo : {SIGINT, SIGTERM}) {
     TempDir dir;
-    Launch launch({"--num_gpus", "2", kFake, "out=" + dir.path(), "grandchild=1", "sleep=30"}, {},
-                  "/tmp");
+    Launch launch({"--num_gpus", "2", kFakeRank, "out=" + dir.path(), "grandchild=1", "sleep=30"},
+                  {}, "/tmp");
     ASSERT_TRUE(wait_for_ranks(dir.path(), 2));
     std::vector<RankInfo> all = {*read_rank(dir.path(), 0), *read_rank(dir.path(), 1)};
     ASSERT_EQ(::kill(launch.pid(), signo), 0);
@@ -151,8 +145,8 @@ TEST_F(ProcessTest, SignalsToTheLauncherAreForwardedThenTornDown) {
 }
 
 TEST_F(ProcessTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
-  const Result r = run_dscpp({"--num_gpus", "2", kFake, out_arg(), "wait_peers=1", "grandchild=1",
-                              "ignore_term=1", "exit=0:3", "sleep=30"},
+  const Result r = run_dscpp({"--num_gpus", "2", kFakeRank, out_arg(), "wait_peers=1",
+                              "grandchild=1", "ignore_term=1", "exit=0:3", "sleep=30"},
                              {{"DSCPP_KILL_GRACE_S", "1"}});
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_GE(r.seconds, 1.0);
@@ -161,7 +155,7 @@ TEST_F(ProcessTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
 }
 
 TEST_F(ProcessTest, GrandchildThatLeftTheProcessGroupIsStoppedToo) {
-  const Result r = run_dscpp({"--num_gpus", "2", kFake, out_arg(), "wait_peers=1",
+  const Result r = run_dscpp({"--num_gpus", "2", kFakeRank, out_arg(), "wait_peers=1",
                               "grandchild=setsid", "exit=0:5", "sleep=30"},
                              {{"DSCPP_KILL_GRACE_S", "3"}});
   EXPECT_EQ(r.code, 5) << r.err;
@@ -170,7 +164,7 @@ TEST_F(ProcessTest, GrandchildThatLeftTheProcessGroupIsStoppedToo) {
 }
 
 TEST_F(ProcessTest, SuccessfulRanksLeaveNoDaemonBehind) {
-  const Result r = run_dscpp({"--num_gpus", "2", kFake, out_arg(), "grandchild=1"},
+  const Result r = run_dscpp({"--num_gpus", "2", kFakeRank, out_arg(), "grandchild=1"},
                              {{"DSCPP_KILL_GRACE_S", "3"}});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_LT(r.seconds, 3.0);
@@ -178,7 +172,7 @@ TEST_F(ProcessTest, SuccessfulRanksLeaveNoDaemonBehind) {
 }
 
 TEST_F(ProcessTest, KillMinus9OfTheLauncherTakesRanksAndGrandchildrenDown) {
-  Launch launch({"--num_gpus", "2", kFake, out_arg(), "grandchild=1", "sleep=30"}, {}, "/tmp");
+  Launch launch({"--num_gpus", "2", kFakeRank, out_arg(), "grandchild=1", "sleep=30"}, {}, "/tmp");
   ASSERT_TRUE(wait_for_ranks(dir_.path(), 2));
   const auto all = ranks(2);
   ASSERT_EQ(::kill(launch.pid(), SIGKILL), 0);
@@ -192,7 +186,7 @@ TEST_F(ProcessTest, TwoNoSshLaunchersFormOneJob) {
                                            "29612"};
   auto args = [&](int node) {
     std::vector<std::string> a = common;
-    a.insert(a.end(), {"--node_rank", std::to_string(node), kFake, out_arg(), "wait_peers=1"});
+    a.insert(a.end(), {"--node_rank", std::to_string(node), kFakeRank, out_arg(), "wait_peers=1"});
     return a;
   };
   Launch node0(args(0), {}, "/tmp");
@@ -220,7 +214,7 @@ TEST_F(ProcessTest, TwoNoSshLaunchersFormOneJob) {
 TEST_F(ProcessTest, EachRankLog) {
   const std::string logs = dir_ / "logs/nested";
   const Result r =
-      run_dscpp({"--enable_each_rank_log", logs, "--num_gpus", "2", kFake, "print=hello"});
+      run_dscpp({"--enable_each_rank_log", logs, "--num_gpus", "2", kFakeRank, "print=hello"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.find("hello"), std::string::npos) << r.out;
   std::vector<std::string> names;
@@ -247,7 +241,7 @@ TEST_F(ProcessTest, DeepspeedEnvFilesAreExported) {
   write_file(dir_ / ".deepspeed_env", "FOO=from cwd\nBOTH=cwd\n");
   write_file(home / ".deepspeed_env", "# home file\nBOTH=home\nHOMEONLY=1\n");
   const Result r =
-      run_dscpp({"--num_gpus", "2", kFake, out_arg()}, {{"HOME", home.path()}}, dir_.path());
+      run_dscpp({"--num_gpus", "2", kFakeRank, out_arg()}, {{"HOME", home.path()}}, dir_.path());
   ASSERT_EQ(r.code, 0) << r.err;
   for (const RankInfo& info : ranks(2)) {
     EXPECT_EQ(info.env.at("FOO"), "from cwd");
@@ -260,7 +254,7 @@ TEST_F(ProcessTest, CudaVisibleDevicesSelectsTheSlots) {
   if (has_gpu()) {
     GTEST_SKIP() << "needs a machine without GPUs";
   }
-  const Result r = run_dscpp({kFake, out_arg()}, {{"CUDA_VISIBLE_DEVICES", "1,3"}});
+  const Result r = run_dscpp({kFakeRank, out_arg()}, {{"CUDA_VISIBLE_DEVICES", "1,3"}});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("starting 2 CPU ranks"), std::string::npos) << r.err;
   const auto all = ranks(2);
@@ -278,7 +272,7 @@ TEST_F(ProcessTest, BindCoresToRank) {
     GTEST_SKIP() << "needs CPUs 0 and 1";
   }
   const Result r = run_dscpp(
-      {"--bind_cores_to_rank", "--bind_core_list", "0,1", "--num_gpus", "2", kFake, out_arg()});
+      {"--bind_cores_to_rank", "--bind_core_list", "0,1", "--num_gpus", "2", kFakeRank, out_arg()});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto all = ranks(2);
   ASSERT_EQ(all.size(), 2u);
@@ -288,8 +282,9 @@ TEST_F(ProcessTest, BindCoresToRank) {
 }
 
 TEST_F(ProcessTest, SavePid) {
-  Launch launch({"--save_pid", "--num_gpus", "2", kFake, out_arg(), "wait_file=" + (dir_ / "go")},
-                {}, "/tmp");
+  Launch launch(
+      {"--save_pid", "--num_gpus", "2", kFakeRank, out_arg(), "wait_file=" + (dir_ / "go")}, {},
+      "/tmp");
   ASSERT_TRUE(wait_for_ranks(dir_.path(), 2));
   const std::string pid_file = "/tmp/" + std::to_string(launch.pid()) + ".deepspeed";
   // The rank list is written once every rank is started, possibly after they wrote theirs.
@@ -311,7 +306,7 @@ TEST_F(ProcessTest, SavePid) {
 // test's launch may be that next launch and remove them first: that is the behaviour under
 // test too, so then only the end state is checked.
 TEST_F(ProcessTest, SavePidFilesOfAKilledLauncherAreRemovedByTheNextLaunch) {
-  Launch launch({"--save_pid", "--num_gpus", "2", kFake, out_arg(), "sleep=30"}, {}, "/tmp");
+  Launch launch({"--save_pid", "--num_gpus", "2", kFakeRank, out_arg(), "sleep=30"}, {}, "/tmp");
   ASSERT_TRUE(wait_for_ranks(dir_.path(), 2));
   const std::string pid_file = "/tmp/" + std::to_string(launch.pid()) + ".deepspeed";
   for (int i = 0; i < 1000 && !file_exists(pid_file + ".ranks"); ++i) ::usleep(5000);
@@ -320,7 +315,7 @@ TEST_F(ProcessTest, SavePidFilesOfAKilledLauncherAreRemovedByTheNextLaunch) {
   EXPECT_EQ(launch.wait().code, 128 + SIGKILL);
   expect_nothing_left(ranks(2), 10);
   TempDir other;
-  const Result r = run_dscpp({"--num_gpus", "1", kFake, "out=" + other.path()});
+  const Result r = run_dscpp({"--num_gpus", "1", kFakeRank, "out=" + other.path()});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(file_exists(pid_file));
   EXPECT_FALSE(file_exists(pid_file + ".ranks"));
@@ -339,7 +334,7 @@ TEST_F(ProcessTest, AClosedOutputPipeDoesNotStopTheTeardown) {
                                                           : "SIGPIPE ignored, log level ") +
                    level);
       TempDir dir;
-      Launch launch({"--log_level", level, "--num_gpus", "2", kFake, "out=" + dir.path(),
+      Launch launch({"--log_level", level, "--num_gpus", "2", kFakeRank, "out=" + dir.path(),
                      "wait_peers=1", "on_term=1", "exit=0:3", "sleep=30"},
                     {{"DSCPP_KILL_GRACE_S", "20"}}, "/tmp", output);
       const Result r = launch.wait(30);
@@ -356,8 +351,9 @@ TEST_F(ProcessTest, AClosedOutputPipeDoesNotStopTheTeardown) {
   // Ranks that print into the closed pipe die of SIGPIPE (its default action is theirs, as
   // without a launcher), and the launcher reports that as a rank's failure: 128 + SIGPIPE.
   TempDir dir;
-  Launch printing({"--num_gpus", "2", kFake, "out=" + dir.path(), "wait_peers=1", "print=hello"},
-                  {}, "/tmp", Launch::Output::kClosedPipe);
+  Launch printing(
+      {"--num_gpus", "2", kFakeRank, "out=" + dir.path(), "wait_peers=1", "print=hello"}, {},
+      "/tmp", Launch::Output::kClosedPipe);
   EXPECT_EQ(printing.wait(30).code, 128 + SIGPIPE);
   for (int rank = 0; rank < 2; ++rank) {
     const auto info = read_rank(dir.path(), rank);
@@ -373,7 +369,7 @@ TEST_F(ProcessTest, AnUnresolvableMasterAddressIsRefusedBeforeAnyRankStarts) {
   for (const std::string addr : {"256.1.1.1", "10.0.0.300", "node7.invalid", "INVALID."}) {
     SCOPED_TRACE(addr);
     const Result r =
-        run_dscpp({"--num_gpus", "2", "--master_addr", addr, kFake, out_arg(), "sleep=30"});
+        run_dscpp({"--num_gpus", "2", "--master_addr", addr, kFakeRank, out_arg(), "sleep=30"});
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_NE(r.err.find("dscpp: error: the master address '" + addr + "' (--master_addr)"),
               std::string::npos)
@@ -381,7 +377,7 @@ TEST_F(ProcessTest, AnUnresolvableMasterAddressIsRefusedBeforeAnyRankStarts) {
     EXPECT_FALSE(read_rank(dir_.path(), 0).has_value()) << "a rank started";
   }
   // inet_aton's short form is an address (what getaddrinfo and the ranks accept).
-  const Result ok = run_dscpp({"--num_gpus", "1", "--master_addr", "127.1", kFake, out_arg()});
+  const Result ok = run_dscpp({"--num_gpus", "1", "--master_addr", "127.1", kFakeRank, out_arg()});
   EXPECT_EQ(ok.code, 0) << ok.err;
 }
 
@@ -397,28 +393,29 @@ TEST_F(ProcessTest, UsageErrorsExitWith2) {
   write_file(dir_ / "bad", "worker-0 slots=2\nworker-1 slotz=2\n");
   write_file(dir_ / "dup", "worker-0 slots=2\nworker-0 slots=2\n");
   write_file(dir_ / "two", "worker-0 slots=2\nworker-1 slots=2\n");
-  expect_usage_error({"--bogus", kFake}, "unrecognized option '--bogus'");
+  expect_usage_error({"--bogus", kFakeRank}, "unrecognized option '--bogus'");
   expect_usage_error({"--num_gpus", "2"}, "program to launch is missing");
   expect_usage_error({"./no-such-program"},
                      "cannot find an executable program './no-such-program'");
-  expect_usage_error({"-H", dir_ / "bad", kFake}, ":2: bad entry");
-  expect_usage_error({"-H", dir_ / "dup", kFake}, ":2: host 'worker-0'");
-  expect_usage_error({"-H", dir_ / "missing", kFake}, "does not exist");
-  expect_usage_error({"-H", dir_ / "two", "-i", "worker-7", kFake},
+  expect_usage_error({"-H", dir_ / "bad", kFakeRank}, ":2: bad entry");
+  expect_usage_error({"-H", dir_ / "dup", kFakeRank}, ":2: host 'worker-0'");
+  expect_usage_error({"-H", dir_ / "missing", kFakeRank}, "does not exist");
+  expect_usage_error({"-H", dir_ / "two", "-i", "worker-7", kFakeRank},
                      "Hostname 'worker-7' not found");
-  expect_usage_error({"-H", dir_ / "two", "-e", "worker-1:5", kFake}, "No slot '5'");
-  expect_usage_error({"-H", dir_ / "two", "-i", "worker-0", "-e", "worker-1", kFake},
+  expect_usage_error({"-H", dir_ / "two", "-e", "worker-1:5", kFakeRank}, "No slot '5'");
+  expect_usage_error({"-H", dir_ / "two", "-i", "worker-0", "-e", "worker-1", kFakeRank},
                      "mutually exclusive");
-  expect_usage_error({"--num_gpus", "1", "-i", "localhost", kFake},
+  expect_usage_error({"--num_gpus", "1", "-i", "localhost", kFakeRank},
                      "Cannot specify num_nodes/gpus");
-  expect_usage_error({"-H", dir_ / "two", "--no_ssh", "--node_rank", "2", kFake}, "--node_rank");
+  expect_usage_error({"-H", dir_ / "two", "--no_ssh", "--node_rank", "2", kFakeRank},
+                     "--node_rank");
   // Counts that are not counts, and CPU ranks far beyond the machine.
-  expect_usage_error({"--num_gpus", "0", kFake}, "--num_gpus 0: expected a positive number");
-  expect_usage_error({"--num_gpus", "-1", kFake}, "--num_gpus -1: expected a positive number");
+  expect_usage_error({"--num_gpus", "0", kFakeRank}, "--num_gpus 0: expected a positive number");
+  expect_usage_error({"--num_gpus", "-1", kFakeRank}, "--num_gpus -1: expected a positive number");
   write_file(dir_ / "nul", std::string("worker-0 slots=2\nwork\0er-1 slots=2\n", 36));
-  expect_usage_error({"-H", dir_ / "nul", kFake}, "nul:2:5: control byte 0x00");
+  expect_usage_error({"-H", dir_ / "nul", kFakeRank}, "nul:2:5: control byte 0x00");
   if (!has_gpu()) {
-    expect_usage_error({"--num_gpus", "10000", kFake}, "pass --oversubscribe");
+    expect_usage_error({"--num_gpus", "10000", kFakeRank}, "pass --oversubscribe");
   }
 }
 
@@ -427,7 +424,7 @@ TEST_F(ProcessTest, UsageErrorsExitWith2) {
 TEST_F(ProcessTest, RanksOfOneLaunchShareAJobId) {
   std::set<std::string> ids;
   for (int launch = 0; launch < 2; ++launch) {
-    const Result r = run_dscpp({"--num_gpus", "2", kFake, out_arg()});
+    const Result r = run_dscpp({"--num_gpus", "2", kFakeRank, out_arg()});
     ASSERT_EQ(r.code, 0) << r.err;
     const auto all = ranks(2);
     ASSERT_EQ(all.size(), 2u);
@@ -436,7 +433,8 @@ TEST_F(ProcessTest, RanksOfOneLaunchShareAJobId) {
     ids.insert(all[0].env.at("DSCPP_JOB_ID"));
   }
   EXPECT_EQ(ids.size(), 2u);
-  const Result r = run_dscpp({"--num_gpus", "2", kFake, out_arg()}, {{"DSCPP_JOB_ID", "given"}});
+  const Result r =
+      run_dscpp({"--num_gpus", "2", kFakeRank, out_arg()}, {{"DSCPP_JOB_ID", "given"}});
   ASSERT_EQ(r.code, 0) << r.err;
   for (const RankInfo& info : ranks(2)) EXPECT_EQ(info.env.at("DSCPP_JOB_ID"), "given");
 }
@@ -495,7 +493,7 @@ TEST_F(MultiNodeTest, PdshStartsOneLauncherPerHost) {
   write_file(dir_ / ".deepspeed_env", "QUOTED=it's \"x\" $HOME\n");
   const Result r =
       run_dscpp({"-H", dir_ / "hostfile", "--master_addr", "127.0.0.1", "--master_port", "29613",
-                 "--no_ssh_check", kFake, out_arg(), "wait_peers=1", "two words", "$notavar"},
+                 "--no_ssh_check", kFakeRank, out_arg(), "wait_peers=1", "two words", "$notavar"},
                 {{"PATH", path_}, {"NCCL_DEBUG", "INFO"}}, dir_.path());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("dscpp: cmd = pdsh -S -f 1024 -w localhost,127.0.0.1"), std::string::npos)
@@ -520,8 +518,8 @@ TEST_F(MultiNodeTest, PdshStartsOneLauncherPerHost) {
 
 TEST_F(MultiNodeTest, SshBackendTearsDownEveryHostWhenOneRankFails) {
   const Result r =
-      run_dscpp({"-H", dir_ / "hostfile", "--launcher", "ssh", "--master_addr", "127.0.0.1", kFake,
-                 out_arg(), "wait_peers=1", "grandchild=1", "exit=3:7", "sleep=30"},
+      run_dscpp({"-H", dir_ / "hostfile", "--launcher", "ssh", "--master_addr", "127.0.0.1",
+                 kFakeRank, out_arg(), "wait_peers=1", "grandchild=1", "exit=3:7", "sleep=30"},
                 {{"PATH", path_}, {"DSCPP_KILL_GRACE_S", "3"}}, dir_.path());
   EXPECT_EQ(r.code, 7) << r.err;
   EXPECT_LT(r.seconds, 3.0);
@@ -530,7 +528,7 @@ TEST_F(MultiNodeTest, SshBackendTearsDownEveryHostWhenOneRankFails) {
 
 TEST_F(MultiNodeTest, MissingBackendIsAUsageError) {
   const Result r =
-      run_dscpp({"-H", dir_ / "hostfile", "--launcher", "slurm", "--master_addr", "x", kFake},
+      run_dscpp({"-H", dir_ / "hostfile", "--launcher", "slurm", "--master_addr", "x", kFakeRank},
                 {{"PATH", "/nonexistent"}});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("launcher 'slurm' not installed"), std::string::npos) << r.err;
