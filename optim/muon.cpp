@@ -74,9 +74,9 @@ void Muon::update(Shard& s, const at::Tensor& grad) {
   for (const auto& p : params_[index]) {
     int64_t numel = 1;
     for (int64_t d : p.shape) numel *= d;
-    // muon_update blends Nesterov's momentum into the gradient in place: a copy, not the
-    // caller's partition.
-    at::Tensor g = grad.narrow(0, p.offset, numel).to(at::kFloat).view(p.shape).clone();
+    // muon_update blends Nesterov's momentum into the gradient in place: one fp32 copy, not
+    // the caller's partition.
+    at::Tensor g = grad.narrow(0, p.offset, numel).view(p.shape).to(at::kFloat, false, true);
     at::Tensor m = momentum.narrow(0, p.offset, numel).view(p.shape);
     o.expert_group = p.shape.size() == 3;
     const at::Tensor u = muon_update(g, m, o);
@@ -96,10 +96,9 @@ MuonHalves make_muon_halves(const OptimizerConfig& config) {
   ParamReader r(params, "optimizer.params");
   r.must_be_false("per_head_muon", "per-head Newton-Schulz for attention is not implemented");
   Hyper muon = Hyper::object(), adam = Hyper::object();
-  for (const char* key : {"momentum", "ns_method"})
-    if (r.has(key)) muon[key] = params.at(key);
-  for (const char* key : {"betas", "eps"})
-    if (r.has(key)) adam[key] = params.at(key);
+  // (Muon's constructor checks ns_method's value and names it.)
+  muon["momentum"] = r.number("momentum", 0.95, 0, 1);
+  muon["ns_method"] = r.text("ns_method", "gram");
   adam["betas"] = r.betas("betas", {0.9, 0.95});
   adam["eps"] = r.number("eps", 1e-10, 0);
   const double wd = r.number("weight_decay", 0, 0);
@@ -108,8 +107,6 @@ MuonHalves make_muon_halves(const OptimizerConfig& config) {
   muon["lr"] = r.number("muon_lr", lr.value_or(0.02), 0);
   adam["lr"] = r.number("adam_lr", lr.value_or(3e-4), 0);
   adam["adam_w_mode"] = r.flag("adam_w_mode", true);
-  if (r.has("momentum")) r.number("momentum", 0.95, 0, 1);
-  if (r.has("ns_method")) r.text("ns_method", "gram");
   r.finish();
   MuonHalves h;
   h.muon = std::make_unique<Muon>(muon);
