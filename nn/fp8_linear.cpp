@@ -4,6 +4,7 @@
 #include "dscpp/nn/fp8_linear.h"
 
 #include "dscpp/nn/fp8_meta.h"
+#include "dscpp/ops/deferred_grads.h"
 #include "dscpp/ops/fp8.h"
 #include "dscpp/ops/grad_destination.h"
 
@@ -135,18 +136,21 @@ variable_list fp8_backward_products(AutogradContext* ctx, const at::Tensor& grad
     const fp8::Quantized xt =
         tensorwise(r) ? fp8::Quantized{saved[0], saved[1]}
                       : quantize(saved[0], 0, fp8::Format::E4M3, r, false, true).transposed;
-    const fp8::Quantized b = as_right(xt);
-    const at::ScalarType type = weight.scalar_type();
-    const bool written =
-        ops::write_grad_into(weight, weight.sizes(), at::empty({0}, weight.options()),
-                             [&](at::Tensor slot, bool accumulate) {
-                               at::Tensor p = fp8::scaled_mm(gq.transposed, b, type);
-                               if (accumulate)
-                                 slot.add_(p);
-                               else
-                                 slot.copy_(p);
-                             });
-    if (!written) out[1] = fp8::scaled_mm(gq.transposed, b, type);
+    // Into the weight's destination where it has one; put off to W inside a split backward
+    // (ops/deferred_grads.h).
+    auto product = [weight, a = gq.transposed, b = as_right(xt), type = weight.scalar_type()] {
+      const bool written =
+          ops::write_grad_into(weight, weight.sizes(), at::empty({0}, weight.options()),
+                               [&](at::Tensor slot, bool accumulate) {
+                                 at::Tensor p = fp8::scaled_mm(a, b, type);
+                                 if (accumulate)
+                                   slot.add_(p);
+                                 else
+                                   slot.copy_(p);
+                               });
+      return written ? at::Tensor() : fp8::scaled_mm(a, b, type);
+    };
+    if (!ops::defer_weight_grad(weight, product)) out[1] = product();
   }
   if (with_bias && ctx->needs_input_grad(2)) out[2] = g.sum(0);
   return out;

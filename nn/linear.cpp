@@ -5,6 +5,7 @@
 
 #include "dscpp/nn/fp8_linear.h"
 
+#include "dscpp/ops/deferred_grads.h"
 #include "dscpp/ops/grad_destination.h"
 
 #include <ATen/ATen.h>
@@ -37,8 +38,12 @@ variable_list backward_products(AutogradContext* ctx, const at::Tensor& grad, bo
   if (ctx->needs_input_grad(0)) out[0] = at::mm(g, weight).view(x.sizes());
   if (ctx->needs_input_grad(1)) {
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    // Written into ZeRO's bucket when it gives a destination (ops/grad_destination.h).
-    if (!ops::write_weight_grad(weight, g.t(), x2)) out[1] = at::mm(g.t(), x2);
+    // Written into ZeRO's bucket when it gives a destination (ops/grad_destination.h); put off
+    // to W inside a split backward (ops/deferred_grads.h).
+    auto product = [weight, gt = g.t(), x2] {
+      return ops::write_weight_grad(weight, gt, x2) ? at::Tensor() : at::mm(gt, x2);
+    };
+    if (!ops::defer_weight_grad(weight, product)) out[1] = product();
   }
   if (with_bias && ctx->needs_input_grad(2)) out[2] = g.sum(0);
   return out;

@@ -11,6 +11,7 @@
 #include "dscpp/nn/autograd_group.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/tp_comm_overlap.h"
+#include "dscpp/ops/deferred_grads.h"
 #include "dscpp/ops/grad_destination.h"
 
 namespace dscpp::nn {
@@ -154,8 +155,11 @@ variable_list backward_impl(AutogradContext* ctx, const at::Tensor& grad, bool w
     }
   }
   if (need_weight) {
-    const at::Tensor t2 = total.reshape({-1, total.size(-1)});
-    if (!ops::write_weight_grad(weight, g2.t(), t2)) out[1] = at::mm(g2.t(), t2);
+    // Put off to W inside a split backward (ops/deferred_grads.h), holding the gathered input.
+    auto product = [weight, gt = g2.t(), t2 = total.reshape({-1, total.size(-1)})] {
+      return ops::write_weight_grad(weight, gt, t2) ? at::Tensor() : at::mm(gt, t2);
+    };
+    if (!ops::defer_weight_grad(weight, product)) out[1] = product();
     trace("grad_weight");
   }
   if (with_bias && ctx->needs_input_grad(2)) {

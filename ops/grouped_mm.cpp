@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dscpp/error.h"
+#include "dscpp/ops/deferred_grads.h"
 #include "dscpp/ops/grad_destination.h"
 #include "dscpp/ops/grouped_weight_grad.h"
 
@@ -156,19 +157,24 @@ class GroupedMm : public torch::autograd::Function<GroupedMm> {
       c = c10::static_intrusive_pointer_cast<HostCounts>(hc->second.toCapsule())->wait();
     else if (rows.is_cpu() || !aten)
       c = host_counts(counts, rows.size(0));
-    const bool written =
-        ctx->needs_input_grad(1) && c && grouped_weight_grad_mode().into_destination &&
-        (!grouped_weight_grad_mode().automatic || per_expert_gemm_pays(weights, *c)) &&
-        write_grad_into(weights, weights.sizes(), rows, [&](at::Tensor slot, bool accumulate) {
-          grouped_weight_grad_into(slot, rows, g, *c, accumulate);
-        });
-    if (aten) {
-      const at::Tensor& offs = saved[3];
-      if (ctx->needs_input_grad(0)) d_rows = at::_grouped_mm(g, weights.transpose(1, 2), offs);
-      if (ctx->needs_input_grad(1) && !written) d_weights = at::_grouped_mm(rows.t(), g, offs);
-    } else {
-      if (ctx->needs_input_grad(0)) d_rows = loop_forward(g, weights.transpose(1, 2), *c);
-      if (ctx->needs_input_grad(1) && !written) d_weights = loop_weight_grad(rows, g, *c);
+    const at::Tensor& offs = saved[3];
+    if (ctx->needs_input_grad(0))
+      d_rows = aten ? at::_grouped_mm(g, weights.transpose(1, 2), offs)
+                    : loop_forward(g, weights.transpose(1, 2), *c);
+    if (ctx->needs_input_grad(1)) {
+      // Into the weights' destination where they have one; put off to W inside a split
+      // backward (deferred_grads.h).
+      auto product = [weights, rows, g, c, offs, aten] {
+        const bool written =
+            c && grouped_weight_grad_mode().into_destination &&
+            (!grouped_weight_grad_mode().automatic || per_expert_gemm_pays(weights, *c)) &&
+            write_grad_into(weights, weights.sizes(), rows, [&](at::Tensor slot, bool accumulate) {
+              grouped_weight_grad_into(slot, rows, g, *c, accumulate);
+            });
+        if (written) return at::Tensor();
+        return aten ? at::_grouped_mm(rows.t(), g, offs) : loop_weight_grad(rows, g, *c);
+      };
+      if (!defer_weight_grad(weights, product)) d_weights = product();
     }
     return {d_rows, d_weights, at::Tensor(), at::Tensor()};
   }

@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "dscpp/ops/deferred_grads.h"
+
 namespace dscpp::zero {
 
 namespace {
@@ -15,6 +17,8 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
       : index_(index), on_ready_(std::move(on_ready)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
+    // B of a split backward: the gradient went to the scope; W's delivery calls again.
+    if (ops::capturing()) return outputs;
     on_ready_(index_);
     return outputs;
   }
@@ -36,6 +40,7 @@ std::shared_ptr<void> register_ready_hooks(const std::vector<at::Tensor>& params
   for (size_t i = 0; i < params.size(); ++i) {
     auto node = torch::autograd::impl::grad_accumulator(params[i]);
     node->add_post_hook(std::make_unique<ReadyHook>(static_cast<int>(i), on_ready));
+    ops::add_capture_hook(params[i]);
     keep->nodes.push_back(std::move(node));
   }
   return keep;

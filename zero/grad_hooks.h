@@ -1,6 +1,9 @@
 // Calls back when autograd has accumulated a parameter's gradient: a post hook on the
 // parameter's grad accumulator. The accumulator node is kept alive in the returned handle,
-// since a hook on a node that autograd has dropped (and remade) never fires.
+// since a hook on a node that autograd has dropped (and remade) never fires. While a split
+// backward's scope is open (ops/deferred_grads.h), the accumulator hands its gradient to the
+// scope instead (a capture pre-hook installed here too) and the callback waits for the
+// gradient's delivery (W), which runs it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
