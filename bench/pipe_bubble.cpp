@@ -2,13 +2,14 @@
 // beside a pipeline. Run through the launcher; prints on rank 0.
 //
 // --mode bubble (p = the world's ranks, data 1): a stack of 2p layers whose forward sleeps
-// --layer-ms and whose backward sleeps twice that, so that a stage's compute takes a fixed
+// --layer-ms and whose backward sleeps twice that (once for the input's gradient, once for the
+// weight's, a product a split backward puts off to W), so that a stage's compute takes a fixed
 // time whatever the machine's cores do. For each micro-batch count of --micro-batches and each
-// schedule of --chunks (1: 1F1B, v > 1: interleaved with v chunks per stage), --steps batches;
+// schedule of --schedules (1f1b; interleaved, with each v of --chunks; zb-h1), --steps batches;
 // each stage's idle time (PipelineEngine::last_bubble_fraction, the smallest over the batches
-// but the first) is given over its ideal time m(F + B), beside the formula (p - 1)/m, interleaved
-// (p - 1)/(v m) (docs/pipeline.md). With --check TOL a stage off its formula by more than TOL
-// relative makes the exit status 1.
+// but the first) is given over its ideal time m(F + B), beside the formula (p - 1)/m,
+// interleaved (p - 1)/(v m), ZB-H1 (p - 1)/(3m) (docs/pipeline.md). With --check TOL a stage
+// off its formula by more than TOL relative makes the exit status 1.
 //
 // --mode zero (pipeline 2 x data world/2): a small GPT on the pipeline at ZeRO stage 1 and 2,
 // --micro-batches' first value of micro-batches: the step time; the gradient bytes each rank
@@ -32,6 +33,7 @@
 
 #include "dscpp/comm/rendezvous.h"
 #include "dscpp/model_zoo/gpt.h"
+#include "dscpp/ops/deferred_grads.h"
 #include "dscpp/pipe/pipeline_engine.h"
 #include "dscpp/zero/zero_optimizer.h"
 
@@ -44,19 +46,33 @@ namespace {
 // A sleeping layer's forward time in ms: 0 for the warm-up batch.
 std::atomic<double> g_layer_ms{0};
 
-// Sleeps ms in forward and 2 ms in backward; the gradient passes through unchanged.
+void sleep_ms(double ms) {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+}
+
+// Sleeps ms in forward and 2 ms in backward: ms for the input's gradient (which passes through
+// unchanged), ms for w's (zeros), a product put off to W inside a split backward.
 struct Sleep : torch::autograd::Function<Sleep> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w) {
     const double ms = g_layer_ms.load();
     ctx->saved_data["ms"] = ms;
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+    ctx->save_for_backward({w});
+    sleep_ms(ms);
     return x.clone();
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
-    std::this_thread::sleep_for(
-        std::chrono::duration<double, std::milli>(2 * ctx->saved_data["ms"].toDouble()));
-    return {grads[0], at::Tensor()};
+    const double ms = ctx->saved_data["ms"].toDouble();
+    const at::Tensor w = ctx->get_saved_variables()[0];
+    sleep_ms(ms);
+    auto product = [ms, w] {
+      sleep_ms(ms);
+      return at::zeros_like(w);
+    };
+    at::Tensor dw;
+    if (!dscpp::ops::defer_weight_grad(w, product)) dw = product();
+    return {grads[0], dw};
   }
 };
 
@@ -66,7 +82,8 @@ std::vector<LayerSpec> sleeping_specs(int layers) {
     specs.push_back({"layers." + std::to_string(i),
                      [] { return torch::nn::Linear(8, 8).ptr(); },
                      [](torch::nn::Module& m, const at::Tensor& x) {
-                       return Sleep::apply(static_cast<torch::nn::LinearImpl&>(m).forward(x));
+                       auto& linear = static_cast<torch::nn::LinearImpl&>(m);
+                       return Sleep::apply(linear.forward(x), linear.weight);
                      },
                      "",
                      {}});
@@ -98,25 +115,53 @@ std::vector<double> gather(dscpp::comm::ProcessGroup& world, double v) {
   return {all.data_ptr<double>(), all.data_ptr<double>() + world.size()};
 }
 
+// The activations a stage holds, counted in the instructions the engine runs: the most
+// micro-batch chunks between their forward and their backward (B where split), and between
+// their forward and their W (the backward where whole): "B/W".
+std::string held_to_backward_and_weight(const dscpp::pipe::PipeShape& shape) {
+  using dscpp::pipe::Op;
+  int forwards = 0, backwards = 0, weights = 0, to_b = 0, to_w = 0;
+  for (const auto& step : dscpp::pipe::train_schedule(shape))
+    for (const auto& i : step) {
+      forwards += i.op == Op::kForward;
+      backwards += i.op == Op::kBackward || i.op == Op::kBackwardInput;
+      weights += i.op == Op::kBackward || i.op == Op::kBackwardWeight;
+      to_b = std::max(to_b, forwards - backwards);
+      to_w = std::max(to_w, forwards - weights);
+    }
+  return fmt::format("{}/{}", to_b, to_w);
+}
+
 int bubble(const std::shared_ptr<dscpp::comm::ProcessGroup>& world,
-           const std::vector<int>& micro_batches, const std::vector<int>& chunks, double ms,
-           int steps, double check) {
+           const std::vector<int>& micro_batches, const std::vector<std::string>& schedules,
+           const std::vector<int>& chunks, double ms, int steps, double check) {
   const int p = world->size();
   bool ok = true;
   if (world->rank() == 0)
     std::cout << fmt::format(
         "pipe_bubble: {} stages, 2 x {} layers of {} ms forward, {} ms backward (sleeps)\n"
-        "{:>4} {:>12} {:>6} {:>10} {:>14} {:>9} {:>30}\n",
+        "{:>4} {:>12} {:>6} {:>10} {:>14} {:>9} {:>30} {:>24}\n",
         p, p, ms, 2 * ms, "m", "schedule", "steps", "batch ms", "idle / ideal", "formula",
-        "per stage (idle / ideal)");
-  for (int v : chunks) {
+        "per stage (idle / ideal)", "held to B/W per stage");
+  // (schedule, chunks) in the order asked.
+  std::vector<std::pair<std::string, int>> runs;
+  for (const auto& name : schedules) {
+    if (name == "interleaved")
+      for (int v : chunks) runs.emplace_back(name, v);
+    else
+      runs.emplace_back(name, 1);
+  }
+  for (const auto& [name, v] : runs) {
+    const auto kind = dscpp::pipe::parse_schedule_kind(name);
     for (int m : micro_batches) {
       dscpp::pipe::PipelineOptions options(p);
       options.group(world).num_chunks(v).partition_method("uniform").loss_fn(dscpp::pipe::loss_of(
           [](const at::Tensor& o, const at::Tensor& l) { return torch::mse_loss(o, l); }));
       dscpp::pipe::PipelineModule module(sleeping_specs(2 * p), options);
-      json cfg = {
-          {"train_batch_size", m}, {"train_micro_batch_size_per_gpu", 1}, {"optimizer", sgd()}};
+      json cfg = {{"train_batch_size", m},
+                  {"train_micro_batch_size_per_gpu", 1},
+                  {"optimizer", sgd()},
+                  {"pipeline", {{"schedule", name}}}};
       auto engine = dscpp::initialize(module, cfg);
       dscpp::pipe::DataIter it = [] {
         return dscpp::pipe::MicroBatch{{torch::ones({1, 8})}, torch::zeros({1, 8})};
@@ -136,7 +181,7 @@ int bubble(const std::shared_ptr<dscpp::comm::ProcessGroup>& world,
         }
       }
       const auto per_stage = gather(*world, b / (1 - b));  // idle over compute: over ideal
-      const double formula = (p - 1.0) / (v * m);
+      const double formula = dscpp::pipe::bubble_fraction({p, 0, m, v, kind});
       double mean = 0;
       std::string stages;
       for (double x : per_stage) {
@@ -144,11 +189,13 @@ int bubble(const std::shared_ptr<dscpp::comm::ProcessGroup>& world,
         stages += fmt::format(" {:.3f}", x);
         if (check > 0 && std::abs(x - formula) > check * formula) ok = false;
       }
+      std::string held;
+      for (int s = 0; s < p; ++s) held += " " + held_to_backward_and_weight({p, s, m, v, kind});
       if (world->rank() == 0)
-        std::cout << fmt::format("{:>4} {:>12} {:>6} {:>10.1f} {:>14.3f} {:>9.3f} {:>30}\n", m,
-                                 v == 1 ? "1F1B" : fmt::format("interleaved{}", v),
-                                 dscpp::pipe::train_schedule({p, 0, m, v}).size(), 1e3 * wall, mean,
-                                 formula, stages)
+        std::cout << fmt::format("{:>4} {:>12} {:>6} {:>10.1f} {:>14.3f} {:>9.3f} {:>30} {:>24}\n",
+                                 m, name == "interleaved" ? fmt::format("interleaved{}", v) : name,
+                                 dscpp::pipe::train_schedule({p, 0, m, v, kind}).size(), 1e3 * wall,
+                                 mean, formula, stages, held)
                   << std::flush;
     }
   }
@@ -241,6 +288,13 @@ int zero(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, int m, int ste
   return 0;
 }
 
+std::vector<std::string> strings(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
 std::vector<int> ints(const std::string& list) {
   std::vector<int> out;
   std::stringstream ss(list);
@@ -251,13 +305,15 @@ std::vector<int> ints(const std::string& list) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string mode, mbs, chunks;
+  std::string mode, mbs, chunks, schedules;
   double ms = 0, check = 0;
   int steps = 0;
   po::options_description desc("pipe_bubble");
   desc.add_options()("mode", po::value(&mode)->default_value("bubble"), "bubble or zero")(
       "micro-batches", po::value(&mbs)->default_value("4,8,16,32"), "comma-separated m")(
-      "chunks", po::value(&chunks)->default_value("1,2"), "1: 1F1B; v > 1: interleaved")(
+      "schedules", po::value(&schedules)->default_value("1f1b,interleaved,zb-h1"),
+      "comma-separated: 1f1b, interleaved, zb-h1")("chunks", po::value(&chunks)->default_value("2"),
+                                                   "interleaved: chunks per stage (v > 1)")(
       "layer-ms", po::value(&ms)->default_value(5.0), "a layer's forward sleep (backward: 2x)")(
       "steps", po::value(&steps)->default_value(3), "batches per case (the first not counted)")(
       "check", po::value(&check)->default_value(0.0),
@@ -269,7 +325,8 @@ int main(int argc, char** argv) {
     po::notify(vm);
     if (steps < 2) throw std::invalid_argument("--steps: at least 2 (the first is not counted)");
     auto world = dscpp::comm::init_distributed();
-    if (mode == "bubble") return bubble(world, ints(mbs), ints(chunks), ms, steps, check);
+    if (mode == "bubble")
+      return bubble(world, ints(mbs), strings(schedules), ints(chunks), ms, steps, check);
     if (mode == "zero") {
       if (world->size() < 4 || world->size() % 2 != 0)
         throw std::invalid_argument("--mode zero: pipeline 2 x data >= 2 needs an even world >= 4");

@@ -109,6 +109,9 @@ struct PipelineConfig {
   int64_t activation_checkpoint_interval = 0;
   bool pipe_partitioned = true;
   bool grad_partitioned = true;
+  // dscpp's extension (DeepSpeed runs 1F1B only): "auto" (1F1B, or interleaved where the
+  // module has several chunks per stage), "1f1b", "interleaved" or "zb-h1" (pipe/schedule.h).
+  std::string schedule = "auto";
 };
 
 // tensorboard and csv_monitor (DeepSpeed's monitor sections share this shape).

@@ -191,6 +191,7 @@ const std::vector<KeyFate> kTable = {
     // Pipeline parallelism.
     A("pipeline", "pipe.EngineMatchesOneRank"),
     A("pipeline.stages", "pipe.EngineRefusesStage3AndForwardBackwardStep"),
+    A("pipeline.schedule", "pipe.ZeroBubbleMatches1F1B"),
     N("pipeline.partition", kPipeArg, R"("uniform")", R"("best")"),
     N("pipeline.seed_layers", kPipeArg, "true", "false"),
     N("pipeline.activation_checkpoint_interval", kPipeArg, "1", "0"),

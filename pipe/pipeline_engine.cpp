@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
 #include <iostream>
@@ -84,7 +86,19 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
   shape_.stage = module_.stage_id();
   shape_.micro_batches = static_cast<int>(c.gradient_accumulation_steps);
   shape_.chunks = module_.num_chunks();
-  (void)train_schedule(shape_);  // refuses a shape the schedule cannot run (the arithmetic)
+  try {
+    shape_.kind = parse_schedule_kind(c.pipeline.schedule);
+  } catch (const Error& e) {
+    throw ConfigError("pipeline.schedule", e.what());
+  }
+  try {
+    (void)train_schedule(shape_);  // refuses a shape the schedule cannot run (the arithmetic)
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    if (shape_.kind == ScheduleKind::kAuto) throw;
+    throw ConfigError("pipeline.schedule", e.what());
+  }
   auto stage = module_.stage_module();
   // The norm over every stage: this rank's sum of squares, its tied copies taken out, summed
   // along the pipe before ZeRO sums it over the data ranks.
@@ -142,7 +156,8 @@ at::Tensor PipelineEngine::train_batch(const DataIter& data_iter) {
   // Stages 0-1 reduce in the stage's last backward of the batch.
   for (const auto& step : steps)
     for (const auto& in : step)
-      if (in.op == Op::kBackward) last_backward_ = {in.chunk, in.micro_batch};
+      if (in.op == Op::kBackward || in.op == Op::kBackwardWeight)
+        last_backward_ = {in.chunk, in.micro_batch};
   const double t0 = now_ms();
   compute_ms_ = 0;
   aux_sum_ = at::Tensor();
@@ -214,6 +229,7 @@ at::Tensor PipelineEngine::share_from_last(at::Tensor values) {
 void PipelineEngine::run(const std::vector<Step>& steps, const DataIter& data_iter, bool training) {
   loaded_.clear();
   live_.clear();
+  deferred_.clear();
   losses_.clear();
   meta_sent_.clear();
   meta_in_.clear();
@@ -229,7 +245,13 @@ void PipelineEngine::run(const std::vector<Step>& steps, const DataIter& data_it
             forward_instruction(in, training);
             break;
           case Op::kBackward:
-            backward_instruction(in);
+            backward_instruction(in, /*split=*/false);
+            break;
+          case Op::kBackwardInput:
+            backward_instruction(in, /*split=*/true);
+            break;
+          case Op::kBackwardWeight:
+            weight_instruction(in);
             break;
           case Op::kReduceTiedGrads:
             tied_->all_reduce();
@@ -255,6 +277,7 @@ void PipelineEngine::run(const std::vector<Step>& steps, const DataIter& data_it
     // A failed stage leaves its peers' ranks to their timeouts; this engine cannot go on.
     core_->defer_error(fmt::format("pipeline stage {} failed: {}", module_.stage_id(), e.what()));
     live_.clear();
+    deferred_.clear();
     throw Error(fmt::format("pipeline stage {} (data rank {}): {}", module_.stage_id(),
                             module_.data_parallel_id(), e.what()));
   }
@@ -324,7 +347,7 @@ void PipelineEngine::forward_instruction(const Instruction& in, bool training) {
   compute_ms_ += now_ms() - t0;
 }
 
-void PipelineEngine::backward_instruction(const Instruction& in) {
+void PipelineEngine::backward_instruction(const Instruction& in, bool split) {
   const Key key{in.chunk, in.micro_batch};
   InFlight& f = live_.at(key);
   const double t0 = now_ms();
@@ -347,7 +370,20 @@ void PipelineEngine::backward_instruction(const Instruction& in) {
     outputs.push_back(f.aux * scale);
     grads.push_back(at::ones_like(outputs.back()));
   }
-  if (!outputs.empty()) core_->backward_from(outputs, grads, key == last_backward_);
+  if (split) {
+    // B: the parameters' gradients go to the scope (products put off, the rest kept) and
+    // reach ZeRO at this micro-batch's W; the received inputs' gradients land now.
+    if (!outputs.empty()) {
+      ops::DeferredGrads& deferred = deferred_[key];
+      {
+        ops::DeferGrads scope(deferred);
+        torch::autograd::backward(outputs, grads);
+      }
+      note_unsplit(deferred);
+    }
+  } else if (!outputs.empty()) {
+    core_->backward_from(outputs, grads, key == last_backward_);
+  }
   if (!first_virtual(in.chunk)) {
     for (const auto& x : f.inputs) {
       if (!x.requires_grad()) continue;
@@ -360,6 +396,33 @@ void PipelineEngine::backward_instruction(const Instruction& in) {
   f.aux = at::Tensor();
   if (first_virtual(in.chunk)) live_.erase(key);
   compute_ms_ += now_ms() - t0;
+}
+
+void PipelineEngine::weight_instruction(const Instruction& in) {
+  const Key key{in.chunk, in.micro_batch};
+  auto it = deferred_.find(key);
+  if (it == deferred_.end()) return;  // B had nothing to back-propagate
+  ops::DeferredGrads deferred = std::move(it->second);
+  deferred_.erase(it);
+  const double t0 = now_ms();
+  core_->backward_with([&] { deferred.run(); }, key == last_backward_);
+  compute_ms_ += now_ms() - t0;
+}
+
+void PipelineEngine::note_unsplit(const ops::DeferredGrads& deferred) {
+  if (unsplit_noted_) return;
+  unsplit_noted_ = true;
+  const std::vector<at::Tensor> unsplit = deferred.unsplit_matrices();
+  if (unsplit.empty() || module_.data_parallel_id() != 0) return;
+  std::vector<std::string> names;
+  for (const auto& item : module_.stage_module()->named_parameters(/*recurse=*/true))
+    for (const auto& t : unsplit)
+      if (item.value().unsafeGetTensorImpl() == t.unsafeGetTensorImpl())
+        names.push_back(item.key());
+  std::cerr << fmt::format(
+      "dscpp: pipeline stage {}: {}: the gradients of {} matrices are computed in B, not put off "
+      "to W: their layers do not split their backward (ops/deferred_grads.h): {}\n",
+      module_.stage_id(), to_string(shape_.kind), unsplit.size(), fmt::join(names, ", "));
 }
 
 }  // namespace dscpp::pipe

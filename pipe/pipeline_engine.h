@@ -1,7 +1,11 @@
 // DeepSpeed's PipelineEngine: dscpp::initialize(pipeline_module, config) gives one. It runs
 // a schedule's instructions (pipe/schedule.h) on this rank's stage: train_batch pulls
 // gradient_accumulation_steps micro-batches, runs 1F1B (interleaved with chunks), reduces
-// tied and data-parallel gradients and steps; eval_batch runs the inference schedule.
+// tied and data-parallel gradients and steps; eval_batch runs the inference schedule. The
+// config's pipeline.schedule (dscpp's extension) picks ZB-H1 instead, whose split backward runs
+// B (the input's gradients) and W (the parameters', ops/deferred_grads.h) as separate
+// instructions; ZeRO sees a micro-batch's gradients at its W, so the norm, clipping and the
+// overflow check are exactly 1F1B's.
 // Activations and gradients travel between neighbours on their two-rank links, each step's
 // transfers issued together. ZeRO stages 0-2 run on each stage's data-parallel group through
 // EngineCore (stages 0-1 reduce in the last backward of the batch, stage 2 every micro-batch);
@@ -25,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "dscpp/ops/deferred_grads.h"
 #include "dscpp/pipe/activation_meta.h"
 #include "dscpp/pipe/pipeline_module.h"
 #include "dscpp/pipe/schedule.h"
@@ -130,7 +135,12 @@ class PipelineEngine {
   void transfers(const Step& step, bool training);
   void load(const Instruction& in, const DataIter& data_iter);
   void forward_instruction(const Instruction& in, bool training);
-  void backward_instruction(const Instruction& in);
+  // Backward (split: B only, the parameters' gradients put off into deferred_) and W.
+  void backward_instruction(const Instruction& in, bool split);
+  void weight_instruction(const Instruction& in);
+  // Once per engine: which matrices' gradients a split backward computed in B (layers that do
+  // not split), on the stage's first data rank.
+  void note_unsplit(const ops::DeferredGrads& deferred);
   bool last_virtual(int chunk) const;
   bool first_virtual(int chunk) const;
   Activation& slot(std::map<int, Slots>& slots, int chunk, int buffer, const ActivationMeta& meta,
@@ -150,6 +160,8 @@ class PipelineEngine {
   // This batch: loaded micro-batches, those in flight, the losses, the last backward.
   std::map<int, MicroBatch> loaded_;
   std::map<Key, InFlight> live_;
+  std::map<Key, ops::DeferredGrads> deferred_;  // B's put-off gradients, until their W
+  bool unsplit_noted_ = false;
   std::vector<at::Tensor> losses_;
   at::Tensor batch_loss_;  // the last stage's mean_batch_loss() of this train_batch
   std::vector<Activation> eval_outputs_;

@@ -56,10 +56,47 @@ void validate(const PipeShape& s) {
         s.micro_batches));
   if (s.chunks < 1)
     throw Error(fmt::format("pipeline schedule: chunks must be >= 1, found {}", s.chunks));
+  if (s.kind == ScheduleKind::kInterleaved && s.chunks < 2)
+    throw Error(
+        "pipeline schedule: \"interleaved\" needs several model chunks per stage "
+        "(PipelineOptions::num_chunks, train_gpt --pipeline-chunks), found 1");
+  if ((s.kind == ScheduleKind::kOneFOneB || s.kind == ScheduleKind::kZeroBubbleH1) && s.chunks > 1)
+    throw Error(fmt::format(
+        "pipeline schedule: \"{}\" runs one model chunk per stage, found chunks = {} (use "
+        "\"interleaved\" or \"auto\" with several)",
+        to_string(s.kind), s.chunks));
+}
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  if (name == "auto") return ScheduleKind::kAuto;
+  if (name == "1f1b") return ScheduleKind::kOneFOneB;
+  if (name == "interleaved") return ScheduleKind::kInterleaved;
+  if (name == "zb-h1") return ScheduleKind::kZeroBubbleH1;
+  if (name == "zb-v")
+    throw Error(
+        "pipeline schedule \"zb-v\" is not available in dscpp yet; \"zb-h1\" splits the "
+        "backward the same way at 1F1B's activation memory");
+  throw Error(fmt::format(
+      "pipeline schedule \"{}\": expected \"auto\", \"1f1b\", \"interleaved\" or \"zb-h1\"", name));
+}
+
+std::string to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kAuto:
+      return "auto";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
+  }
+  return "?";
 }
 
 std::vector<Step> train_schedule(const PipeShape& shape) {
   validate(shape);
+  if (shape.kind == ScheduleKind::kZeroBubbleH1) return zero_bubble_h1_schedule(shape);
   if (shape.chunks > 1) return interleaved_schedule(shape, false);
   const int p = shape.stages, s = shape.stage, m = shape.micro_batches;
   const int slots = one_f_one_b_slots(shape);
@@ -151,6 +188,10 @@ Peer peer_of(const PipeShape& shape, const Instruction& instruction) {
 
 double bubble_fraction(const PipeShape& shape) {
   validate(shape);
+  if (shape.kind == ScheduleKind::kZeroBubbleH1) {
+    const int p = shape.stages, m = shape.micro_batches;
+    return static_cast<double>(p - 1 + std::max(0, p - m)) / (3.0 * m);
+  }
   return static_cast<double>(shape.stages - 1) /
          (static_cast<double>(shape.chunks) * shape.micro_batches);
 }
@@ -166,6 +207,12 @@ std::string to_string(const Instruction& i) {
       break;
     case Op::kBackward:
       name = "BackwardPass";
+      break;
+    case Op::kBackwardInput:
+      name = "BackwardInputPass";
+      break;
+    case Op::kBackwardWeight:
+      name = "BackwardWeightPass";
       break;
     case Op::kSendActivation:
       name = "SendActivation";

@@ -24,20 +24,20 @@
 namespace dscpp::pipe {
 namespace {
 
-struct Work {
+struct Unit {
   bool forward;
   int chunk, micro_batch;
 };
 
 // Megatron's order on stage s: the k-th forward runs chunk (k / p) % v of micro-batch
 // (k / (p v)) p + k % p; the k-th backward the chunk v - 1 - (k / p) % v of the same.
-std::vector<std::vector<Work>> megatron_groups(int p, int s, int m, int v, bool forward_only) {
+std::vector<std::vector<Unit>> megatron_groups(int p, int s, int m, int v, bool forward_only) {
   const int total = m * v;
   auto nth = [&](int k, bool fwd) {
     const int c = (k / p) % v;
-    return Work{fwd, fwd ? c : v - 1 - c, (k / (p * v)) * p + k % p};
+    return Unit{fwd, fwd ? c : v - 1 - c, (k / (p * v)) * p + k % p};
   };
-  std::vector<std::vector<Work>> groups;
+  std::vector<std::vector<Unit>> groups;
   if (forward_only) {  // Megatron's forward-only path: every forward in order, one per step
     for (int k = 0; k < total; ++k) groups.push_back({nth(k, true)});
     return groups;
@@ -70,11 +70,11 @@ std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only
   const int last_vs = p * v - 1;
 
   // Lay out every rank's groups together, as early as dependencies allow.
-  std::vector<std::vector<std::vector<Work>>> groups(p);
+  std::vector<std::vector<std::vector<Unit>>> groups(p);
   for (int s = 0; s < p; ++s) groups[s] = megatron_groups(p, s, m, v, forward_only);
   std::vector<size_t> next(p, 0);
   std::map<Key, int> done;
-  std::vector<std::vector<std::vector<Work>>> compute(p);  // compute[s][t]
+  std::vector<std::vector<std::vector<Unit>>> compute(p);  // compute[s][t]
   for (int t = 0;; ++t) {
     bool left = false, moved = false;
     std::vector<Key> finished;
@@ -85,7 +85,7 @@ std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only
       const auto& group = groups[s][next[s]];
       bool ready = true;
       std::vector<Key> here;
-      for (const Work& w : group) {
+      for (const Unit& w : group) {
         const int vs = w.chunk * p + s;
         Key dep;
         if (w.forward && vs == 0) {
@@ -115,87 +115,15 @@ std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only
       throw Error(fmt::format("pipeline schedule: interleaved layout stuck at step {} (a bug)", t));
     for (const Key& k : finished) done[k] = t;
   }
-  const int total_steps = static_cast<int>(compute[0].size());
-
-  // This stage's list: transfers (sorted by a key both ends compute alike, so the order per
-  // link agrees), then the loads and compute of the step.
-  const int s = shape.stage;
-  struct Transfer {
-    int key_kind, key_mb, key_sender;  // the sort key: activations first, then gradients
-    Instruction ins;
-  };
-  std::vector<std::vector<Transfer>> transfers(total_steps);
-  std::vector<Step> steps(total_steps);
-  for (int t = 0; t < total_steps; ++t) {
-    for (const Work& w : compute[s][t]) {
-      const int vs = w.chunk * p + s;
-      if (w.forward && vs > 0)  // receive the input now, from the step before or earlier
-        transfers[t].push_back(
-            {0, w.micro_batch, vs - 1, {Op::kRecvActivation, w.micro_batch, w.chunk}});
-      if (!w.forward && vs > 0 && t + 1 == total_steps)
-        throw Error("pipeline schedule: interleaved layout ends on a gradient to send (a bug)");
-      if (!w.forward && vs > 0)  // return the input's gradient next step
-        transfers[t + 1].push_back({1, w.micro_batch, vs, {Op::kSendGrad, w.micro_batch, w.chunk}});
+  Grid grid(p);
+  for (int q = 0; q < p; ++q)
+    for (const auto& group : compute[q]) {
+      grid[q].emplace_back();
+      for (const Unit& w : group)
+        grid[q].back().push_back(
+            {w.forward ? Op::kForward : Op::kBackward, w.chunk, w.micro_batch});
     }
-  }
-  // Sends of activations and receives of gradients follow from the peers' compute.
-  for (int q = 0; q < p; ++q) {
-    for (int t = 0; t < total_steps; ++t) {
-      for (const Work& w : compute[q][t]) {
-        const int vs = w.chunk * p + q;
-        if (w.forward && vs > 0 && (vs - 1) % p == s)
-          transfers[t].push_back(
-              {0, w.micro_batch, vs - 1, {Op::kSendActivation, w.micro_batch, (vs - 1) / p}});
-        if (!w.forward && vs > 0 && (vs - 1) % p == s)
-          transfers[t + 1].push_back(
-              {1, w.micro_batch, vs, {Op::kRecvGrad, w.micro_batch, (vs - 1) / p}});
-      }
-    }
-  }
-  for (int t = 0; t < total_steps; ++t) {
-    auto& list = transfers[t];
-    std::stable_sort(list.begin(), list.end(), [](const Transfer& a, const Transfer& b) {
-      return std::tie(a.key_kind, a.key_mb, a.key_sender) <
-             std::tie(b.key_kind, b.key_mb, b.key_sender);
-    });
-    for (const Transfer& x : list) steps[t].push_back(x.ins);
-    for (const Work& w : compute[s][t]) {
-      const int vs = w.chunk * p + s;
-      if (w.forward && (vs == 0 || vs == last_vs))
-        steps[t].push_back({Op::kLoadMicroBatch, w.micro_batch, w.chunk});
-      steps[t].push_back({w.forward ? Op::kForward : Op::kBackward, w.micro_batch, w.chunk});
-    }
-  }
-
-  // Slots: a (micro-batch, chunk) holds one from its first instruction to its last; slots go
-  // to units in the order they start, each to the lowest slot free by then.
-  std::map<std::pair<int, int>, std::pair<int, int>> span;  // unit -> (first, last) step
-  for (int t = 0; t < total_steps; ++t)
-    for (const Instruction& i : steps[t]) {
-      auto [it, fresh] = span.try_emplace({i.micro_batch, i.chunk}, t, t);
-      if (!fresh) it->second.second = t;
-    }
-  std::vector<std::tuple<int, int, int, int>> order;  // first, last, micro-batch, chunk
-  for (const auto& [unit, range] : span)
-    order.emplace_back(range.first, range.second, unit.first, unit.second);
-  std::sort(order.begin(), order.end());
-  std::vector<int> free_after;  // per slot: the last step of its latest unit
-  std::map<std::pair<int, int>, int> slot;
-  for (const auto& [first, last, mb, chunk] : order) {
-    int chosen = -1;
-    for (size_t k = 0; k < free_after.size() && chosen < 0; ++k)
-      if (free_after[k] < first) chosen = static_cast<int>(k);
-    if (chosen < 0) {
-      chosen = static_cast<int>(free_after.size());
-      free_after.push_back(0);
-    }
-    free_after[chosen] = last;
-    slot[{mb, chunk}] = chosen;
-  }
-  for (Step& step : steps)
-    for (Instruction& i : step) i.buffer = slot.at({i.micro_batch, i.chunk});
-  if (!forward_only) append_step_level(steps.back());
-  return steps;
+  return steps_from_grid(shape, grid, !forward_only);
 }
 
 }  // namespace dscpp::pipe

@@ -1,19 +1,45 @@
-// What schedule.cpp, schedule_interleaved.cpp and the engine's transfers (pipeline_transfers.cpp)
-// share; not part of the public contract.
+// What the schedules (schedule.cpp, schedule_interleaved.cpp, schedule_zero_bubble.cpp,
+// schedule_grid.cpp) and the engine's transfers (pipeline_transfers.cpp) share; not part of the
+// public contract.
 #pragma once
+
+#include <vector>
 
 #include "dscpp/pipe/schedule.h"
 
 namespace dscpp::pipe {
 
-// Refuses a shape out of range (stages, stage, micro_batches, chunks) with dscpp::Error.
+// Refuses a shape out of range (stages, stage, micro_batches, chunks, a schedule kind that
+// does not fit the chunks) with dscpp::Error.
 void validate(const PipeShape& shape);
 // Megatron's interleaved 1F1B (shape.chunks > 1), or its forward-only order (forward_only:
 // for eval_batch); the shape validated by the caller.
 std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only);
+// ZB-H1 (schedule_zero_bubble.cpp); the shape validated by the caller.
+std::vector<Step> zero_bubble_h1_schedule(const PipeShape& shape);
 // ReduceTiedGrads, ReduceGrads, OptimizerStep: the last step's tail.
 void append_step_level(Step& last);
 // SendActivation, RecvActivation, SendGrad, RecvGrad.
 bool is_transfer(Op op);
+
+// Every stage's compute laid out on common steps: grid[s][t] is what stage s computes in step
+// t, in order (Forward, Backward, BackwardInput, BackwardWeight; empty: idle). Virtual stage
+// c * p + s is chunk c of stage s. The grid must keep the dependencies: a forward in step t
+// takes an input computed by step t - 1 (or earlier in the same step on the same rank), a
+// backward (or B) a gradient computed by step t - 1 (the last virtual stage: its own forward,
+// earlier), a W follows its B.
+struct Work {
+  Op op;
+  int chunk;
+  int micro_batch;
+};
+using Grid = std::vector<std::vector<std::vector<Work>>>;
+
+// Stage shape.stage's steps from the grid: an activation travels in the step its consumer
+// computes it, a gradient in the step after its producer computed it (a step is added at the
+// end where the last one computed a gradient to send), both ends listing the transfer in the
+// same step, sorted by a key both compute alike; the loads before the forwards that need them;
+// slots by span (the lowest free one); the step-level tail when training.
+std::vector<Step> steps_from_grid(const PipeShape& shape, const Grid& grid, bool training);
 
 }  // namespace dscpp::pipe

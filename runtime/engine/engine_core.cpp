@@ -448,10 +448,14 @@ void EngineCore::backward(const at::Tensor& loss) {
 
 void EngineCore::backward_from(const std::vector<at::Tensor>& outputs,
                                const std::vector<at::Tensor>& grads, bool reduce) {
+  backward_with([&] { torch::autograd::backward(outputs, grads); }, reduce);
+}
+
+void EngineCore::backward_with(const std::function<void()>& deliver, bool reduce) {
   const bool timed = config_.wall_clock_breakdown;
   const double t0 = timed ? now_ms() : 0;
   for (auto& p : zero_set_) p.zero->begin_backward(zero_optimization_stage() >= 2 || reduce);
-  torch::autograd::backward(outputs, grads);
+  deliver();
   const double t1 = timed ? now_ms() : 0;
   end_backward_set();
   if (timed) {

@@ -230,6 +230,9 @@ class EngineCore {
   // Stages 2 reduce every one. Counts no micro-step (step() does).
   void backward_from(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads,
                      bool reduce);
+  // The same around `deliver`, which hands the parameters a micro-batch's gradients put off
+  // by a split backward (W of a zero-bubble schedule: ops/deferred_grads.h).
+  void backward_with(const std::function<void()>& deliver, bool reduce);
   // Before attach(): ZeroOptions::reduce_sumsq_across (a pipeline's norm over its stages).
   void set_reduce_sumsq_across(std::function<void(at::Tensor&)> f) {
     reduce_sumsq_across_ = std::move(f);

@@ -46,7 +46,8 @@ def run(cmd, timeout=900):
 
 
 def make_case(p, t, d, m, z, flags=""):
-    """flags: "sp" (sequence parallelism), "ck" (checkpoint_activations), "sp_ck" or ""."""
+    """flags: "sp" (sequence parallelism), "ck" (checkpoint_activations), "zb" (the ZB-H1
+    schedule, split backward), joined by "_" (e.g. "sp_ck_zb"), or ""."""
     case = {"name": f"gpt3d_p{p}_t{t}_d{d}_m{m}_z{z}" + (f"_{flags}" if flags else ""),
             "stages": p, "model": t,
             "config": {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // (m * d),
@@ -56,6 +57,8 @@ def make_case(p, t, d, m, z, flags=""):
         case["sp"] = True
     if "ck" in flags.split("_"):
         case["checkpoint_activations"] = True
+    if "zb" in flags.split("_"):
+        case["config"]["pipeline"] = {"schedule": "zb-h1"}
     return case
 
 
@@ -162,7 +165,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--cases", default="",
-                    help="p,t,d,m,z[,flags];... in place of the default set (flags: sp, ck, sp_ck)")
+                    help="p,t,d,m,z[,flags];... in place of the default set (flags: sp, ck, zb, joined by _)")
     args = ap.parse_args()
     out = tempfile.mkdtemp()
     run([args.train, "--mode", "reference", "--model", "gpt3d", "--steps", str(args.steps),

@@ -14,7 +14,9 @@
 // experts are the reference's (drawn by global expert id, or clones of one module), bit for bit.
 // Also: the engine found the experts (its expert optimizer over data / ep ranks). Checkpoints of
 // such a pipeline: pipe_moe_checkpoint_oracle.py.
-//   pipe_moe --case k<k>d<dropless>z<stage>c<clones> [--case ...] [--steps N]
+//   pipe_moe --case k<k>d<dropless>z<stage>c<clones> [--case ...] [--steps N] [--schedule S]
+// --schedule: the expert-parallel pipeline's pipeline.schedule (zb-h1: the experts' grouped
+// products and the clones' linears put their weight products off to W); the references 1F1B.
 // Exits 0 when every check holds on this rank; prints what failed otherwise.
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/any.h>
@@ -108,6 +110,7 @@ pipe::LossFn mse() {
 
 struct Groups {
   GroupPtr world, self, ep;
+  std::string schedule;  // the expert-parallel pipeline's pipeline.schedule ("": its default)
 };
 
 void run_case(const Groups& g, const Case& c, int steps) {
@@ -143,7 +146,9 @@ void run_case(const Groups& g, const Case& c, int steps) {
     check(at::equal(p, counterpart(ref_params, experts, name)),
           where + "initial " + name + " is the reference's (same seeds, experts by global id)",
           rank);
-  auto eng = dscpp::initialize(std::move(module), ds_config(kMicro, c));
+  nlohmann::json cfg = ds_config(kMicro, c);
+  if (!g.schedule.empty()) cfg["pipeline"] = {{"schedule", g.schedule}};
+  auto eng = dscpp::initialize(std::move(module), cfg);
   dscpp::zero::ZeroOptimizer* ez = eng.core().expert_zero_optimizer();
   check(ez != nullptr, where + "the pipeline engine gave the experts their own optimizer", rank);
   if (!ez) return;
@@ -173,11 +178,13 @@ void run_case(const Groups& g, const Case& c, int steps) {
 
 int main(int argc, char** argv) {
   int steps = 20;
+  std::string schedule;
   std::vector<Case> cases;
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--steps") steps = std::stoi(argv[i + 1]);
     if (flag == "--case") cases.push_back(moe_test::parse_case(argv[i + 1], "kdzc", "pipe_moe"));
+    if (flag == "--schedule") schedule = argv[i + 1];
   }
   dscpp::comm::InitOptions options;
   options.backend = "gloo";
@@ -194,6 +201,7 @@ int main(int argc, char** argv) {
   try {
     Groups g;
     g.world = world;
+    g.schedule = schedule;
     // Every rank makes every group in the same order, whichever it uses.
     g.ep = dscpp::comm::new_expert_groups(*world, pipe::pipe_model_data_topology(kStages, 1, kData),
                                           kEp)

@@ -11,7 +11,10 @@ and 2. Every case must end with the reference's losses and weights (relative 1e-
 rank must hold only its stage's parameters (names and sizes) and, at ZeRO 1-2, 1/data of
 their optimizer state. By default a covering set (every value of every dimension and the
 interacting pairs, several cases per launch); --full runs the whole matrix (ctest label
-pipe_matrix). Prints one line per case and `N passed, M failed` last."""
+pipe_matrix). --schedule zb-h1 runs the zero-bubble schedule (split backward) instead, on
+its own covering set: 2 and 4 stages, 4 to 16 micro-batches, ZeRO 0-2, data 1 and 2, with
+and without activation checkpointing. Prints one line per case and `N passed, M failed`
+last."""
 import argparse
 import itertools
 import json
@@ -43,13 +46,17 @@ def case_name(model, p, d, m, v, z):
     return f"{model}_p{p}_d{d}_m{m}_v{v}_z{z}"
 
 
-def make_case(model, p, d, m, v, z, extra=None):
+def make_case(model, p, d, m, v, z, extra=None, schedule=None):
     mb = GLOBAL_BATCH // (m * d)
     extra = extra or {}
     suffix = "".join(f"_{k}{str(v_).replace(':', '')}" for k, v_ in sorted(extra.items()))
+    config = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": m,
+              "zero_optimization": {"stage": z, "reduce_bucket_size": 300}}
+    if schedule:
+        config["pipeline"] = {"schedule": schedule}
+        suffix += "_" + schedule.replace("-", "")
     return {"name": case_name(model, p, d, m, v, z) + suffix, "stages": p, "chunks": v, **extra,
-            "config": {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": m,
-                       "zero_optimization": {"stage": z, "reduce_bucket_size": 300}}}
+            "config": config}
 
 
 def valid(p, m, v):
@@ -152,6 +159,21 @@ def covering(model):
     return sorted(c for c in cases if valid(c[0], c[2], c[3]) and GLOBAL_BATCH % (c[1] * c[2]) == 0)
 
 
+# The zero-bubble schedule (one chunk): its covering set. The MLP's layers (torch::nn::Linear)
+# do not split their backward, so B keeps their gradients for W; the GPT's (nn::linear) put
+# their weight products off to W. Activation checkpointing recomputes inside B.
+ZERO_BUBBLE = {
+    "mlp": [(2, 1, 4, 1, 0), (2, 2, 4, 1, 1), (2, 1, 16, 1, 2), (4, 1, 8, 1, 0),
+            (4, 1, 16, 1, 1), (4, 2, 4, 1, 2), (2, 2, 8, 1, 2), (4, 1, 4, 1, 1)],
+    "gpt": [(2, 2, 4, 1, 1), (4, 1, 8, 1, 2), (2, 1, 16, 1, 0), (4, 2, 4, 1, 0)],
+    "tuple": [(2, 1, 4, 1, 0), (4, 1, 8, 1, 2)],
+}
+ZERO_BUBBLE_VARIANTS = {
+    "mlp": [((2, 2, 4, 1, 2), {"checkpoint_interval": 2})],
+    "gpt": [((2, 1, 8, 1, 1), {"checkpoint_interval": 1})],
+}
+
+
 def full():
     return [c for c in itertools.product([2, 4], [1, 2], [1, 2, 4, 8], [1, 2], [0, 1, 2])
             if valid(c[0], c[2], c[3])]
@@ -165,7 +187,9 @@ def main():
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--models", default="mlp,gpt,tuple")
     ap.add_argument("--chunks", default="1,2", help="the chunk counts to run (v)")
+    ap.add_argument("--schedule", default=None, help="pipeline.schedule (default: the engine's)")
     args = ap.parse_args()
+    zero_bubble = args.schedule == "zb-h1"
     out = tempfile.mkdtemp()
     passed = failed = 0
     for model in args.models.split(","):
@@ -173,7 +197,7 @@ def main():
              "--out", out])
         with open(os.path.join(out, "reference.json")) as f:
             ref = json.load(f)
-        grid = full() if args.full else covering(model)
+        grid = ZERO_BUBBLE[model] if zero_bubble else full() if args.full else covering(model)
         chunks = [int(v) for v in args.chunks.split(",")]
         grid = [c for c in grid if c[3] in chunks]
         # One launch per world size, its cases one after another.
@@ -181,11 +205,11 @@ def main():
         for (p, d, m, v, z) in grid:
             by_world.setdefault(p * d, []).append(((p, d, m, v, z), None))
         # The module's options beside the default partition and no checkpointing.
-        for combo, extra in VARIANTS.get(model, []):
+        for combo, extra in (ZERO_BUBBLE_VARIANTS if zero_bubble else VARIANTS).get(model, []):
             by_world.setdefault(combo[0] * combo[1], []).append((combo, extra))
         for world, entries in sorted(by_world.items()):
             combos = [c for c, _ in entries]
-            cases = [make_case(model, *c, extra=e) for c, e in entries]
+            cases = [make_case(model, *c, extra=e, schedule=args.schedule) for c, e in entries]
             launch_error = None
             try:
                 run([args.launcher, "--num_gpus", str(world), "--master_port", str(free_port()),

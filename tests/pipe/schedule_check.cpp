@@ -17,7 +17,8 @@ bool transfer(Op op) {
          op == Op::kRecvGrad;
 }
 bool compute(Op op) {
-  return op == Op::kLoadMicroBatch || op == Op::kForward || op == Op::kBackward;
+  return op == Op::kLoadMicroBatch || op == Op::kForward || op == Op::kBackward ||
+         op == Op::kBackwardInput || op == Op::kBackwardWeight;
 }
 int rank_of(Op op) {
   return transfer(op) ? 0 : compute(op) ? 1 : 2;
@@ -38,16 +39,18 @@ Op matching(Op op) {
 // What one stage has done to one (micro-batch, chunk): the step of each event, -1 if not yet.
 struct Unit {
   int loaded = -1, received = -1, forward = -1, grad_received = -1, backward = -1;
+  int weight = -1;  // a split backward's W
+  bool split = false;
   int sent_act = -1, sent_grad = -1;
   int buffer = -1, first = -1, last = -1;  // the slot and the steps it is held
 };
 
 }  // namespace
 
-Pipeline build(int stages, int micro_batches, int chunks, bool training) {
-  Pipeline pipe{stages, micro_batches, chunks, training, {}};
+Pipeline build(int stages, int micro_batches, int chunks, bool training, ScheduleKind kind) {
+  Pipeline pipe{stages, micro_batches, chunks, training, {}, kind};
   for (int s = 0; s < stages; ++s) {
-    const PipeShape shape{stages, s, micro_batches, chunks};
+    const PipeShape shape{stages, s, micro_batches, chunks, kind};
     pipe.lists.push_back(training ? train_schedule(shape) : inference_schedule(shape));
   }
   return pipe;
@@ -62,7 +65,7 @@ std::string check_contract(const Pipeline& pipe) {
   auto where = [](size_t t, int s, const Instruction& i) {
     return fmt::format("step {}, stage {}, {}", t, s, to_string(i));
   };
-  auto shape = [&](int s) { return PipeShape{p, s, m, v}; };
+  auto shape = [&](int s) { return PipeShape{p, s, m, v, pipe.kind}; };
 
   // Order inside a step, step-level ops only at the end of the last step.
   for (int s = 0; s < p; ++s) {
@@ -153,11 +156,17 @@ std::string check_contract(const Pipeline& pipe) {
               return where(t, s, i) + ": unexpected";
             break;
           case Op::kBackward:
+          case Op::kBackwardInput:
             if (!pipe.training || u.forward < 0)
               return where(t, s, i) + ": backward before forward";
             if (vs != last_vs && u.grad_received < 0)
               return where(t, s, i) + ": backward before its gradient";
             if (!once(u.backward)) return where(t, s, i) + ": backward twice";
+            u.split = i.op == Op::kBackwardInput;
+            break;
+          case Op::kBackwardWeight:
+            if (!u.split || u.backward < 0) return where(t, s, i) + ": W before its B";
+            if (!once(u.weight)) return where(t, s, i) + ": W twice";
             break;
           case Op::kSendGrad:
             if (vs == first_vs || u.backward < 0 || u.backward >= st)
@@ -178,8 +187,9 @@ std::string check_contract(const Pipeline& pipe) {
           return fmt::format("stage {}: micro-batch {} chunk {} never runs", s, b, c);
         const Unit& u = it->second;
         const bool need_act = vs != p * v - 1, need_grad = pipe.training && vs != 0;
-        if (u.forward < 0 || (pipe.training && u.backward < 0) || (need_act && u.sent_act < 0) ||
-            (need_grad && u.sent_grad < 0) || (pipe.training && need_act && u.grad_received < 0))
+        if (u.forward < 0 || (pipe.training && u.backward < 0) || (u.split && u.weight < 0) ||
+            (need_act && u.sent_act < 0) || (need_grad && u.sent_grad < 0) ||
+            (pipe.training && need_act && u.grad_received < 0))
           return fmt::format("stage {}: micro-batch {} chunk {} incomplete", s, b, c);
       }
     }
@@ -201,10 +211,10 @@ std::string check_contract(const Pipeline& pipe) {
   return "";
 }
 
-Timing simulate(const Pipeline& pipe, double F, double B) {
+Timing simulate(const Pipeline& pipe, double F, double B, double W) {
   const int p = pipe.stages;
   const size_t steps = pipe.lists[0].size();
-  const double f = F / pipe.chunks, b = B / pipe.chunks;
+  const double f = F / pipe.chunks, b = B / pipe.chunks, w = W / pipe.chunks;
   std::vector<double> ready(p, 0.0), busy(p, 0.0);
   for (size_t t = 0; t < steps; ++t) {
     std::vector<double> next(p);
@@ -213,9 +223,12 @@ Timing simulate(const Pipeline& pipe, double F, double B) {
       double work = 0;
       for (const Instruction& i : pipe.lists[s][t]) {
         if (transfer(i.op))
-          start = std::max(start, ready[peer_of({p, s, pipe.micro_batches, pipe.chunks}, i).stage]);
+          start = std::max(
+              start, ready[peer_of({p, s, pipe.micro_batches, pipe.chunks, pipe.kind}, i).stage]);
         if (i.op == Op::kForward) work += f;
         if (i.op == Op::kBackward) work += b;
+        if (i.op == Op::kBackwardInput) work += b - w;
+        if (i.op == Op::kBackwardWeight) work += w;
       }
       next[s] = start + work;
       busy[s] += work;
@@ -223,6 +236,20 @@ Timing simulate(const Pipeline& pipe, double F, double B) {
     ready = next;
   }
   return {*std::max_element(ready.begin(), ready.end()), busy};
+}
+
+InFlight in_flight(const Pipeline& pipe, int stage) {
+  InFlight most;
+  int forwards = 0, backwards = 0, weights = 0;
+  for (const Step& step : pipe.lists[stage])
+    for (const Instruction& i : step) {
+      forwards += i.op == Op::kForward;
+      backwards += i.op == Op::kBackward || i.op == Op::kBackwardInput;
+      weights += i.op == Op::kBackward || i.op == Op::kBackwardWeight;
+      most.until_backward = std::max(most.until_backward, forwards - backwards);
+      most.until_weight = std::max(most.until_weight, forwards - weights);
+    }
+  return most;
 }
 
 }  // namespace dscpp::pipe::testing

@@ -241,3 +241,80 @@ TEST(Schedule, InterleavedRefusesWithTheArithmetic) {
 
 }  // namespace
 }  // namespace dscpp::pipe
+
+namespace dscpp::pipe {
+namespace {
+
+// ZB-H1: the contract; with F = 1, B = 2 and W = 1 (B's input half 1), each stage's idle time
+// in the event simulation over its ideal 3m is the formula, (p - 1)/(3m) for m >= p, a third
+// of 1F1B's; the activations held are 1F1B's: at most p - s micro-batches between forward and
+// B on stage s, at most p between forward and W (stage 0's p in 1F1B).
+void check_zero_bubble_h1(int p, int m) {
+  SCOPED_TRACE(::testing::Message() << "p=" << p << " m=" << m);
+  const auto pipe = testing::build(p, m, 1, true, ScheduleKind::kZeroBubbleH1);
+  EXPECT_EQ(testing::check_contract(pipe), "");
+  const auto timing = testing::simulate(pipe, 1.0, 2.0, 1.0);
+  const double formula = bubble_fraction({p, 0, m, 1, ScheduleKind::kZeroBubbleH1});
+  if (m >= p) EXPECT_DOUBLE_EQ(formula, (p - 1.0) / (3.0 * m));
+  const auto one_f_one_b = testing::build(p, m, 1, true);
+  for (int s = 0; s < p; ++s) {
+    EXPECT_NEAR(timing.busy[s], m * 3.0, 1e-9);
+    EXPECT_NEAR((timing.makespan - timing.busy[s]) / timing.busy[s], formula, 1e-12)
+        << "stage " << s;
+    const auto held = testing::in_flight(pipe, s);
+    EXPECT_LE(held.until_backward, testing::in_flight(one_f_one_b, s).until_backward)
+        << "stage " << s;
+    EXPECT_LE(held.until_weight, std::min(p, m)) << "stage " << s;
+  }
+}
+
+TEST(Schedule, ZeroBubbleH1KeepsTheContractAndAThirdOf1F1BsBubble) {
+  for (int p : {1, 2, 3, 4})
+    for (int m : {1, 2, 3, 4, 7, 8, 16}) check_zero_bubble_h1(p, m);
+}
+
+TEST(ScheduleGrid, ZeroBubbleH1EveryShape) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m = 1; m <= 32; ++m) check_zero_bubble_h1(p, m);
+}
+
+// The order on 4 stages, 8 micro-batches: stage 0 runs 1F1B's warm-up and each W right after
+// its B; the last stage runs F and B alternately and puts its W's off to the end.
+TEST(Schedule, ZeroBubbleH1Order) {
+  auto order = [](int s) {
+    std::string out;
+    for (const Step& step : train_schedule({4, s, 8, 1, ScheduleKind::kZeroBubbleH1}))
+      for (const Instruction& i : step) {
+        const char* op = i.op == Op::kForward          ? "F"
+                         : i.op == Op::kBackwardInput  ? "B"
+                         : i.op == Op::kBackwardWeight ? "W"
+                                                       : nullptr;
+        if (op) out += op + std::to_string(i.micro_batch) + " ";
+      }
+    return out;
+  };
+  EXPECT_EQ(order(0), "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7 ");
+  EXPECT_EQ(order(3), "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7 ");
+}
+
+TEST(Schedule, ZeroBubbleKindsAndRefusals) {
+  EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::kZeroBubbleH1);
+  EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::kOneFOneB);
+  EXPECT_EQ(to_string(ScheduleKind::kInterleaved), "interleaved");
+  EXPECT_THROW(parse_schedule_kind("gpipe"), Error);
+  try {
+    parse_schedule_kind("zb-v");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("zb-v"), std::string::npos) << e.what();
+  }
+  // ZB-H1 and 1F1B run one chunk per stage; interleaved needs several.
+  EXPECT_THROW(train_schedule({4, 0, 8, 2, ScheduleKind::kZeroBubbleH1}), Error);
+  EXPECT_THROW(train_schedule({4, 0, 8, 2, ScheduleKind::kOneFOneB}), Error);
+  EXPECT_THROW(train_schedule({4, 0, 8, 1, ScheduleKind::kInterleaved}), Error);
+  EXPECT_EQ(to_string(Instruction{Op::kBackwardWeight, 3, 0, 1}),
+            "BackwardWeightPass(micro_batch=3, chunk=0, buffer=1)");
+}
+
+}  // namespace
+}  // namespace dscpp::pipe
