@@ -41,7 +41,7 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
   std::string data_path, train_data_path;
   int64_t micro = 0, global = 0, warmup = 0, decay_iters = 0;
   double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, clip = 0;
-  std::string style;
+  std::string style, pipeline_schedule;
   bool nan_check = false, no_nan_check = false;
   po::options_description o("train_gpt options (Megatron-LM's and DeepSpeed's names)");
   // clang-format off
@@ -86,6 +86,9 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
      "tensor-parallel degree")
     ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1),
      "pipeline-parallel degree")
+    ("pipeline-schedule", po::value(&pipeline_schedule),
+     "the pipeline's schedule: auto, 1f1b, interleaved or zb-h1 (the ds_config's "
+     "pipeline.schedule; the model config's parallelism.pipeline_parallel_schedule)")
     ("sequence-parallel", po::bool_switch(&a.sequence_parallel),
      "sequence parallelism in the tensor-parallel regions (needs a tensor degree > 1)")
     ("check-for-nan-in-loss-and-grad", po::bool_switch(&nan_check),
@@ -184,6 +187,13 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
   if (vm.count("adam-eps")) a.adam_eps = eps;
   if (vm.count("clip-grad")) a.clip_grad = clip;
   if (vm.count("lr-decay-iters")) a.lr_decay_iters = decay_iters;
+  if (vm.count("pipeline-schedule")) {
+    if (pipeline_schedule != "auto" && pipeline_schedule != "1f1b" &&
+        pipeline_schedule != "interleaved" && pipeline_schedule != "zb-h1")
+      throw FlagError("--pipeline-schedule: expected auto, 1f1b, interleaved or zb-h1, found '" +
+                      pipeline_schedule + "'");
+    a.pipeline_schedule = pipeline_schedule;
+  }
   if (vm.count("lr-decay-style")) {
     if (style != "constant" && style != "linear" && style != "cosine")
       throw FlagError("--lr-decay-style: expected constant, linear or cosine, found '" + style +

@@ -46,10 +46,11 @@ struct GptOptions {
   std::optional<double> adam_beta1, adam_beta2, adam_eps;  // --adam-beta1/-beta2/-eps
   std::optional<double> clip_grad;                         // --clip-grad
   bool fp16 = false, bf16 = false;                         // --fp16 / --bf16
-  bool deepspeed = false;                    // --deepspeed (Megatron-DeepSpeed's switch; no-op)
-  int64_t tensor_model_parallel_size = 1;    // --tensor-model-parallel-size
-  int64_t pipeline_model_parallel_size = 1;  // --pipeline-model-parallel-size
-  bool sequence_parallel = false;            // --sequence-parallel (Megatron's)
+  bool deepspeed = false;                        // --deepspeed (Megatron-DeepSpeed's switch; no-op)
+  int64_t tensor_model_parallel_size = 1;        // --tensor-model-parallel-size
+  int64_t pipeline_model_parallel_size = 1;      // --pipeline-model-parallel-size
+  std::optional<std::string> pipeline_schedule;  // --pipeline-schedule (pipeline.schedule)
+  bool sequence_parallel = false;                // --sequence-parallel (Megatron's)
   // --check-for-nan-in-loss-and-grad (on) / --no-check-for-nan-in-loss-and-grad: stop at the
   // first step with a non-finite loss or gradient norm, or report it and train on (Megatron's).
   bool check_for_nan_in_loss_and_grad = true;

@@ -593,6 +593,11 @@ int main(int argc, char** argv) {
     dscpp::ops::set_gradient_accumulation_fusion(cfg->gradient_accumulation_fusion);
     if (layout.pipeline > 1)
       return dscpp::examples::train_gpt_pipeline(args, *cfg, ds_config, layout);
+    if ((args.pipeline_schedule && *args.pipeline_schedule != "auto") ||
+        cfg->parallelism.pipeline_parallel_schedule != "auto")
+      throw dscpp::examples::FlagError(
+          "a pipeline schedule (--pipeline-schedule, parallelism.pipeline_parallel_schedule) "
+          "needs a pipeline: the pipeline degree is 1");
     // ZeRO stage 3 gathers a model given as layers one layer at a time, and any other module
     // whole: the GPT goes in as its LayerSpecs there (the same modules, names and numerics).
     // (A malformed stage is left for the engine's config reader to report.)

@@ -104,9 +104,39 @@ std::vector<nn::LayerSpec> seeded_layer_specs(std::vector<nn::LayerSpec> specs, 
   return specs;
 }
 
+namespace {
+
+// The schedule from what gives one (not "auto"): the flag, the model config, the ds_config's
+// pipeline.schedule; more than one must agree. Written into the ds_config the engine reads.
+nlohmann::json with_schedule(const GptOptions& args, const model_zoo::GPTConfig& cfg,
+                             nlohmann::json ds_config) {
+  std::vector<std::pair<std::string, std::string>> given;
+  if (args.pipeline_schedule && *args.pipeline_schedule != "auto")
+    given.emplace_back(*args.pipeline_schedule, "--pipeline-schedule");
+  if (cfg.parallelism.pipeline_parallel_schedule != "auto")
+    given.emplace_back(cfg.parallelism.pipeline_parallel_schedule,
+                       "the model config's parallelism.pipeline_parallel_schedule");
+  const auto pipe = ds_config.find("pipeline");
+  if (pipe != ds_config.end() && pipe->is_object() && pipe->contains("schedule") &&
+      (*pipe)["schedule"].is_string() && (*pipe)["schedule"] != "auto")
+    given.emplace_back((*pipe)["schedule"].get<std::string>(), "the ds_config's pipeline.schedule");
+  if (given.empty()) return ds_config;
+  for (const auto& [value, source] : given)
+    if (value != given.front().first)
+      throw FlagError(fmt::format("pipeline schedule: {} is {} but {} is {}; give one, or the same",
+                                  given.front().second, given.front().first, source, value));
+  if (pipe == ds_config.end() || !pipe->is_object())
+    ds_config["pipeline"] = nlohmann::json::object();
+  ds_config["pipeline"]["schedule"] = given.front().first;
+  return ds_config;
+}
+
+}  // namespace
+
 int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
-                       const nlohmann::json& ds_config, const JobLayout& layout) {
+                       const nlohmann::json& given_ds_config, const JobLayout& layout) {
   refuse_unsupported(args);
+  const nlohmann::json ds_config = with_schedule(args, cfg, given_ds_config);
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

@@ -27,6 +27,9 @@ struct ParallelismConfig {
   // axis (DeepSpeed's ep_size; comm::new_expert_groups). Must divide the data degree and the
   // model's num_experts; above 1 only for an MoE model.
   int64_t expert_model_parallel_size = 1;
+  // The pipeline's schedule (torchtitan's pipeline_parallel_schedule key; dscpp's names, as
+  // the ds_config's pipeline.schedule: "auto", "1f1b", "interleaved", "zb-h1").
+  std::string pipeline_parallel_schedule = "auto";
 
   // `j` is the `parallelism` object; `path` names it in errors ("parallelism").
   static ParallelismConfig from_json(const nlohmann::json& j, const std::string& path);
