@@ -7,7 +7,8 @@
   --bf16 switches bf16 on.
 - A flag that contradicts a number of the ds_config is an error naming both; an "auto" no flag
   fills names the flag; an unknown flag, a prefix of a known one (--train-it), a stray value
-  (--deepspeed x), a tensor-parallel degree above 1, pipeline degrees that disagree and --bf16 against fp16 on are refused: each
+  (--deepspeed x), a tensor-parallel degree above 1, pipeline degrees or schedules that disagree, a
+  schedule without a pipeline and --bf16 against fp16 on are refused: each
   message printed once (by
   rank 0), every rank exiting non-zero.
 - A finished run resumed says it is finished and how to go on; raising --train-iters goes on.
@@ -166,6 +167,15 @@ def main():
         refused("pipeline degrees that disagree", ["--pipeline-model-parallel-size", "2"],
                 "pipeline degree: the ds_config's pipeline.stages is 1 but --pipeline-model-parallel-size is 2",
                 ds=write_json(os.path.join(tmp, "stages1.json"), dict(written, pipeline={"stages": 1})))
+        refused("a pipeline schedule without a pipeline", ["--pipeline-schedule", "zb-h1"],
+                "a pipeline schedule (--pipeline-schedule, parallelism.pipeline_parallel_schedule) needs a "
+                "pipeline: the pipeline degree is 1")
+        refused("pipeline schedules that disagree",
+                ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"],
+                "pipeline schedule: --pipeline-schedule is zb-h1 but the ds_config's pipeline.schedule is 1f1b",
+                ds=write_json(os.path.join(tmp, "sched.json"), dict(written, pipeline={"schedule": "1f1b"})))
+        refused("an unknown pipeline schedule", ["--pipeline-schedule", "gpipe"],
+                "--pipeline-schedule: expected auto, 1f1b, interleaved or zb-h1, found 'gpipe'")
         refused("--bf16 against fp16 on in the ds_config", ["--bf16"],
                 "--bf16 contradicts the ds_config's fp16.enabled=true",
                 ds=write_json(os.path.join(tmp, "fp16.json"), dict(written, fp16={"enabled": True})))
