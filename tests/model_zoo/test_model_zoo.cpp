@@ -171,6 +171,20 @@ TEST(GPTConfig, ParallelismDegreesAndTheWorldSizeArithmetic) {
   j["parallelism"]["tp_comm_overlap_num_splits"] = 0;
   e = config_error([&] { mz::GPTConfig::from_json(j); });
   EXPECT_TRUE(has(e, "parallelism.tp_comm_overlap_num_splits")) << e;
+  // The pipeline's schedule: "auto" and then not written; a name of the ds_config's
+  // pipeline.schedule read back; anything else refused naming the key and the names.
+  j["parallelism"] = {{"pipeline_model_parallel_size", 2}};
+  EXPECT_EQ(mz::GPTConfig::from_json(j).parallelism.pipeline_parallel_schedule, "auto");
+  EXPECT_FALSE(
+      mz::GPTConfig::from_json(j).parallelism.to_json().contains("pipeline_parallel_schedule"));
+  j["parallelism"]["pipeline_parallel_schedule"] = "ZB-H1";
+  c = mz::GPTConfig::from_json(j);
+  EXPECT_EQ(c.parallelism.pipeline_parallel_schedule, "zb-h1");
+  EXPECT_EQ(mz::ParallelismConfig::from_json(c.parallelism.to_json(), "parallelism").to_json(),
+            c.parallelism.to_json());
+  j["parallelism"]["pipeline_parallel_schedule"] = "gpipe";
+  e = config_error([&] { mz::GPTConfig::from_json(j); });
+  EXPECT_TRUE(has(e, "parallelism.pipeline_parallel_schedule") && has(e, "\"zb-h1\"")) << e;
   j["parallelism"] = 2;
   e = config_error([&] { mz::GPTConfig::from_json(j); });
   EXPECT_TRUE(has(e, "parallelism") && has(e, "expected an object")) << e;
