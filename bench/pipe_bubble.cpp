@@ -5,11 +5,12 @@
 // --layer-ms and whose backward sleeps twice that (once for the input's gradient, once for the
 // weight's, a product a split backward puts off to W), so that a stage's compute takes a fixed
 // time whatever the machine's cores do. For each micro-batch count of --micro-batches and each
-// schedule of --schedules (1f1b; interleaved, with each v of --chunks; zb-h1), --steps batches;
+// schedule of --schedules (1f1b; interleaved, with each v of --chunks; zb-h1; zb-v, two chunks
+// in a V), --steps batches;
 // each stage's idle time (PipelineEngine::last_bubble_fraction, the smallest over the batches
 // but the first) is given over its ideal time m(F + B), beside the formula (p - 1)/m,
-// interleaved (p - 1)/(v m), ZB-H1 (p - 1)/(3m) (docs/pipeline.md). With --check TOL a stage
-// off its formula by more than TOL relative makes the exit status 1.
+// interleaved (p - 1)/(v m), ZB-H1 (p - 1)/(3m), ZB-V (p - 1)/(6m) (docs/pipeline.md). With --check
+// TOL a stage off its formula by more than TOL relative makes the exit status 1.
 //
 // --mode zero (pipeline 2 x data world/2): a small GPT on the pipeline at ZeRO stage 1 and 2,
 // --micro-batches' first value of micro-batches: the step time; the gradient bytes each rank
@@ -149,14 +150,18 @@ int bubble(const std::shared_ptr<dscpp::comm::ProcessGroup>& world,
     if (name == "interleaved")
       for (int v : chunks) runs.emplace_back(name, v);
     else
-      runs.emplace_back(name, 1);
+      runs.emplace_back(name, name == "zb-v" ? 2 : 1);
   }
   for (const auto& [name, v] : runs) {
     const auto kind = dscpp::pipe::parse_schedule_kind(name);
     for (int m : micro_batches) {
       dscpp::pipe::PipelineOptions options(p);
-      options.group(world).num_chunks(v).partition_method("uniform").loss_fn(dscpp::pipe::loss_of(
-          [](const at::Tensor& o, const at::Tensor& l) { return torch::mse_loss(o, l); }));
+      options.group(world)
+          .num_chunks(v)
+          .v_shape(kind == dscpp::pipe::ScheduleKind::kZeroBubbleV)
+          .partition_method("uniform")
+          .loss_fn(dscpp::pipe::loss_of(
+              [](const at::Tensor& o, const at::Tensor& l) { return torch::mse_loss(o, l); }));
       dscpp::pipe::PipelineModule module(sleeping_specs(2 * p), options);
       json cfg = {{"train_batch_size", m},
                   {"train_micro_batch_size_per_gpu", 1},
@@ -311,9 +316,9 @@ int main(int argc, char** argv) {
   po::options_description desc("pipe_bubble");
   desc.add_options()("mode", po::value(&mode)->default_value("bubble"), "bubble or zero")(
       "micro-batches", po::value(&mbs)->default_value("4,8,16,32"), "comma-separated m")(
-      "schedules", po::value(&schedules)->default_value("1f1b,interleaved,zb-h1"),
-      "comma-separated: 1f1b, interleaved, zb-h1")("chunks", po::value(&chunks)->default_value("2"),
-                                                   "interleaved: chunks per stage (v > 1)")(
+      "schedules", po::value(&schedules)->default_value("1f1b,interleaved,zb-h1,zb-v"),
+      "comma-separated: 1f1b, interleaved, zb-h1, zb-v")(
+      "chunks", po::value(&chunks)->default_value("2"), "interleaved: chunks per stage (v > 1)")(
       "layer-ms", po::value(&ms)->default_value(5.0), "a layer's forward sleep (backward: 2x)")(
       "steps", po::value(&steps)->default_value(3), "batches per case (the first not counted)")(
       "check", po::value(&check)->default_value(0.0),

@@ -311,7 +311,8 @@ PipelineConfig read_pipeline(Section s) {
       s.get_int("activation_checkpoint_interval", c.activation_checkpoint_interval, 0);
   c.pipe_partitioned = s.get_bool("pipe_partitioned", c.pipe_partitioned);
   c.grad_partitioned = s.get_bool("grad_partitioned", c.grad_partitioned);
-  c.schedule = s.get_choice("schedule", c.schedule, {"auto", "1f1b", "interleaved", "zb-h1"});
+  c.schedule =
+      s.get_choice("schedule", c.schedule, {"auto", "1f1b", "interleaved", "zb-h1", "zb-v"});
   s.known({"use_reentrant"});
   s.finish();
   return c;

@@ -110,7 +110,8 @@ struct PipelineConfig {
   bool pipe_partitioned = true;
   bool grad_partitioned = true;
   // dscpp's extension (DeepSpeed runs 1F1B only): "auto" (1F1B, or interleaved where the
-  // module has several chunks per stage), "1f1b", "interleaved" or "zb-h1" (pipe/schedule.h).
+  // module has several chunks per stage), "1f1b", "interleaved", "zb-h1" or "zb-v"
+  // (pipe/schedule.h).
   std::string schedule = "auto";
 };
 

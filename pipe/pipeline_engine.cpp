@@ -46,7 +46,7 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
         "each stage's data-parallel group, which the module's topology makes");
   args.group = module_.data_group();
   // The last stage holds the loss: its reporting rank writes the monitors and the progress line.
-  args.holds_loss = module_.is_last_stage();
+  args.holds_loss = module_.holds_loss();
   // Tensor parallelism: EngineCore's model group (runtime/engine/tensor_parallel_grads.h) counts
   // each split parameter on every model rank and a replica once, then sums over the model
   // group; the pipe sum below composes with it (the sums run over orthogonal axes).
@@ -78,9 +78,9 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
   if (c.pipeline.stages != "auto" && std::stoi(c.pipeline.stages) != module_.num_stages())
     throw ConfigError("pipeline.stages", fmt::format("{} but the PipelineModule has {} stages",
                                                      c.pipeline.stages, module_.num_stages()));
-  if (module_.num_chunks() > 1 && module_.num_stages() < 2)
+  if (module_.num_chunks() > 1 && module_.num_stages() < 2 && !module_.options().v_shape())
     throw Error("PipelineModule: interleaved chunks need at least 2 stages");
-  if (module_.is_last_stage() && !module_.options().loss_fn())
+  if (module_.holds_loss() && !module_.options().loss_fn())
     throw Error("PipelineModule: the last stage needs a loss_fn (PipelineOptions::loss_fn)");
   shape_.stages = module_.num_stages();
   shape_.stage = module_.stage_id();
@@ -91,6 +91,15 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
   } catch (const Error& e) {
     throw ConfigError("pipeline.schedule", e.what());
   }
+  // ZB-V runs the chunks of a module placed in a V, and only ZB-V does.
+  if (module_.options().v_shape() != (shape_.kind == ScheduleKind::kZeroBubbleV))
+    throw ConfigError("pipeline.schedule",
+                      module_.options().v_shape()
+                          ? fmt::format("\"{}\", but the PipelineModule places its chunks in a V "
+                                        "(PipelineOptions::v_shape), which only \"zb-v\" runs",
+                                        c.pipeline.schedule)
+                          : std::string("\"zb-v\" runs two chunks per stage placed in a V: build "
+                                        "the PipelineModule with num_chunks(2).v_shape(true)"));
   try {
     (void)train_schedule(shape_);  // refuses a shape the schedule cannot run (the arithmetic)
   } catch (const ConfigError&) {
@@ -143,10 +152,10 @@ void PipelineEngine::step() {
 }
 
 bool PipelineEngine::first_virtual(int chunk) const {
-  return chunk == 0 && module_.is_first_stage();
+  return module_.virtual_stage(chunk) == 0;
 }
 bool PipelineEngine::last_virtual(int chunk) const {
-  return chunk == module_.num_chunks() - 1 && module_.is_last_stage();
+  return module_.virtual_stage(chunk) == module_.num_stages() * module_.num_chunks() - 1;
 }
 
 at::Tensor PipelineEngine::train_batch(const DataIter& data_iter) {
@@ -166,11 +175,11 @@ at::Tensor PipelineEngine::train_batch(const DataIter& data_iter) {
   bubble_ = wall > 0 ? std::max(0.0, 1.0 - compute_ms_ / wall) : 0.0;
   // The last stage's mean over micro-batches and data ranks, taken before the optimizer step
   // (for the monitors); then from the last stage to all.
-  at::Tensor mean = module_.is_last_stage() ? batch_loss_ : at::zeros({}, at::kDouble);
+  at::Tensor mean = module_.holds_loss() ? batch_loss_ : at::zeros({}, at::kDouble);
   batch_loss_ = at::Tensor();
   losses_.clear();
   at::Tensor t = mean.to(core_->device());
-  if (module_.num_stages() > 1) module_.pipe_group()->broadcast(t, module_.num_stages() - 1).wait();
+  if (module_.num_stages() > 1) module_.pipe_group()->broadcast(t, module_.loss_stage()).wait();
   return t.to(at::kCPU);
 }
 
@@ -209,7 +218,7 @@ EvalResult PipelineEngine::eval_batch(const DataIter& data_iter, bool compute_lo
   if (compute_loss) {
     const int m = shape_.micro_batches;
     at::Tensor per = at::zeros({m}, at::kDouble);
-    if (module_.is_last_stage())
+    if (module_.holds_loss())
       for (int i = 0; i < m; ++i) per[i] = losses_.at(i).to(at::kCPU, at::kDouble);
     per = share_from_last(per);
     result.loss = reduce_output == "avg" ? per.mean() : per;
@@ -220,9 +229,9 @@ EvalResult PipelineEngine::eval_batch(const DataIter& data_iter, bool compute_lo
 
 at::Tensor PipelineEngine::share_from_last(at::Tensor values) {
   at::Tensor t = values.to(core_->device());
-  if (module_.is_last_stage() && module_.data_parallel_size() > 1)
+  if (module_.holds_loss() && module_.data_parallel_size() > 1)
     module_.data_group()->all_reduce(t, comm::ReduceOp::kAvg).wait();
-  if (module_.num_stages() > 1) module_.pipe_group()->broadcast(t, module_.num_stages() - 1).wait();
+  if (module_.num_stages() > 1) module_.pipe_group()->broadcast(t, module_.loss_stage()).wait();
   return t.to(at::kCPU);
 }
 
@@ -261,7 +270,7 @@ void PipelineEngine::run(const std::vector<Step>& steps, const DataIter& data_it
           case Op::kOptimizerStep:
             // Every forward has run: the batch's loss is known, and the monitors write it with
             // the step (the last stage's data ranks agree on it here).
-            if (module_.is_last_stage()) {
+            if (module_.holds_loss()) {
               batch_loss_ = mean_batch_loss();
               core_->set_step_loss(batch_loss_.item<double>());
             }
@@ -293,7 +302,7 @@ void PipelineEngine::load(const Instruction& in, const DataIter& data_iter) {
   MicroBatch mb = data_iter();
   if (module_.is_first_stage() && mb.inputs.empty())
     throw Error(fmt::format("train_batch: micro-batch {} has no inputs", in.micro_batch));
-  if (module_.is_last_stage() && compute_loss_ && !mb.labels.defined())
+  if (module_.holds_loss() && compute_loss_ && !mb.labels.defined())
     throw Error(fmt::format("train_batch: micro-batch {} has no labels", in.micro_batch));
   mb.inputs = to_device(mb.inputs, core_->device());
   if (mb.labels.defined()) mb.labels = mb.labels.to(core_->device());

@@ -36,6 +36,10 @@ PipelineModule::PipelineModule(std::vector<nn::LayerSpec> specs, PipelineOptions
   if (options_.num_chunks() < 1)
     throw Error(
         fmt::format("PipelineModule: num_chunks must be >= 1, found {}", options_.num_chunks()));
+  if (options_.v_shape() && options_.num_chunks() != 2)
+    throw Error(fmt::format(
+        "PipelineModule: v_shape places two chunks per stage in a V, found num_chunks = {}",
+        options_.num_chunks()));
   if (options_.activation_checkpoint_interval() < 0)
     throw Error(fmt::format("PipelineModule: activation_checkpoint_interval must be >= 0, found {}",
                             options_.activation_checkpoint_interval()));
@@ -118,8 +122,18 @@ std::shared_ptr<comm::ProcessGroup> PipelineModule::link(int peer) const {
   return it == groups_->links.end() ? nullptr : it->second;
 }
 
+int PipelineModule::virtual_stage(int chunk) const {
+  if (options_.v_shape()) return chunk == 0 ? stage_ : 2 * stages_ - 1 - stage_;
+  return chunk * stages_ + stage_;
+}
+
+int PipelineModule::stage_of_part(int k) const {
+  if (options_.v_shape()) return k < stages_ ? k : 2 * stages_ - 1 - k;
+  return k % stages_;
+}
+
 void PipelineModule::make_tied_groups() {
-  const int p = stages_, d = data_size_, t = groups_->model_size;
+  const int d = data_size_, t = groups_->model_size;
   auto rank_of = [this](int stage, int data, int model) {
     return groups_->rank_of(stage, data, model);
   };
@@ -135,7 +149,7 @@ void PipelineModule::make_tied_groups() {
         first_spec[key] = i;
         keys.push_back(key);
       }
-      holders[key].insert(k % p);
+      holders[key].insert(stage_of_part(k));
     }
   for (const auto& key : keys) {
     std::vector<int> stages(holders[key].begin(), holders[key].end());
@@ -179,10 +193,9 @@ void PipelineModule::build_chunks() {
   for (const auto& s : specs_)
     if (!s.tied_key.empty() && !tied_name.count(s.tied_key)) tied_name[s.tied_key] = s.name;
   std::set<const torch::nn::Module*> registered;
-  const int p = stages_;
   for (int c = 0; c < options_.num_chunks(); ++c) {
     StageChunk chunk;
-    const int k = c * p + stage_;
+    const int k = virtual_stage(c);
     chunk.begin = parts_[k];
     chunk.end = parts_[k + 1];
     for (int i = chunk.begin; i < chunk.end; ++i) {

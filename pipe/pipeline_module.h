@@ -76,6 +76,10 @@ struct PipelineOptions {
   // Model chunks per rank (interleaved 1F1B's virtual stages, Megatron's
   // virtual_pipeline_model_parallel_size); 1: plain 1F1B.
   DSCPP_PIPE_OPTION(int, num_chunks, 1)
+  // Two chunks placed in a V, as ZB-V runs them (pipeline.schedule "zb-v"): stage s holds
+  // virtual stages s and 2p - 1 - s, so the first stage also holds the last (and computes the
+  // loss); false: Megatron's round robin, chunk c of stage s is virtual stage c p + s.
+  DSCPP_PIPE_OPTION(bool, v_shape, false)
   // The world group to lay the topology on; null: comm::init_distributed().
   DSCPP_PIPE_OPTION(std::shared_ptr<comm::ProcessGroup>, group, nullptr)
 #undef DSCPP_PIPE_OPTION
@@ -100,9 +104,15 @@ class PipelineModule {
   int num_chunks() const { return options_.num_chunks(); }
   bool is_first_stage() const { return stage_ == 0; }
   bool is_last_stage() const { return stage_ == stages_ - 1; }
+  // The virtual stage of this rank's chunk c (its place in the model's order of parts), and the
+  // stage that holds the last one: the one that computes the loss (the last stage; the first
+  // in a V).
+  int virtual_stage(int chunk) const;
+  int loss_stage() const { return options_.v_shape() ? 0 : stages_ - 1; }
+  bool holds_loss() const { return stage_ == loss_stage(); }
   const PipelineOptions& options() const { return options_; }
   const std::vector<nn::LayerSpec>& specs() const { return specs_; }
-  // parts[k]: the first spec index of virtual stage k (chunk k / p on stage k % p), and
+  // parts[k]: the first spec index of virtual stage k (virtual_stage says where it lives), and
   // parts.back() == specs().size(); DeepSpeed's self.parts.
   const std::vector<int>& parts() const { return parts_; }
   // The module holding this rank's layers (all chunks) under their whole-model names.
@@ -140,6 +150,7 @@ class PipelineModule {
   void partition();
   void build_chunks();
   void make_tied_groups();
+  int stage_of_part(int k) const;  // the stage holding virtual stage k
 
   std::vector<nn::LayerSpec> specs_;
   PipelineOptions options_;

@@ -1,6 +1,7 @@
 // PipelineEngine's transfers: a step's sends and receives between neighbouring stages, issued
 // together per link (comm's batch_isend_irecv: one NCCL group), after the activation meta
-// where a link carries its first activation of the batch.
+// where a link carries its first activation of the batch. Between two chunks of one stage
+// (ZB-V's V turns on the last stage) the receive copies from the sender's chunk itself.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -48,8 +49,30 @@ Activation& PipelineEngine::slot(std::map<int, Slots>& slots, int chunk, int buf
 void PipelineEngine::transfers(const Step& step, bool training) {
   (void)training;
   std::vector<Instruction> list;
+  for (const auto& in : step) {
+    if (!is_transfer(in.op)) continue;
+    const Peer peer = peer_of(shape_, in);
+    if (peer.stage != module_.stage_id()) {
+      list.push_back(in);
+      continue;
+    }
+    // On this stage: the receive takes what the other chunk holds (its send does nothing).
+    if (in.op == Op::kRecvActivation) {
+      const auto& out = live_.at({peer.chunk, in.micro_batch}).outputs;
+      if (!meta_in_.count(in.chunk)) meta_in_[in.chunk] = meta_of(out);
+      Activation& buf = slot(act_slots_, in.chunk, in.buffer, meta_in_.at(in.chunk), false);
+      for (size_t i = 0; i < buf.size(); ++i) buf[i].copy_(out.at(i).detach());
+    } else if (in.op == Op::kRecvGrad) {
+      auto& f = live_.at({in.chunk, in.micro_batch});
+      f.out_grads = slot(grad_slots_, in.chunk, in.buffer, meta_of(f.outputs), true);
+      const auto& in_grads = live_.at({peer.chunk, in.micro_batch}).in_grads;
+      for (size_t i = 0; i < f.out_grads.size(); ++i) f.out_grads[i].copy_(in_grads.at(i));
+    }
+  }
+  // A micro-batch whose gradient went to the other chunk is done on it.
   for (const auto& in : step)
-    if (is_transfer(in.op)) list.push_back(in);
+    if (in.op == Op::kSendGrad && peer_of(shape_, in).stage == module_.stage_id())
+      live_.erase({in.chunk, in.micro_batch});
   if (list.empty()) return;
   const at::Device device = core_->device();
   // 1. The meta of a chunk's activation stream, on its first transfer of the batch.

@@ -60,6 +60,11 @@ void validate(const PipeShape& s) {
     throw Error(
         "pipeline schedule: \"interleaved\" needs several model chunks per stage "
         "(PipelineOptions::num_chunks, train_gpt --pipeline-chunks), found 1");
+  if (s.kind == ScheduleKind::kZeroBubbleV && s.chunks != 2)
+    throw Error(
+        fmt::format("pipeline schedule: \"zb-v\" runs two model chunks per stage placed in a V "
+                    "(PipelineOptions::num_chunks(2).v_shape(true)), found chunks = {}",
+                    s.chunks));
   if ((s.kind == ScheduleKind::kOneFOneB || s.kind == ScheduleKind::kZeroBubbleH1) && s.chunks > 1)
     throw Error(fmt::format(
         "pipeline schedule: \"{}\" runs one model chunk per stage, found chunks = {} (use "
@@ -72,12 +77,11 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
   if (name == "interleaved") return ScheduleKind::kInterleaved;
   if (name == "zb-h1") return ScheduleKind::kZeroBubbleH1;
-  if (name == "zb-v")
-    throw Error(
-        "pipeline schedule \"zb-v\" is not available in dscpp yet; \"zb-h1\" splits the "
-        "backward the same way at 1F1B's activation memory");
+  if (name == "zb-v") return ScheduleKind::kZeroBubbleV;
   throw Error(fmt::format(
-      "pipeline schedule \"{}\": expected \"auto\", \"1f1b\", \"interleaved\" or \"zb-h1\"", name));
+      "pipeline schedule \"{}\": expected \"auto\", \"1f1b\", \"interleaved\", \"zb-h1\" "
+      "or \"zb-v\"",
+      name));
 }
 
 std::string to_string(ScheduleKind kind) {
@@ -90,6 +94,8 @@ std::string to_string(ScheduleKind kind) {
       return "interleaved";
     case ScheduleKind::kZeroBubbleH1:
       return "zb-h1";
+    case ScheduleKind::kZeroBubbleV:
+      return "zb-v";
   }
   return "?";
 }
@@ -97,6 +103,7 @@ std::string to_string(ScheduleKind kind) {
 std::vector<Step> train_schedule(const PipeShape& shape) {
   validate(shape);
   if (shape.kind == ScheduleKind::kZeroBubbleH1) return zero_bubble_h1_schedule(shape);
+  if (shape.kind == ScheduleKind::kZeroBubbleV) return zero_bubble_v_schedule(shape);
   if (shape.chunks > 1) return interleaved_schedule(shape, false);
   const int p = shape.stages, s = shape.stage, m = shape.micro_batches;
   const int slots = one_f_one_b_slots(shape);
@@ -128,6 +135,21 @@ std::vector<Step> train_schedule(const PipeShape& shape) {
 
 std::vector<Step> inference_schedule(const PipeShape& shape) {
   validate(shape);
+  if (v_shaped(shape)) {
+    // ZB-V's placement forward only: each micro-batch down and back up the V, one virtual
+    // stage a step.
+    Grid grid(shape.stages);
+    const int p = shape.stages, m = shape.micro_batches;
+    for (int mb = 0; mb < m; ++mb)
+      for (int vs = 0; vs < 2 * p; ++vs) {
+        const Place at = place_of(shape, vs);
+        auto& column = grid[at.stage];
+        const int t = mb + vs;
+        if (static_cast<int>(column.size()) <= t) column.resize(t + 1);
+        column[t].push_back({Op::kForward, at.chunk, mb});
+      }
+    return steps_from_grid(shape, grid, /*training=*/false);
+  }
   if (shape.chunks > 1) return interleaved_schedule(shape, true);
   const int p = shape.stages, s = shape.stage, m = shape.micro_batches;
   auto valid = [m](int b) { return b >= 0 && b < m; };
@@ -174,16 +196,31 @@ Peer peer_of(const PipeShape& shape, const Instruction& instruction) {
   if (instruction.chunk < 0 || instruction.chunk >= v)
     throw Error(
         fmt::format("pipeline peer_of: {}: chunk must be in 0..{}", to_string(instruction), v - 1));
-  // Virtual stage c * p + s holds chunk c of stage s (Megatron's layout): activations go to
-  // the next virtual stage, gradients to the previous one.
-  const int here = instruction.chunk * p + shape.stage;
+  // Activations go to the next virtual stage, gradients to the previous one.
+  const int here = virtual_stage(shape, shape.stage, instruction.chunk);
   const bool downstream = instruction.op == Op::kSendActivation || instruction.op == Op::kRecvGrad;
   const int there = downstream ? here + 1 : here - 1;
   if (there < 0 || there >= p * v)
     throw Error(
         fmt::format("pipeline peer_of: {} on stage {} of {} has no peer (virtual stage {} of {})",
                     to_string(instruction), shape.stage, p, there, p * v));
-  return {there % p, there / p};
+  return place_of(shape, there);
+}
+
+bool v_shaped(const PipeShape& shape) {
+  return shape.kind == ScheduleKind::kZeroBubbleV;
+}
+
+Place place_of(const PipeShape& shape, int vs) {
+  const int p = shape.stages;
+  // ZB-V: down the stages with chunk 0, back up with chunk 1. Megatron: round robin.
+  if (v_shaped(shape)) return vs < p ? Place{vs, 0} : Place{2 * p - 1 - vs, 1};
+  return {vs % p, vs / p};
+}
+
+int virtual_stage(const PipeShape& shape, int stage, int chunk) {
+  if (v_shaped(shape)) return chunk == 0 ? stage : 2 * shape.stages - 1 - stage;
+  return chunk * shape.stages + stage;
 }
 
 double bubble_fraction(const PipeShape& shape) {
@@ -191,6 +228,13 @@ double bubble_fraction(const PipeShape& shape) {
   if (shape.kind == ScheduleKind::kZeroBubbleH1) {
     const int p = shape.stages, m = shape.micro_batches;
     return static_cast<double>(p - 1 + std::max(0, p - m)) / (3.0 * m);
+  }
+  if (shape.kind == ScheduleKind::kZeroBubbleV) {
+    // Steps of one chunk's F, B or W; the ideal is 6m of them.
+    const int m = shape.micro_batches;
+    size_t steps = 0;
+    for (const auto& stage : zero_bubble_v_grid(shape)) steps = std::max(steps, stage.size());
+    return (static_cast<double>(steps) - 6.0 * m) / (6.0 * m);
   }
   return static_cast<double>(shape.stages - 1) /
          (static_cast<double>(shape.chunks) * shape.micro_batches);

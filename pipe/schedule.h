@@ -1,7 +1,7 @@
 // Pipeline schedules as lists of instructions, one list per step, as DeepSpeed's
 // TrainSchedule / InferenceSchedule: 1F1B for training (Megatron's interleaved 1F1B when a
-// rank holds several chunks of layers; ZB-H1, the zero-bubble paper's, with the backward split
-// in two), and the inference schedule. Pure arithmetic: the pipeline engine
+// rank holds several chunks of layers; ZB-H1 and ZB-V, the zero-bubble paper's, with the
+// backward split in two), and the inference schedule. Pure arithmetic: the pipeline engine
 // (pipe/pipeline_engine.h) executes the lists, tests check them against the bubble formulas
 // without running a model.
 //
@@ -56,9 +56,9 @@ using Step = std::vector<Instruction>;
 
 // The training schedules (the config's pipeline.schedule, a dscpp extension: DeepSpeed has
 // 1F1B only). kAuto: 1F1B with one chunk per rank, interleaved with several.
-enum class ScheduleKind { kAuto, kOneFOneB, kInterleaved, kZeroBubbleH1 };
-// "auto", "1f1b", "interleaved", "zb-h1"; anything else (zb-v included, not built) refused
-// with dscpp::Error naming what is accepted.
+enum class ScheduleKind { kAuto, kOneFOneB, kInterleaved, kZeroBubbleH1, kZeroBubbleV };
+// "auto", "1f1b", "interleaved", "zb-h1", "zb-v"; anything else refused with dscpp::Error
+// naming what is accepted.
 ScheduleKind parse_schedule_kind(const std::string& name);
 std::string to_string(ScheduleKind kind);
 
@@ -77,22 +77,39 @@ struct PipeShape {
 // B's with at most p - s micro-batches between their forward and B on stage s, as 1F1B holds,
 // and at most p between forward and W: the W's fill what 1F1B leaves idle. With F, B and W of
 // equal cost the bubble is (p-1)/(3m) of the ideal step (m >= p).
+// ZB-V (chunks == 2, placed in a V: stage s holds virtual stages s and 2p - 1 - s, so the first
+// stage also holds the last and computes the loss, and stage p - 1 hands its chunk 0's output
+// to its chunk 1 itself): PyTorch's ZBV order of F, B and W per stage (torchtitan's
+// ZBVZeroBubble), laid out on common steps as early as the dependencies allow. Each stage holds
+// at most 2p chunks' activations (p micro-batches', 1F1B's most); with F, B and W of equal cost
+// per chunk the bubble is (p-1)/(6m) of the ideal step for m >= 2p - 1.
 std::vector<Step> train_schedule(const PipeShape& shape);
+
+// Where virtual stage vs (0..p*v-1, in the model's order) lives: Megatron's interleaved layout
+// (chunk vs / p of stage vs % p), or ZB-V's V. And the virtual stage of (stage, chunk).
+struct Place {
+  int stage;
+  int chunk;
+};
+Place place_of(const PipeShape& shape, int virtual_stage);
+int virtual_stage(const PipeShape& shape, int stage, int chunk);
+// Whether the schedule places chunks in a V (ZB-V).
+bool v_shaped(const PipeShape& shape);
 // Forward only, for eval_batch: DeepSpeed's InferenceSchedule (chunks == 1), or with chunks > 1
 // the interleaved layout's forwards in Megatron's order (the same refusals as training).
 std::vector<Step> inference_schedule(const PipeShape& shape);
 // The activation buffer slots a schedule's instructions index (DeepSpeed's num_pipe_buffers).
 int num_buffers(const std::vector<Step>& steps);
 
-// The peer stage of a Send*/Recv* instruction, and the chunk the transfer reaches there.
-struct Peer {
-  int stage;
-  int chunk;
-};
+// The peer stage of a Send*/Recv* instruction, and the chunk the transfer reaches there (ZB-V:
+// the stage itself between its two chunks on stage p - 1).
+using Peer = Place;
 Peer peer_of(const PipeShape& shape, const Instruction& instruction);
 
 // The ideal bubble fraction the formulas give: (p-1)/(v*m); ZB-H1, with F, B and W of equal
-// cost: (p-1)/(3m) where m >= p, (2p-1-m)/(3m) where fewer micro-batches leave stages idle.
+// cost: (p-1)/(3m) where m >= p, (2p-1-m)/(3m) where fewer micro-batches leave stages idle;
+// ZB-V, F, B and W of equal cost per chunk: (p-1)/(6m) where m >= 2p - 1, the laid-out
+// steps' where fewer.
 double bubble_fraction(const PipeShape& shape);
 
 // "ForwardPass(micro_batch=2, chunk=0, buffer=1)": DeepSpeed's names, for errors and tests.

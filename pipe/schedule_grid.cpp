@@ -25,10 +25,11 @@ std::vector<Step> steps_from_grid(const PipeShape& shape, const Grid& grid, bool
     static const std::vector<Work> none;
     return t < static_cast<int>(grid[q].size()) ? grid[q][t] : none;
   };
+  auto vs_of = [&](int stage, const Work& w) { return virtual_stage(shape, stage, w.chunk); };
   // A gradient computed in the last step leaves in one more.
   for (int q = 0; q < p; ++q)
     for (const Work& w : at(q, total_steps - 1))
-      if (sends_grad(w.op) && w.chunk * p + q > 0) {
+      if (sends_grad(w.op) && vs_of(q, w) > 0) {
         ++total_steps;
         break;
       }
@@ -42,7 +43,7 @@ std::vector<Step> steps_from_grid(const PipeShape& shape, const Grid& grid, bool
   std::vector<std::vector<Transfer>> transfers(total_steps);
   for (int t = 0; t < total_steps; ++t)
     for (const Work& w : at(s, t)) {
-      const int vs = w.chunk * p + s;
+      const int vs = vs_of(s, w);
       if (w.op == Op::kForward && vs > 0)  // receive the input now, from the step before or earlier
         transfers[t].push_back(
             {0, w.micro_batch, vs - 1, {Op::kRecvActivation, w.micro_batch, w.chunk}});
@@ -53,14 +54,16 @@ std::vector<Step> steps_from_grid(const PipeShape& shape, const Grid& grid, bool
   for (int q = 0; q < p; ++q)
     for (int t = 0; t < total_steps; ++t)
       for (const Work& w : at(q, t)) {
-        const int vs = w.chunk * p + q;
-        if (vs == 0 || (vs - 1) % p != s) continue;
+        const int vs = vs_of(q, w);
+        if (vs == 0) continue;
+        const Place before = place_of(shape, vs - 1);
+        if (before.stage != s) continue;
         if (w.op == Op::kForward)
           transfers[t].push_back(
-              {0, w.micro_batch, vs - 1, {Op::kSendActivation, w.micro_batch, (vs - 1) / p}});
+              {0, w.micro_batch, vs - 1, {Op::kSendActivation, w.micro_batch, before.chunk}});
         if (sends_grad(w.op))
           transfers[t + 1].push_back(
-              {1, w.micro_batch, vs, {Op::kRecvGrad, w.micro_batch, (vs - 1) / p}});
+              {1, w.micro_batch, vs, {Op::kRecvGrad, w.micro_batch, before.chunk}});
       }
   std::vector<Step> steps(total_steps);
   for (int t = 0; t < total_steps; ++t) {
@@ -71,7 +74,7 @@ std::vector<Step> steps_from_grid(const PipeShape& shape, const Grid& grid, bool
     });
     for (const Transfer& x : list) steps[t].push_back(x.ins);
     for (const Work& w : at(s, t)) {
-      const int vs = w.chunk * p + s;
+      const int vs = vs_of(s, w);
       if (w.op == Op::kForward && (vs == 0 || vs == last_vs))
         steps[t].push_back({Op::kLoadMicroBatch, w.micro_batch, w.chunk});
       steps[t].push_back({w.op, w.micro_batch, w.chunk});

@@ -15,16 +15,17 @@ void validate(const PipeShape& shape);
 // Megatron's interleaved 1F1B (shape.chunks > 1), or its forward-only order (forward_only:
 // for eval_batch); the shape validated by the caller.
 std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only);
-// ZB-H1 (schedule_zero_bubble.cpp); the shape validated by the caller.
+// ZB-H1 and ZB-V (schedule_zero_bubble.cpp); the shape validated by the caller.
 std::vector<Step> zero_bubble_h1_schedule(const PipeShape& shape);
+std::vector<Step> zero_bubble_v_schedule(const PipeShape& shape);
 // ReduceTiedGrads, ReduceGrads, OptimizerStep: the last step's tail.
 void append_step_level(Step& last);
 // SendActivation, RecvActivation, SendGrad, RecvGrad.
 bool is_transfer(Op op);
 
 // Every stage's compute laid out on common steps: grid[s][t] is what stage s computes in step
-// t, in order (Forward, Backward, BackwardInput, BackwardWeight; empty: idle). Virtual stage
-// c * p + s is chunk c of stage s. The grid must keep the dependencies: a forward in step t
+// t, in order (Forward, Backward, BackwardInput, BackwardWeight; empty: idle). Virtual stages
+// are placed as place_of says. The grid must keep the dependencies: a forward in step t
 // takes an input computed by step t - 1 (or earlier in the same step on the same rank), a
 // backward (or B) a gradient computed by step t - 1 (the last virtual stage: its own forward,
 // earlier), a W follows its B.
@@ -34,11 +35,14 @@ struct Work {
   int micro_batch;
 };
 using Grid = std::vector<std::vector<std::vector<Work>>>;
+// ZB-V's grid (every stage's), whose length also gives its bubble.
+Grid zero_bubble_v_grid(const PipeShape& shape);
 
 // Stage shape.stage's steps from the grid: an activation travels in the step its consumer
 // computes it, a gradient in the step after its producer computed it (a step is added at the
 // end where the last one computed a gradient to send), both ends listing the transfer in the
-// same step, sorted by a key both compute alike; the loads before the forwards that need them;
+// same step, sorted by a key both compute alike (a transfer between two chunks of one stage is
+// listed twice there, its send and its receive); the loads before the forwards that need them;
 // slots by span (the lowest free one); the step-level tail when training.
 std::vector<Step> steps_from_grid(const PipeShape& shape, const Grid& grid, bool training);
 

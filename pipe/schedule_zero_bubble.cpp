@@ -1,6 +1,7 @@
-// ZB-H1, the zero-bubble paper's schedule with 1F1B's activation memory (Qi et al., "Zero
-// Bubble Pipeline Parallelism", ICLR 2024), as aligned steps.
+// ZB-H1 and ZB-V, the zero-bubble paper's schedules with 1F1B's activation memory (Qi et al.,
+// "Zero Bubble Pipeline Parallelism", ICLR 2024), as aligned steps.
 //
+// ZB-H1:
 // Every backward is split into B (the input's gradient, which the previous stage waits for)
 // and W (the parameters' gradients, which nothing waits for). The steps are laid out for all
 // stages together, one unit of compute per stage per step, each stage taking in each step the
@@ -18,6 +19,7 @@
 // micro-batches' activations whose B has not run, and up to s whose W has not.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <tuple>
@@ -75,6 +77,101 @@ std::vector<Step> zero_bubble_h1_schedule(const PipeShape& shape) {
     for (const auto& k : finished) done[k] = t;
   }
   return steps_from_grid(shape, grid, /*training=*/true);
+}
+
+// ZB-V: each stage's order of work is PyTorch's ZBV order (torchtitan's ZBVZeroBubble), for
+// stage r of p with n = max(m, 2p - 1) (micro-batches past m dropped at the end):
+//   2(p - r) - 1 forwards of chunk 0; r times a forward of chunk 1 and one of chunk 0;
+//   p - r times F, B, W of chunk 1; then, while chunk 1 trails chunk 0 or chunk 0 has
+//   forwards left: [F of chunk 0], B, W of chunk 0, F, B, W of chunk 1; then r times B of
+//   chunk 0 and B of chunk 1; p - r times B and W of chunk 0; the W's left, chunk 1's first.
+// The orders are laid out together, each stage taking its next unit in step t when what it
+// needs was computed by step t - 1, idle otherwise.
+Grid zero_bubble_v_grid(const PipeShape& shape) {
+  const int p = shape.stages, m = shape.micro_batches, n = std::max(m, 2 * p - 1);
+  std::vector<std::vector<Work>> order(p);
+  for (int r = 0; r < p; ++r) {
+    auto& o = order[r];
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    auto add = [&](Op op, int chunk, int& counter) { o.push_back({op, chunk, counter++}); };
+    auto add_w = [&](int chunk, int mb) { o.push_back({Op::kBackwardWeight, chunk, mb}); };
+    for (int i = 0; i < 2 * (p - r) - 1; ++i) add(Op::kForward, 0, f0);
+    for (int i = 0; i < r; ++i) {
+      add(Op::kForward, 1, f1);
+      add(Op::kForward, 0, f0);
+    }
+    for (int i = 0; i < p - r; ++i) {
+      add(Op::kForward, 1, f1);
+      o.push_back({Op::kBackwardInput, 1, b1});
+      add_w(1, b1++);
+    }
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) add(Op::kForward, 0, f0);
+      o.push_back({Op::kBackwardInput, 0, b0});
+      add_w(0, b0++);
+      add(Op::kForward, 1, f1);
+      o.push_back({Op::kBackwardInput, 1, b1});
+      add_w(1, b1++);
+    }
+    int w0 = b0, w1 = b1;
+    for (int i = 0; i < r; ++i) {
+      add(Op::kBackwardInput, 0, b0);
+      add(Op::kBackwardInput, 1, b1);
+    }
+    for (int i = 0; i < p - r; ++i) {
+      add(Op::kBackwardInput, 0, b0);
+      add_w(0, w0++);
+    }
+    while (w1 < b1) add_w(1, w1++);
+    while (w0 < b0) add_w(0, w0++);
+    o.erase(std::remove_if(o.begin(), o.end(), [m](const Work& w) { return w.micro_batch >= m; }),
+            o.end());
+  }
+
+  std::map<std::tuple<Op, int, int>, int> done;  // (op, virtual stage, micro-batch) -> its step
+  auto done_by = [&](Op op, int vs, int mb, int t) {
+    auto it = done.find({op, vs, mb});
+    return it != done.end() && it->second <= t;
+  };
+  Grid grid(p);
+  std::vector<size_t> next(p, 0);
+  const int last_vs = 2 * p - 1;
+  for (int t = 0;; ++t) {
+    bool left = false, moved = false;
+    std::vector<std::tuple<Op, int, int>> finished;
+    for (int r = 0; r < p; ++r) {
+      grid[r].emplace_back();
+      if (next[r] == order[r].size()) continue;
+      left = true;
+      const Work& w = order[r][next[r]];
+      const int vs = virtual_stage(shape, r, w.chunk);
+      bool ready = false;
+      if (w.op == Op::kForward)
+        ready = vs == 0 || done_by(Op::kForward, vs - 1, w.micro_batch, t - 1);
+      else if (w.op == Op::kBackwardInput)
+        ready = done_by(Op::kForward, vs, w.micro_batch, t - 1) &&
+                (vs == last_vs || done_by(Op::kBackwardInput, vs + 1, w.micro_batch, t - 1));
+      else
+        ready = done_by(Op::kBackwardInput, vs, w.micro_batch, t - 1);
+      if (!ready) continue;
+      grid[r].back().push_back(w);
+      finished.emplace_back(w.op, vs, w.micro_batch);
+      ++next[r];
+      moved = true;
+    }
+    if (!left) {
+      for (auto& column : grid) column.pop_back();
+      break;
+    }
+    if (!moved)
+      throw Error(fmt::format("pipeline schedule: ZB-V layout stuck at step {} (a bug)", t));
+    for (const auto& k : finished) done[k] = t;
+  }
+  return grid;
+}
+
+std::vector<Step> zero_bubble_v_schedule(const PipeShape& shape) {
+  return steps_from_grid(shape, zero_bubble_v_grid(shape), /*training=*/true);
 }
 
 }  // namespace dscpp::pipe

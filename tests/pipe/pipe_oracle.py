@@ -13,7 +13,9 @@ their optimizer state. By default a covering set (every value of every dimension
 interacting pairs, several cases per launch); --full runs the whole matrix (ctest label
 pipe_matrix). --schedule zb-h1 runs the zero-bubble schedule (split backward) instead, on
 its own covering set: 2 and 4 stages, 4 to 16 micro-batches, ZeRO 0-2, data 1 and 2, with
-and without activation checkpointing. Prints one line per case and `N passed, M failed`
+and without activation checkpointing; --schedule zb-v the same with two chunks per stage
+placed in a V (the first stage computes the loss, the last hands its chunks' activations to
+itself). Prints one line per case and `N passed, M failed`
 last."""
 import argparse
 import itertools
@@ -55,6 +57,8 @@ def make_case(model, p, d, m, v, z, extra=None, schedule=None):
     if schedule:
         config["pipeline"] = {"schedule": schedule}
         suffix += "_" + schedule.replace("-", "")
+    if schedule == "zb-v":
+        extra = dict(extra, v_shape=True)
     return {"name": case_name(model, p, d, m, v, z) + suffix, "stages": p, "chunks": v, **extra,
             "config": config}
 
@@ -168,6 +172,13 @@ ZERO_BUBBLE = {
     "gpt": [(2, 2, 4, 1, 1), (4, 1, 8, 1, 2), (2, 1, 16, 1, 0), (4, 2, 4, 1, 0)],
     "tuple": [(2, 1, 4, 1, 0), (4, 1, 8, 1, 2)],
 }
+# ZB-V: the same shapes, two chunks per stage in a V.
+ZERO_BUBBLE_V = {model: [(p, d, m, 2, z) for (p, d, m, _, z) in cases]
+                 for model, cases in ZERO_BUBBLE.items()}
+ZERO_BUBBLE_V_VARIANTS = {
+    "mlp": [((2, 2, 4, 2, 2), {"checkpoint_interval": 1})],
+    "gpt": [((2, 1, 8, 2, 1), {"checkpoint_interval": 1})],
+}
 ZERO_BUBBLE_VARIANTS = {
     "mlp": [((2, 2, 4, 1, 2), {"checkpoint_interval": 2})],
     "gpt": [((2, 1, 8, 1, 1), {"checkpoint_interval": 1})],
@@ -189,7 +200,7 @@ def main():
     ap.add_argument("--chunks", default="1,2", help="the chunk counts to run (v)")
     ap.add_argument("--schedule", default=None, help="pipeline.schedule (default: the engine's)")
     args = ap.parse_args()
-    zero_bubble = args.schedule == "zb-h1"
+    zero_bubble = args.schedule in ("zb-h1", "zb-v")
     out = tempfile.mkdtemp()
     passed = failed = 0
     for model in args.models.split(","):
@@ -197,7 +208,8 @@ def main():
              "--out", out])
         with open(os.path.join(out, "reference.json")) as f:
             ref = json.load(f)
-        grid = ZERO_BUBBLE[model] if zero_bubble else full() if args.full else covering(model)
+        grid = ((ZERO_BUBBLE_V if args.schedule == "zb-v" else ZERO_BUBBLE)[model] if zero_bubble
+                else full() if args.full else covering(model))
         chunks = [int(v) for v in args.chunks.split(",")]
         grid = [c for c in grid if c[3] in chunks]
         # One launch per world size, its cases one after another.
@@ -205,7 +217,9 @@ def main():
         for (p, d, m, v, z) in grid:
             by_world.setdefault(p * d, []).append(((p, d, m, v, z), None))
         # The module's options beside the default partition and no checkpointing.
-        for combo, extra in (ZERO_BUBBLE_VARIANTS if zero_bubble else VARIANTS).get(model, []):
+        variants = (ZERO_BUBBLE_V_VARIANTS if args.schedule == "zb-v" else
+                    ZERO_BUBBLE_VARIANTS if zero_bubble else VARIANTS)
+        for combo, extra in variants.get(model, []):
             by_world.setdefault(combo[0] * combo[1], []).append((combo, extra))
         for world, entries in sorted(by_world.items()):
             combos = [c for c, _ in entries]

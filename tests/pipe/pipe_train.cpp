@@ -266,6 +266,7 @@ json pipe_case(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const st
   }
   options.group(world)
       .num_chunks(c.value("chunks", 1))
+      .v_shape(c.value("v_shape", false))
       .seed_layers(true)
       .base_seed(kBaseSeed)
       .partition_method(c.value("partition", "parameters"))

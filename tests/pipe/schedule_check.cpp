@@ -101,6 +101,18 @@ std::string check_contract(const Pipeline& pipe) {
       }
     }
     for (const auto& [ends, ops] : link) {
+      if (ends.first == ends.second) {
+        // Between two chunks of one stage: each transfer listed twice, as send and receive.
+        std::map<std::tuple<Op, int, int>, int> count;
+        for (const auto& op : ops) ++count[op];
+        for (const auto& [op, n] : count)
+          if (n != 2)
+            return fmt::format(
+                "step {}: stage {} sends to itself without receiving (or the "
+                "reverse)",
+                t, ends.first);
+        continue;
+      }
       auto other = link.find({ends.second, ends.first});
       if (other == link.end() || other->second != ops)
         return fmt::format(
@@ -118,7 +130,7 @@ std::string check_contract(const Pipeline& pipe) {
         if (i.micro_batch < 0) continue;
         if (i.micro_batch >= m || i.chunk < 0 || i.chunk >= v)
           return where(t, s, i) + ": out of range";
-        const int vs = i.chunk * p + s, first_vs = 0, last_vs = p * v - 1;
+        const int vs = virtual_stage(shape(s), s, i.chunk), first_vs = 0, last_vs = p * v - 1;
         Unit& u = units[{i.micro_batch, i.chunk}];
         const int st = static_cast<int>(t);
         if (u.buffer < 0) u.buffer = i.buffer, u.first = st;
@@ -181,7 +193,7 @@ std::string check_contract(const Pipeline& pipe) {
     // Completeness.
     for (int b = 0; b < m; ++b) {
       for (int c = 0; c < v; ++c) {
-        const int vs = c * p + s;
+        const int vs = virtual_stage(shape(s), s, c);
         auto it = units.find({b, c});
         if (it == units.end())
           return fmt::format("stage {}: micro-batch {} chunk {} never runs", s, b, c);

@@ -255,7 +255,9 @@ void check_zero_bubble_h1(int p, int m) {
   EXPECT_EQ(testing::check_contract(pipe), "");
   const auto timing = testing::simulate(pipe, 1.0, 2.0, 1.0);
   const double formula = bubble_fraction({p, 0, m, 1, ScheduleKind::kZeroBubbleH1});
-  if (m >= p) EXPECT_DOUBLE_EQ(formula, (p - 1.0) / (3.0 * m));
+  if (m >= p) {
+    EXPECT_DOUBLE_EQ(formula, (p - 1.0) / (3.0 * m));
+  }
   const auto one_f_one_b = testing::build(p, m, 1, true);
   for (int s = 0; s < p; ++s) {
     EXPECT_NEAR(timing.busy[s], m * 3.0, 1e-9);
@@ -302,18 +304,68 @@ TEST(Schedule, ZeroBubbleKindsAndRefusals) {
   EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::kOneFOneB);
   EXPECT_EQ(to_string(ScheduleKind::kInterleaved), "interleaved");
   EXPECT_THROW(parse_schedule_kind("gpipe"), Error);
-  try {
-    parse_schedule_kind("zb-v");
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("zb-v"), std::string::npos) << e.what();
-  }
+  EXPECT_EQ(parse_schedule_kind("zb-v"), ScheduleKind::kZeroBubbleV);
   // ZB-H1 and 1F1B run one chunk per stage; interleaved needs several.
   EXPECT_THROW(train_schedule({4, 0, 8, 2, ScheduleKind::kZeroBubbleH1}), Error);
   EXPECT_THROW(train_schedule({4, 0, 8, 2, ScheduleKind::kOneFOneB}), Error);
   EXPECT_THROW(train_schedule({4, 0, 8, 1, ScheduleKind::kInterleaved}), Error);
   EXPECT_EQ(to_string(Instruction{Op::kBackwardWeight, 3, 0, 1}),
             "BackwardWeightPass(micro_batch=3, chunk=0, buffer=1)");
+}
+
+}  // namespace
+}  // namespace dscpp::pipe
+
+namespace dscpp::pipe {
+namespace {
+
+// ZB-V: two chunks per stage in a V (stage s holds virtual stages s and 2p - 1 - s). The
+// contract; with F = 1, B = 2 and W = 1 per stage (half of each per chunk) each stage's idle
+// time over its ideal 3m is the schedule's bubble, (p - 1)/(6m) for m >= 2p - 1, half of
+// ZB-H1's; at most p micro-batches' activations held (2p chunks), 1F1B's most.
+void check_zero_bubble_v(int p, int m) {
+  SCOPED_TRACE(::testing::Message() << "p=" << p << " m=" << m);
+  const auto pipe = testing::build(p, m, 2, true, ScheduleKind::kZeroBubbleV);
+  EXPECT_EQ(testing::check_contract(pipe), "");
+  const auto timing = testing::simulate(pipe, 1.0, 2.0, 1.0);
+  const double formula = bubble_fraction({p, 0, m, 2, ScheduleKind::kZeroBubbleV});
+  if (m >= 2 * p - 1) {
+    EXPECT_NEAR(formula, (p - 1.0) / (6.0 * m), 1e-12);
+  }
+  for (int s = 0; s < p; ++s) {
+    EXPECT_NEAR(timing.busy[s], m * 3.0, 1e-9);
+    EXPECT_NEAR((timing.makespan - timing.busy[s]) / timing.busy[s], formula, 1e-12)
+        << "stage " << s;
+    EXPECT_LE(testing::in_flight(pipe, s).until_weight, 2 * std::min(p, m)) << "stage " << s;
+  }
+  const auto inference = testing::build(p, m, 2, false, ScheduleKind::kZeroBubbleV);
+  EXPECT_EQ(testing::check_contract(inference), "");
+}
+
+TEST(Schedule, ZeroBubbleVKeepsTheContractAndHalfOfZBH1sBubble) {
+  for (int p : {1, 2, 3, 4})
+    for (int m : {1, 2, 4, 7, 8, 16}) check_zero_bubble_v(p, m);
+}
+
+TEST(ScheduleGrid, ZeroBubbleVEveryShape) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m = 1; m <= 32; ++m) check_zero_bubble_v(p, m);
+}
+
+// The V: stage 0 holds the first and the last virtual stage, stage p - 1 the two middle ones,
+// which hand activations and gradients to each other on the stage itself.
+TEST(Schedule, ZeroBubbleVPlacesChunksInAV) {
+  const PipeShape shape{4, 3, 8, 2, ScheduleKind::kZeroBubbleV};
+  EXPECT_EQ(virtual_stage(shape, 0, 0), 0);
+  EXPECT_EQ(virtual_stage(shape, 0, 1), 7);
+  EXPECT_EQ(virtual_stage(shape, 3, 0), 3);
+  EXPECT_EQ(virtual_stage(shape, 3, 1), 4);
+  EXPECT_EQ(place_of(shape, 5).stage, 2);
+  EXPECT_EQ(place_of(shape, 5).chunk, 1);
+  const Peer local = peer_of(shape, {Op::kSendActivation, 0, 0, 0});
+  EXPECT_EQ(local.stage, 3);
+  EXPECT_EQ(local.chunk, 1);
+  EXPECT_THROW(train_schedule({4, 0, 8, 1, ScheduleKind::kZeroBubbleV}), Error);
 }
 
 }  // namespace
