@@ -87,7 +87,7 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
     ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1),
      "pipeline-parallel degree")
     ("pipeline-schedule", po::value(&pipeline_schedule),
-     "the pipeline's schedule: auto, 1f1b, interleaved or zb-h1 (the ds_config's "
+     "the pipeline's schedule: auto, 1f1b, interleaved, zb-h1 or zb-v (the ds_config's "
      "pipeline.schedule; the model config's parallelism.pipeline_parallel_schedule)")
     ("sequence-parallel", po::bool_switch(&a.sequence_parallel),
      "sequence parallelism in the tensor-parallel regions (needs a tensor degree > 1)")
@@ -189,9 +189,11 @@ GptOptions parse_gpt_flags(int argc, const char* const* argv) {
   if (vm.count("lr-decay-iters")) a.lr_decay_iters = decay_iters;
   if (vm.count("pipeline-schedule")) {
     if (pipeline_schedule != "auto" && pipeline_schedule != "1f1b" &&
-        pipeline_schedule != "interleaved" && pipeline_schedule != "zb-h1")
-      throw FlagError("--pipeline-schedule: expected auto, 1f1b, interleaved or zb-h1, found '" +
-                      pipeline_schedule + "'");
+        pipeline_schedule != "interleaved" && pipeline_schedule != "zb-h1" &&
+        pipeline_schedule != "zb-v")
+      throw FlagError(
+          "--pipeline-schedule: expected auto, 1f1b, interleaved, zb-h1 or zb-v, found '" +
+          pipeline_schedule + "'");
     a.pipeline_schedule = pipeline_schedule;
   }
   if (vm.count("lr-decay-style")) {

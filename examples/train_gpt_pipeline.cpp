@@ -143,6 +143,11 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   };
   const bool fused = cfg.cross_entropy_loss_fusion;
   pipe::PipelineOptions options(static_cast<int>(layout.pipeline));
+  // ZB-V runs two chunks per stage placed in a V.
+  const auto schedule = ds_config.find("pipeline");
+  if (schedule != ds_config.end() && schedule->is_object() &&
+      schedule->value("schedule", "") == "zb-v")
+    options.num_chunks(2).v_shape(true);
   options
       .loss_fn(pipe::loss_of([fused](const at::Tensor& logits, const at::Tensor& labels) {
         return model_zoo::gpt_loss(logits, labels, fused);
@@ -164,7 +169,8 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
     const auto topology = pipe::pipe_model_data_topology(static_cast<int>(layout.pipeline),
                                                          static_cast<int>(layout.tensor),
                                                          static_cast<int>(layout.data));
-    auto groups = pipe::make_parallel_groups(comm::init_distributed(), topology);
+    auto groups =
+        pipe::make_parallel_groups(comm::init_distributed(), topology, options.num_chunks());
     model_zoo::GPTConfig tp_cfg = cfg;
     tp_cfg.parallelism.tensor_model_parallel_size = layout.tensor;
     specs = model_zoo::tensor_parallel_gpt_layer_specs(tp_cfg, groups->model,

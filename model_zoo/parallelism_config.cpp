@@ -29,8 +29,8 @@ ParallelismConfig ParallelismConfig::from_json(const nlohmann::json& j, const st
   c.tp_comm_overlap = s.get_bool("tp_comm_overlap", false);
   c.tp_comm_overlap_num_splits = s.get_int("tp_comm_overlap_num_splits", 2, 1, kMaxDegree);
   c.expert_model_parallel_size = s.get_int("expert_model_parallel_size", 1, 1, kMaxDegree);
-  c.pipeline_parallel_schedule =
-      s.get_choice("pipeline_parallel_schedule", "auto", {"auto", "1f1b", "interleaved", "zb-h1"});
+  c.pipeline_parallel_schedule = s.get_choice("pipeline_parallel_schedule", "auto",
+                                              {"auto", "1f1b", "interleaved", "zb-h1", "zb-v"});
   s.finish();
   if (c.tp_comm_overlap && !c.async_tensor_model_parallel_allreduce)
     throw ConfigError(path + ".tp_comm_overlap",

@@ -28,7 +28,7 @@ struct ParallelismConfig {
   // model's num_experts; above 1 only for an MoE model.
   int64_t expert_model_parallel_size = 1;
   // The pipeline's schedule (torchtitan's pipeline_parallel_schedule key; dscpp's names, as
-  // the ds_config's pipeline.schedule: "auto", "1f1b", "interleaved", "zb-h1").
+  // the ds_config's pipeline.schedule: "auto", "1f1b", "interleaved", "zb-h1", "zb-v").
   std::string pipeline_parallel_schedule = "auto";
 
   // `j` is the `parallelism` object; `path` names it in errors ("parallelism").

@@ -13,7 +13,8 @@ in place of 1.3B and a free port in place of 6000:
 - The same command with the seed's 2 x 2 x 2 layout (1.3B_demo.yaml's: tensor 2 x pipeline 2 x
   data 2) trains on the 8 ranks: a pipeline of 2 stages of the tensor-parallel GPT, 16 = 8 x 1 x 2
   (the ds_config's micro-batch "auto" from the data degree 2); its --dry-run prints the figures.
-  With --pipeline-schedule zb-h1 it trains to 1F1B's losses (fp32, 4 micro-batches).
+  With --pipeline-schedule zb-h1 and zb-v it trains to 1F1B's losses (fp32, 4 micro-batches,
+  no dropout).
 """
 import argparse
 import filecmp
@@ -144,25 +145,31 @@ def main():
         check("the seed's 2 x 2 x 2 layout trains on 8 ranks: pipeline 2 x data 2 x tensor 2",
               rc == 0 and [x for x, _ in steps] == ["1", "2"] and "pipeline 2 stages" in log
               and "x data 2 x tensor 2" in log and all(0 < float(l) < 20 for _, l in steps), log)
-        # The zero-bubble schedule (split backward) on the seed's layout, in fp32 with 4
-        # micro-batches: the losses of 1F1B.
+        # The zero-bubble schedules (split backward) on the seed's layout, in fp32 with 4
+        # micro-batches and no dropout (ZB-V places the layers on other ranks, whose dropout
+        # streams differ): the losses of 1F1B.
+        with open(os.path.join(tmp, "tiny222_nodrop.yaml"), "w") as f:
+            f.write(TINY.format(t=2, p=2, d=2).replace(
+                "  seq_length: 32\n", "  seq_length: 32\n  hidden_dropout: 0.0\n  attention_dropout: 0.0\n"))
         with open(os.path.join(tmp, "ds_fp32.json"), "w") as f:
             f.write(open(os.path.join(tmp, "ds_config_small.json")).read()
                     .replace('"enabled": true, "loss_scale"', '"enabled": false, "loss_scale"')
                     .replace('"gradient_accumulation_steps": 1', '"gradient_accumulation_steps": 4'))
         schedules = {}
-        for schedule in ("1f1b", "zb-h1"):
-            cmd = [a if a != os.path.join(tmp, "tiny.yaml") else os.path.join(tmp, "tiny222.yaml")
+        for schedule in ("1f1b", "zb-h1", "zb-v"):
+            cmd = [a if a != os.path.join(tmp, "tiny.yaml") else os.path.join(tmp, "tiny222_nodrop.yaml")
                    for a in seed_run[:-1]] + [os.path.join(tmp, "ds_fp32.json")]
             rc, log = run(cmd + ["--train-iters", "3", "--log-interval", "1", "--pipeline-schedule",
                                  schedule], cwd=train_dir)
             losses = [float(x) for _, x in re.findall(r"\[train_gpt\] step (\d+)/\d+ \| loss ([0-9.]+)", log)]
             schedules[schedule] = (rc, losses, log)
-        (rc_a, a, log_a), (rc_b, b, log_b) = schedules["1f1b"], schedules["zb-h1"]
-        check("the 2 x 2 x 2 layout trains with zb-h1 as with 1f1b: fp32 losses within 1e-5",
-              rc_a == 0 and rc_b == 0 and len(a) == 3 and len(b) == 3
-              and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)),
-              f"1f1b {a}, zb-h1 {b}\n{log_a[-2000:]}\n{log_b[-2000:]}")
+        rc_a, a, log_a = schedules["1f1b"]
+        for schedule in ("zb-h1", "zb-v"):
+            rc_b, b, log_b = schedules[schedule]
+            check(f"the 2 x 2 x 2 layout trains with {schedule} as with 1f1b: fp32 losses within 1e-5",
+                  rc_a == 0 and rc_b == 0 and len(a) == 3 and len(b) == 3
+                  and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)),
+                  f"1f1b {a}, {schedule} {b}\n{log_a[-2000:]}\n{log_b[-2000:]}")
         rc, log = run([args.train_gpt, "--dry-run", "--model-config", os.path.join(tmp, "tiny222.yaml")])
         check("--dry-run of the 2 x 2 x 2 tiny config", rc == 0 and "tensor groups    4 of 2: [0, 1] [2, 3] [4, 5] [6, 7]"
               in log, log)

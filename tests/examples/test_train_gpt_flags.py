@@ -175,7 +175,7 @@ def main():
                 "pipeline schedule: --pipeline-schedule is zb-h1 but the ds_config's pipeline.schedule is 1f1b",
                 ds=write_json(os.path.join(tmp, "sched.json"), dict(written, pipeline={"schedule": "1f1b"})))
         refused("an unknown pipeline schedule", ["--pipeline-schedule", "gpipe"],
-                "--pipeline-schedule: expected auto, 1f1b, interleaved or zb-h1, found 'gpipe'")
+                "--pipeline-schedule: expected auto, 1f1b, interleaved, zb-h1 or zb-v, found 'gpipe'")
         refused("--bf16 against fp16 on in the ds_config", ["--bf16"],
                 "--bf16 contradicts the ds_config's fp16.enabled=true",
                 ds=write_json(os.path.join(tmp, "fp16.json"), dict(written, fp16={"enabled": True})))
