@@ -16,6 +16,8 @@ processes through the launcher), global batch 16, STEPS steps:
 - zero_to_fp32 consolidates the pipeline checkpoint into the one-rank model's state dict: equal
   to the weights the one-rank engine holds right after loading it, bit for bit; the folder's
   zero_to_fp32.py (Python, torch only) writes the same keys and values;
+- ZB-V: a checkpoint saved with two chunks per stage in a V resumes bit-exactly under ZB-V and
+  loads on a 4-stage 1F1B pipeline, which goes on as the uninterrupted run (1e-5);
 - refusals: a missing layer file and a layer file of another run (the same name, from another
   checkpoint) are refused, the message naming the file.
 By default a covering set (under ~40 s on two cores); --full (ctest label pipe_matrix) every
@@ -221,7 +223,29 @@ def check_model(args, L, work, model):
             f"keys or values differ from tools/zero_to_fp32's ({len(theirs)} and {len(sd)} tensors)"]
         verdict(f"the folder's zero_to_fp32.py on 2x2 z{z} = tools/zero_to_fp32", errors)
 
-    # 5. Refusals, naming the file: a missing layer file, a layer file of another run.
+    # 5. ZB-V (two chunks per stage in a V, the first stage holding the last layers): its
+    # checkpoint is the pipeline's layout whatever the schedule. Saved on 2 x 2 under ZB-V,
+    # resumed there bit for bit, and loaded by 1F1B on 4 x 1 going on as the uninterrupted run.
+    def zbv(c):
+        c["config"]["pipeline"] = {"schedule": "zb-v"}
+        c["v_shape"] = True
+        return c
+    ck_v = os.path.join(work, "ck_zbv")
+    L.pipe(4, [zbv(case("save_zbv", 2, 2, 2, 2, 1, save_dir=ck_v, save_at=SAVE_AT))])
+    L.pipe(4, [zbv(case("load_zbv", 2, 2, 2, 2, 1, load_dir=ck_v)),
+               case("zbv_on_1f1b", 4, 1, 4, 1, 1, load_dir=ck_v)])
+    full_losses, full_params = merged(out, "save_zbv", 2)
+    losses, params = merged(out, "load_zbv", 2)
+    errors = [] if losses == full_losses[SAVE_AT:] and params == full_params else [
+        f"losses {losses} != {full_losses[SAVE_AT:]} or weights differ"]
+    verdict("resume under ZB-V (bit-exact)", errors)
+    losses, params = merged(out, "zbv_on_1f1b", 4)
+    worst = max(rel_err(params[k], full_params[k]) for k in full_params)
+    errors = [] if rel_err(losses, full_losses[SAVE_AT:]) <= 1e-5 and worst <= 1e-5 else [
+        f"losses {losses} against {full_losses[SAVE_AT:]}, weights {worst:.1e} apart"]
+    verdict("a ZB-V checkpoint loaded by 1F1B on 4 x 1 goes on as the uninterrupted run", errors)
+
+    # 6. Refusals, naming the file: a missing layer file, a layer file of another run.
     good = os.path.join(work, "ck_" + name(2, 2, 2, 1, 1))
     later = os.path.join(work, "ck_later", f"global_step{SAVE_AT + 2}", "layer_05-model_states.pt")
     tag = open(os.path.join(good, "latest")).read().strip()
