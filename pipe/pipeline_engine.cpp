@@ -129,6 +129,18 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
                   return out;
                 });
   core_->set_module(stage.get());
+  // Tied weights are summed among their stages in the dense partition; one stepped by another
+  // partition of the ZeRO set (Muon's matrices) would miss that sum.
+  for (const auto& t : module_.tied())
+    for (const auto& part : core_->zero_partitions())
+      if (part.names && part.zero != &core_->zero_optimizer())
+        for (const auto& name : *part.names)
+          if (name.rfind(t.module_name + ".", 0) == 0)
+            throw Error(fmt::format(
+                "pipeline: the tied weight '{}' (key '{}') is stepped by the {} partition; "
+                "weights tied across stages must be in the dense one (InitArgs::use_muon "
+                "false for it)",
+                name, t.key, part.name));
   tied_ = std::make_unique<TiedGrads>(module_, core_->zero_optimizer());
   core_->set_checkpoint_layout(checkpoint_layout());
 }

@@ -13,8 +13,10 @@
 // With an LR schedule, the schedule's lr reaches Muon too (DeepSpeed's schedulers write every
 // param group's lr, both halves').
 //
-// Not yet, each refused naming it: tensor parallelism, pipelines, expert parallelism
-// (ep_size > 1), ZeRO-Offload, parameter groups, and checkpoints of a Muon run.
+// On a pipeline each stage's engine holds its stage's Muon partition; the pipeline's norm
+// adds the stages' shares as for the dense partition. Not yet, each refused naming it: tensor
+// parallelism, expert parallelism (ep_size > 1), ZeRO-Offload, parameter groups, and
+// checkpoints of a Muon run.
 #include <algorithm>
 #include <set>
 
@@ -43,7 +45,6 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
     throw ConfigError("optimizer.type", "\"Muon\" with " + what + " is not implemented yet");
   };
   if (tensor_parallel_size() > 1) refuse("tensor parallelism");
-  if (reduce_sumsq_across_) refuse("pipeline parallelism");
   if (experts_) refuse("expert parallelism (ep_size > 1)");
   if (zo.offload.enabled) refuse("ZeRO-Offload (offload_optimizer)");
   if (!client_.param_groups.empty()) refuse("parameter groups");
