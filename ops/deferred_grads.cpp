@@ -9,8 +9,9 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
-#include <stdexcept>
 #include <unordered_map>
+
+#include "dscpp/error.h"
 
 namespace dscpp::ops {
 
@@ -69,7 +70,7 @@ DeferredGrads& DeferredGrads::operator=(DeferredGrads&&) noexcept = default;
 
 void DeferredGrads::run() {
   if (open_scope.load() == impl_.get())
-    throw std::logic_error("DeferredGrads::run inside its own DeferGrads scope");
+    throw dscpp::Error("DeferredGrads::run inside its own DeferGrads scope");
   std::vector<Impl::Entry> entries;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -117,7 +118,7 @@ std::vector<at::Tensor> DeferredGrads::unsplit_matrices() const {
 DeferGrads::DeferGrads(DeferredGrads& into) {
   DeferredGrads::Impl* expected = nullptr;
   if (!open_scope.compare_exchange_strong(expected, into.impl_.get()))
-    throw std::logic_error("DeferGrads: a scope is open already (scopes do not nest)");
+    throw dscpp::Error("DeferGrads: a scope is open already (scopes do not nest)");
 }
 
 DeferGrads::~DeferGrads() {

@@ -62,7 +62,8 @@ class DeferredGrads {
   friend bool capture_grad(const std::shared_ptr<torch::autograd::Node>&, const at::Tensor&);
 };
 
-// Opens (and on destruction closes) the process-wide scope into `into`. Scopes do not nest.
+// Opens (and on destruction closes) the process-wide scope into `into`. Scopes do not nest (a
+// second one throws dscpp::Error), nor does run() inside its own.
 class DeferGrads {
  public:
   explicit DeferGrads(DeferredGrads& into);

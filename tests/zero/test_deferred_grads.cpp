@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <stdexcept>
 #include <vector>
 
+#include "dscpp/error.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/ops/deferred_grads.h"
 #include "dscpp/zero/grad_hooks.h"
@@ -81,8 +81,8 @@ TEST(DeferredGrads, ScopesDoNotNestAndNothingIsPutOffWithoutOne) {
   EXPECT_FALSE(dscpp::ops::defer_weight_grad(net.w1, [] { return at::Tensor(); }));
   dscpp::ops::DeferredGrads a, b;
   dscpp::ops::DeferGrads scope(a);
-  EXPECT_THROW(dscpp::ops::DeferGrads nested(b), std::logic_error);
-  EXPECT_THROW(a.run(), std::logic_error);
+  EXPECT_THROW(dscpp::ops::DeferGrads nested(b), dscpp::Error);
+  EXPECT_THROW(a.run(), dscpp::Error);
   // A tensor that is not a leaf needing a gradient is never put off.
   EXPECT_FALSE(dscpp::ops::defer_weight_grad(net.w1 * 2, [] { return at::Tensor(); }));
   EXPECT_FALSE(dscpp::ops::defer_weight_grad(at::zeros({2}), [] { return at::Tensor(); }));
