@@ -124,4 +124,64 @@ void from_ds_partition(const zero::FlatLayout& ours, int rank, const DsLayout& d
   }
 }
 
+std::vector<int> ds_whole_params(const DsLayout& ds, int r) {
+  std::vector<int> out;
+  for (const auto& s : ds.segments(r))
+    if (out.empty() || out.back() != s.param) out.push_back(s.param);
+  return out;
+}
+
+at::Tensor to_ds_whole_params(const zero::FlatLayout& ours, const DsLayout& ds,
+                              const at::Tensor& partition, comm::ProcessGroup& group) {
+  const std::vector<int> params = ds_whole_params(ds, group.rank());
+  std::vector<int64_t> at_of(ours.params.size(), -1);
+  int64_t total = 0;
+  for (int p : params) {
+    at_of[p] = total;
+    total += ours.params[p].numel;
+  }
+  at::Tensor out = at::zeros({total}, partition.options().dtype(at::kFloat));
+  for (size_t bi = 0; bi < ours.buckets.size(); ++bi) {
+    const auto& b = ours.buckets[bi];
+    // Every rank gathers every bucket (the collective is the same on all of them).
+    at::Tensor bucket;
+    at::Tensor mine = partition.slice(0, b.part_offset, b.part_offset + b.chunk);
+    if (ours.world_size == 1) {
+      bucket = mine;
+    } else {
+      bucket = at::empty({b.chunk * ours.world_size}, partition.options());
+      group.all_gather(bucket, mine.contiguous()).wait();
+    }
+    for (int i : b.params) {
+      if (at_of[i] < 0) continue;
+      const auto& p = ours.params[i];
+      out.slice(0, at_of[i], at_of[i] + p.numel)
+          .copy_(bucket.slice(0, p.offset - b.begin, p.offset - b.begin + p.numel));
+    }
+  }
+  return out.cpu();
+}
+
+void from_ds_whole_params(const zero::FlatLayout& ours, int rank, const DsLayout& ds, int file_rank,
+                          const at::Tensor& saved, at::Tensor& partition) {
+  at::Tensor src_all = saved.detach().reshape({-1}).to(partition.device(), at::kFloat);
+  int64_t at = 0;
+  for (int i : ds_whole_params(ds, file_rank)) {
+    const auto& p = ours.params[i];
+    if (at + p.numel > src_all.numel())
+      throw CheckpointError(
+          "partition " + std::to_string(file_rank) + " holds " + std::to_string(src_all.numel()) +
+          " elements, fewer than its parameters' whole " + std::to_string(at + p.numel));
+    const auto& b = ours.buckets[p.bucket];
+    const int64_t own = b.begin + rank * b.chunk;
+    const int64_t x0 = std::max<int64_t>(own - p.offset, 0);
+    const int64_t x1 = std::min<int64_t>(own + b.chunk - p.offset, p.numel);
+    if (x0 < x1) {
+      const int64_t dst = b.part_offset + p.offset + x0 - own;
+      partition.slice(0, dst, dst + (x1 - x0)).copy_(src_all.slice(0, at + x0, at + x1));
+    }
+    at += p.numel;
+  }
+}
+
 }  // namespace dscpp::checkpoint

@@ -61,4 +61,18 @@ at::Tensor to_ds_partition(const zero::FlatLayout& ours, const DsLayout& ds,
 void from_ds_partition(const zero::FlatLayout& ours, int rank, const DsLayout& ds, int file_rank,
                        const at::Tensor& saved, at::Tensor& partition);
 
+// DeepSpeed's ZeRO 1-2 form of Muon's momentum_buffer (stage_1_and_2.py's
+// _muon_momentum_buffer): rank r's file holds every parameter with elements in its partition r,
+// whole, one after the other (a parameter that straddles two partitions is in both files), for
+// Newton-Schulz needs the whole matrix. The parameters of file r, in order:
+std::vector<int> ds_whole_params(const DsLayout& ds, int r);
+// This rank's file of such a state, from the state laid out as our partition: a CPU fp32 tensor.
+// Collective as to_ds_partition.
+at::Tensor to_ds_whole_params(const zero::FlatLayout& ours, const DsLayout& ds,
+                              const at::Tensor& partition, comm::ProcessGroup& group);
+// Copies what file `file_rank` (`saved`, that form) holds of `rank`'s partition under our layout
+// into `partition`, as from_ds_partition does.
+void from_ds_whole_params(const zero::FlatLayout& ours, int rank, const DsLayout& ds, int file_rank,
+                          const at::Tensor& saved, at::Tensor& partition);
+
 }  // namespace dscpp::checkpoint

@@ -270,7 +270,7 @@ PipeCheckpoint read_pipe_checkpoint(const std::string& dir, const std::string& t
       const size_t k = static_cast<size_t>(s * T + m);
       for (auto& p : moe[k]
                          ? std::move(moe[k]->params)
-                         : consolidate_params(
+                         : consolidate_all_groups(
                                ck.models[k], ck.model_paths[k], shard_module[k],
                                [&](int r) { return find_pipe_zero_states(dir, tag, r, s, m, T); },
                                k == 0 ? &ck.optimizer_state : nullptr)) {

@@ -20,3 +20,18 @@ inline const PyValue& need(const PyValue& dict, const char* key, const std::stri
 }
 
 }  // namespace dscpp::checkpoint::detail
+
+namespace dscpp::checkpoint {
+
+// Whether parameter group g of a ZeRO file's base optimizer state is DeepSpeed's Muon half (its
+// param_groups entry says "use_muon": True).
+inline bool is_muon_group(const PyValue& base_optimizer_state, size_t g) {
+  const PyValue* groups =
+      base_optimizer_state.is_dict() ? base_optimizer_state.find(PyValue("param_groups")) : nullptr;
+  if (!groups || !groups->is_list() || groups->size() <= g) return false;
+  const PyValue& group = groups->items()[g];
+  const PyValue* flag = group.is_dict() ? group.find(PyValue("use_muon")) : nullptr;
+  return flag && flag->is_bool() && flag->as_bool();
+}
+
+}  // namespace dscpp::checkpoint

@@ -103,8 +103,8 @@ void tensor_parallel_params(const std::string& dir, const std::string& tag,
       params = std::move(part.params);
     } else {
       modules.push_back(need(model, "module", path));
-      params = consolidate_params(model, path, modules.back(), zero_file,
-                                  r == 0 ? &ck.optimizer_state : nullptr);
+      params = consolidate_all_groups(model, path, modules.back(), zero_file,
+                                      r == 0 ? &ck.optimizer_state : nullptr);
     }
     for (auto& p : params) {
       auto& mine = by_rank[static_cast<size_t>(r)];
@@ -220,6 +220,32 @@ void moe_params(const std::string& dir, const std::string& tag, const std::strin
 
 }  // namespace
 
+size_t param_groups_of(const PyValue& model, const std::string& path) {
+  const PyValue& shapes = need(model, "param_shapes", path);
+  const bool moe = moe_ep_size(model) > 1;
+  if (!shapes.is_list() || shapes.size() < 1 || (moe && shapes.size() != 2))
+    throw CheckpointError(
+        fmt::format("'{}': param_shapes is not a list of parameter groups ({})", path,
+                    moe ? "two for a MoE checkpoint saved at ep_size > 1" : "one or more"));
+  return shapes.size();
+}
+
+std::vector<UniversalParam> consolidate_all_groups(const PyValue& model, const std::string& path,
+                                                   const PyValue& module,
+                                                   const std::function<std::string(int)>& zero_file,
+                                                   PyValue* optimizer_state) {
+  std::vector<UniversalParam> params;
+  const size_t groups = param_groups_of(model, path);
+  for (size_t g = 0; g < groups; ++g) {
+    ZeroGroup which;
+    which.group = g;
+    for (auto& p : consolidate_params(model, path, module, zero_file,
+                                      g == 0 ? optimizer_state : nullptr, which))
+      params.push_back(std::move(p));
+  }
+  return params;
+}
+
 std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::string& path,
                                                const PyValue& module,
                                                const std::function<std::string(int)>& zero_file,
@@ -227,14 +253,13 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
   std::vector<UniversalParam> params;
   PyValue settings;
   // The trainable parameters in ZeRO's (registration) order: param_shapes, one group per
-  // ZeroOptimizer (two for a MoE checkpoint at ep_size > 1, moe_layout.h).
+  // ZeroOptimizer (two for a MoE checkpoint at ep_size > 1, moe_layout.h; Muon's half and the
+  // Adam half for DeepSpeed's Muon).
   const PyValue& shapes_v = need(model, "param_shapes", path);
-  const size_t groups_expected = moe_ep_size(model) > 1 ? 2 : 1;
-  if (!shapes_v.is_list() || shapes_v.size() != groups_expected || which.group >= groups_expected)
-    throw CheckpointError(fmt::format(
-        "'{}': param_shapes is not {} group's (a checkpoint of dscpp's engine holds one, two "
-        "for a MoE one saved at ep_size > 1)",
-        path, groups_expected == 1 ? "one" : "two"));
+  const size_t groups_expected = param_groups_of(model, path);
+  if (which.group >= groups_expected)
+    throw CheckpointError(fmt::format("'{}': param_shapes has {} groups, no group {}", path,
+                                      groups_expected, which.group));
   const PyValue& shapes = shapes_v.items()[which.group];
   // Stage 0: the group's entries in the optimizer state follow the earlier groups'.
   int64_t first_index = 0;
@@ -362,6 +387,20 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
         auto& per_param = states[key];
         if (per_param.empty())
           for (int64_t n : numels) per_param.push_back(at::zeros({n}, at::kFloat));
+        // DeepSpeed's Muon half (ZeRO 1-2) keeps its momentum with each matrix whole.
+        if (!stage3 && key == "momentum_buffer" && is_muon_group(base, g)) {
+          const at::Tensor flat = v.as_tensor().to(at::kFloat).reshape({-1});
+          int64_t at = 0;
+          for (int i : ds_whole_params(ds, r)) {
+            if (at + numels[i] > flat.numel())
+              throw CheckpointError(fmt::format(
+                  "'{}': Muon's momentum_buffer holds {} elements, fewer than its matrices'", zpath,
+                  flat.numel()));
+            per_param[i].copy_(flat.slice(0, at, at + numels[i]));
+            at += numels[i];
+          }
+          continue;
+        }
         scatter(v.as_tensor(), per_param, "optimizer state " + key);
       }
     }
@@ -394,7 +433,7 @@ UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
     } else if (ck.model.find(PyValue("num_experts"))) {
       moe_params(dir, tag, path, ck, module);
     } else {
-      ck.params = consolidate_params(
+      ck.params = consolidate_all_groups(
           ck.model, path, module, [&](int r) { return find_zero_states(dir, tag, r); },
           &ck.optimizer_state);
     }

@@ -45,6 +45,15 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
                                                const std::function<std::string(int)>& zero_file,
                                                PyValue* optimizer_state = nullptr,
                                                const ZeroGroup& which = {});
+// Every group of a checkpoint that is not a MoE one at ep_size > 1 (DeepSpeed's Muon saves its
+// Muon half and its Adam half as two), one after the other; the settings from the first.
+std::vector<UniversalParam> consolidate_all_groups(const PyValue& model, const std::string& path,
+                                                   const PyValue& module,
+                                                   const std::function<std::string(int)>& zero_file,
+                                                   PyValue* optimizer_state = nullptr);
+// The number of parameter groups param_shapes lists (two for a MoE checkpoint at ep_size > 1,
+// else one or more), or CheckpointError naming the file.
+size_t param_groups_of(const PyValue& model, const std::string& path);
 
 UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,
                                                    const std::string& tag = "");

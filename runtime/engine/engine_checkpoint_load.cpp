@@ -211,7 +211,6 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
   // Files may hold tensors that require grad (DeepSpeed saves its fp32 partitions as
   // parameters): copying them into our buffers must not build an autograd graph.
   at::NoGradGuard no_grad;
-  check_checkpointed("load_checkpoint");
   zero_->wait_all_published();  // nothing may still be writing the parameters it replaces
   LoadCheckpointResult result;
   std::string error;

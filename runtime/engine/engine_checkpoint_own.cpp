@@ -86,17 +86,20 @@ bool EngineCore::load_module(const PyValue& model, const std::string& path,
         for (size_t i = 0; i < g.size(); ++i)
           if (!expert_names.count(g.keys()[i].as_string()))
             saved[g.keys()[i].as_string()] = g.values()[i].as_ints();
-    for (size_t i = 0; i < param_names_.size(); ++i) {
-      if (expert_names.count(param_names_[i])) continue;
-      auto it = saved.find(param_names_[i]);
-      if (it == saved.end()) {
-        missing.push_back(param_names_[i]);
-      } else if (it->second != zero_->param_shape(i)) {
-        mismatched.push_back(fmt::format("{} (checkpoint {}, model {})", param_names_[i],
-                                         fmt::join(it->second, "x"),
-                                         fmt::join(zero_->param_shape(i), "x")));
+    for (const auto& part : zero_set_) {
+      const auto& names = *part.names;
+      for (size_t i = 0; i < names.size(); ++i) {
+        if (expert_names.count(names[i])) continue;
+        auto it = saved.find(names[i]);
+        if (it == saved.end()) {
+          missing.push_back(names[i]);
+        } else if (it->second != part.zero->param_shape(i)) {
+          mismatched.push_back(fmt::format("{} (checkpoint {}, model {})", names[i],
+                                           fmt::join(it->second, "x"),
+                                           fmt::join(part.zero->param_shape(i), "x")));
+        }
+        saved.erase(names[i]);
       }
-      saved.erase(param_names_[i]);
     }
     for (const auto& [name, shape] : saved) unexpected_params.push_back(name);
   }
@@ -120,7 +123,10 @@ bool EngineCore::load_module(const PyValue& model, const std::string& path,
   // (Buffers and frozen parameters live outside them.) Stage 0 checkpoints of DeepSpeed
   // name no parameters: any unexpected key counts.
   bool other_params = false;
-  const std::set<std::string> trainable(param_names_.begin(), param_names_.end());
+  std::set<std::string> trainable;  // (the experts' are the expert files' to check)
+  for (const auto& part : zero_set_)
+    if (!experts() || part.zero != &experts()->zero())
+      trainable.insert(part.names->begin(), part.names->end());
   for (const auto& name : missing) other_params |= trainable.count(name) > 0;
   const PyValue* shapes = model.find(PyValue("param_shapes"));
   for (const auto& name : unexpected) {
@@ -250,8 +256,14 @@ void load_zero_group(zero::ZeroOptimizer& zero, const PyValue& osd, const std::s
   const PyValue& state = need(base, "state", base_path);
   const PyValue* entry = state.find(PyValue(static_cast<int64_t>(g)));
   if (!entry) return;  // never stepped: zeros, as ours are
+  // DeepSpeed's Muon half (ZeRO 1-2) keeps its momentum with each matrix whole.
+  const bool muon = !stage3 && checkpoint::is_muon_group(base, g);
   for (auto& [name, t] : *states) {
     const at::Tensor& src = need(*entry, name.c_str(), base_path).as_tensor();
+    if (muon && name == "momentum_buffer") {
+      checkpoint::from_ds_whole_params(layout, me, ds, part, src, t);
+      continue;
+    }
     if (src.numel() < held)
       throw CheckpointError(
           fmt::format("'{}': optimizer state {} holds {} elements, fewer "
@@ -272,7 +284,16 @@ void load_zero_group(zero::ZeroOptimizer& zero, const PyValue& osd, const std::s
 
 void EngineCore::load_stage0_optimizer(const PyValue& model, const std::string& path,
                                        bool load_optimizer_states) {
-  load_stage0(*zero_, param_names_, need(model, "optimizer", path), path, 0, load_optimizer_states);
+  // The partitions other than the experts' (their own files, after these), numbered one after
+  // the other in the checkpoint's order.
+  EngineExperts* ex = experts();
+  int64_t first = 0;
+  for (const auto* p : checkpoint_partitions()) {
+    if (ex && p->zero == &ex->zero()) continue;
+    load_stage0(*p->zero, *p->names, need(model, "optimizer", path), path, first,
+                load_optimizer_states);
+    first += static_cast<int64_t>(p->names->size());
+  }
 }
 
 void EngineCore::load_zero_partitions(const std::string& dir, const std::string& tag,
@@ -284,22 +305,24 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
   if (model_binding.rank > 0)
     throw CheckpointError(fmt::format("'{}' was written by rank {} (dscpp_rank), not rank 0",
                                       model_path, model_binding.rank));
-  // A MoE checkpoint at ep_size > 1 (loaded at the same degree) holds the experts as group 1,
-  // partitioned over the expert-data group: the files of data ranks f with f % ep == this
-  // rank's expert-parallel rank hold its experts (moe_relayout.h).
+  // A MoE checkpoint at ep_size > 1 (loaded at the same degree) holds the experts as its last
+  // group, partitioned over the expert-data group: the files of data ranks f with f % ep ==
+  // this rank's expert-parallel rank hold its experts (moe_relayout.h).
   EngineExperts* ex = experts();
   const int ep = ex ? ex->ep_size() : 1;
-  const size_t groups = ep > 1 ? 2 : 1;
   if (saved_world % ep != 0)
     throw CheckpointError(fmt::format("'{}': dp_world_size {} is not a multiple of ep_size {}",
                                       model_path, saved_world, ep));
   struct Target {
     zero::ZeroOptimizer* zero;
+    bool experts;
     std::map<std::string, at::Tensor> parts;  // each state over the whole partition
     int64_t step = -1;
   };
-  std::vector<Target> targets;  // the set's partitions, in checkpoint order (dense, experts)
-  for (const auto& p : zero_set_) targets.push_back({p.zero, {}, -1});
+  std::vector<Target> targets;  // the set's partitions, in checkpoint order
+  for (const auto* p : checkpoint_partitions())
+    targets.push_back({p->zero, ex && p->zero == &ex->zero(), {}, -1});
+  const size_t groups = targets.size();
   for (auto& t : targets)
     for (const auto& name : t.zero->state_names()) t.parts[name] = t.zero->state_partition(name);
   for (int f = 0; f < saved_world; ++f) {
@@ -323,10 +346,10 @@ void EngineCore::load_zero_partitions(const std::string& dir, const std::string&
       throw CheckpointError(fmt::format("'{}' was written by {} ranks, the model states say {}",
                                         path, count, saved_world));
     for (size_t g = 0; g < targets.size(); ++g) {
-      if (g == 1 && f % ep != ex->ep_rank()) continue;  // another expert-parallel rank's experts
       Target& t = targets[g];
-      load_zero_group(*t.zero, osd, path, g, groups, g == 0 ? f : f / ep,
-                      g == 0 ? saved_world : saved_world / ep,
+      if (t.experts && f % ep != ex->ep_rank()) continue;  // another expert rank's experts
+      load_zero_group(*t.zero, osd, path, g, groups, t.experts ? f / ep : f,
+                      t.experts ? saved_world / ep : saved_world,
                       load_optimizer_states ? &t.parts : nullptr, &t.step);
     }
   }

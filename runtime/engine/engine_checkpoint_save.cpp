@@ -48,22 +48,34 @@ using namespace engine_checkpoint;
 
 namespace {
 
-// The engine's ZeroOptimizers in checkpoint order: the dense one, then the experts' (ep_size >
-// 1; DeepSpeed's optimizer holds the dense groups first, then the MoE ones, the order of
-// split_params_into_different_moe_groups_for_optimizer).
+// The engine's ZeroOptimizers in checkpoint order (EngineCore::checkpoint_partitions).
 std::vector<zero::ZeroOptimizer*> checkpointed_zeros(EngineCore& core) {
   std::vector<zero::ZeroOptimizer*> out;
-  for (const auto& p : core.zero_partitions()) out.push_back(p.zero);
+  for (const auto* p : core.checkpoint_partitions()) out.push_back(p->zero);
   return out;
 }
 
-// One of torch.optim's param_groups, marked as DeepSpeed marks a MoE group ("moe": True, its
-// expert group's "name") when it is the experts' (index g > 0).
-PyValue moe_group(const PyValue& settings, size_t g, EngineExperts* ex) {
-  if (g == 0 || !ex) return settings;
+// What marks a parameter group as DeepSpeed marks it: the experts' partition, and the two halves
+// of a Muon run (null: none).
+struct GroupMarks {
+  EngineExperts* experts = nullptr;
+  const zero::ZeroOptimizer* muon = nullptr;
+};
+
+// One of torch.optim's param_groups, marked as DeepSpeed marks it: a MoE group ("moe": True, its
+// expert group's "name"), or a half of a Muon run ("use_muon" and _muon_param_groups' "name"),
+// which DeepSpeed's MuonWithAuxAdam reads back.
+PyValue marked_group(const PyValue& settings, const zero::ZeroOptimizer* z,
+                     const GroupMarks& marks) {
   PyValue out = settings;
-  out.set(PyValue("moe"), PyValue(true));
-  out.set(PyValue("name"), PyValue(fmt::format("ep_size_{}", ex->ep_size())));
+  if (marks.experts && z == &marks.experts->zero()) {
+    out.set(PyValue("moe"), PyValue(true));
+    out.set(PyValue("name"), PyValue(fmt::format("ep_size_{}", marks.experts->ep_size())));
+  } else if (marks.muon) {
+    const bool muon = z == marks.muon;
+    out.set(PyValue("use_muon"), PyValue(muon));
+    out.set(PyValue("name"), PyValue(muon ? "muon-params" : "adam-params"));
+  }
   return out;
 }
 
@@ -71,7 +83,7 @@ PyValue moe_group(const PyValue& settings, size_t g, EngineExperts* ex) {
 // the other (each optimizer's flat buffer is whole on every rank of its group), and, under
 // 16-bit training, their fp32 master weights in the same order (dscpp_fp32_params).
 PyValue stage0_optimizer(const std::vector<zero::ZeroOptimizer*>& zeros, bool keep_fp32,
-                         EngineExperts* ex = nullptr) {
+                         const GroupMarks& marks) {
   PyValue state = PyValue::dict(), groups = PyValue::list(), fp32 = PyValue::list();
   int64_t first = 0;
   for (size_t g = 0; g < zeros.size(); ++g) {
@@ -97,7 +109,7 @@ PyValue stage0_optimizer(const std::vector<zero::ZeroOptimizer*>& zeros, bool ke
       ids.at(layout.buckets[layout.params[i].bucket].group)
           .push_back(first + static_cast<int64_t>(i));
     const PyValue settings = param_groups(opt, ids);  // (items() of a temporary would dangle)
-    for (const auto& one : settings.items()) groups.append(moe_group(one, g, ex));
+    for (const auto& one : settings.items()) groups.append(marked_group(one, &z, marks));
     first += static_cast<int64_t>(params.size());
   }
   PyValue optimizer = PyValue::dict();
@@ -221,18 +233,23 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
     module.set(PyValue(name), PyValue(b.detach()));
     buffer_names.append(PyValue(name));
   }
-  const auto& params = zero_->params();
-  PyValue shapes = PyValue::ordered_dict();
-  for (size_t i = 0; i < params.size(); ++i)
-    shapes.set(PyValue(param_names_[i]), PyValue::size(zero_->param_shape(i)));
-  PyValue shapes_list = PyValue::list({std::move(shapes)});
+  // One ordered dict per parameter group, in the checkpoint's order.
+  PyValue shapes_list = PyValue::list();
+  for (const auto* p : checkpoint_partitions()) {
+    if (EngineExperts* ex = experts(); ex && p->zero == &ex->zero()) continue;  // (below)
+    PyValue shapes = PyValue::ordered_dict();
+    for (size_t i = 0; i < p->names->size(); ++i)
+      shapes.set(PyValue((*p->names)[i]), PyValue::size(p->zero->param_shape(i)));
+    shapes_list.append(std::move(shapes));
+  }
   PyValue shared = PyValue::dict();
   for (const auto& [alias, name] : shared_params_) shared.set(PyValue(alias), PyValue(name));
 
   // None at stages 1-2: the optimizer lives in the ZeRO files.
-  PyValue optimizer = zero_->stage() == 0 ? stage0_optimizer(checkpointed_zeros(*this),
-                                                             dtype_ != at::kFloat, experts())
-                                          : PyValue();
+  PyValue optimizer = zero_->stage() == 0
+                          ? stage0_optimizer(checkpointed_zeros(*this), dtype_ != at::kFloat,
+                                             {experts(), muon_zero_.get()})
+                          : PyValue();
   // The expert parameters (ep_size > 1) form a group of their own (moe_relayout.h).
   if (EngineExperts* ex = experts()) {
     PyValue experts = PyValue::ordered_dict();
@@ -282,7 +299,7 @@ PyValue EngineCore::zero_states() {
   // over their expert-data group, as DeepSpeed's ZeRO 1-2 partitions a MoE param group over
   // its real_dp_process_group.
   std::vector<std::pair<zero::ZeroOptimizer*, comm::ProcessGroup*>> zeros;
-  for (const auto& p : zero_set_) zeros.emplace_back(p.zero, p.group);
+  for (const auto* p : checkpoint_partitions()) zeros.emplace_back(p->zero, p->group);
   PyValue state = PyValue::dict(), groups = PyValue::list(), fp32 = PyValue::list();
   PyValue group_paddings = PyValue::list(), alignment = PyValue::list(), counts = PyValue::list();
   for (size_t g = 0; g < zeros.size(); ++g) {
@@ -297,6 +314,11 @@ PyValue EngineCore::zero_states() {
               PyValue(at::scalar_tensor(static_cast<double>(z.step_count()), at::kFloat)));
     for (const auto& name : z.state_names()) {
       const at::Tensor t = z.state_partition(name);
+      // Muon's momentum in DeepSpeed's ZeRO 1-2 form: each matrix of the partition whole.
+      if (&z == muon_zero_.get() && !stage3 && name == "momentum_buffer") {
+        entry.set(PyValue(name), PyValue(checkpoint::to_ds_whole_params(layout, ds, t, over)));
+        continue;
+      }
       // DeepSpeed's (rigid) optimizer state covers the whole partition, padding included.
       at::Tensor full = at::zeros({ds.partition}, at::kFloat);
       full.slice(0, 0, held).copy_(checkpoint::to_ds_partition(layout, ds, t, over));
@@ -307,7 +329,8 @@ PyValue EngineCore::zero_states() {
     // naming it).
     PyValue settings = param_groups(
         opt, std::vector<std::vector<int64_t>>(opt.num_shards(), {static_cast<int64_t>(g)}));
-    for (const auto& one : settings.items()) groups.append(moe_group(one, g, experts()));
+    for (const auto& one : settings.items())
+      groups.append(marked_group(one, &z, {experts(), muon_zero_.get()}));
     fp32.append(PyValue(checkpoint::to_ds_partition(layout, ds, z.master_partition(), over)));
     group_paddings.append(PyValue(ds.partition - held));
     PyValue paddings = PyValue::list();
@@ -348,7 +371,6 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
                                  const PyValue& client_state) {
   const std::string tag = tag_in.empty() ? "global_step" + std::to_string(global_steps_) : tag_in;
   checkpoint::check_tag(tag);
-  check_checkpointed("save_checkpoint");
   zero_->wait_all_published();  // the module's parameters are saved as they are
   if (!client_state.is_dict()) throw dscpp::Error("save_checkpoint: client_state must be a dict");
   for (const auto& k : client_state.keys()) {
@@ -418,7 +440,8 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
       if (zero_->stage() == 0) {
         PyValue expp = PyValue::dict();
         expp.set(PyValue("optimizer"),
-                 stage0_optimizer(checkpointed_zeros(*this), dtype_ != at::kFloat, own));
+                 stage0_optimizer(checkpointed_zeros(*this), dtype_ != at::kFloat,
+                                  {own, muon_zero_.get()}));
         checkpoint::save_torch_file(bound(std::move(expp)),
                                     checkpoint::expp_optim_states_path(
                                         save_dir, tag, group_->rank() % ep, ckpt_layout_.mp_rank));

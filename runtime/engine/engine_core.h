@@ -87,8 +87,6 @@ struct ZeroPartition {
   // After the first partition's step, before its own: what it takes of the LR schedule's
   // settings (written into the first partition's optimizer); null: nothing.
   std::function<void(const optim::Optimizer& first)> follow_schedule;
-  // Why its state is not checkpointed yet (save and load refuse, naming it); null: it is.
-  const char* not_checkpointed = nullptr;
 };
 
 // load_checkpoint's switches, DeepSpeed's names, order and defaults.
@@ -309,6 +307,10 @@ class EngineCore {
   EngineExperts* experts() { return experts_.get(); }
   // The set of ZeRO partitions, dense first (see ZeroPartition).
   const std::vector<ZeroPartition>& zero_partitions() const { return zero_set_; }
+  // The set in the order of a checkpoint's parameter groups, DeepSpeed's: Muon's matrices first
+  // (its _muon_param_groups puts the Muon half before the Adam one), then the dense partition,
+  // then the experts' (split_params_into_different_moe_groups_for_optimizer appends them).
+  std::vector<const ZeroPartition*> checkpoint_partitions() const;
   // Every buffer the engine allocates for training, by name and where a GPU run keeps it
   // (ZeRO's parts: zero/memory_breakdown.h, zero_optimizer.h), at this moment.
   zero::MemoryBreakdown memory_breakdown() const;
@@ -328,7 +330,6 @@ class EngineCore {
                  std::unique_ptr<optim::Optimizer> muon);
   void add_muon_partition();
   // Refuses a save or load while a partition of the set is not checkpointed.
-  void check_checkpointed(const char* what) const;
   void add_expert_partition(const zero::ZeroOptions& zo, const optim::Optimizer& dense);
   // The set's step: the first partition's, then the others' with its sum of squares.
   zero::StepResult step_optimizers();

@@ -15,8 +15,9 @@
 //
 // On a pipeline each stage's engine holds its stage's Muon partition; the pipeline's norm
 // adds the stages' shares as for the dense partition. Not yet, each refused naming it: tensor
-// parallelism, expert parallelism (ep_size > 1), ZeRO-Offload, parameter groups, and
-// checkpoints of a Muon run.
+// parallelism, expert parallelism (ep_size > 1), ZeRO-Offload and parameter groups.
+// Checkpoints hold the Muon half as DeepSpeed's do: the first parameter group, its
+// momentum_buffer partitioned as DeepSpeed partitions the group (checkpoint_partitions).
 #include <algorithm>
 #include <set>
 
@@ -25,6 +26,7 @@
 #include "dscpp/error.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/runtime/engine/engine_experts.h"
+#include "dscpp/runtime/engine/universal_load.h"
 
 namespace dscpp {
 
@@ -95,18 +97,19 @@ void EngineCore::add_muon_partition() {
   p.follow_schedule = [this, z](const optim::Optimizer& first) {
     if (scheduler_) z->optimizer().set_lr(first.get_lr());
   };
-  p.not_checkpointed = "the Muon partition's momentum and whole-matrix layout";
-  p.load_by_name = [](const engine_checkpoint::WholeParams&, bool) {
-    throw dscpp::Error("load_checkpoint: checkpoints of a Muon run are not implemented yet");
+  p.load_by_name = [this, z](const engine_checkpoint::WholeParams& whole, bool states) {
+    engine_checkpoint::load_partition_by_name(*z, muon_names_, whole, states, nullptr, 0);
   };
   zero_set_.push_back(std::move(p));
 }
 
-void EngineCore::check_checkpointed(const char* what) const {
+std::vector<const ZeroPartition*> EngineCore::checkpoint_partitions() const {
+  std::vector<const ZeroPartition*> out;
   for (const auto& p : zero_set_)
-    if (p.not_checkpointed)
-      throw dscpp::Error(std::string(what) + ": not implemented yet for " + p.not_checkpointed +
-                         " (" + p.name + " partition)");
+    if (p.zero == muon_zero_.get()) out.push_back(&p);
+  for (const auto& p : zero_set_)
+    if (p.zero != muon_zero_.get()) out.push_back(&p);
+  return out;
 }
 
 }  // namespace dscpp

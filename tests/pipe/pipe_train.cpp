@@ -8,7 +8,8 @@
 // --mode refusals: stage 3 and forward/backward/step are refused with their messages.
 // --mode die: the last stage exits mid-step (the failure test).
 // --mode schedules: ZB-H1 against 1F1B, bit for bit, clipped and with an fp16 overflow.
-// --mode muon: "type": "Muon" on a pipeline against one rank (muon_cases()).
+// --mode muon: "type": "Muon" on a pipeline against one rank (muon_cases()); with --out, also a
+// checkpoint of it resumed there.
 // Checkpoints (pipe_checkpoint_oracle.py): a case with "save_dir" and "save_at" saves after
 // that many steps; one with "load_dir" loads first and trains on from the loaded step.
 // --mode single: the non-pipeline engine on one rank loads a pipeline checkpoint (single()).
@@ -613,7 +614,7 @@ int schedules_agree(const std::shared_ptr<dscpp::comm::ProcessGroup>& world) {
 // the norm's summation order differs between the layouts, and Newton-Schulz in half precision
 // would turn a clip coefficient's last bit into a rounding flip; they come out equal).
 int muon_cases(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const json& cases,
-               int steps) {
+               int steps, const std::string& checkpoint_dir) {
   GroupPtr self;
   for (int r = 0; r < world->size(); ++r)
     if (auto g = world->new_subgroup({r})) self = g;
@@ -701,6 +702,55 @@ int muon_cases(const std::shared_ptr<dscpp::comm::ProcessGroup>& world, const js
                                mine[2].item<double>() == 0.0 ? "" : " (the partitions are wrong)")
                 << std::flush;
   }
+  // A pipeline's checkpoint of a Muon run (its stages' Muon and Adam groups): a fresh engine that
+  // loads it after step 2 trains step 3 as the saving one does, bit for bit.
+  if (!checkpoint_dir.empty()) {
+    auto make = [&] {
+      dscpp::pipe::PipelineOptions options(2);
+      options.group(world)
+          .partition_method("uniform")
+          .seed_layers(true)
+          .base_seed(kBaseSeed)
+          .loss_fn(dscpp::pipe::loss_of(
+              [](const at::Tensor& o, const at::Tensor& l) { return torch::mse_loss(o, l); }));
+      return dscpp::initialize(dscpp::pipe::PipelineModule(mlp_specs(), options),
+                               json{{"train_batch_size", kGlobalBatch},
+                                    {"gradient_accumulation_steps", 2},
+                                    {"optimizer", muon},
+                                    {"zero_optimization", {{"stage", 1}}}});
+    };
+    const int d = world->size() / 2;
+    auto batch = [&](dscpp::pipe::PipelineEngine& e, int s) {
+      int64_t j = 0;
+      const int64_t mb = kGlobalBatch / (2 * d);
+      const int rank = e.module().data_parallel_id();
+      return e
+          .train_batch([&]() {
+            auto [x, y] = samples("mlp", s * kGlobalBatch + (j++ * d + rank) * mb, mb);
+            return dscpp::pipe::MicroBatch{{x}, y};
+          })
+          .item<double>();
+    };
+    auto first = make();
+    for (int s = 0; s < 2; ++s) (void)batch(first, s);
+    first.save_checkpoint(checkpoint_dir);
+    const double want = batch(first, 2);
+    auto second = make();
+    (void)second.load_checkpoint(checkpoint_dir);
+    const double got = batch(second, 2);
+    bool same = got == want;
+    auto a = first.module().stage_module()->named_parameters(true);
+    for (const auto& item : second.module().stage_module()->named_parameters(true))
+      same &= at::equal(item.value(), a[item.key()]);
+    at::Tensor flag = torch::full({1}, same ? 0.0 : 1.0, torch::kDouble);
+    world->all_reduce(flag, dscpp::comm::ReduceOp::kMax).wait();
+    same = flag.item<double>() == 0.0;
+    ok &= same;
+    if (world->rank() == 0)
+      std::cout << "muon: " << (same ? "PASS" : "FAIL")
+                << " a pipeline's Muon checkpoint resumes bit for bit (loss " << got << " against "
+                << want << ")\n";
+  }
   // A weight tied across stages stepped by Muon would miss the tied sum: refused, naming it.
   {
     dscpp::pipe::PipelineOptions options(world->size());
@@ -754,7 +804,9 @@ int main(int argc, char** argv) {
   if (mode == "die") return die(world);
   if (mode == "overflow") return overflow(world);
   if (mode == "schedules") return schedules_agree(world);
-  if (mode == "muon") return muon_cases(world, json::parse(cases_text), steps);
+  if (mode == "muon")
+    return muon_cases(world, json::parse(cases_text), steps,
+                      out == "." ? std::string() : out + "/muon_pipe_checkpoint");
   if (mode == "single") return single(world, model, json::parse(cases_text).at(0), steps, out);
   for (const auto& c : json::parse(cases_text)) {
     json r = pipe_case(world, model, c, steps);

@@ -23,6 +23,7 @@ stages:    a checkpoint of one ZeRO stage continues at another (through the chec
 deepspeed: DeepSpeed's zero_to_fp32 gives our tools/zero_to_fp32's weights for stages 1, 2, 3;
            DeepSpeed loads our checkpoints of stages 0-2 and continues as we do, and we load
            its checkpoints and continue as it does (1e-5 relative, fp32 on CPU).
+muon:      the same for DeepSpeed's Muon (part_muon says what).
 Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
 import argparse
 import glob
@@ -288,12 +289,83 @@ def part_deepspeed(r, report):
     report("deepspeed zero_to_fp32 stage=3", problems)
 
 
+MUON_SAVE_AT, MUON_STEPS = 3, 4
+
+
+def part_muon(r, report):
+    """Checkpoints of DeepSpeed's "type": "Muon" (ds_train.config's, Newton-Schulz "gram"; the
+    tall l1.weight with the auxiliary Adam on both sides, as deepspeed_oracle.py --muon says
+    why): Muon's matrices are the first parameter group, their momentum_buffer partitioned as
+    DeepSpeed partitions the group.
+    - resume: bit-exact at stages 0-3 on 2 ranks (MUON_STEPS steps, saved after MUON_SAVE_AT);
+    - another layout: a stage-1 checkpoint of 2 ranks continues on 1 rank (the same stage, its
+      partitions re-cut) and at stage 2 (the normal form) as the 2-rank run does, one step,
+      1e-5 (one step: Newton-Schulz's half precision turns later last-bit differences into
+      rounding flips);
+    - DeepSpeed: its engine loads ours of stages 0-2 and we load its, each continuing one step
+      as the other does (1e-5)."""
+    adam = ["--adam-param", "l1.weight"]
+    for stage in (0, 1, 2, 3):
+        cfg = config(stage, 2, "gram")
+        ckpt = os.path.join(r.tmp, f"muon_s{stage}")
+        full = r.dscpp(f"muon_full_s{stage}", 2, cfg, adam, steps=MUON_STEPS)
+        r.dscpp(f"muon_first_s{stage}", 2, cfg, adam + ["--save", ckpt, "--save-at", str(MUON_SAVE_AT)],
+                steps=MUON_SAVE_AT)
+        resumed = r.dscpp(f"muon_resumed_s{stage}", 2, cfg, adam + ["--load", ckpt], steps=MUON_STEPS)
+        problems = compare(resumed["losses"], full["losses"][MUON_SAVE_AT:], "losses", exact=True)
+        problems += compare(resumed["params"], full["params"], "weights", exact=True)
+        problems += opens_with_torch_load(ckpt)
+        report(f"muon: resume stage={stage} ranks=2 (bit-exact)", problems)
+    full = r.load(os.path.join(r.tmp, "muon_full_s1.json"))
+    for name, ranks, stage in (("1 rank, stage 1", 1, 1), ("2 ranks, stage 2", 2, 2)):
+        got = r.dscpp(f"muon_from_s1_{ranks}_{stage}", ranks, config(stage, 2, "gram"),
+                      adam + ["--load", os.path.join(r.tmp, "muon_s1")], steps=MUON_STEPS)
+        problems = compare(got["losses"], full["losses"][MUON_SAVE_AT:], "losses", exact=False)
+        problems += compare(got["params"], full["params"], "weights", exact=False)
+        report(f"muon: a 2-rank stage-1 checkpoint goes on at {name}", problems)
+    # DeepSpeed: its runs from ours and straight (saving at MUON_SAVE_AT), then ours from its.
+    r.init = os.path.join(r.tmp, "init.json")
+    r.run([r.args.train, "--mode", "init", "--out", r.init], r.init)
+    stages, ga = (0, 1, 2), 2
+    ours, theirs = (os.path.join(r.tmp, f"muon_{who}_s{{stage}}") for who in ("ours", "theirs"))
+    for s in stages:
+        r.dscpp(f"muon_save_s{s}", 2, config(s, ga, "gram"),
+                adam + ["--save", ours.format(stage=s), "--save-at", str(MUON_SAVE_AT)], steps=MUON_STEPS)
+    cases = [(s, ga) for s in stages]
+    launch_errors = []
+    try:
+        ds_resumed = r.deepspeed_cases("muon_ds_loads_ours_s{stage}", 2, cases,
+                                       ["--muon", "gram", "--load", ours], steps=MUON_STEPS)
+        ds_full = r.deepspeed_cases("muon_ds_straight_s{stage}", 2, cases,
+                                    ["--muon", "gram", "--save", theirs, "--save-at", str(MUON_SAVE_AT)],
+                                    steps=MUON_STEPS)
+    except RuntimeError as e:
+        launch_errors.append(str(e))
+    for s in stages:
+        problems = list(launch_errors)
+        if not launch_errors:
+            mine = r.load(os.path.join(r.tmp, f"muon_save_s{s}.json"))
+            theirs_resumed, theirs_full = ds_resumed[(s, ga)], ds_full[(s, ga)]
+            problems += compare(theirs_resumed["losses"], mine["losses"][MUON_SAVE_AT:],
+                                "DeepSpeed-from-ours losses", exact=False)
+            problems += compare(theirs_resumed["params"], mine["params"], "DeepSpeed-from-ours weights",
+                                exact=False)
+            ours_resumed = r.dscpp(f"muon_ours_loads_ds_s{s}", 2, config(s, ga, "gram"),
+                                   adam + ["--load", theirs.format(stage=s)], steps=MUON_STEPS)
+            problems += compare(ours_resumed["losses"], theirs_full["losses"][MUON_SAVE_AT:],
+                                "ours-from-DeepSpeed losses", exact=False)
+            problems += compare(ours_resumed["params"], theirs_full["params"], "ours-from-DeepSpeed weights",
+                                exact=False)
+        report(f"muon: deepspeed interop stage={s}", problems)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", dest="zero_to_fp32", required=True)
-    ap.add_argument("--part", choices=["resume", "kill", "ranks", "stages", "deepspeed", "all"], default="all")
+    ap.add_argument("--part", choices=["resume", "kill", "ranks", "stages", "deepspeed", "muon", "all"],
+                    default="all")
     ap.add_argument("--matrix", action="store_true",
                     help="ranks, stages: every case, not the covering set; kill: three kills per stage")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
@@ -308,7 +380,8 @@ def main():
         counts[0 if ok else 1] += 1
         print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ': ' + '; '.join(problems)}", flush=True)
 
-    parts = {"resume": part_resume, "kill": part_kill, "ranks": part_ranks, "stages": part_stages, "deepspeed": part_deepspeed}
+    parts = {"resume": part_resume, "kill": part_kill, "ranks": part_ranks, "stages": part_stages,
+             "deepspeed": part_deepspeed, "muon": part_muon}
     for name, fn in parts.items():
         if args.part in (name, "all"):
             try:
