@@ -1,9 +1,14 @@
-// steps_from_grid: every stage's compute on common steps, turned into one stage's instruction
-// list (schedule_internal.h). Shared by the interleaved and zero-bubble schedules.
+// lay_out: every stage's work on common steps as early as dependencies allow; steps_from_grid:
+// such a grid turned into one stage's instruction list (schedule_internal.h). Shared by the
+// interleaved and zero-bubble schedules.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
 
+#include "dscpp/error.h"
 #include "dscpp/pipe/schedule_internal.h"
 
 namespace dscpp::pipe {
@@ -14,6 +19,55 @@ bool sends_grad(Op op) {
 }
 
 }  // namespace
+
+Grid lay_out(const PipeShape& shape, const std::vector<std::vector<std::vector<Work>>>& order,
+             const char* what) {
+  const int p = shape.stages;
+  const int last_vs = p * shape.chunks - 1;
+  // (0 forward, 1 backward or its B, 2 W; micro-batch; virtual stage) -> its step
+  using Key = std::tuple<int, int, int>;
+  auto kind = [](Op op) { return op == Op::kForward ? 0 : op == Op::kBackwardWeight ? 2 : 1; };
+  std::map<Key, int> done;
+  std::vector<size_t> next(order.size(), 0);
+  Grid grid(p);
+  for (int t = 0;; ++t) {
+    bool left = false, moved = false;
+    std::vector<Key> finished;
+    for (int s = 0; s < p; ++s) {
+      grid[s].emplace_back();
+      if (next[s] == order[s].size()) continue;
+      left = true;
+      const auto& group = order[s][next[s]];
+      bool ready = true;
+      std::vector<Key> here;
+      for (const Work& w : group) {
+        const int vs = virtual_stage(shape, s, w.chunk), k = kind(w.op);
+        std::optional<Key> dep;
+        if (k == 0 && vs > 0) dep = Key{0, w.micro_batch, vs - 1};
+        if (k == 1) dep = vs == last_vs ? Key{0, w.micro_batch, vs} : Key{1, w.micro_batch, vs + 1};
+        if (k == 2) dep = Key{1, w.micro_batch, vs};
+        if (dep) {
+          auto it = done.find(*dep);
+          const bool local = std::find(here.begin(), here.end(), *dep) != here.end();
+          if (!local && (it == done.end() || it->second > t - 1)) ready = false;
+        }
+        here.emplace_back(k, w.micro_batch, vs);
+      }
+      if (!ready) continue;
+      grid[s].back() = group;
+      finished.insert(finished.end(), here.begin(), here.end());
+      ++next[s];
+      moved = true;
+    }
+    if (!left) {
+      for (auto& column : grid) column.pop_back();
+      return grid;
+    }
+    if (!moved)
+      throw Error(fmt::format("pipeline schedule: {} layout stuck at step {} (a bug)", what, t));
+    for (const Key& k : finished) done[k] = t;
+  }
+}
 
 std::vector<Step> steps_from_grid(const PipeShape& shape, const Grid& grid, bool training) {
   const int p = shape.stages, s = shape.stage;

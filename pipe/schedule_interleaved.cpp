@@ -14,10 +14,6 @@
 // simulation gives Megatron's bubble, (p - 1)/(v m) of the ideal (tests/pipe).
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <map>
-#include <tuple>
-
 #include "dscpp/error.h"
 #include "dscpp/pipe/schedule_internal.h"
 
@@ -49,9 +45,6 @@ std::vector<std::vector<Unit>> megatron_groups(int p, int s, int m, int v, bool 
   return groups;
 }
 
-// The step in which (forward?, micro-batch, virtual stage) was computed.
-using Key = std::tuple<bool, int, int>;
-
 }  // namespace
 
 std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only) {
@@ -67,62 +60,16 @@ std::vector<Step> interleaved_schedule(const PipeShape& shape, bool forward_only
         "(gradient_accumulation_steps) to be a multiple of stages, at least stages: found "
         "micro_batches = {}, stages = {} ({} % {} = {})",
         v, m, p, m, p, m % p));
-  const int last_vs = p * v - 1;
-
-  // Lay out every rank's groups together, as early as dependencies allow.
-  std::vector<std::vector<std::vector<Unit>>> groups(p);
-  for (int s = 0; s < p; ++s) groups[s] = megatron_groups(p, s, m, v, forward_only);
-  std::vector<size_t> next(p, 0);
-  std::map<Key, int> done;
-  std::vector<std::vector<std::vector<Unit>>> compute(p);  // compute[s][t]
-  for (int t = 0;; ++t) {
-    bool left = false, moved = false;
-    std::vector<Key> finished;
-    for (int s = 0; s < p; ++s) {
-      compute[s].emplace_back();
-      if (next[s] == groups[s].size()) continue;
-      left = true;
-      const auto& group = groups[s][next[s]];
-      bool ready = true;
-      std::vector<Key> here;
-      for (const Unit& w : group) {
-        const int vs = w.chunk * p + s;
-        Key dep;
-        if (w.forward && vs == 0) {
-          here.emplace_back(w.forward, w.micro_batch, vs);
-          continue;
-        }
-        if (w.forward)
-          dep = {true, w.micro_batch, vs - 1};
-        else
-          dep = vs == last_vs ? Key{true, w.micro_batch, vs} : Key{false, w.micro_batch, vs + 1};
-        auto it = done.find(dep);
-        const bool local = std::find(here.begin(), here.end(), dep) != here.end();
-        if (!local && (it == done.end() || it->second > t - 1)) ready = false;
-        here.emplace_back(w.forward, w.micro_batch, vs);
-      }
-      if (!ready) continue;
-      compute[s].back() = group;
-      finished.insert(finished.end(), here.begin(), here.end());
-      ++next[s];
-      moved = true;
-    }
-    if (!left) {
-      for (auto& c : compute) c.pop_back();
-      break;
-    }
-    if (!moved)
-      throw Error(fmt::format("pipeline schedule: interleaved layout stuck at step {} (a bug)", t));
-    for (const Key& k : finished) done[k] = t;
-  }
-  Grid grid(p);
-  for (int q = 0; q < p; ++q)
-    for (const auto& group : compute[q]) {
-      grid[q].emplace_back();
+  // Every rank's groups laid out together, as early as dependencies allow.
+  std::vector<std::vector<std::vector<Work>>> order(p);
+  for (int s = 0; s < p; ++s)
+    for (const auto& group : megatron_groups(p, s, m, v, forward_only)) {
+      order[s].emplace_back();
       for (const Unit& w : group)
-        grid[q].back().push_back(
+        order[s].back().push_back(
             {w.forward ? Op::kForward : Op::kBackward, w.chunk, w.micro_batch});
     }
+  const Grid grid = lay_out(shape, order, "interleaved");
   return steps_from_grid(shape, grid, !forward_only);
 }
 

@@ -38,6 +38,15 @@ using Grid = std::vector<std::vector<std::vector<Work>>>;
 // ZB-V's grid (every stage's), whose length also gives its bubble.
 Grid zero_bubble_v_grid(const PipeShape& shape);
 
+// Every stage's work in its own order, as groups (order[s][k]: the k-th group of stage s),
+// laid out on common steps as early as the dependencies allow: stage s takes its next group in
+// step t when all that the group needs was computed by step t - 1, or earlier in the group, and
+// is idle in step t otherwise. A forward of virtual stage vs needs the forward of vs - 1; a
+// backward (or its B) the backward of vs + 1, the last virtual stage its own forward; a W its
+// B. `what` names the schedule in the error of a layout that cannot go on (a bug).
+Grid lay_out(const PipeShape& shape, const std::vector<std::vector<std::vector<Work>>>& order,
+             const char* what);
+
 // Stage shape.stage's steps from the grid: an activation travels in the step its consumer
 // computes it, a gradient in the step after its producer computed it (a step is added at the
 // end where the last one computed a gradient to send), both ends listing the transfer in the

@@ -128,46 +128,10 @@ Grid zero_bubble_v_grid(const PipeShape& shape) {
             o.end());
   }
 
-  std::map<std::tuple<Op, int, int>, int> done;  // (op, virtual stage, micro-batch) -> its step
-  auto done_by = [&](Op op, int vs, int mb, int t) {
-    auto it = done.find({op, vs, mb});
-    return it != done.end() && it->second <= t;
-  };
-  Grid grid(p);
-  std::vector<size_t> next(p, 0);
-  const int last_vs = 2 * p - 1;
-  for (int t = 0;; ++t) {
-    bool left = false, moved = false;
-    std::vector<std::tuple<Op, int, int>> finished;
-    for (int r = 0; r < p; ++r) {
-      grid[r].emplace_back();
-      if (next[r] == order[r].size()) continue;
-      left = true;
-      const Work& w = order[r][next[r]];
-      const int vs = virtual_stage(shape, r, w.chunk);
-      bool ready = false;
-      if (w.op == Op::kForward)
-        ready = vs == 0 || done_by(Op::kForward, vs - 1, w.micro_batch, t - 1);
-      else if (w.op == Op::kBackwardInput)
-        ready = done_by(Op::kForward, vs, w.micro_batch, t - 1) &&
-                (vs == last_vs || done_by(Op::kBackwardInput, vs + 1, w.micro_batch, t - 1));
-      else
-        ready = done_by(Op::kBackwardInput, vs, w.micro_batch, t - 1);
-      if (!ready) continue;
-      grid[r].back().push_back(w);
-      finished.emplace_back(w.op, vs, w.micro_batch);
-      ++next[r];
-      moved = true;
-    }
-    if (!left) {
-      for (auto& column : grid) column.pop_back();
-      break;
-    }
-    if (!moved)
-      throw Error(fmt::format("pipeline schedule: ZB-V layout stuck at step {} (a bug)", t));
-    for (const auto& k : finished) done[k] = t;
-  }
-  return grid;
+  std::vector<std::vector<std::vector<Work>>> groups(p);
+  for (int r = 0; r < p; ++r)
+    for (const Work& w : order[r]) groups[r].push_back({w});
+  return lay_out(shape, groups, "ZB-V");
 }
 
 std::vector<Step> zero_bubble_v_schedule(const PipeShape& shape) {

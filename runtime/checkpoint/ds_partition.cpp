@@ -68,6 +68,21 @@ std::vector<DsLayout::Segment> DsLayout::segments(int r) const {
   return out;
 }
 
+namespace {
+
+// Bucket b whole, every rank's chunk, as our flat buffer holds it in [b.begin, b.end), from each
+// rank's partition. Collective over `group`.
+at::Tensor whole_bucket(const zero::FlatLayout& ours, const zero::FlatLayout::Bucket& b,
+                        const at::Tensor& partition, comm::ProcessGroup& group) {
+  at::Tensor mine = partition.slice(0, b.part_offset, b.part_offset + b.chunk);
+  if (ours.world_size == 1) return mine;
+  at::Tensor bucket = at::empty({b.chunk * ours.world_size}, partition.options());
+  group.all_gather(bucket, mine.contiguous()).wait();
+  return bucket;
+}
+
+}  // namespace
+
 at::Tensor to_ds_partition(const zero::FlatLayout& ours, const DsLayout& ds,
                            const at::Tensor& partition, comm::ProcessGroup& group) {
   const int r = group.rank();
@@ -79,15 +94,7 @@ at::Tensor to_ds_partition(const zero::FlatLayout& ours, const DsLayout& ds,
   const auto segments = ds.segments(r);
   for (size_t bi = 0; bi < ours.buckets.size(); ++bi) {
     const auto& b = ours.buckets[bi];
-    // The whole bucket, every rank's chunk, as our flat buffer holds it in [b.begin, b.end).
-    at::Tensor bucket;
-    at::Tensor mine = partition.slice(0, b.part_offset, b.part_offset + b.chunk);
-    if (ours.world_size == 1) {
-      bucket = mine;
-    } else {
-      bucket = at::empty({b.chunk * ours.world_size}, partition.options());
-      group.all_gather(bucket, mine.contiguous()).wait();
-    }
+    const at::Tensor bucket = whole_bucket(ours, b, partition, group);
     for (const auto& s : segments) {
       const auto& p = ours.params[s.param];
       if (p.bucket != static_cast<int>(bi)) continue;
@@ -144,14 +151,7 @@ at::Tensor to_ds_whole_params(const zero::FlatLayout& ours, const DsLayout& ds,
   for (size_t bi = 0; bi < ours.buckets.size(); ++bi) {
     const auto& b = ours.buckets[bi];
     // Every rank gathers every bucket (the collective is the same on all of them).
-    at::Tensor bucket;
-    at::Tensor mine = partition.slice(0, b.part_offset, b.part_offset + b.chunk);
-    if (ours.world_size == 1) {
-      bucket = mine;
-    } else {
-      bucket = at::empty({b.chunk * ours.world_size}, partition.options());
-      group.all_gather(bucket, mine.contiguous()).wait();
-    }
+    const at::Tensor bucket = whole_bucket(ours, b, partition, group);
     for (int i : b.params) {
       if (at_of[i] < 0) continue;
       const auto& p = ours.params[i];
