@@ -299,9 +299,9 @@ def part_muon(r, report):
     DeepSpeed partitions the group.
     - resume: bit-exact at stages 0-3 on 2 ranks (MUON_STEPS steps, saved after MUON_SAVE_AT);
     - another layout: a stage-1 checkpoint of 2 ranks continues on 1 rank (the same stage, its
-      partitions re-cut) and at stage 2 (the normal form) as the 2-rank run does, one step,
-      1e-5 (one step: Newton-Schulz's half precision turns later last-bit differences into
-      rounding flips);
+      partitions re-cut), at stage 2 (the normal form) and, through tools/to_universal, on 1
+      rank at stage 2, as the 2-rank run does, one step, 1e-5 (one step: Newton-Schulz's half
+      precision turns later last-bit differences into rounding flips);
     - DeepSpeed: its engine loads ours of stages 0-2 and we load its, each continuing one step
       as the other does (1e-5)."""
     adam = ["--adam-param", "l1.weight"]
@@ -323,6 +323,22 @@ def part_muon(r, report):
         problems = compare(got["losses"], full["losses"][MUON_SAVE_AT:], "losses", exact=False)
         problems += compare(got["params"], full["params"], "weights", exact=False)
         report(f"muon: a 2-rank stage-1 checkpoint goes on at {name}", problems)
+    # tools/to_universal of it: every parameter whole, its momentum_buffer beside fp32, taken by
+    # a 1-rank engine at stage 2 (checkpoint.load_universal) going on as the 2-rank run does.
+    if r.args.to_universal:
+        subprocess.run([r.args.to_universal, "--input_folder",
+                        os.path.join(r.tmp, "muon_s1", f"global_step{MUON_SAVE_AT}")],
+                       check=True, capture_output=True)
+        cfg = {**config(2, 2, "gram"), "checkpoint": {"load_universal": True}}
+        got = r.dscpp("muon_universal", 1, cfg, adam + ["--load", os.path.join(r.tmp, "muon_s1")],
+                      steps=MUON_STEPS)
+        problems = compare(got["losses"], full["losses"][MUON_SAVE_AT:], "losses", exact=False)
+        problems += compare(got["params"], full["params"], "weights", exact=False)
+        momentum = glob.glob(os.path.join(r.tmp, "muon_s1", f"global_step{MUON_SAVE_AT}_universal", "zero",
+                                          "*", "momentum_buffer.pt"))
+        if not momentum:
+            problems.append("the universal folder holds no momentum_buffer.pt")
+        report("muon: to_universal of a 2-rank stage-1 checkpoint goes on at 1 rank, stage 2", problems)
     # DeepSpeed: its runs from ours and straight (saving at MUON_SAVE_AT), then ours from its.
     r.init = os.path.join(r.tmp, "init.json")
     r.run([r.args.train, "--mode", "init", "--out", r.init], r.init)
@@ -364,6 +380,7 @@ def main():
     ap.add_argument("--launcher", required=True)
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", dest="zero_to_fp32", required=True)
+    ap.add_argument("--to-universal", dest="to_universal", help="tools/to_universal (the muon part)")
     ap.add_argument("--part", choices=["resume", "kill", "ranks", "stages", "deepspeed", "muon", "all"],
                     default="all")
     ap.add_argument("--matrix", action="store_true",
