@@ -15,10 +15,12 @@
 //
 // On a pipeline each stage's engine holds its stage's Muon partition; the pipeline's norm
 // adds the stages' shares as for the dense partition. Not yet, each refused naming it: tensor
-// parallelism, expert parallelism (ep_size > 1), ZeRO-Offload and parameter groups.
+// parallelism, expert parallelism (ep_size > 1) and ZeRO-Offload. Parameter groups split into
+// their Muon and Adam halves, as DeepSpeed's _muon_param_groups does (take_muon).
 // Checkpoints hold the Muon half as DeepSpeed's do: the first parameter group, its
 // momentum_buffer partitioned as DeepSpeed partitions the group (checkpoint_partitions).
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "dscpp/config/config_error.h"
@@ -49,7 +51,6 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
   if (tensor_parallel_size() > 1) refuse("tensor parallelism");
   if (experts_) refuse("expert parallelism (ep_size > 1)");
   if (zo.offload.enabled) refuse("ZeRO-Offload (offload_optimizer)");
-  if (!client_.param_groups.empty()) refuse("parameter groups");
   std::set<std::string> known(param_names_.begin(), param_names_.end());
   for (const auto& [name, on] : client_.use_muon)
     if (!known.count(name))
@@ -57,7 +58,7 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
                          "', which is not a trainable parameter of the module");
   std::vector<at::Tensor> kept, taken;
   std::vector<std::string> kept_names;
-  std::vector<int> kept_units, taken_units;
+  std::vector<int> kept_units, taken_units, kept_groups, taken_groups;
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = client_.use_muon.find(param_names_[i]);
     const bool on =
@@ -68,6 +69,7 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
     (on ? taken : kept).push_back(params[i]);
     (on ? muon_names_ : kept_names).push_back(param_names_[i]);
     if (!zo.unit_of.empty()) (on ? taken_units : kept_units).push_back(zo.unit_of[i]);
+    if (!zo.group_of.empty()) (on ? taken_groups : kept_groups).push_back(zo.group_of[i]);
   }
   if (taken.empty()) return;  // no matrix: the auxiliary Adam steps everything
   params = std::move(kept);
@@ -78,6 +80,30 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
   zero::ZeroOptions mo = zo;
   mo.unit_of.clear();
   mo.defer_allgather = false;
+  // Parameter groups, as DeepSpeed's _muon_param_groups splits them: each group into its Muon
+  // half and its Adam half, a half taking the group's own settings among its keys over the
+  // config's (most specific last); a group with no parameter of a half has no group there.
+  if (!zo.group_of.empty()) {
+    const std::vector<optim::Hyper> given = zo.group_options;
+    auto half = [&given](std::vector<int>& group_of, std::vector<optim::Hyper>& options,
+                         std::initializer_list<const char*> keys) {
+      std::map<int, int> compact;  // a client group -> the half's group
+      for (int g : group_of) compact.emplace(g, 0);
+      options.clear();
+      for (auto& [g, h] : compact) {
+        h = static_cast<int>(options.size());
+        optim::Hyper mine = optim::Hyper::object();
+        for (const char* key : keys)
+          if (given.at(g).contains(key)) mine[key] = given.at(g)[key];
+        options.push_back(std::move(mine));
+      }
+      for (int& g : group_of) g = compact.at(g);
+    };
+    half(taken_groups, mo.group_options, {"lr", "momentum", "weight_decay", "ns_method"});
+    half(kept_groups, zo.group_options, {"lr", "betas", "eps", "weight_decay"});
+    mo.group_of = std::move(taken_groups);
+    zo.group_of = std::move(kept_groups);
+  }
   muon_zero_ = std::make_unique<zero::ZeroOptimizer>(std::move(taken), std::move(muon), group_, mo);
 }
 

@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="Python with torch and deepspeed")
     ap.add_argument("--muon", choices=["gram", "standard"], help="DeepSpeed's Muon with this ns_method")
     ap.add_argument("--ranks", type=int, default=RANKS)
+    ap.add_argument("--groups", help="parameter groups by name, JSON, given to both sides")
+    ap.add_argument("--accumulations", help="the gradient accumulations to run (default: 1,2 with --muon)")
     args = ap.parse_args()
     if args.steps is None:
         args.steps = MUON_STEPS if args.muon else 20
@@ -81,7 +83,9 @@ def main():
     run([args.train, "--mode", "init", "--out", init], init, args.timeout)
     passed = failed = 0
     start = time.monotonic()
-    cases = list(itertools.product([0, 1, 2], [1, 2] if args.muon else [1, 4]))
+    accumulations = [int(a) for a in args.accumulations.split(",")] if args.accumulations else (
+        [1, 2] if args.muon else [1, 4])
+    cases = list(itertools.product([0, 1, 2], accumulations))
     ds_pattern = os.path.join(tmp, "ds_s{stage}_ga{ga}.json")
     # The launcher puts --local_rank=K right after the program, which is the Python
     # interpreter here and would reject it; ds_train.py reads LOCAL_RANK instead.
@@ -90,6 +94,8 @@ def main():
               "--cases", ",".join(f"{s}:{g}" for s, g in cases), "--steps", str(args.steps), "--out", ds_pattern]
     if args.muon:
         ds_cmd += ["--muon", args.muon]
+    if args.groups:
+        ds_cmd += ["--groups", args.groups]
     try:
         run(ds_cmd, ds_pattern.format(stage=cases[-1][0], ga=cases[-1][1]), args.timeout * len(cases))
         ds_error = None
@@ -107,7 +113,8 @@ def main():
                 ref = json.load(f)
             got = run([args.launcher, "--num_gpus", str(args.ranks), "--master_port", str(free_port()), args.train,
                        "--mode", "dscpp", "--config", json.dumps(cfg), "--steps", str(args.steps),
-                       "--out", cpp_out] + (["--adam-param", "l1.weight"] if args.muon else []),
+                       "--out", cpp_out] + (["--adam-param", "l1.weight"] if args.muon else [])
+                      + (["--groups", args.groups] if args.groups else []),
                       cpp_out, args.timeout)
             problems = []
             loss_err = param_err = float("nan")

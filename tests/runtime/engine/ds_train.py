@@ -91,7 +91,12 @@ def train(args, stage, ga_asked, out, save, load):
         for name, p in model.named_parameters():
             w = init[name]
             p.copy_(torch.tensor(w["values"], dtype=torch.float64).reshape(w["shape"]).to(p.dtype))
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+    parameters = model.parameters()
+    if args.groups:  # by name, each group's settings beside its parameters
+        named = dict(model.named_parameters())
+        parameters = [{**{k: v for k, v in g.items() if k != "params"}, "params": [named[n] for n in g["params"]]}
+                      for g in json.loads(args.groups)]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=parameters,
                                            config=config(stage, ga_asked, args.muon))
     n, r = engine.world_size, engine.global_rank
     # Make sure DeepSpeed really runs the stage asked for: ZeRO 1 and 2 wrap the AdamW in its
@@ -158,6 +163,7 @@ def main():
     ap.add_argument("--save-at", type=int, default=-1)
     ap.add_argument("--load", help="checkpoint folder to resume from, its latest tag (as --out)")
     ap.add_argument("--muon", help="train with DeepSpeed's Muon and this ns_method (config's muon)")
+    ap.add_argument("--groups", help="parameter groups, JSON [{\"params\": [names], settings...}]")
     args = ap.parse_args()
     if args.cases:
         cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",")]

@@ -110,6 +110,8 @@ struct CheckpointArgs {
   int save_interval = 0;  // also save after every this many steps (0: never)
   // With "type": "Muon": parameters given to the auxiliary Adam (InitArgs::use_muon false).
   std::vector<std::string> adam_params;
+  // Parameter groups (InitArgs::param_groups): [{"params": [names], "lr": ..., ...}, ...].
+  std::string groups;
 };
 
 // Trains with dscpp; returns rank 0's result, null on other ranks.
@@ -120,6 +122,14 @@ json train_dscpp(Holder& model, const json& cfg, int steps, LossOf& loss_of,
   const int64_t global_batch = cfg["train_batch_size"].get<int64_t>();
   dscpp::InitArgs init;
   for (const auto& name : ckpt.adam_params) init.use_muon[name] = false;
+  if (!ckpt.groups.empty())
+    for (const auto& g : json::parse(ckpt.groups)) {
+      dscpp::ParamGroup group;
+      group.params = g.at("params").get<std::vector<std::string>>();
+      for (const auto& [key, value] : g.items())
+        if (key != "params") group.options[key] = value;
+      init.param_groups.push_back(std::move(group));
+    }
   auto engine = dscpp::initialize(model, cfg, init);
   const int n = engine.world_size(), r = engine.global_rank();
   const int64_t mb = engine.train_micro_batch_size_per_gpu();
@@ -239,7 +249,9 @@ int train_main(int argc, char** argv) {
       "save-interval", po::value(&ckpt.save_interval), "dscpp mode: save every K steps")(
       "load", po::value(&ckpt.load), "dscpp mode: checkpoint folder to resume from")(
       "adam-param", po::value(&ckpt.adam_params)->composing(),
-      "dscpp mode, Muon: a parameter the auxiliary Adam steps (repeatable)");
+      "dscpp mode, Muon: a parameter the auxiliary Adam steps (repeatable)")(
+      "groups", po::value(&ckpt.groups),
+      "dscpp mode: parameter groups, JSON [{\"params\": [names], settings...}]");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
