@@ -297,7 +297,8 @@ def part_muon(r, report):
     tall l1.weight with the auxiliary Adam on both sides, as deepspeed_oracle.py --muon says
     why): Muon's matrices are the first parameter group, their momentum_buffer partitioned as
     DeepSpeed partitions the group.
-    - resume: bit-exact at stages 0-3 on 2 ranks (MUON_STEPS steps, saved after MUON_SAVE_AT);
+    - resume: bit-exact at stages 0-3 on 2 ranks (MUON_STEPS steps, saved after MUON_SAVE_AT),
+      and at stage 1 with parameter groups;
     - another layout: a stage-1 checkpoint of 2 ranks continues on 1 rank (the same stage, its
       partitions re-cut), at stage 2 (the normal form) and, through tools/to_universal, on 1
       rank at stage 2, as the 2-rank run does, one step, 1e-5 (one step: Newton-Schulz's half
@@ -316,6 +317,19 @@ def part_muon(r, report):
         problems += compare(resumed["params"], full["params"], "weights", exact=True)
         problems += opens_with_torch_load(ckpt)
         report(f"muon: resume stage={stage} ranks=2 (bit-exact)", problems)
+    # With parameter groups (each split into its Muon and Adam halves): bit-exact too.
+    groups = ["--groups", json.dumps([{"params": ["l1.weight", "l2.weight", "l3.weight"], "lr": 0.004,
+                                       "weight_decay": 0.05},
+                                      {"params": ["l1.bias", "l2.bias", "l3.bias"], "weight_decay": 0.0}])]
+    cfg = config(1, 2, "gram")
+    ckpt = os.path.join(r.tmp, "muon_groups")
+    full = r.dscpp("muon_groups_full", 2, cfg, adam + groups, steps=MUON_STEPS)
+    r.dscpp("muon_groups_first", 2, cfg, adam + groups + ["--save", ckpt, "--save-at", str(MUON_SAVE_AT)],
+            steps=MUON_SAVE_AT)
+    resumed = r.dscpp("muon_groups_resumed", 2, cfg, adam + groups + ["--load", ckpt], steps=MUON_STEPS)
+    problems = compare(resumed["losses"], full["losses"][MUON_SAVE_AT:], "losses", exact=True)
+    problems += compare(resumed["params"], full["params"], "weights", exact=True)
+    report("muon: resume with parameter groups, stage=1 ranks=2 (bit-exact)", problems)
     full = r.load(os.path.join(r.tmp, "muon_full_s1.json"))
     for name, ranks, stage in (("1 rank, stage 1", 1, 1), ("2 ranks, stage 2", 2, 2)):
         got = r.dscpp(f"muon_from_s1_{ranks}_{stage}", ranks, config(stage, 2, "gram"),
