@@ -51,7 +51,8 @@ class CaptureHook : public torch::autograd::FunctionPreHook {
   explicit CaptureHook(std::weak_ptr<torch::autograd::Node> accumulator)
       : accumulator_(std::move(accumulator)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    if (grads.empty() || !grads[0].defined()) return grads;
+    // Outside a split backward (every other backward) this is the one check it costs.
+    if (!capturing() || grads.empty() || !grads[0].defined()) return grads;
     auto node = accumulator_.lock();
     if (node && capture_grad(node, grads[0])) return {at::Tensor()};
     return grads;
