@@ -81,7 +81,9 @@ PipelineEngine::PipelineEngine(PipelineModule module, const nlohmann::json& conf
   if (module_.num_chunks() > 1 && module_.num_stages() < 2 && !module_.options().v_shape())
     throw Error("PipelineModule: interleaved chunks need at least 2 stages");
   if (module_.holds_loss() && !module_.options().loss_fn())
-    throw Error("PipelineModule: the last stage needs a loss_fn (PipelineOptions::loss_fn)");
+    throw Error(
+        "PipelineModule: the stage that computes the loss (the last; the first in a V) needs a "
+        "loss_fn (PipelineOptions::loss_fn)");
   shape_.stages = module_.num_stages();
   shape_.stage = module_.stage_id();
   shape_.micro_batches = static_cast<int>(c.gradient_accumulation_steps);

@@ -122,14 +122,22 @@ std::shared_ptr<comm::ProcessGroup> PipelineModule::link(int peer) const {
   return it == groups_->links.end() ? nullptr : it->second;
 }
 
+// The schedules' placement arithmetic (pipe/schedule.h), for this module's layout.
+PipeShape PipelineModule::placement() const {
+  PipeShape shape;
+  shape.stages = stages_;
+  shape.stage = stage_;
+  shape.chunks = options_.num_chunks();
+  shape.kind = options_.v_shape() ? ScheduleKind::kZeroBubbleV : ScheduleKind::kAuto;
+  return shape;
+}
+
 int PipelineModule::virtual_stage(int chunk) const {
-  if (options_.v_shape()) return chunk == 0 ? stage_ : 2 * stages_ - 1 - stage_;
-  return chunk * stages_ + stage_;
+  return pipe::virtual_stage(placement(), stage_, chunk);
 }
 
 int PipelineModule::stage_of_part(int k) const {
-  if (options_.v_shape()) return k < stages_ ? k : 2 * stages_ - 1 - k;
-  return k % stages_;
+  return place_of(placement(), k).stage;
 }
 
 void PipelineModule::make_tied_groups() {

@@ -25,6 +25,7 @@
 #include "dscpp/comm/topology.h"
 #include "dscpp/nn/layer_spec.h"
 #include "dscpp/pipe/parallel_groups.h"
+#include "dscpp/pipe/schedule.h"
 
 namespace dscpp::pipe {
 
@@ -151,6 +152,7 @@ class PipelineModule {
   void build_chunks();
   void make_tied_groups();
   int stage_of_part(int k) const;  // the stage holding virtual stage k
+  PipeShape placement() const;     // this rank's shape as the schedules place chunks
 
   std::vector<nn::LayerSpec> specs_;
   PipelineOptions options_;
