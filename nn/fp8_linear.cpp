@@ -76,8 +76,7 @@ at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at:
   const fp8::Layouts xq = quantize(x2, 1, fp8::Format::E4M3, r, true, keep_xt, d);
   const fp8::Layouts wq =
       quantize(weight, 1, fp8::Format::E4M3, r, true, false, d, Fp8Operand::Weight);
-  at::Tensor out = fp8::scaled_mm(xq.rows, as_right(wq.rows), x.scalar_type());
-  if (bias.defined()) out.add_(bias);
+  at::Tensor out = fp8::scaled_mm(xq.rows, as_right(wq.rows), x.scalar_type(), bias);
   if (keep_xt) {
     ctx->save_for_backward({xq.transposed.data, xq.transposed.scale, weight});
   } else {

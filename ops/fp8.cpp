@@ -152,19 +152,24 @@ Layouts quantize_layouts_by_factor(const at::Tensor& x, const at::Tensor& factor
   return out;
 }
 
-at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_dtype) {
+at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_dtype,
+                     const at::Tensor& bias) {
   check_2d(a.data, "a");
   check_2d(b.data, "b");
   const bool per_tensor = a.scale.numel() == 1 && b.scale.numel() == 1;
   if (per_tensor || a.data.is_cuda()) {
     at::Tensor sa = per_tensor ? a.scale.reshape({}) : a.scale;
     at::Tensor sb = per_tensor ? b.scale.reshape({}) : b.scale;
-    return at::_scaled_mm(a.data, b.data, sa, sb, std::nullopt, std::nullopt, out_dtype);
+    std::optional<at::Tensor> add;
+    if (bias.defined()) add = bias.to(out_dtype);
+    return at::_scaled_mm(a.data, b.data, sa, sb, add, std::nullopt, out_dtype);
   }
   // CPU, per-row scales: the unit-scaled product in fp32, then each row and column scaled.
   at::Tensor one = at::ones({}, a.scale.options());
   at::Tensor p = at::_scaled_mm(a.data, b.data, one, one, std::nullopt, std::nullopt, at::kFloat);
-  return (p * a.scale * b.scale).to(out_dtype);
+  p = p * a.scale * b.scale;
+  if (bias.defined()) p.add_(bias.to(at::kFloat));
+  return p.to(out_dtype);
 }
 
 at::Tensor dequantize(const Quantized& q) {

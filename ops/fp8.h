@@ -80,7 +80,11 @@ Layouts quantize_layouts_by_factor(const at::Tensor& x, const at::Tensor& factor
 // a [m, k] (scale scalar or [m, 1]) times b [k, n] (scale scalar or [1, n]) -> [m, n] of
 // out_dtype, accumulated in fp32. On CUDA b must be column-major (the transpose of a
 // contiguous [n, k]) and m, k, n multiples of 16, as _scaled_mm requires; on the CPU any layout.
-at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_dtype);
+// A bias [n] is added in fp32 before the one rounding to out_dtype, inside the product where
+// _scaled_mm takes it (a broadcast add after it cost 78 µs a call at 1.31 B: perf-log
+// 2026-12-07 M).
+at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_dtype,
+                     const at::Tensor& bias = {});
 
 // The high-precision tensor a quantised one stands for (data · scale, fp32): the references'.
 at::Tensor dequantize(const Quantized& q);
