@@ -479,12 +479,20 @@ DSConfig parse_ds_config_checked(const json& input, const ConfigOptions& options
   if (!input.is_object()) throw ConfigError("", "a ds_config must be a JSON object");
   if (options.world_size < 1) throw ConfigError("", "the data-parallel world size must be >= 1");
   DSConfig c;
-  c.world_size = options.world_size;
   c.source = input;
   fill_auto(c.source, options.auto_values);
   Diagnostics diag;
   diag.strict = options.strict;
   Section root(&c.source, "", &diag);
+  // DeepSpeed-Ulysses: its ranks share each sample, so the batch rule counts data ranks only.
+  c.sequence_parallel_size = root.get_int("sequence_parallel_size", 1, 1, int64_t{1} << 20);
+  if (options.world_size % c.sequence_parallel_size != 0)
+    throw ConfigError("sequence_parallel_size",
+                      fmt::format("the engine's {} ranks do not split into sequence-parallel "
+                                  "groups of {}: expected a divisor of {}, found {}",
+                                  options.world_size, c.sequence_parallel_size, options.world_size,
+                                  c.sequence_parallel_size));
+  c.world_size = options.world_size / c.sequence_parallel_size;
 
   config::refuse_removed_features(root, diag);
   config::refuse_training_changes(root, diag);

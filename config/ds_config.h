@@ -166,6 +166,9 @@ struct DSConfig {
   int64_t train_micro_batch_size_per_gpu = 0;
   int64_t gradient_accumulation_steps = 0;
   int64_t world_size = 1;  // the data-parallel size the batch triple was resolved for
+  // DeepSpeed-Ulysses: the ranks that split each sequence (consecutive ranks of the engine's
+  // group); the data-parallel size is the engine's group over it (DeepSpeed's batch rule).
+  int64_t sequence_parallel_size = 1;
   std::optional<int64_t> steps_per_print;  // unset: DeepSpeed prints no progress lines
   bool wall_clock_breakdown = false;
   bool memory_breakdown = false;
@@ -199,8 +202,10 @@ struct DSConfig {
 };
 
 struct ConfigOptions {
-  int64_t world_size = 1;  // data-parallel size for the batch-size rule
-  bool strict = false;     // unknown keys are errors, not warnings
+  // The ranks the engine reduces gradients over: data x sequence_parallel_size; the batch rule
+  // takes its quotient by sequence_parallel_size.
+  int64_t world_size = 1;
+  bool strict = false;  // unknown keys are errors, not warnings
   // Values for "auto": dotted path -> value ("train_micro_batch_size_per_gpu",
   // "optimizer.params.lr"); a value replaces the config's only where it says "auto".
   nlohmann::json auto_values = nlohmann::json::object();

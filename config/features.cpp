@@ -101,13 +101,6 @@ void refuse_training_changes(Section& root, Diagnostics& diag) {
       throw ConfigError("gradient_allreduce_op",
                         "expected \"mean\" or \"sum\", found " + show_value(*op));
   }
-  if (root.has("sequence_parallel_size")) {
-    int64_t sp = root.get_int("sequence_parallel_size", 1, 1);
-    if (sp > 1)
-      refuse("sequence_parallel_size",
-             "sequence parallelism above 1 (DeepSpeed-Ulysses, which also changes the batch "
-             "rule)");
-  }
 }
 
 void note_zero_features(Section& s, const ZeroConfig& c, Diagnostics& diag) {
@@ -210,8 +203,7 @@ void note_ignored_features(Section& root, const DSConfig& c, Diagnostics& diag) 
   // DeepSpeed keys with nothing for dscpp to do.
   root.known({"dump_state", "disable_allgather", "managed_gradient_accumulation",
               "disable_python_gc", "vocabulary_size", "use_data_before_expert_parallelism",
-              "expert_parallel", "seq_parallel_communication_data_type", "timers", "log_level",
-              "sequence_parallel_size"});
+              "expert_parallel", "seq_parallel_communication_data_type", "timers", "log_level"});
 }
 
 }  // namespace dscpp::config

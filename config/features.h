@@ -14,7 +14,7 @@ namespace dscpp::config {
 void refuse_removed_features(Section& root, Diagnostics& diag);
 // Features whose absence changes what is trained, refused when on: data_efficiency's
 // curriculum learning and random-LTD, hybrid_engine, weight_quantization,
-// gradient_allreduce_op "sum", sequence_parallel_size > 1.
+// gradient_allreduce_op "sum".
 void refuse_training_changes(Section& root, Diagnostics& diag);
 // ZeRO sub-features: NVMe refused, ZeRO++ and friends noted as ignored.
 void note_zero_features(Section& zero, const ZeroConfig& c, Diagnostics& diag);

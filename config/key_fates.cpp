@@ -48,6 +48,7 @@ const char* kOn = R"({"enabled": true})";
 const std::vector<KeyFate> kTable = {
     // Batch rule and the top-level switches.
     A("train_batch_size", "BatchSize.TrainAndMicroGiveAccumulation"),
+    A("sequence_parallel_size", "BatchSize.SequenceParallelRanksShareTheirSamples"),
     A("train_micro_batch_size_per_gpu", "BatchSize.MicroAndAccumulationGiveTrain"),
     A("gradient_accumulation_steps", "EngineCases.StepAppliesOnlyAtTheAccumulationBoundary"),
     A("steps_per_print", "EngineCases.ProgressLinesAndWallClockBreakdown"),
@@ -260,7 +261,6 @@ const std::vector<KeyFate> kTable = {
     R("hybrid_engine", "DeepSpeed's hybrid engine", kOn),
     R("weight_quantization", "weight quantization", R"({"shared_parameters": {"enabled": true}})"),
     R("gradient_allreduce_op", "\"sum\": summed gradients (dscpp averages)", R"("sum")"),
-    R("sequence_parallel_size", "DeepSpeed-Ulysses sequence parallelism above 1", "2"),
     // Observers, tuners and runtime switches with nothing for dscpp to do.
     N("autotuning", "the autotuner is not implemented", kOn),
     N("datastates", "DataStates checkpointing is not implemented", kOn),

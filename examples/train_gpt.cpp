@@ -202,11 +202,26 @@ at::Tensor loss_of(Model& model, const at::Tensor& logits, const at::Tensor& tar
   }
 }
 
+// DeepSpeed-Ulysses' groups: `degree` consecutive ranks each (DeepSpeed's carving); this
+// rank's, or null at degree 1. Collective: every rank makes every group.
+std::shared_ptr<dscpp::comm::ProcessGroup> sequence_parallel_group(int64_t degree) {
+  if (degree <= 1) return nullptr;
+  auto world = dscpp::comm::init_distributed();
+  const int p = static_cast<int>(degree);
+  dscpp::comm::Topology topo({"data", "sequence"}, {world->size() / p, p});
+  std::shared_ptr<dscpp::comm::ProcessGroup> mine;
+  for (const auto& ranks : topo.get_axis_comm_lists("sequence"))
+    if (auto sub = world->new_subgroup(ranks, "sequence")) mine = sub;
+  return mine;
+}
+
 // The training loop, for the GPT module, its LayerSpec form (a LayerModule) or the
-// tensor-parallel GPT (with `groups`).
+// tensor-parallel GPT (with `groups`); with a sequence-parallel group (DeepSpeed-Ulysses) each
+// rank trains on its slice of the sequences of its data rank's batch.
 template <typename Model>
 int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
-          const nlohmann::json& ds_config, const TensorGroups& groups = {}) {
+          const nlohmann::json& ds_config, const TensorGroups& groups = {},
+          const std::shared_ptr<dscpp::comm::ProcessGroup>& sequence_group = nullptr) {
   const double built_s = seconds_since(program_start);
   const auto init_start = std::chrono::steady_clock::now();
   dscpp::InitArgs init;
@@ -228,11 +243,14 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   dscpp::examples::MoETraining moe(cfg, *model, data_group, engine.device(), nullptr, 1,
                                    cfg.parallelism.sequence_parallel ? groups.model : nullptr);
   const double init_s = seconds_since(init_start);
-  const int dp_rank = engine.global_rank(), world = engine.world_size();
+  // With sequence parallelism the engine's group holds sp ranks per data rank (the sequence
+  // axis fastest); they read the same batch.
+  const int sp = sequence_group ? sequence_group->size() : 1;
+  const int dp_rank = engine.global_rank() / sp, world = engine.world_size() / sp;
   // The job's rank, for what one rank prints or profiles: with tensor parallelism t ranks share
   // a data rank (the layout data x model, the model axis fastest).
   const int tp = groups.model ? groups.model->size() : 1;
-  const int rank = groups.model ? dp_rank * tp + groups.model->rank() : dp_rank;
+  const int rank = groups.model ? dp_rank * tp + groups.model->rank() : engine.global_rank();
   const auto& ds = engine.config();
   // Dropout in the split regions draws under the model-parallel tracker's fork (differing
   // across tensor ranks), the replicated regions' from the default generator (agreeing), as
@@ -295,14 +313,18 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                "per epoch\n",
                cfg.num_parameters() / 1e6, dscpp::examples::moe_parameter_fields(cfg),
                cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length,
-               cfg.vocab_size, world * tp, engine.device().str(), engine.zero_optimization_stage(),
-               at::toString(engine.dtype()), ds.train_batch_size, mb, ga, world,
-               indexed->num_tokens(), loader.batches_per_epoch())
+               cfg.vocab_size, world * tp * sp, engine.device().str(),
+               engine.zero_optimization_stage(), at::toString(engine.dtype()), ds.train_batch_size,
+               mb, ga, world, indexed->num_tokens(), loader.batches_per_epoch())
         << (cfg.parallelism.tensor_model_parallel_size > 1
                 ? fmt::format("[train_gpt] tensor parallel {} x data {}{}\n",
                               cfg.parallelism.tensor_model_parallel_size, world,
                               cfg.parallelism.sequence_parallel ? ", sequence parallel" : "")
                 : std::string())
+        << (sp > 1 ? fmt::format("[train_gpt] DeepSpeed-Ulysses: sequence parallel {} x data {}; "
+                                 "each rank {} tokens of each sequence\n",
+                                 sp, world, cfg.seq_length / sp)
+                   : std::string())
         << fmt::format(
                "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
                "{:.1f} s; {}\n",
@@ -367,14 +389,18 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
       at::Tensor step_loss;  // the mean over this rank's micro-batches, on the device
       for (int64_t m = 0; m < ga; ++m) {
         auto batch = loader.next();
-        at::Tensor input = to_device(batch->input, engine.device()),
-                   target = to_device(batch->target, engine.device());
+        at::Tensor input = to_device(dscpp::model_zoo::sequence_slice(batch->input, sequence_group),
+                                     engine.device()),
+                   target =
+                       to_device(dscpp::model_zoo::sequence_slice(batch->target, sequence_group),
+                                 engine.device());
         at::Tensor loss, total;
         {
           RECORD_USER_SCOPE("train_gpt::forward");
           // The MoE blocks' aux losses (scaled by their coefficients) join the loss here.
           dscpp::nn::AuxLossScope aux;
-          total = loss = loss_of(engine.module(), engine.forward(input), target, cfg);
+          total = loss = dscpp::model_zoo::sequence_parallel_loss(
+              loss_of(engine.module(), engine.forward(input), target, cfg), target, sequence_group);
           if (aux.sum().defined()) total = loss + aux.sum();
           moe.add_aux(aux.sum(), ga);
         }
@@ -386,7 +412,8 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
           RECORD_USER_SCOPE("train_gpt::optimizer");
           engine.step();
         }
-        const at::Tensor part = loss.detach().to(at::kDouble) / ga;
+        // (a sequence rank's loss is its share: sp times it averages to the sequences' mean)
+        const at::Tensor part = loss.detach().to(at::kDouble) * sp / ga;
         step_loss = step_loss.defined() ? step_loss + part : part;
       }
       interval_loss += step_loss;
@@ -426,7 +453,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
       at::Tensor l = interval_loss / interval_steps;
       engine.data_parallel_group().all_reduce(l, dscpp::comm::ReduceOp::kAvg).wait();
       const double tokens_per_s = timed_steps * tokens_per_step / secs;
-      const double tflops = tokens_per_s * flops_per_token / world / 1e12;
+      const double tflops = tokens_per_s * flops_per_token / (world * sp) / 1e12;
       const std::string moe_fields = moe.interval_report(interval_steps);  // collective
       if (rank == 0) {
         dscpp::examples::IntervalFigures f;
@@ -437,7 +464,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
         f.grad_norm = engine.get_global_grad_norm();
         f.loss_scale = engine.loss_scale();
         f.tokens_per_s = tokens_per_s;
-        f.ranks = world;
+        f.ranks = world * sp;
         f.tflops_per_rank = tflops;
         f.peak_tflops = peak;
         f.moe = moe.active();
@@ -582,6 +609,10 @@ int main(int argc, char** argv) {
     layout = dscpp::examples::job_layout(*cfg, raw, args, world);
     ds_config = dscpp::examples::apply_gpt_flags(raw, args, layout.data);
     dscpp::examples::require_optimizer(ds_config);
+    // DeepSpeed-Ulysses: the model splits each sequence, the engine's batch rule counts data
+    // ranks only and its gradients sum the sequence ranks' shares.
+    cfg->parallelism.sequence_parallel_size = layout.sequence;
+    if (layout.sequence > 1) ds_config["sequence_parallel_size"] = layout.sequence;
   } catch (const dscpp::examples::FlagError& e) {
     return report_once(quiet, rank, e.what(), 2);
   } catch (const std::exception& e) {
@@ -619,19 +650,22 @@ int main(int argc, char** argv) {
       return train(args, *cfg, dscpp::model_zoo::TensorParallelGPT(*cfg, groups.model, ep_group),
                    ds_config, groups);
     }
+    // DeepSpeed-Ulysses' group: consecutive ranks (null at degree 1).
+    const auto sequence_group = sequence_parallel_group(layout.sequence);
     if (layered) {
       // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE blocks.
-      auto specs =
-          dscpp::model_zoo::gpt_layer_specs(*cfg, dscpp::examples::expert_parallel_group(*cfg));
+      auto specs = dscpp::model_zoo::gpt_layer_specs(
+          *cfg, dscpp::examples::expert_parallel_group(*cfg), sequence_group);
       // --seed-layers: the weights a pipeline of any number of stages starts from.
       if (args.seed_layers)
         specs = dscpp::examples::seeded_layer_specs(std::move(specs), args.seed);
-      return train(args, *cfg, dscpp::nn::LayerModule(specs), ds_config);
+      return train(args, *cfg, dscpp::nn::LayerModule(specs), ds_config, {}, sequence_group);
     }
     // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE layers.
-    return train(args, *cfg,
-                 dscpp::model_zoo::GPT(*cfg, dscpp::examples::expert_parallel_group(*cfg)),
-                 ds_config);
+    return train(
+        args, *cfg,
+        dscpp::model_zoo::GPT(*cfg, dscpp::examples::expert_parallel_group(*cfg), sequence_group),
+        ds_config, {}, sequence_group);
   } catch (const dscpp::examples::FlagError& e) {
     return report_once(quiet, rank, e.what(), 2);
   } catch (const dscpp::ConfigError& e) {  // the engine's reading of the ds_config

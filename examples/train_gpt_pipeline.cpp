@@ -85,9 +85,27 @@ JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_c
     if (degree != layout.pipeline)
       throw FlagError(fmt::format("pipeline degree: {} is {} but {} is {}; give one, or the same",
                                   given.front().second, layout.pipeline, where, degree));
+  // The sequence-parallel degree: the model config's or the ds_config's sequence_parallel_size
+  // (DeepSpeed's key; the same when both given).
+  layout.sequence = par.sequence_parallel_size;
+  const auto sp = ds_config.find("sequence_parallel_size");
+  if (sp != ds_config.end() && sp->is_number_integer() && sp->get<int64_t>() > 1) {
+    if (layout.sequence > 1 && layout.sequence != sp->get<int64_t>())
+      throw FlagError(fmt::format(
+          "sequence-parallel degree: the model config's parallelism.sequence_parallel_size is "
+          "{} but the ds_config's sequence_parallel_size is {}; give one, or the same",
+          layout.sequence, sp->get<int64_t>()));
+    layout.sequence = sp->get<int64_t>();
+  }
+  if (layout.sequence > 1 && (layout.pipeline > 1 || layout.tensor > 1))
+    throw FlagError(fmt::format(
+        "sequence parallelism ({}) beside {} is not implemented in train_gpt", layout.sequence,
+        layout.pipeline > 1 ? fmt::format("a pipeline ({} stages)", layout.pipeline)
+                            : fmt::format("tensor parallelism ({})", layout.tensor)));
   model_zoo::ParallelismConfig p = par;
   p.pipeline_model_parallel_size = layout.pipeline;
   p.tensor_model_parallel_size = layout.tensor;
+  p.sequence_parallel_size = layout.sequence;
   layout.data = p.resolve(world).data_parallel_size;
   return layout;
 }

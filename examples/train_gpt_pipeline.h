@@ -39,6 +39,7 @@ struct JobLayout {
   int64_t pipeline = 1;  // stages
   int64_t data = 1;      // data-parallel ranks per stage
   int64_t tensor = 1;    // tensor-parallel ranks per stage and data index
+  int64_t sequence = 1;  // DeepSpeed-Ulysses' ranks per sequence (consecutive ranks)
   std::string source;    // where the pipeline degree came from (for the start-up line)
 };
 

@@ -11,6 +11,7 @@
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/modules/normalization.h>
 
 #include <array>
@@ -30,6 +31,30 @@
 namespace dscpp::model_zoo {
 
 namespace {
+
+// DeepSpeed-Ulysses' group, checked against the config: of the config's degree, with every
+// rank a whole block of query heads and of key/value groups, and equal slices of a sequence.
+nn::GroupPtr checked_sequence_group(const GPTConfig& c, const nn::GroupPtr& group) {
+  const int64_t p = c.parallelism.sequence_parallel_size;
+  const int64_t given = nn::tensor_model_parallel_size(group);
+  if (given != p)
+    throw ConfigError(
+        "parallelism.sequence_parallel_size",
+        fmt::format("{}: the GPT needs a sequence-parallel group of {} ranks, got {}", p, p,
+                    group ? fmt::format("a group of {}", given) : std::string("none")));
+  if (p == 1) return nullptr;
+  auto whole = [&](const char* key, int64_t n, const char* what) {
+    if (n % p != 0)
+      throw ConfigError(key, fmt::format("DeepSpeed-Ulysses splits the {} over the {} "
+                                         "sequence-parallel ranks: expected a multiple of {}, "
+                                         "found {}",
+                                         what, p, p, n));
+  };
+  whole("num_attention_heads", c.num_attention_heads, "attention heads");
+  whole("num_query_groups", c.query_groups(), "key/value heads (num_query_groups)");
+  whole("seq_length", c.seq_length, "sequence");
+  return group;
+}
 
 void init_zero(const at::Tensor& b) {
   at::NoGradGuard no_grad;
@@ -68,7 +93,8 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
   if (with_bias) bias = register_parameter("bias", at::empty({out_features}));
 }
 
-GPTEmbeddingImpl::GPTEmbeddingImpl(const GPTConfig& c) : dropout(c.hidden_dropout) {
+GPTEmbeddingImpl::GPTEmbeddingImpl(const GPTConfig& c, nn::GroupPtr sequence_group_)
+    : dropout(c.hidden_dropout), sequence_group(std::move(sequence_group_)) {
   word = register_module("word", make_embedding(c.vocab_size, c.hidden_size, c.init_method_std));
   if (c.position_embedding_type == "learned_absolute")
     position = register_module("position",
@@ -81,20 +107,23 @@ at::Tensor GPTEmbeddingImpl::forward(const at::Tensor& input_ids) {
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
               "GPT: expected input_ids of shape [batch, seq] and dtype int64, got ",
               input_ids.sizes(), " ", input_ids.scalar_type());
-  const int64_t seq = input_ids.size(1);
-  TORCH_CHECK(seq <= max_positions, "GPT: a sequence of ", seq,
+  // (with sequence parallelism this rank's slice, at its place in the whole sequence)
+  const int64_t seq = input_ids.size(1), ranks = nn::tensor_model_parallel_size(sequence_group);
+  const int64_t first = seq * nn::tensor_model_parallel_rank(sequence_group);
+  TORCH_CHECK(seq * ranks <= max_positions, "GPT: a sequence of ", seq * ranks,
               " tokens is longer than max_position_embeddings (", max_positions, ")");
   if (!position) return at::dropout(word(input_ids), dropout, is_training());  // rope
-  at::Tensor positions = at::arange(seq, input_ids.options());
+  at::Tensor positions = at::arange(first, first + seq, input_ids.options());
   return at::dropout(word(input_ids) + position(positions), dropout, is_training());
 }
 
-GPTAttentionImpl::GPTAttentionImpl(const GPTConfig& c)
+GPTAttentionImpl::GPTAttentionImpl(const GPTConfig& c, nn::GroupPtr sequence_group_)
     : heads(c.num_attention_heads),
       groups(c.query_groups()),
       rotary_dim(c.position_embedding_type == "rope" ? c.rotary_dim() : 0),
       rotary_base(c.rotary_base),
-      dropout(c.attention_dropout) {
+      dropout(c.attention_dropout),
+      sequence_group(std::move(sequence_group_)) {
   const int64_t rows = (heads + 2 * groups) * c.head_dim();
   qkv = register_module("qkv",
                         make_linear(c.hidden_size, rows, c.init_method_std, c.add_bias_linear));
@@ -118,6 +147,9 @@ at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
     };
     qkv_heads = {part(0, heads), part(heads, groups), part(heads + groups, groups)};
   }
+  // Ulysses: each of q, k, v to the whole sequence for this rank's block of heads (query head
+  // i of the block still pairs with key/value head i / (heads / groups) of its block).
+  for (auto& t : qkv_heads) t = nn::all_to_all_sequence_to_heads(t, sequence_group);
   if (rotary_dim > 0) {
     qkv_heads[0] = apply_rotary(qkv_heads[0], rotary_dim, rotary_base);
     qkv_heads[1] = apply_rotary(qkv_heads[1], rotary_dim, rotary_base);
@@ -126,6 +158,7 @@ at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor y = at::scaled_dot_product_attention(
       qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/{}, is_training() ? dropout : 0.0,
       /*is_causal=*/true, /*scale=*/std::nullopt, /*enable_gqa=*/groups != heads);
+  y = nn::all_to_all_heads_to_sequence(y, sequence_group);
   return linear_of(proj, y.transpose(1, 2).reshape({batch, seq, hidden}));
 }
 
@@ -151,13 +184,14 @@ at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
 }
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& c, int64_t layer_,
-                           const std::shared_ptr<comm::ProcessGroup>& ep_group)
+                           const std::shared_ptr<comm::ProcessGroup>& ep_group,
+                           const nn::GroupPtr& sequence_group)
     : dropout(c.hidden_dropout),
       fused_add_norm(c.residual_layernorm_fusion),
       layer(layer_),
       fp8(c.fp8_recipe_of(layer_)) {
   ln_1 = register_module("ln_1", make_norm(c));
-  attn = register_module("attn", GPTAttention(c));
+  attn = register_module("attn", GPTAttention(c, sequence_group));
   ln_2 = register_module("ln_2", make_norm(c));
   if (c.moe.is_moe_layer(layer_)) {
     moe = register_module("mlp", make_moe_mlp(c, ep_group));
@@ -194,14 +228,16 @@ at::Tensor GPTBlockImpl::forward(const at::Tensor& x) {
   return hy[0] + at::dropout(run_mlp(hy[1]), dropout, is_training());
 }
 
-GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep_group)
+GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep_group,
+                 const nn::GroupPtr& sequence_group)
     : config_(std::move(config)) {
   config_.validate();
   const auto group = checked_expert_parallel_group(config_, ep_group);
-  embedding = register_module("embedding", GPTEmbedding(config_));
+  const auto sequence = checked_sequence_group(config_, sequence_group);
+  embedding = register_module("embedding", GPTEmbedding(config_, sequence));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    block_list_.emplace_back(config_, i, group);
+    block_list_.emplace_back(config_, i, group, sequence);
     blocks->push_back(block_list_.back());
   }
   final_norm = register_module("final_norm", make_norm(config_));
@@ -247,6 +283,32 @@ at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fu
                                 targets.reshape({-1}));
 }
 
+at::Tensor sequence_slice(const at::Tensor& tokens, const nn::GroupPtr& sequence_group) {
+  const int p = nn::tensor_model_parallel_size(sequence_group);
+  if (p == 1) return tokens;
+  if (tokens.dim() != 2 || tokens.size(1) % p != 0)
+    throw ConfigError("parallelism.sequence_parallel_size",
+                      fmt::format("a batch of shape [{}] does not split into {} slices of its "
+                                  "sequence",
+                                  fmt::join(tokens.sizes(), ", "), p));
+  return tokens.chunk(p, 1)[sequence_group->rank()].contiguous();
+}
+
+at::Tensor sequence_parallel_loss(const at::Tensor& mean_loss, const at::Tensor& targets,
+                                  const nn::GroupPtr& sequence_group) {
+  if (nn::tensor_model_parallel_size(sequence_group) == 1) return mean_loss;
+  at::Tensor counted, share;
+  {
+    at::NoGradGuard no_grad;
+    counted = targets.ne(-100).sum().to(at::kFloat);
+    at::Tensor total = counted.clone();
+    sequence_group->all_reduce(total).wait();
+    share = (counted / total.clamp_min(1)).to(mean_loss.dtype());
+  }
+  // (a slice with nothing counted holds no share: its mean is NaN, the share 0)
+  return at::where(counted > 0, mean_loss * share, at::zeros_like(mean_loss));
+}
+
 at::Tensor GPTImpl::loss(const at::Tensor& logits, const at::Tensor& targets) const {
   return gpt_loss(logits, targets, config_.cross_entropy_loss_fusion);
 }
@@ -283,12 +345,14 @@ std::vector<MoELayerStats> take_moe_stats(torch::nn::Module& root) {
 }
 
 std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
-                                           const std::shared_ptr<comm::ProcessGroup>& ep_group) {
+                                           const std::shared_ptr<comm::ProcessGroup>& ep_group,
+                                           const nn::GroupPtr& sequence_group) {
   config.validate();
   const auto group = checked_expert_parallel_group(config, ep_group);
+  const auto sequence = checked_sequence_group(config, sequence_group);
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
-  auto build_embedding = [config] { return GPTEmbedding(config).ptr(); };
+  auto build_embedding = [config, sequence] { return GPTEmbedding(config, sequence).ptr(); };
   specs.push_back({"embedding", build_embedding,
                    [](torch::nn::Module& m, const at::Tensor& ids) {
                      return static_cast<GPTEmbeddingImpl&>(m).forward(ids);
@@ -299,16 +363,17 @@ std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
   // PipelineModule(activation_checkpoint_interval=1) makes them.
   const bool checkpointed = config.checkpoint_activations;
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    specs.push_back({fmt::format("blocks.{}", i),
-                     [config, i, group] { return GPTBlock(config, i, group).ptr(); },
-                     [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
-                       auto& block = static_cast<GPTBlockImpl&>(m);
-                       if (!checkpointed) return block.forward(x);
-                       return activation_checkpointing::checkpoint(
-                           [&block](const at::Tensor& in) { return block.forward(in); }, x);
-                     },
-                     "",
-                     {}});
+    specs.push_back(
+        {fmt::format("blocks.{}", i),
+         [config, i, group, sequence] { return GPTBlock(config, i, group, sequence).ptr(); },
+         [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
+           auto& block = static_cast<GPTBlockImpl&>(m);
+           if (!checkpointed) return block.forward(x);
+           return activation_checkpointing::checkpoint(
+               [&block](const at::Tensor& in) { return block.forward(in); }, x);
+         },
+         "",
+         {}});
   }
   specs.push_back({"final_norm",
                    [config] { return make_norm(config); },

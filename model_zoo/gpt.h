@@ -35,6 +35,7 @@
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/fp8_meta.h"
 #include "dscpp/nn/layer_spec.h"
+#include "dscpp/nn/tensor_parallel_mappings.h"
 
 namespace dscpp::model_zoo {
 
@@ -48,21 +49,28 @@ struct LinearImpl : torch::nn::Module {
 };
 TORCH_MODULE(Linear);
 
-// Token plus position embedding, then dropout: input_ids [B,S] int64 -> [B,S,h].
+// Token plus position embedding, then dropout: input_ids [B,S] int64 -> [B,S,h]. With a
+// sequence-parallel group of p ranks, input_ids is rank r's slice of a sequence p times as
+// long, its positions starting at r S.
 struct GPTEmbeddingImpl : torch::nn::Module {
-  explicit GPTEmbeddingImpl(const GPTConfig& config);
+  explicit GPTEmbeddingImpl(const GPTConfig& config, nn::GroupPtr sequence_group = nullptr);
   at::Tensor forward(const at::Tensor& input_ids);
 
   torch::nn::Embedding word{nullptr};      // [vocab_size, h]
   torch::nn::Embedding position{nullptr};  // [max_position_embeddings, h]; none with rope
   double dropout = 0;                      // hidden_dropout
   int64_t max_positions = 0;               // max_position_embeddings: the longest sequence
+  nn::GroupPtr sequence_group;             // DeepSpeed-Ulysses' ranks; null: none
 };
 TORCH_MODULE(GPTEmbedding);
 
-// Causal multi-head self-attention: [B,S,h] -> [B,S,h] (before the residual dropout).
+// Causal multi-head self-attention: [B,S,h] -> [B,S,h] (before the residual dropout). With a
+// sequence-parallel group (DeepSpeed-Ulysses), x is this rank's slice of the sequence: q, k
+// and v go through an all-to-all to all of the sequence for heads / p of the heads (and
+// groups / p of the key/value groups), which rotary embedding and attention see whole; the
+// output comes back by the converse all-to-all.
 struct GPTAttentionImpl : torch::nn::Module {
-  explicit GPTAttentionImpl(const GPTConfig& config);
+  explicit GPTAttentionImpl(const GPTConfig& config, nn::GroupPtr sequence_group = nullptr);
   at::Tensor forward(const at::Tensor& x);
 
   // [(heads + 2 groups) d, h]: the rows of q (heads x d), then k, then v (groups x d each);
@@ -74,6 +82,7 @@ struct GPTAttentionImpl : torch::nn::Module {
   int64_t rotary_dim = 0;  // 0: no rope
   double rotary_base = 10000;
   double dropout = 0;  // attention_dropout, on the attention probabilities
+  nn::GroupPtr sequence_group;
 };
 TORCH_MODULE(GPTAttention);
 
@@ -100,7 +109,8 @@ TORCH_MODULE(GPTMLP);
 // mlp.deepspeed_moe.*); `ep_group` is the expert-parallel group (null at degree 1).
 struct GPTBlockImpl : torch::nn::Module {
   explicit GPTBlockImpl(const GPTConfig& config, int64_t layer = 0,
-                        const std::shared_ptr<comm::ProcessGroup>& ep_group = nullptr);
+                        const std::shared_ptr<comm::ProcessGroup>& ep_group = nullptr,
+                        const nn::GroupPtr& sequence_group = nullptr);
   at::Tensor forward(const at::Tensor& x);
 
   std::shared_ptr<torch::nn::Module> ln_1;  // make_norm's: LayerNorm or RMSNorm
@@ -126,8 +136,12 @@ TORCH_MODULE(GPTBlock);
 struct GPTImpl : torch::nn::Module {
   // expert_parallel_group: an MoE config's expert-parallel group, of
   // parallelism.expert_model_parallel_size ranks (comm::new_expert_groups); null at 1.
+  // sequence_group: DeepSpeed-Ulysses' group, of parallelism.sequence_parallel_size consecutive
+  // ranks; null at 1. Each rank's input_ids and targets are then its slice of the sequences
+  // (sequence_slice), and the loss its share (sequence_parallel_loss).
   explicit GPTImpl(GPTConfig config,
-                   const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group = nullptr);
+                   const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group = nullptr,
+                   const nn::GroupPtr& sequence_group = nullptr);
 
   // input_ids [B,S] int64 with S <= max_position_embeddings -> logits [B,S,vocab_size].
   at::Tensor forward(const at::Tensor& input_ids);
@@ -166,6 +180,16 @@ TORCH_MODULE(GPT);
 // fused: cross_entropy_loss_fusion (ops::cross_entropy), else the eager fp32 upcast.
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused = true);
 
+// DeepSpeed-Ulysses: rank r's slice [B, S/p] of tokens [B, S] (input ids or targets: slice the
+// targets after the shift, so each slice keeps its last token's target).
+at::Tensor sequence_slice(const at::Tensor& tokens, const nn::GroupPtr& sequence_group);
+// This rank's share of the sequences' mean loss, from the mean over its slice's counted targets
+// (not -100): mean · counted / (the group's counted). The shares sum to the whole sequences'
+// mean; the engine sums the sequence ranks' gradients (their average over the data ranks
+// only), so the gradient is the one-rank run's. `mean_loss` returned as it is without a group.
+at::Tensor sequence_parallel_loss(const at::Tensor& mean_loss, const at::Tensor& targets,
+                                  const nn::GroupPtr& sequence_group);
+
 // The GPT of `config` as a list of layers (each block checkpointed when
 // config.checkpoint_activations); the head is tied to the embedding (tied_key
 // "embedding", weight "word.weight") when tie_word_embeddings is on. An MoE config's blocks
@@ -175,7 +199,8 @@ at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fu
 // stage's data group.
 std::vector<nn::LayerSpec> gpt_layer_specs(
     const GPTConfig& config,
-    const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group = nullptr);
+    const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group = nullptr,
+    const nn::GroupPtr& sequence_group = nullptr);
 
 // The routing statistics of every MoE block under `root` (GPT, its LayerSpec form, a pipeline
 // stage's module, ...), in module order, each with its block's index (MoELayerStats::layer),

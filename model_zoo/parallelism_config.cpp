@@ -31,7 +31,25 @@ ParallelismConfig ParallelismConfig::from_json(const nlohmann::json& j, const st
   c.expert_model_parallel_size = s.get_int("expert_model_parallel_size", 1, 1, kMaxDegree);
   c.pipeline_parallel_schedule = s.get_choice("pipeline_parallel_schedule", "auto",
                                               {"auto", "1f1b", "interleaved", "zb-h1", "zb-v"});
+  c.sequence_parallel_size = s.get_int("sequence_parallel_size", 1, 1, kMaxDegree);
+  const int64_t context = s.get_int("context_parallel_size", 1, 1, kMaxDegree);
+  const std::string comm_type =
+      s.get_choice("cp_comm_type", "p2p", {"p2p", "a2a", "all_gather", "a2a+p2p"});
   s.finish();
+  if (context > 1 && comm_type != "a2a")
+    throw ConfigError(
+        path + ".cp_comm_type",
+        fmt::format("context parallelism by \"{}\" ({}) is not implemented: "
+                    "dscpp's is DeepSpeed-Ulysses' all-to-all, cp_comm_type \"a2a\" "
+                    "(or sequence_parallel_size)",
+                    comm_type,
+                    comm_type == "all_gather" ? "the gathered keys and values" : "ring attention"));
+  if (context > 1 && c.sequence_parallel_size > 1 && context != c.sequence_parallel_size)
+    throw ConfigError(path + ".context_parallel_size",
+                      fmt::format("context_parallel_size {} and sequence_parallel_size {} name "
+                                  "the same degree: give one, or the same value",
+                                  context, c.sequence_parallel_size));
+  if (context > 1) c.sequence_parallel_size = context;
   if (c.tp_comm_overlap && !c.async_tensor_model_parallel_allreduce)
     throw ConfigError(path + ".tp_comm_overlap",
                       "the pipelined forward is the async column-parallel function's: it needs "
@@ -55,28 +73,41 @@ nlohmann::json ParallelismConfig::to_json() const {
   if (expert_model_parallel_size != 1) j["expert_model_parallel_size"] = expert_model_parallel_size;
   if (pipeline_parallel_schedule != "auto")
     j["pipeline_parallel_schedule"] = pipeline_parallel_schedule;
+  if (sequence_parallel_size != 1) j["sequence_parallel_size"] = sequence_parallel_size;
   return j;
 }
 
 ParallelismConfig ParallelismConfig::resolve(int64_t world_size) const {
-  const int64_t model = tensor_model_parallel_size * pipeline_model_parallel_size;
+  const int64_t model =
+      tensor_model_parallel_size * pipeline_model_parallel_size * sequence_parallel_size;
+  const std::string sequence =
+      sequence_parallel_size > 1
+          ? fmt::format(" x sequence_parallel_size {}", sequence_parallel_size)
+          : std::string();
   ParallelismConfig r = *this;
   if (data_parallel_size == 0) {
     if (world_size % model != 0)
       throw ConfigError(
           "parallelism",
-          fmt::format("tensor_model_parallel_size {} x pipeline_model_parallel_size {} = {} "
+          fmt::format("tensor_model_parallel_size {} x pipeline_model_parallel_size {}{} = {} "
                       "does not divide the world size {}",
-                      tensor_model_parallel_size, pipeline_model_parallel_size, model, world_size));
+                      tensor_model_parallel_size, pipeline_model_parallel_size, sequence, model,
+                      world_size));
     r.data_parallel_size = world_size / model;
   } else if (model * data_parallel_size != world_size) {
     throw ConfigError(
         "parallelism",
-        fmt::format("tensor_model_parallel_size {} x pipeline_model_parallel_size {} x "
+        fmt::format("tensor_model_parallel_size {} x pipeline_model_parallel_size {}{} x "
                     "data_parallel_size {} = {}, but the job has {} ranks",
-                    tensor_model_parallel_size, pipeline_model_parallel_size, data_parallel_size,
-                    model * data_parallel_size, world_size));
+                    tensor_model_parallel_size, pipeline_model_parallel_size, sequence,
+                    data_parallel_size, model * data_parallel_size, world_size));
   }
+  if (expert_model_parallel_size > 1 && sequence_parallel_size > 1)
+    throw ConfigError("parallelism.expert_model_parallel_size",
+                      fmt::format("expert parallelism ({}) beside sequence parallelism ({}) is "
+                                  "not implemented: expected 1, found {}",
+                                  expert_model_parallel_size, sequence_parallel_size,
+                                  expert_model_parallel_size));
   if (r.data_parallel_size % expert_model_parallel_size != 0)
     throw ConfigError(
         "parallelism.expert_model_parallel_size",

@@ -1,7 +1,7 @@
 // ParallelismConfig: the model config's `parallelism` object (the seed's and Megatron's names)
-// giving the tensor, pipeline and data degrees of a job. The data degree may be left out (or
-// 0): it is what remains of the world. resolve() checks the three against the world size and
-// names the arithmetic when they disagree.
+// giving the tensor, pipeline, sequence (Ulysses) and data degrees of a job. The data degree may be
+// left out (or 0): it is what remains of the world. resolve() checks the three against the world
+// size and names the arithmetic when they disagree.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,11 @@ struct ParallelismConfig {
   // The pipeline's schedule (torchtitan's pipeline_parallel_schedule key; dscpp's names, as
   // the ds_config's pipeline.schedule: "auto", "1f1b", "interleaved", "zb-h1", "zb-v").
   std::string pipeline_parallel_schedule = "auto";
+  // DeepSpeed-Ulysses: the ranks that split each sequence, their all-to-alls turning the split
+  // sequence into split heads around attention (DeepSpeed's sequence_parallel_size; Megatron's
+  // context_parallel_size with cp_comm_type "a2a" is read as it). Ring attention (Megatron's
+  // cp_comm_type "p2p", its default) is refused by name.
+  int64_t sequence_parallel_size = 1;
 
   // `j` is the `parallelism` object; `path` names it in errors ("parallelism").
   static ParallelismConfig from_json(const nlohmann::json& j, const std::string& path);
@@ -38,7 +43,8 @@ struct ParallelismConfig {
   // shows the arithmetic when tensor * pipeline * data is not the world size.
   ParallelismConfig resolve(int64_t world_size) const;
   bool any_model_parallelism() const {
-    return tensor_model_parallel_size > 1 || pipeline_model_parallel_size > 1;
+    return tensor_model_parallel_size > 1 || pipeline_model_parallel_size > 1 ||
+           sequence_parallel_size > 1;
   }
 };
 

@@ -86,6 +86,37 @@ at::Tensor reduce_scatter_first(const at::Tensor& x, comm::ProcessGroup& g) {
   return out;
 }
 
+// [B, n, s, d] (s = S/p) -> [B, n/p, p s, d]: head block j goes to rank j, which lays the
+// ranks' slices of the sequence end to end.
+at::Tensor sequence_to_heads(const at::Tensor& x, comm::ProcessGroup& g) {
+  const int64_t p = g.size(), b = x.size(0), n = x.size(1), s = x.size(2), d = x.size(3);
+  if (n % p != 0)
+    throw TensorParallelError(
+        fmt::format("sequence parallelism: {} attention heads do not split over the {} ranks of "
+                    "sequence-parallel group '{}'",
+                    n, p, g.name()));
+  const at::Tensor send = x.reshape({b, p, n / p, s, d}).transpose(0, 1).contiguous();
+  at::Tensor got = at::empty_like(send);
+  g.all_to_all(got, send).wait();  // got[i]: rank i's slice of this rank's heads
+  return got.permute({1, 2, 0, 3, 4}).reshape({b, n / p, p * s, d});
+}
+
+// [B, n/p, p s, d] -> [B, n, s, d]: sequence slice i goes to rank i, which lays the ranks'
+// head blocks side by side.
+at::Tensor heads_to_sequence(const at::Tensor& x, comm::ProcessGroup& g) {
+  const int64_t p = g.size(), b = x.size(0), m = x.size(1), d = x.size(3);
+  if (x.size(2) % p != 0)
+    throw TensorParallelError(fmt::format(
+        "sequence parallelism: a sequence of {} tokens does not split over the {} ranks of "
+        "sequence-parallel group '{}'",
+        x.size(2), p, g.name()));
+  const int64_t s = x.size(2) / p;
+  const at::Tensor send = x.reshape({b, m, p, s, d}).permute({2, 0, 1, 3, 4}).contiguous();
+  at::Tensor got = at::empty_like(send);
+  g.all_to_all(got, send).wait();  // got[j]: rank j's heads of this rank's slice
+  return got.transpose(0, 1).reshape({b, p * m, s, d});
+}
+
 using Collective = at::Tensor (*)(const at::Tensor&, comm::ProcessGroup&);
 
 // One mapping: Forward in forward, Backward on the output's gradient.
@@ -110,6 +141,8 @@ using ScatterToSequence = Mapping<split_first, gather_first>;
 using GatherFromSequence = Mapping<gather_first, reduce_scatter_first>;
 using GatherFromSequenceWholeGrad = Mapping<gather_first, split_first>;
 using ReduceScatterToSequence = Mapping<reduce_scatter_first, gather_first>;
+using SequenceToHeads = Mapping<sequence_to_heads, heads_to_sequence>;
+using HeadsToSequence = Mapping<heads_to_sequence, sequence_to_heads>;
 
 template <typename F>
 at::Tensor apply(const at::Tensor& x, const GroupPtr& group) {
@@ -141,6 +174,13 @@ at::Tensor gather_from_sequence_parallel_region(const at::Tensor& x, const Group
 }
 at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& x, const GroupPtr& group) {
   return apply<ReduceScatterToSequence>(x, group);
+}
+
+at::Tensor all_to_all_sequence_to_heads(const at::Tensor& x, const GroupPtr& group) {
+  return apply<SequenceToHeads>(x, group);
+}
+at::Tensor all_to_all_heads_to_sequence(const at::Tensor& x, const GroupPtr& group) {
+  return apply<HeadsToSequence>(x, group);
 }
 
 }  // namespace dscpp::nn

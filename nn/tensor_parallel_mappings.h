@@ -48,4 +48,14 @@ at::Tensor gather_from_sequence_parallel_region(const at::Tensor& x, const Group
                                                 bool tensor_parallel_output_grad = true);
 at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& x, const GroupPtr& group);
 
+// DeepSpeed-Ulysses' all-to-alls (deepspeed/sequence/layer.py's _SeqAllToAll) on a
+// sequence-parallel group of p ranks, each holding the sequence's p-th slice (rank order), on
+// attention's [B, heads, S, d] layout; each is the other's backward:
+//   all_to_all_sequence_to_heads  [B, n, S/p, d] -> [B, n/p, S, d]: rank r keeps heads
+//                                 [r n/p, (r+1) n/p) of the whole sequence
+//   all_to_all_heads_to_sequence  [B, n/p, S, d] -> [B, n, S/p, d]
+// n must divide by p (a TensorParallelError naming both otherwise).
+at::Tensor all_to_all_sequence_to_heads(const at::Tensor& x, const GroupPtr& group);
+at::Tensor all_to_all_heads_to_sequence(const at::Tensor& x, const GroupPtr& group);
+
 }  // namespace dscpp::nn

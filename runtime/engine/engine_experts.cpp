@@ -144,7 +144,9 @@ void EngineExperts::build(const zero::ZeroOptions& zo, std::unique_ptr<optim::Op
   eo.unit_of.clear();                // gathered as a whole at stage 3
   eo.defer_allgather = false;        // published at the step
   eo.reduce_sumsq_across = nullptr;  // the dense optimizer's sum carries the experts' (add_sumsq)
-  eo.average_over = data_->size();
+  // (over the data ranks: with sequence parallelism the dense options' average_over counts
+  // them, the sequence ranks' shares being summed)
+  eo.average_over = zo.average_over > 0 ? zo.average_over : data_->size();
   zero_ = std::make_unique<zero::ZeroOptimizer>(params_, std::move(optimizer), edp_, eo);
   if (model_) tp_grads_ = std::make_unique<TensorParallelGrads>(*zero_, model_, tp_attrs_);
   if (zero_->optimizer().num_shards() > dense.num_shards())

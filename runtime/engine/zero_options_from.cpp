@@ -88,6 +88,13 @@ const std::vector<ZeroOptionKey> kTable = {
     {"communication_data_type",
      [](C c, J, S s) { s.zero.communication_data_type = type_named(c.communication_data_type); }},
     {"gradient_clipping", [](C c, J, S s) { s.zero.gradient_clipping = c.gradient_clipping; }},
+    // DeepSpeed-Ulysses: each rank of a sequence holds its share of the sequence's loss, so the
+    // sequence ranks' gradients are summed and the data ranks' averaged (DeepSpeed's ZeRO 1-2
+    // divide by the data-parallel size).
+    {"sequence_parallel_size",
+     [](C c, J, S s) {
+       if (c.sequence_parallel_size > 1) s.zero.average_over = static_cast<int>(c.world_size);
+     }},
     // fp16 always checks; bf16 unless told not to.
     {"bf16.check_grad_overflow",
      [](C c, J, S s) {

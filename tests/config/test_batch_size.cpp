@@ -123,3 +123,23 @@ TEST(BatchSize, ExponentFormIsAnInteger) {
   expect_triple(resolve({{"train_batch_size", 1.6e1}, {"train_micro_batch_size_per_gpu", 2}}, 2),
                 16, 2, 4);
 }
+// DeepSpeed-Ulysses: the ranks of a sequence-parallel group share each sample, so the rule
+// counts world / sequence_parallel_size data ranks (8 ranks, 2 a sequence: 4 data ranks).
+TEST(BatchSize, SequenceParallelRanksShareTheirSamples) {
+  const auto c = resolve({{"train_micro_batch_size_per_gpu", 2},
+                          {"gradient_accumulation_steps", 3},
+                          {"sequence_parallel_size", 2}},
+                         8);
+  expect_triple(c, 24, 2, 3);
+  EXPECT_EQ(c.world_size, 4);
+  EXPECT_EQ(c.sequence_parallel_size, 2);
+  expect_triple(resolve({{"train_batch_size", 16}, {"sequence_parallel_size", 4}}, 8), 16, 8, 1);
+  try {
+    resolve({{"train_micro_batch_size_per_gpu", 1}, {"sequence_parallel_size", 3}}, 8);
+    FAIL() << "3 does not divide 8 ranks";
+  } catch (const dscpp::ConfigError& e) {
+    EXPECT_EQ(e.path(), "sequence_parallel_size");
+    EXPECT_NE(std::string(e.what()).find("expected a divisor of 8, found 3"), std::string::npos)
+        << e.what();
+  }
+}

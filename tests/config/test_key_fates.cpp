@@ -243,14 +243,11 @@ TEST(FeatureRefusals, WhatChangesTrainingIsRefusedNotAccepted) {
             std::string::npos);
   EXPECT_NE(refusal({{"gradient_allreduce_op", "max"}}).find("expected \"mean\" or \"sum\""),
             std::string::npos);
-  EXPECT_NE(refusal({{"sequence_parallel_size", 4}}).find("sequence_parallel_size: "),
-            std::string::npos);
   // Switched off, or at their neutral values, they load.
   cl["enabled"] = false;
   EXPECT_EQ(refusal({{"data_efficiency", cl}}), "");
   EXPECT_EQ(refusal({{"hybrid_engine", {{"enabled", false}}}}), "");
   EXPECT_EQ(refusal({{"gradient_allreduce_op", "mean"}}), "");
-  EXPECT_EQ(refusal({{"sequence_parallel_size", 1}}), "");
   // data_efficiency with only data sampling on (no curriculum): announced, not refused.
   json sampling = {
       {"train_batch_size", 1},

@@ -1,0 +1,153 @@
+"""train_gpt with DeepSpeed-Ulysses sequence parallelism trains as train_gpt on one rank.
+
+Tiny GPTs at seq 16, fp32, gradient accumulation 2, clipping 1.0, the same global batch (8
+sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-all):
+- sequence 2 (the ds_config's sequence_parallel_size) at ZeRO 1; sequence 2 x data 2 at ZeRO 2
+  and at ZeRO 3; sequence 4 (the model config's parallelism.sequence_parallel_size) at ZeRO 2;
+  sequence 2 x data 2 for a Llama-style GPT (RMSNorm, rotary positions, SwiGLU, 4 query heads
+  sharing 2 key/value heads) at ZeRO 1, under Megatron's name (context_parallel_size with
+  cp_comm_type "a2a");
+- every step's logged loss equals one rank's within 1e-5 relative, its lr and grad norm as one
+  rank's (printed to 3 decimals); the start-up line names the layout;
+- the final weights, saved by each run (DeepSpeed's layout), equal one rank's within 1e-5;
+- a run saved at sequence 2 resumes at sequence 1 (one rank) and at sequence 4, each going on as
+  the run that was not stopped;
+- refused by name: heads that do not split over the degree, ring attention (cp_comm_type
+  "p2p"), a degree that does not divide the ranks.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_train_gpt_flags import FAILED, Job, check, megatron_format, write_json  # noqa: E402
+from test_train_gpt_pipeline import steps  # noqa: E402
+
+import torch  # noqa: E402
+
+
+def weights(zero_to_fp32, folder):
+    """The fp32 weights of the newest checkpoint in `folder` (zero_to_fp32's consolidation, any
+    ZeRO stage), by name, as float64."""
+    out = folder + ".fp32.pt"
+    subprocess.run([zero_to_fp32, folder, out], check=True, capture_output=True)
+    return {k: v.double() for k, v in torch.load(out, map_location="cpu").items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launcher", required=True)
+    ap.add_argument("--train-gpt", required=True)
+    ap.add_argument("--zero-to-fp32", required=True)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Job(args.launcher, args.train_gpt, tmp)
+        prefix = os.path.join(tmp, "tokens")
+        megatron_format.write(prefix, [[[(5 * i + 3 * j) % 128 for j in range(70)]]
+                                       for i in range(40)], "uint16")
+        gpt = {"hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "seq_length": 16,
+               "vocab_size": 256, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+               "tie_word_embeddings": True}
+        llama = dict(gpt, normalization="RMSNorm", position_embedding_type="rope", swiglu=True,
+                     add_bias_linear=False, num_query_groups=2, tie_word_embeddings=False)
+        base = {"steps_per_print": 1 << 30, "train_batch_size": 8, "gradient_accumulation_steps": 2,
+                "gradient_clipping": 1.0,
+                "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "eps": 1e-6}}}
+        common = ["--data-path", prefix, "--train-iters", "5", "--log-interval", "1", "--seed", "7"]
+
+        def config(name, **keys):
+            return write_json(os.path.join(tmp, name + ".json"), dict(base, **keys))
+
+        def model(name, shape, **parallelism):
+            return write_json(os.path.join(tmp, name + ".json"),
+                              dict(shape, parallelism=parallelism) if parallelism else shape)
+
+        def run(name, model_path, ds, ranks, *flags):
+            job.model = model_path
+            save = os.path.join(tmp, "save-" + name)
+            rc, log = job.run("--deepspeed_config", ds, *common, "--save", save, "--save-interval", "5",
+                              *flags, ranks=ranks)
+            check(name + ": trains 5 steps", rc == 0 and len(steps(log)) == 5, log)
+            return log, save
+
+        def same(name, ref, log, ref_save, save):
+            got = steps(log)
+            if len(ref) != 5 or len(got) != 5:
+                return
+            worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref, got))
+            check(f"{name}: losses as one rank's within 1e-5 relative (worst {worst:.2e})", worst <= 1e-5,
+                  log)
+            check(name + ": lr and grad norm as one rank's",
+                  [(a["lr"], a["norm"]) for a in ref] == [(b["lr"], b["norm"]) for b in got], log)
+            w1, w2 = weights(args.zero_to_fp32, ref_save), weights(args.zero_to_fp32, save)
+            check(name + ": the same weights are saved", sorted(w1) == sorted(w2), f"{sorted(w1)} {sorted(w2)}")
+            if sorted(w1) == sorted(w2):
+                # Absolute: Adam moves a weight by about lr whatever its gradient's size, so the
+                # sums' order (another reduction tree) shows as a few ulps of the step, not of w.
+                diff = max((w1[k] - w2[k]).abs().max().item() for k in w1)
+                check(f"{name}: the saved weights are one rank's within 1e-5 (worst {diff:.2e})", diff <= 1e-5,
+                      log)
+
+        z1, z2, z3 = (config(f"z{s}", zero_optimization={"stage": s}) for s in (1, 2, 3))
+        sp2 = {s: config(f"sp2-z{s}", zero_optimization={"stage": s}, sequence_parallel_size=2)
+               for s in (1, 2, 3)}
+        log_gpt, save_gpt = run("one rank, GPT", model("gpt", gpt), z1, 1)
+        ref_gpt = steps(log_gpt)
+
+        log, save = run("sequence 2, ZeRO 1", model("gpt", gpt), sp2[1], 2)
+        check("sequence 2: the start-up line names the layout",
+              "DeepSpeed-Ulysses: sequence parallel 2 x data 1; each rank 8 tokens" in log
+              and "global batch 8 = 4 x 2 x 1" in log, log)
+        same("sequence 2, ZeRO 1", ref_gpt, log, save_gpt, save)
+        for stage in (2, 3):
+            log, save = run(f"sequence 2 x data 2, ZeRO {stage}", model("gpt", gpt), sp2[stage], 4)
+            check(f"sequence 2 x data 2, ZeRO {stage}: the start-up line names the layout",
+                  "sequence parallel 2 x data 2" in log and "global batch 8 = 2 x 2 x 2" in log, log)
+            same(f"sequence 2 x data 2, ZeRO {stage}", ref_gpt, log, save_gpt, save)
+        log, save = run("sequence 4 (model config), ZeRO 2", model("gpt-sp4", gpt, sequence_parallel_size=4), z2, 4)
+        same("sequence 4 (model config), ZeRO 2", ref_gpt, log, save_gpt, save)
+
+        log_llama, save_llama = run("one rank, Llama-style", model("llama", llama), z1, 1)
+        log, save = run("Llama-style, context 2 (a2a) x data 2, ZeRO 1",
+                        model("llama-cp2", llama, context_parallel_size=2, cp_comm_type="a2a"), z1, 4)
+        same("Llama-style, context 2 (a2a) x data 2, ZeRO 1", steps(log_llama), log, save_llama, save)
+
+        # Resume: 3 steps at sequence 2, then the rest at sequence 1 and at sequence 4.
+        job.model = model("gpt", gpt)
+        stopped = os.path.join(tmp, "stopped")
+        rc, log = job.run("--deepspeed_config", sp2[2], "--data-path", prefix, "--train-iters", "3",
+                          "--log-interval", "1", "--seed", "7", "--save", stopped, "--save-interval", "3", ranks=2)
+        check("sequence 2 saves at step 3", rc == 0 and os.path.exists(os.path.join(stopped, "latest")), log)
+        for name, ds, ranks in (("sequence 1", z2, 1), ("sequence 4", config("sp4-z2", zero_optimization={"stage": 2},
+                                                                           sequence_parallel_size=4), 4)):
+            rc, log = job.run("--deepspeed_config", ds, *common, "--load", stopped, ranks=ranks)
+            got = steps(log)
+            ok = rc == 0 and len(got) == 2 and len(ref_gpt) == 5
+            check(f"resumed at {name}: steps 4-5", ok, log)
+            if ok:
+                worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref_gpt[3:], got))
+                check(f"resumed at {name}: steps 4-5 as the run not stopped (worst {worst:.2e})", worst <= 1e-5, log)
+
+        # Refusals, by name.
+        rc, log = job.run("--deepspeed_config", config("sp3", sequence_parallel_size=3), *common, ranks=2)
+        check("a degree that does not divide the ranks is refused",
+              rc != 0 and "sequence_parallel_size" in log and "does not divide" in log, log)
+        job.model = model("gpt-h3", dict(gpt, num_attention_heads=2, hidden_size=64))
+        rc, log = job.run("--deepspeed_config", config("sp4", sequence_parallel_size=4), *common, ranks=4)
+        check("heads that do not split over the degree are refused",
+              rc != 0 and "num_attention_heads" in log and "expected a multiple of 4, found 2" in log, log)
+        job.model = model("gpt-ring", gpt, context_parallel_size=2)
+        rc, log = job.run("--deepspeed_config", z1, *common, ranks=2)
+        check("ring attention is refused by name", rc != 0 and "ring attention" in log and "cp_comm_type" in log, log)
+    if FAILED:
+        print("FAILED:", FAILED)
+        return 1
+    print("all passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
