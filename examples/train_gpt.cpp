@@ -189,16 +189,20 @@ TensorGroups tensor_groups(int64_t tensor) {
   return g;
 }
 
-// GPT's loss for the module trained: the tensor-parallel one never gathers its logits.
-template <typename Model>
-at::Tensor loss_of(Model& model, const at::Tensor& logits, const at::Tensor& target,
+// GPT's loss for the module trained, through the engine's forward: the GPT module's
+// forward(input, target) (which may tile it), the tensor-parallel one's vocabulary-parallel
+// loss (its logits never gathered), the layers' logits then gpt_loss.
+template <typename Model, typename Engine>
+at::Tensor loss_of(Engine& engine, const at::Tensor& input, const at::Tensor& target,
                    const dscpp::model_zoo::GPTConfig& cfg) {
-  if constexpr (std::is_same_v<Model, dscpp::model_zoo::TensorParallelGPT>) {
+  if constexpr (std::is_same_v<Model, dscpp::model_zoo::GPT>) {
     (void)cfg;
-    return model->loss(logits, target);
+    return engine.forward(input, target);
+  } else if constexpr (std::is_same_v<Model, dscpp::model_zoo::TensorParallelGPT>) {
+    (void)cfg;
+    return engine.module()->loss(engine.forward(input), target);
   } else {
-    (void)model;
-    return dscpp::model_zoo::gpt_loss(logits, target, cfg.cross_entropy_loss_fusion);
+    return dscpp::model_zoo::gpt_loss(engine.forward(input), target, cfg.cross_entropy_loss_fusion);
   }
 }
 
@@ -400,7 +404,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
           // The MoE blocks' aux losses (scaled by their coefficients) join the loss here.
           dscpp::nn::AuxLossScope aux;
           total = loss = dscpp::model_zoo::sequence_parallel_loss(
-              loss_of(engine.module(), engine.forward(input), target, cfg), target, sequence_group);
+              loss_of<Model>(engine, input, target, cfg), target, sequence_group);
           if (aux.sum().defined()) total = loss + aux.sum();
           moe.add_aux(aux.sum(), ga);
         }

@@ -27,6 +27,7 @@
 #include "dscpp/nn/module_scope.h"
 #include "dscpp/nn/normal_init.h"
 #include "dscpp/ops/fused_ops.h"
+#include "dscpp/ops/tiled_cross_entropy.h"
 
 namespace dscpp::model_zoo {
 
@@ -54,6 +55,17 @@ nn::GroupPtr checked_sequence_group(const GPTConfig& c, const nn::GroupPtr& grou
   whole("num_query_groups", c.query_groups(), "key/value heads (num_query_groups)");
   whole("seq_length", c.seq_length, "sequence");
   return group;
+}
+
+// The tiled loss takes the final hidden states and the head's weight: the GPT module's
+// forward(input_ids, targets). A form whose last layer hands over the logits cannot tile them.
+void refuse_tiled_loss(const GPTConfig& c, const char* form) {
+  if (c.tiled_logits_loss_shards > 1)
+    throw ConfigError("tiled_logits_loss_shards",
+                      fmt::format("the tiled loss is the GPT module's (ZeRO stages 0-2 without "
+                                  "tensor parallelism): {} compute the logits whole; expected 1, "
+                                  "found {}",
+                                  form, c.tiled_logits_loss_shards));
 }
 
 void init_zero(const at::Tensor& b) {
@@ -250,6 +262,22 @@ GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep
 
 at::Tensor GPTImpl::forward(const at::Tensor& input_ids) {
   nn::ModuleScope scope(*this);
+  const at::Tensor x = hidden(input_ids);
+  return head ? linear_of(head, x) : tied_head(*embedding, x);
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& input_ids, const at::Tensor& targets) {
+  if (config_.tiled_logits_loss_shards <= 1) return loss(forward(input_ids), targets);
+  nn::ModuleScope scope(*this);
+  const at::Tensor x = hidden(input_ids);
+  TORCH_CHECK(targets.sizes() == input_ids.sizes(), "GPT: expected targets of input_ids' shape ",
+              input_ids.sizes(), ", got ", targets.sizes());
+  return ops::tiled_cross_entropy(x.reshape({-1, x.size(-1)}),
+                                  head ? head->weight : embedding->word->weight,
+                                  targets.reshape({-1}), config_.tiled_logits_loss_shards);
+}
+
+at::Tensor GPTImpl::hidden(const at::Tensor& input_ids) {
   at::Tensor x = embedding(input_ids);
   if (segments_ > 0) {
     const auto layers = static_cast<int64_t>(block_list_.size());
@@ -269,8 +297,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& input_ids) {
   } else {
     for (auto& block : block_list_) x = block(x);
   }
-  x = apply_norm(*final_norm, x);
-  return head ? linear_of(head, x) : tied_head(*embedding, x);
+  return apply_norm(*final_norm, x);
 }
 
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused) {
@@ -350,6 +377,7 @@ std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
   config.validate();
   const auto group = checked_expert_parallel_group(config, ep_group);
   const auto sequence = checked_sequence_group(config, sequence_group);
+  refuse_tiled_loss(config, "the GPT's layers (ZeRO stage 3 layer by layer, or a pipeline)");
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
   auto build_embedding = [config, sequence] { return GPTEmbedding(config, sequence).ptr(); };

@@ -145,6 +145,10 @@ struct GPTImpl : torch::nn::Module {
 
   // input_ids [B,S] int64 with S <= max_position_embeddings -> logits [B,S,vocab_size].
   at::Tensor forward(const at::Tensor& input_ids);
+  // The loss of input_ids against targets [B,S] (loss()'s mean), without the logits as a
+  // result: with tiled_logits_loss_shards > 1 computed tile by tile from the final hidden
+  // states (ops::tiled_cross_entropy), never holding the whole logits.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& targets);
   // Mean cross entropy of logits [B,S,V] against targets [B,S] int64, in fp32; targets of
   // -100 are left out (PyTorch's ignore_index).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
@@ -168,6 +172,8 @@ struct GPTImpl : torch::nn::Module {
   Linear head{nullptr};  // only when the embeddings are not tied: [V, h], no bias
 
  private:
+  at::Tensor hidden(const at::Tensor& input_ids);  // the final norm's output [B,S,h]
+
   GPTConfig config_;
   std::vector<GPTBlock> block_list_;  // the blocks' typed holders, in order
   int64_t segments_ = 0;

@@ -98,6 +98,8 @@ void read_model_keys(Section& s, GPTConfig& c) {
   c.bias_gelu_fusion = s.get_bool("bias_gelu_fusion", c.bias_gelu_fusion);
   c.cross_entropy_loss_fusion =
       s.get_bool("cross_entropy_loss_fusion", c.cross_entropy_loss_fusion);
+  c.tiled_logits_loss_shards =
+      s.get_int("tiled_logits_loss_shards", c.tiled_logits_loss_shards, 1, int64_t{1} << 30);
   // On by default where its kernel applies (LayerNorm): the rewritten backward measured +0.8%
   // on the 1.3 B step (docs/perf-log/2026-12-02.md, row d2x1f); RMSNorm has no fused kernel.
   c.residual_layernorm_fusion =
@@ -221,6 +223,7 @@ json GPTConfig::to_json() const {
             {"checkpoint_activations", checkpoint_activations},
             {"bias_gelu_fusion", bias_gelu_fusion},
             {"cross_entropy_loss_fusion", cross_entropy_loss_fusion},
+            {"tiled_logits_loss_shards", tiled_logits_loss_shards},
             {"residual_layernorm_fusion", residual_layernorm_fusion},
             {"fp8_recipe", fp8_recipe},
             {"fp8_margin", fp8_margin},

@@ -58,6 +58,10 @@ struct GPTConfig {
   // where no kernel applies). false: eager LibTorch ops, the reference.
   bool bias_gelu_fusion = true;
   bool cross_entropy_loss_fusion = true;
+  // Long sequences: the loss computed in this many tiles of tokens, the whole logits never held
+  // (ops::tiled_cross_entropy, DeepSpeed ALST's TiledFusedLogitsLoss `shards`); 1: off. With
+  // the GPT module (the engine at ZeRO 0-2), through GPT::forward(input_ids, targets).
+  int64_t tiled_logits_loss_shards = 1;
   // Each block's second residual add and the LayerNorm it feeds (ln_2) in one kernel, forward
   // and backward (ops::add_layer_norm); false: the eager add, then torch's layer_norm. A config
   // file turns it on by default where normalization is LayerNorm (from_json: +0.8% on the 1.3 B

@@ -231,6 +231,11 @@ nn::ColumnParallelLinear untied_parallel_head(const GPTConfig& c, nn::GroupPtr g
 }
 
 void validate_tensor_parallel(const GPTConfig& c, int t) {
+  if (c.tiled_logits_loss_shards > 1)
+    throw ConfigError("tiled_logits_loss_shards",
+                      fmt::format("the tiled loss is the GPT module's: the tensor-parallel GPT's "
+                                  "vocabulary-parallel loss is not tiled; expected 1, found {}",
+                                  c.tiled_logits_loss_shards));
   GPTConfig blocks = c;  // GPT-2's blocks, whose MLP may be the MoE layer
   blocks.moe = MoEConfig{};
   const std::string block_key = blocks.first_non_gpt2_block_key();

@@ -10,10 +10,11 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
 - every step's logged loss equals one rank's within 1e-5 relative, its lr and grad norm as one
   rank's (printed to 3 decimals); the start-up line names the layout;
 - the final weights, saved by each run (DeepSpeed's layout), equal one rank's within 1e-5;
+- the tiled loss (tiled_logits_loss_shards 4) at sequence 2 x data 2 as the untiled one rank;
 - a run saved at sequence 2 resumes at sequence 1 (one rank) and at sequence 4, each going on as
   the run that was not stopped;
 - refused by name: heads that do not split over the degree, ring attention (cp_comm_type
-  "p2p"), a degree that does not divide the ranks.
+  "p2p"), a degree that does not divide the ranks, the tiled loss at ZeRO 3.
 """
 import argparse
 import os
@@ -110,6 +111,11 @@ def main():
         log, save = run("sequence 4 (model config), ZeRO 2", model("gpt-sp4", gpt, sequence_parallel_size=4), z2, 4)
         same("sequence 4 (model config), ZeRO 2", ref_gpt, log, save_gpt, save)
 
+        # The tiled loss (the logits in 4 tiles of tokens) under sequence 2 x data 2.
+        log, save = run("sequence 2 x data 2, tiled loss, ZeRO 2",
+                        model("gpt-tiled", dict(gpt, tiled_logits_loss_shards=4)), sp2[2], 4)
+        same("sequence 2 x data 2, tiled loss, ZeRO 2", ref_gpt, log, save_gpt, save)
+
         log_llama, save_llama = run("one rank, Llama-style", model("llama", llama), z1, 1)
         log, save = run("Llama-style, context 2 (a2a) x data 2, ZeRO 1",
                         model("llama-cp2", llama, context_parallel_size=2, cp_comm_type="a2a"), z1, 4)
@@ -139,6 +145,10 @@ def main():
         rc, log = job.run("--deepspeed_config", config("sp4", sequence_parallel_size=4), *common, ranks=4)
         check("heads that do not split over the degree are refused",
               rc != 0 and "num_attention_heads" in log and "expected a multiple of 4, found 2" in log, log)
+        job.model = model("gpt-tiled", dict(gpt, tiled_logits_loss_shards=4))
+        rc, log = job.run("--deepspeed_config", z3, *common, ranks=1)
+        check("the tiled loss at ZeRO 3 (the layers' form) is refused by name",
+              rc != 0 and "tiled_logits_loss_shards" in log and "expected 1, found 4" in log, log)
         job.model = model("gpt-ring", gpt, context_parallel_size=2)
         rc, log = job.run("--deepspeed_config", z1, *common, ranks=2)
         check("ring attention is refused by name", rc != 0 and "ring attention" in log and "cp_comm_type" in log, log)
