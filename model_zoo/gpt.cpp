@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <algorithm>
 #include <array>
 #include <iostream>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "dscpp/nn/linear.h"
 #include "dscpp/nn/module_scope.h"
 #include "dscpp/nn/normal_init.h"
+#include "dscpp/nn/tiled_compute.h"
 #include "dscpp/ops/fused_ops.h"
 #include "dscpp/ops/tiled_cross_entropy.h"
 
@@ -177,7 +179,8 @@ at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
 GPTMLPImpl::GPTMLPImpl(const GPTConfig& c)
     : swiglu(c.swiglu),
       approximate(c.gelu_approximation),
-      fused(c.bias_gelu_fusion && c.add_bias_linear) {
+      fused(c.bias_gelu_fusion && c.add_bias_linear),
+      tiles(c.tiled_mlp_shards) {
   const int64_t f = c.ffn_size();
   fc = register_module(
       "fc", make_linear(c.hidden_size, swiglu ? 2 * f : f, c.init_method_std, c.add_bias_linear));
@@ -187,12 +190,31 @@ GPTMLPImpl::GPTMLPImpl(const GPTConfig& c)
 
 at::Tensor GPTMLPImpl::forward(const at::Tensor& x) {
   nn::ModuleScope scope(*this);
+  std::vector<at::Tensor> weights = {fc->weight, fc->bias, proj->weight, proj->bias};
+  weights.erase(std::remove_if(weights.begin(), weights.end(),
+                               [](const at::Tensor& w) { return !w.defined(); }),
+                weights.end());
+  if (tiles <= 1) return forward_with(x, weights);
+  return nn::tiled_compute(
+      [this](const at::Tensor& slice, const std::vector<at::Tensor>& w) {
+        return forward_with(slice, w);
+      },
+      x, weights, /*dim=*/1, tiles);
+}
+
+at::Tensor GPTMLPImpl::forward_with(const at::Tensor& x,
+                                    const std::vector<at::Tensor>& weights) const {
+  const bool biased = weights.size() == 4;
+  const at::Tensor& fc_w = weights[0];
+  const at::Tensor fc_b = biased ? weights[1] : at::Tensor();
+  const at::Tensor& proj_w = weights[biased ? 2 : 1];
+  const at::Tensor proj_b = biased ? weights[3] : at::Tensor();
   // ops::swiglu: one kernel each way on a GPU (narrow's backward would zero-fill two
   // gradients of fc's output width and add them).
-  if (swiglu) return linear_of(proj, ops::swiglu(linear_of(fc, x)));
-  if (!fused) return linear_of(proj, at::gelu(linear_of(fc, x), approximate));
-  return linear_of(proj,
-                   ops::bias_gelu(nn::linear(x, fc->weight), fc->bias, approximate == "tanh"));
+  if (swiglu) return nn::linear(ops::swiglu(nn::linear(x, fc_w, fc_b)), proj_w, proj_b);
+  if (!fused) return nn::linear(at::gelu(nn::linear(x, fc_w, fc_b), approximate), proj_w, proj_b);
+  return nn::linear(ops::bias_gelu(nn::linear(x, fc_w), fc_b, approximate == "tanh"), proj_w,
+                    proj_b);
 }
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& c, int64_t layer_,

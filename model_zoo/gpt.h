@@ -88,15 +88,20 @@ TORCH_MODULE(GPTAttention);
 
 // fc, GELU, proj: [B,S,h] -> [B,S,h] (before the residual dropout). swiglu: fc's output is
 // [gate, up] (Megatron's linear_fc1 layout) and the activation silu(gate) * up.
+// With tiled_mlp_shards > 1, over that many tiles of the sequence (nn::tiled_compute).
 struct GPTMLPImpl : torch::nn::Module {
   explicit GPTMLPImpl(const GPTConfig& config);
   at::Tensor forward(const at::Tensor& x);
+  // The MLP with the weights given ({fc.weight, fc.bias, proj.weight, proj.bias}, the biases
+  // left out without add_bias_linear): forward's own maths, what each tile runs.
+  at::Tensor forward_with(const at::Tensor& x, const std::vector<at::Tensor>& weights) const;
 
   Linear fc{nullptr};  // [ffn, h]; swiglu: [2 ffn, h], the gate's rows first
   bool swiglu = false;
   Linear proj{nullptr};     // [h, ffn]: the residual branch's output projection
   std::string approximate;  // at::gelu's: "tanh" or "none"
   bool fused = true;        // bias add and GELU in one kernel (bias_gelu_fusion)
+  int64_t tiles = 1;        // tiled_mlp_shards
 };
 TORCH_MODULE(GPTMLP);
 

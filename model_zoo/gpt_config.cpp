@@ -100,6 +100,7 @@ void read_model_keys(Section& s, GPTConfig& c) {
       s.get_bool("cross_entropy_loss_fusion", c.cross_entropy_loss_fusion);
   c.tiled_logits_loss_shards =
       s.get_int("tiled_logits_loss_shards", c.tiled_logits_loss_shards, 1, int64_t{1} << 30);
+  c.tiled_mlp_shards = s.get_int("tiled_mlp_shards", c.tiled_mlp_shards, 1, int64_t{1} << 30);
   // On by default where its kernel applies (LayerNorm): the rewritten backward measured +0.8%
   // on the 1.3 B step (docs/perf-log/2026-12-02.md, row d2x1f); RMSNorm has no fused kernel.
   c.residual_layernorm_fusion =
@@ -224,6 +225,7 @@ json GPTConfig::to_json() const {
             {"bias_gelu_fusion", bias_gelu_fusion},
             {"cross_entropy_loss_fusion", cross_entropy_loss_fusion},
             {"tiled_logits_loss_shards", tiled_logits_loss_shards},
+            {"tiled_mlp_shards", tiled_mlp_shards},
             {"residual_layernorm_fusion", residual_layernorm_fusion},
             {"fp8_recipe", fp8_recipe},
             {"fp8_margin", fp8_margin},
@@ -313,6 +315,11 @@ void GPTConfig::validate() const {
     throw ConfigError(
         "gelu_approximation",
         fmt::format("expected one of \"tanh\", \"none\", found \"{}\"", gelu_approximation));
+  if (tiled_mlp_shards > 1 && !fp8.empty())
+    throw ConfigError("tiled_mlp_shards",
+                      fmt::format("the tiled MLP computes its tiles again in backward, outside "
+                                  "the blocks' fp8 scope: expected 1 with fp8 \"{}\", found {}",
+                                  fp8, tiled_mlp_shards));
   validate_moe();
 }
 

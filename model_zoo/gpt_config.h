@@ -62,6 +62,10 @@ struct GPTConfig {
   // (ops::tiled_cross_entropy, DeepSpeed ALST's TiledFusedLogitsLoss `shards`); 1: off. With
   // the GPT module (the engine at ZeRO 0-2), through GPT::forward(input_ids, targets).
   int64_t tiled_logits_loss_shards = 1;
+  // Long sequences: each dense block's MLP computed in this many tiles of the sequence, one
+  // tile's inner activations alive at a time (nn::tiled_compute, ALST's TiledMLP); 1: off.
+  // Not with fp8 (its scope is forward's) nor in MoE blocks.
+  int64_t tiled_mlp_shards = 1;
   // Each block's second residual add and the LayerNorm it feeds (ln_2) in one kernel, forward
   // and backward (ops::add_layer_norm); false: the eager add, then torch's layer_norm. A config
   // file turns it on by default where normalization is LayerNorm (from_json: +0.8% on the 1.3 B

@@ -10,7 +10,8 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
 - every step's logged loss equals one rank's within 1e-5 relative, its lr and grad norm as one
   rank's (printed to 3 decimals); the start-up line names the layout;
 - the final weights, saved by each run (DeepSpeed's layout), equal one rank's within 1e-5;
-- the tiled loss (tiled_logits_loss_shards 4) at sequence 2 x data 2 as the untiled one rank;
+- the tiled loss (tiled_logits_loss_shards) and the tiled MLP (tiled_mlp_shards; in checkpointed
+  blocks at ZeRO 3; SwiGLU) under sequence parallelism as the untiled one rank;
 - a run saved at sequence 2 resumes at sequence 1 (one rank) and at sequence 4, each going on as
   the run that was not stopped;
 - refused by name: heads that do not split over the degree, ring attention (cp_comm_type
@@ -116,10 +117,20 @@ def main():
                         model("gpt-tiled", dict(gpt, tiled_logits_loss_shards=4)), sp2[2], 4)
         same("sequence 2 x data 2, tiled loss, ZeRO 2", ref_gpt, log, save_gpt, save)
 
+        # The tiled MLP (4 tiles of the sequence) in checkpointed blocks at ZeRO 3 (the layers' form).
+        log, save = run("sequence 2 x data 2, tiled MLP, checkpointed blocks, ZeRO 3",
+                        model("gpt-tiled-mlp", dict(gpt, tiled_mlp_shards=4, checkpoint_activations=True)),
+                        sp2[3], 4)
+        same("sequence 2 x data 2, tiled MLP, checkpointed blocks, ZeRO 3", ref_gpt, log, save_gpt, save)
+
         log_llama, save_llama = run("one rank, Llama-style", model("llama", llama), z1, 1)
         log, save = run("Llama-style, context 2 (a2a) x data 2, ZeRO 1",
                         model("llama-cp2", llama, context_parallel_size=2, cp_comm_type="a2a"), z1, 4)
         same("Llama-style, context 2 (a2a) x data 2, ZeRO 1", steps(log_llama), log, save_llama, save)
+        log, save = run("Llama-style, sequence 2, tiled MLP and loss, ZeRO 2",
+                        model("llama-tiled", dict(llama, tiled_mlp_shards=2, tiled_logits_loss_shards=3),
+                              sequence_parallel_size=2), z2, 2)
+        same("Llama-style, sequence 2, tiled MLP and loss, ZeRO 2", steps(log_llama), log, save_llama, save)
 
         # Resume: 3 steps at sequence 2, then the rest at sequence 1 and at sequence 4.
         job.model = model("gpt", gpt)
