@@ -30,6 +30,16 @@ namespace {
 // Recomputes running on this thread (nested checkpoints recompute inside one another).
 thread_local int recompute_depth = 0;
 
+// cpu_checkpointing's copy of a saved input: into page-locked host memory (LibTorch's caching
+// host allocator, whose blocks come back step after step) on the input's stream, without
+// waiting for it; backward's copy back is queued the same way. The stream's order keeps the
+// device memory of x from being reused before the copy has read it.
+at::Tensor to_pinned_host(const at::Tensor& x) {
+  at::Tensor host = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(x.detach(), /*non_blocking=*/true);
+  return host;
+}
+
 struct Recomputing {
   Recomputing() { ++recompute_depth; }
   ~Recomputing() { --recompute_depth; }
@@ -152,7 +162,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       const bool offload =
           o.cpu_checkpointing && x.defined() && !x.is_cpu() && x.is_floating_point();
       state->offloaded.push_back(offload);
-      to_save.push_back(offload ? x.detach().to(at::kCPU) : x);
+      to_save.push_back(offload ? to_pinned_host(x) : x);
     }
     ctx->save_for_backward(to_save);
     ctx->saved_data["state"] = at::IValue::make_capsule(state);
@@ -187,7 +197,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         inputs.push_back(x);
         continue;
       }
-      if (state->offloaded[i]) x = x.to(state->input_device[i]);
+      if (state->offloaded[i]) x = x.to(state->input_device[i], /*non_blocking=*/true);
       x = x.detach();
       x.requires_grad_(state->requires_grad[i]);
       inputs.push_back(x);

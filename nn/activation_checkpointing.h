@@ -3,8 +3,8 @@
 // its saved inputs, with the CPU and accelerator random-number states of the first run and the
 // model-parallel RNG tracker's states (nn/rng_tracker.h; so dropout, replicated or under the
 // tracker's fork, draws the same masks), then back-propagates through the recomputed graph.
-// Only the inputs stay alive between forward and backward, on the host when cpu_checkpointing
-// is on.
+// Only the inputs stay alive between forward and backward, in page-locked host memory when
+// cpu_checkpointing is on (copied there and back without waiting for the device).
 //
 // Like DeepSpeed's (and PyTorch's reentrant) checkpoint: parameters the function uses get
 // their gradients during backward(); torch::autograd::grad() through a checkpoint is refused.
