@@ -256,6 +256,12 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   const int tp = groups.model ? groups.model->size() : 1;
   const int rank = groups.model ? dp_rank * tp + groups.model->rank() : engine.global_rank();
   const auto& ds = engine.config();
+  // The GPT module's checkpointed blocks take the ds_config's activation_checkpointing options
+  // (cpu_checkpointing: the saved inputs in page-locked host memory; number_checkpoints).
+  if constexpr (std::is_same_v<Model, dscpp::model_zoo::GPT>) {
+    if (cfg.checkpoint_activations)
+      model->enable_activation_checkpointing(ds.activation_checkpointing);
+  }
   // Dropout in the split regions draws under the model-parallel tracker's fork (differing
   // across tensor ranks), the replicated regions' from the default generator (agreeing), as
   // on a pipeline; before --load, which restores both on the layout they were saved on.

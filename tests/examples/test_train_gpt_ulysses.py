@@ -123,6 +123,15 @@ def main():
                         sp2[3], 4)
         same("sequence 2 x data 2, tiled MLP, checkpointed blocks, ZeRO 3", ref_gpt, log, save_gpt, save)
 
+        # Checkpointed blocks of the GPT module with the ds_config's options (one segment; the
+        # saved inputs on the host, which CPU tensors already are).
+        log, save = run("sequence 2 x data 2, checkpointed (ds_config options), ZeRO 2",
+                        model("gpt-ckpt", dict(gpt, checkpoint_activations=True)),
+                        config("sp2-z2-ckpt", zero_optimization={"stage": 2}, sequence_parallel_size=2,
+                               activation_checkpointing={"cpu_checkpointing": True, "number_checkpoints": 1}),
+                        4)
+        same("sequence 2 x data 2, checkpointed (ds_config options), ZeRO 2", ref_gpt, log, save_gpt, save)
+
         log_llama, save_llama = run("one rank, Llama-style", model("llama", llama), z1, 1)
         log, save = run("Llama-style, context 2 (a2a) x data 2, ZeRO 1",
                         model("llama-cp2", llama, context_parallel_size=2, cp_comm_type="a2a"), z1, 4)
