@@ -282,14 +282,16 @@ GPTImpl::GPTImpl(GPTConfig config, const std::shared_ptr<comm::ProcessGroup>& ep
   if (config_.checkpoint_activations) enable_activation_checkpointing();
 }
 
-at::Tensor GPTImpl::forward(const at::Tensor& input_ids) {
-  nn::ModuleScope scope(*this);
-  const at::Tensor x = hidden(input_ids);
-  return head ? linear_of(head, x) : tied_head(*embedding, x);
-}
-
 at::Tensor GPTImpl::forward(const at::Tensor& input_ids, const at::Tensor& targets) {
-  if (config_.tiled_logits_loss_shards <= 1) return loss(forward(input_ids), targets);
+  if (!targets.defined() || config_.tiled_logits_loss_shards <= 1) {
+    at::Tensor logits;
+    {
+      nn::ModuleScope scope(*this);  // (the loss outside it, as a training loop computes it)
+      const at::Tensor x = hidden(input_ids);
+      logits = head ? linear_of(head, x) : tied_head(*embedding, x);
+    }
+    return targets.defined() ? loss(logits, targets) : logits;
+  }
   nn::ModuleScope scope(*this);
   const at::Tensor x = hidden(input_ids);
   TORCH_CHECK(targets.sizes() == input_ids.sizes(), "GPT: expected targets of input_ids' shape ",

@@ -148,12 +148,12 @@ struct GPTImpl : torch::nn::Module {
                    const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group = nullptr,
                    const nn::GroupPtr& sequence_group = nullptr);
 
-  // input_ids [B,S] int64 with S <= max_position_embeddings -> logits [B,S,vocab_size].
-  at::Tensor forward(const at::Tensor& input_ids);
-  // The loss of input_ids against targets [B,S] (loss()'s mean), without the logits as a
-  // result: with tiled_logits_loss_shards > 1 computed tile by tile from the final hidden
-  // states (ops::tiled_cross_entropy), never holding the whole logits.
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& targets);
+  // input_ids [B,S] int64 with S <= max_position_embeddings -> logits [B,S,vocab_size]; with
+  // targets [B,S] (as Hugging Face's labels), the loss instead (loss()'s mean), never holding
+  // the whole logits when tiled_logits_loss_shards > 1 (ops::tiled_cross_entropy from the
+  // final hidden states). One forward with a default argument, not two overloads, so that
+  // ModuleHolder's operator() still finds its return type.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& targets = {});
   // Mean cross entropy of logits [B,S,V] against targets [B,S] int64, in fp32; targets of
   // -100 are left out (PyTorch's ignore_index).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
