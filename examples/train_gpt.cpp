@@ -172,20 +172,33 @@ std::string profile_path(const std::string& path, int rank, bool all_ranks) {
   return (p.parent_path() / name).string();
 }
 
-// Tensor parallelism: this rank's data and model groups in the layout pipe 1 x data x model
-// (DeepSpeed's order, the model axis fastest: a tensor-parallel group is consecutive ranks).
-struct TensorGroups {
-  std::shared_ptr<dscpp::comm::ProcessGroup> data, model;
+// The job's groups in the layout pipe 1 x data x sequence x model (DeepSpeed's order, the model
+// axis fastest: a tensor-parallel group is consecutive ranks; DeepSpeed-Ulysses' groups next,
+// inside the data axis, where Megatron places its context-parallel groups): the model group,
+// the sequence group, and the engine's group, every rank of this model rank (the data and
+// sequence ranks: ZeRO partitions and reduces over it). Null where the degree is 1 (the
+// engine's: the world). Collective: every rank makes every group, in one order.
+struct JobGroups {
+  std::shared_ptr<dscpp::comm::ProcessGroup> data, model, sequence;
 };
-TensorGroups tensor_groups(int64_t tensor) {
+JobGroups job_groups(int64_t tensor, int64_t sequence) {
   auto world = dscpp::comm::init_distributed();
-  const int t = static_cast<int>(tensor);
-  dscpp::comm::Topology topo({"pipe", "data", "model"}, {1, world->size() / t, t});
-  TensorGroups g;
-  for (const auto& ranks : topo.get_axis_comm_lists("model"))
-    if (auto sub = world->new_subgroup(ranks, "model")) g.model = sub;
-  for (const auto& ranks : topo.get_axis_comm_lists("data"))
-    if (auto sub = world->new_subgroup(ranks, "data")) g.data = sub;
+  const int t = static_cast<int>(tensor), p = static_cast<int>(sequence);
+  dscpp::comm::Topology topo({"pipe", "data", "sequence", "model"},
+                             {1, world->size() / (t * p), p, t});
+  JobGroups g;
+  if (t > 1) {
+    for (const auto& ranks : topo.get_axis_comm_lists("model"))
+      if (auto sub = world->new_subgroup(ranks, "model")) g.model = sub;
+    for (int m = 0; m < t; ++m) {
+      std::vector<int> ranks;
+      for (int r = m; r < world->size(); r += t) ranks.push_back(r);
+      if (auto sub = world->new_subgroup(ranks, "data")) g.data = sub;
+    }
+  }
+  if (p > 1)
+    for (const auto& ranks : topo.get_axis_comm_lists("sequence"))
+      if (auto sub = world->new_subgroup(ranks, "sequence")) g.sequence = sub;
   return g;
 }
 
@@ -206,26 +219,13 @@ at::Tensor loss_of(Engine& engine, const at::Tensor& input, const at::Tensor& ta
   }
 }
 
-// DeepSpeed-Ulysses' groups: `degree` consecutive ranks each (DeepSpeed's carving); this
-// rank's, or null at degree 1. Collective: every rank makes every group.
-std::shared_ptr<dscpp::comm::ProcessGroup> sequence_parallel_group(int64_t degree) {
-  if (degree <= 1) return nullptr;
-  auto world = dscpp::comm::init_distributed();
-  const int p = static_cast<int>(degree);
-  dscpp::comm::Topology topo({"data", "sequence"}, {world->size() / p, p});
-  std::shared_ptr<dscpp::comm::ProcessGroup> mine;
-  for (const auto& ranks : topo.get_axis_comm_lists("sequence"))
-    if (auto sub = world->new_subgroup(ranks, "sequence")) mine = sub;
-  return mine;
-}
-
 // The training loop, for the GPT module, its LayerSpec form (a LayerModule) or the
 // tensor-parallel GPT (with `groups`); with a sequence-parallel group (DeepSpeed-Ulysses) each
 // rank trains on its slice of the sequences of its data rank's batch.
 template <typename Model>
 int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
-          const nlohmann::json& ds_config, const TensorGroups& groups = {},
-          const std::shared_ptr<dscpp::comm::ProcessGroup>& sequence_group = nullptr) {
+          const nlohmann::json& ds_config, const JobGroups& groups) {
+  const auto& sequence_group = groups.sequence;
   const double built_s = seconds_since(program_start);
   const auto init_start = std::chrono::steady_clock::now();
   dscpp::InitArgs init;
@@ -252,9 +252,9 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   const int sp = sequence_group ? sequence_group->size() : 1;
   const int dp_rank = engine.global_rank() / sp, world = engine.world_size() / sp;
   // The job's rank, for what one rank prints or profiles: with tensor parallelism t ranks share
-  // a data rank (the layout data x model, the model axis fastest).
+  // a place in the engine's group (the layout data x sequence x model, the model axis fastest).
   const int tp = groups.model ? groups.model->size() : 1;
-  const int rank = groups.model ? dp_rank * tp + groups.model->rank() : engine.global_rank();
+  const int rank = engine.global_rank() * tp + (groups.model ? groups.model->rank() : 0);
   const auto& ds = engine.config();
   // The GPT module's checkpointed blocks take the ds_config's activation_checkpointing options
   // (cpu_checkpointing: the saved inputs in page-locked host memory; number_checkpoints).
@@ -646,22 +646,23 @@ int main(int argc, char** argv) {
     const bool stage3 = zero != ds_config.end() && zero->is_object() && zero->contains("stage") &&
                         (*zero)["stage"].is_number_integer() && (*zero)["stage"] == 3;
     const bool layered = stage3 || args.layer_specs || args.seed_layers;
-    if (cfg->parallelism.tensor_model_parallel_size > 1) {
+    const int64_t t = cfg->parallelism.tensor_model_parallel_size;
+    const JobGroups groups = job_groups(t, layout.sequence);
+    if (t > 1) {
       // At stage 3 TensorParallelGPT is gathered as a whole (over the data group), its
       // LayerSpecs having no sequence parallelism.
-      const int64_t t = cfg->parallelism.tensor_model_parallel_size;
-      const TensorGroups groups = tensor_groups(t);
       // An MoE model's expert-parallel groups split the data group of each tensor rank
       // (DeepSpeed's layout with an mpu); null at expert degree 1.
       const auto ep_group = dscpp::examples::expert_parallel_group(
           *cfg, dscpp::comm::Topology({"pipe", "data", "model"},
                                       {1, static_cast<int>(world / t), static_cast<int>(t)}));
       at::manual_seed(static_cast<uint64_t>(args.seed));  // the same master weights on all
-      return train(args, *cfg, dscpp::model_zoo::TensorParallelGPT(*cfg, groups.model, ep_group),
-                   ds_config, groups);
+      return train(
+          args, *cfg,
+          dscpp::model_zoo::TensorParallelGPT(*cfg, groups.model, ep_group, groups.sequence),
+          ds_config, groups);
     }
-    // DeepSpeed-Ulysses' group: consecutive ranks (null at degree 1).
-    const auto sequence_group = sequence_parallel_group(layout.sequence);
+    const auto& sequence_group = groups.sequence;
     if (layered) {
       // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE blocks.
       auto specs = dscpp::model_zoo::gpt_layer_specs(
@@ -669,13 +670,13 @@ int main(int argc, char** argv) {
       // --seed-layers: the weights a pipeline of any number of stages starts from.
       if (args.seed_layers)
         specs = dscpp::examples::seeded_layer_specs(std::move(specs), args.seed);
-      return train(args, *cfg, dscpp::nn::LayerModule(specs), ds_config, {}, sequence_group);
+      return train(args, *cfg, dscpp::nn::LayerModule(specs), ds_config, groups);
     }
     // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE layers.
     return train(
         args, *cfg,
         dscpp::model_zoo::GPT(*cfg, dscpp::examples::expert_parallel_group(*cfg), sequence_group),
-        ds_config, {}, sequence_group);
+        ds_config, groups);
   } catch (const dscpp::examples::FlagError& e) {
     return report_once(quiet, rank, e.what(), 2);
   } catch (const dscpp::ConfigError& e) {  // the engine's reading of the ds_config

@@ -97,11 +97,10 @@ JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_c
           layout.sequence, sp->get<int64_t>()));
     layout.sequence = sp->get<int64_t>();
   }
-  if (layout.sequence > 1 && (layout.pipeline > 1 || layout.tensor > 1))
+  if (layout.sequence > 1 && layout.pipeline > 1)
     throw FlagError(fmt::format(
-        "sequence parallelism ({}) beside {} is not implemented in train_gpt", layout.sequence,
-        layout.pipeline > 1 ? fmt::format("a pipeline ({} stages)", layout.pipeline)
-                            : fmt::format("tensor parallelism ({})", layout.tensor)));
+        "sequence parallelism ({}) beside a pipeline ({} stages) is not implemented in train_gpt",
+        layout.sequence, layout.pipeline));
   model_zoo::ParallelismConfig p = par;
   p.pipeline_model_parallel_size = layout.pipeline;
   p.tensor_model_parallel_size = layout.tensor;

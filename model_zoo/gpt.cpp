@@ -35,30 +35,6 @@ namespace dscpp::model_zoo {
 
 namespace {
 
-// DeepSpeed-Ulysses' group, checked against the config: of the config's degree, with every
-// rank a whole block of query heads and of key/value groups, and equal slices of a sequence.
-nn::GroupPtr checked_sequence_group(const GPTConfig& c, const nn::GroupPtr& group) {
-  const int64_t p = c.parallelism.sequence_parallel_size;
-  const int64_t given = nn::tensor_model_parallel_size(group);
-  if (given != p)
-    throw ConfigError(
-        "parallelism.sequence_parallel_size",
-        fmt::format("{}: the GPT needs a sequence-parallel group of {} ranks, got {}", p, p,
-                    group ? fmt::format("a group of {}", given) : std::string("none")));
-  if (p == 1) return nullptr;
-  auto whole = [&](const char* key, int64_t n, const char* what) {
-    if (n % p != 0)
-      throw ConfigError(key, fmt::format("DeepSpeed-Ulysses splits the {} over the {} "
-                                         "sequence-parallel ranks: expected a multiple of {}, "
-                                         "found {}",
-                                         what, p, p, n));
-  };
-  whole("num_attention_heads", c.num_attention_heads, "attention heads");
-  whole("num_query_groups", c.query_groups(), "key/value heads (num_query_groups)");
-  whole("seq_length", c.seq_length, "sequence");
-  return group;
-}
-
 // The tiled loss takes the final hidden states and the head's weight: the GPT module's
 // forward(input_ids, targets). A form whose last layer hands over the logits cannot tile them.
 void refuse_tiled_loss(const GPTConfig& c, const char* form) {
@@ -101,6 +77,33 @@ at::Tensor tied_head(const GPTEmbeddingImpl& embedding, const at::Tensor& x) {
 }
 
 }  // namespace
+
+nn::GroupPtr checked_sequence_group(const GPTConfig& c, const nn::GroupPtr& group,
+                                    int64_t tensor_degree) {
+  const int64_t p = c.parallelism.sequence_parallel_size;
+  const int64_t given = nn::tensor_model_parallel_size(group);
+  if (given != p)
+    throw ConfigError(
+        "parallelism.sequence_parallel_size",
+        fmt::format("{}: the GPT needs a sequence-parallel group of {} ranks, got {}", p, p,
+                    group ? fmt::format("a group of {}", given) : std::string("none")));
+  if (p == 1) return nullptr;
+  auto whole = [&](const char* key, int64_t n, const char* what) {
+    if (n % p != 0)
+      throw ConfigError(key, fmt::format("DeepSpeed-Ulysses splits the {} over the {} "
+                                         "sequence-parallel ranks: expected a multiple of {}, "
+                                         "found {}",
+                                         what, p, p, n));
+  };
+  // (with tensor parallelism, each tensor rank's heads)
+  const std::string per = tensor_degree > 1 ? fmt::format(" / {} tensor ranks", tensor_degree) : "";
+  whole("num_attention_heads", c.num_attention_heads / tensor_degree,
+        ("attention heads" + per).c_str());
+  whole("num_query_groups", c.query_groups() / tensor_degree,
+        ("key/value heads (num_query_groups)" + per).c_str());
+  whole("seq_length", c.seq_length, "sequence");
+  return group;
+}
 
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
   weight = register_parameter("weight", at::empty({out_features, in_features}));

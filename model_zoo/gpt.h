@@ -191,6 +191,13 @@ TORCH_MODULE(GPT);
 // fused: cross_entropy_loss_fusion (ops::cross_entropy), else the eager fp32 upcast.
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused = true);
 
+// DeepSpeed-Ulysses' group checked against the config: of parallelism.sequence_parallel_size
+// ranks (null at 1), every rank a whole block of the query heads and of the key/value groups
+// (of each tensor rank's, with tensor_degree > 1), and equal slices of seq_length; a
+// ConfigError naming the key and the numbers otherwise.
+nn::GroupPtr checked_sequence_group(const GPTConfig& config, const nn::GroupPtr& group,
+                                    int64_t tensor_degree = 1);
+
 // DeepSpeed-Ulysses: rank r's slice [B, S/p] of tokens [B, S] (input ids or targets: slice the
 // targets after the shift, so each slice keeps its last token's target).
 at::Tensor sequence_slice(const at::Tensor& tokens, const nn::GroupPtr& sequence_group);

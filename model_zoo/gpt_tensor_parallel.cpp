@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "dscpp/config/config_error.h"
+#include "dscpp/model_zoo/gpt.h"
 #include "dscpp/nn/fp8_linear.h"
 #include "dscpp/nn/fp8_meta.h"
 #include "dscpp/nn/linear.h"
@@ -55,8 +56,9 @@ void check_divides(int64_t value, const char* key, int t) {
 }  // namespace
 
 TensorParallelGPTEmbeddingImpl::TensorParallelGPTEmbeddingImpl(const GPTConfig& c,
-                                                               nn::GroupPtr group)
-    : dropout(c.hidden_dropout) {
+                                                               nn::GroupPtr group,
+                                                               nn::GroupPtr sequence_group_)
+    : dropout(c.hidden_dropout), sequence_group(std::move(sequence_group_)) {
   word = register_module("word",
                          nn::VocabParallelEmbedding(c.vocab_size, c.hidden_size, group,
                                                     nn::init_method_normal(c.init_method_std)));
@@ -71,18 +73,22 @@ at::Tensor TensorParallelGPTEmbeddingImpl::forward(const at::Tensor& input_ids) 
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
               "TensorParallelGPT: expected input_ids of shape [batch, seq] and dtype int64, got ",
               input_ids.sizes(), " ", input_ids.scalar_type());
-  const int64_t seq = input_ids.size(1);
-  TORCH_CHECK(seq <= position->weight.size(0), "TensorParallelGPT: a sequence of ", seq,
-              " tokens is longer than max_position_embeddings (", position->weight.size(0), ")");
-  at::Tensor positions = at::arange(seq, input_ids.options());
+  const int64_t seq = input_ids.size(1), ranks = nn::tensor_model_parallel_size(sequence_group);
+  const int64_t first = seq * nn::tensor_model_parallel_rank(sequence_group);
+  TORCH_CHECK(seq * ranks <= position->weight.size(0), "TensorParallelGPT: a sequence of ",
+              seq * ranks, " tokens is longer than max_position_embeddings (",
+              position->weight.size(0), ")");
+  at::Tensor positions = at::arange(first, first + seq, input_ids.options());
   return at::dropout(word(input_ids) + position(positions), dropout, is_training());
 }
 
 TensorParallelGPTAttentionImpl::TensorParallelGPTAttentionImpl(const GPTConfig& c,
-                                                               nn::GroupPtr group)
+                                                               nn::GroupPtr group,
+                                                               nn::GroupPtr sequence_group_)
     : local_heads(c.num_attention_heads / nn::tensor_model_parallel_size(group)),
       dropout(c.attention_dropout),
-      sequence_parallel(c.parallelism.sequence_parallel) {
+      sequence_parallel(c.parallelism.sequence_parallel),
+      sequence_group(std::move(sequence_group_)) {
   // Stride 3: GPT's qkv rows are all of q, then k, then v; each rank takes its heads of each.
   qkv = register_module(
       "qkv",
@@ -103,6 +109,8 @@ at::Tensor TensorParallelGPTAttentionImpl::forward(const at::Tensor& x) {
   if (sequence_parallel) q = q.transpose(0, 1);
   const int64_t batch = q.size(0), seq = q.size(1);
   auto heads = ops::qkv_heads(q, local_heads);
+  // DeepSpeed-Ulysses: this rank's heads over the whole sequence, a block of them per rank.
+  for (auto& t : heads) t = nn::all_to_all_sequence_to_heads(t, sequence_group);
   const double p = is_training() ? dropout : 0.0;
   at::Tensor y;
   if (p > 0) {
@@ -112,6 +120,7 @@ at::Tensor TensorParallelGPTAttentionImpl::forward(const at::Tensor& x) {
   } else {
     y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], {}, 0.0, true);
   }
+  y = nn::all_to_all_heads_to_sequence(y, sequence_group);
   y = y.transpose(1, 2).reshape({batch, seq, -1});
   if (sequence_parallel) y = y.transpose(0, 1);
   return proj(y).first;
@@ -138,14 +147,15 @@ at::Tensor TensorParallelGPTMLPImpl::forward(const at::Tensor& x) {
 }
 
 TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::GroupPtr group,
-                                                       int64_t layer_, const nn::GroupPtr& ep_group)
+                                                       int64_t layer_, const nn::GroupPtr& ep_group,
+                                                       const nn::GroupPtr& sequence_group)
     : layer(layer_),
       fp8(c.fp8_recipe_of(layer_)),
       dropout(c.hidden_dropout),
       sequence_parallel(c.parallelism.sequence_parallel),
       fused_add_norm(c.residual_layernorm_fusion) {
   ln_1 = register_module("ln_1", make_layer_norm(c));
-  attn = register_module("attn", TensorParallelGPTAttention(c, group));
+  attn = register_module("attn", TensorParallelGPTAttention(c, group, sequence_group));
   ln_2 = register_module("ln_2", make_layer_norm(c));
   if (c.moe.is_moe_layer(layer_)) {
     moe = register_module("mlp", make_moe_mlp(c, ep_group, group));
@@ -197,19 +207,22 @@ std::map<std::string, nn::TensorParallelAttr> TensorParallelGPTImpl::tensor_para
 }
 
 TensorParallelGPTImpl::TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group,
-                                             const nn::GroupPtr& expert_parallel_group)
+                                             const nn::GroupPtr& expert_parallel_group,
+                                             const nn::GroupPtr& sequence_group)
     : config_(std::move(config)), group_(std::move(group)) {
   config_.validate();
   validate_tensor_parallel(config_, nn::tensor_model_parallel_size(group_));
   const auto ep_group = checked_expert_parallel_group(config_, expert_parallel_group);
+  const auto sequence =
+      checked_sequence_group(config_, sequence_group, nn::tensor_model_parallel_size(group_));
   if (config_.checkpoint_activations)
     throw ConfigError("checkpoint_activations",
                       "expected false (TensorParallelGPT does not checkpoint its blocks yet; "
                       "its LayerSpec form, tensor_parallel_gpt_layer_specs, does), found true");
-  embedding = register_module("embedding", TensorParallelGPTEmbedding(config_, group_));
+  embedding = register_module("embedding", TensorParallelGPTEmbedding(config_, group_, sequence));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    block_list_.emplace_back(config_, group_, i, ep_group);
+    block_list_.emplace_back(config_, group_, i, ep_group, sequence);
     blocks->push_back(block_list_.back());
   }
   final_norm = register_module("final_norm", make_layer_norm(config_));

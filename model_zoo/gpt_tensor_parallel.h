@@ -57,17 +57,23 @@
 namespace dscpp::model_zoo {
 
 struct TensorParallelGPTEmbeddingImpl : torch::nn::Module {
-  TensorParallelGPTEmbeddingImpl(const GPTConfig& config, nn::GroupPtr group);
-  at::Tensor forward(const at::Tensor& input_ids);  // [B,S] -> [B,S,h], whole on every rank
+  TensorParallelGPTEmbeddingImpl(const GPTConfig& config, nn::GroupPtr group,
+                                 nn::GroupPtr sequence_group = nullptr);
+  // [B,S] -> [B,S,h], whole on every rank; with a sequence group (DeepSpeed-Ulysses) the slice
+  // of rank r of it, its positions from r S.
+  at::Tensor forward(const at::Tensor& input_ids);
 
   nn::VocabParallelEmbedding word{nullptr};  // [V/t, h]
   torch::nn::Embedding position{nullptr};    // [positions, h], replicated
   double dropout = 0;
+  nn::GroupPtr sequence_group;
 };
 TORCH_MODULE(TensorParallelGPTEmbedding);
 
 struct TensorParallelGPTAttentionImpl : torch::nn::Module {
-  TensorParallelGPTAttentionImpl(const GPTConfig& config, nn::GroupPtr group);
+  // sequence_group: DeepSpeed-Ulysses' (GPTAttention's all-to-alls on this rank's heads).
+  TensorParallelGPTAttentionImpl(const GPTConfig& config, nn::GroupPtr group,
+                                 nn::GroupPtr sequence_group = nullptr);
   at::Tensor forward(const at::Tensor& x);
 
   nn::ColumnParallelLinear qkv{nullptr};  // [3h/t, h]: q, k, v rows of this rank's heads
@@ -75,6 +81,7 @@ struct TensorParallelGPTAttentionImpl : torch::nn::Module {
   int64_t local_heads = 0;                // num_attention_heads / t
   double dropout = 0;
   bool sequence_parallel = false;
+  nn::GroupPtr sequence_group;
 };
 TORCH_MODULE(TensorParallelGPTAttention);
 
@@ -93,7 +100,8 @@ struct TensorParallelGPTBlockImpl : torch::nn::Module, nn::TensorParallelModule 
   // layer: the block's index (an MoE config's moe_layer_freq); ep_group: the expert-parallel
   // group of an MoE block at expert degree > 1.
   TensorParallelGPTBlockImpl(const GPTConfig& config, nn::GroupPtr group, int64_t layer = 0,
-                             const nn::GroupPtr& ep_group = nullptr);
+                             const nn::GroupPtr& ep_group = nullptr,
+                             const nn::GroupPtr& sequence_group = nullptr);
   at::Tensor forward(const at::Tensor& x);
   // With sequence parallelism: the LayerNorms' parameters are sequence_parallel.
   std::map<std::string, nn::TensorParallelAttr> tensor_parallel_attributes() const override;
@@ -122,8 +130,11 @@ struct TensorParallelGPTImpl : torch::nn::Module, nn::TensorParallelModule {
   // (null for 1); num_attention_heads, the FFN width and vocab_size must divide by it.
   // expert_parallel_group: an MoE config's, of parallelism.expert_model_parallel_size ranks
   // inside this tensor rank's data group; null at 1.
+  // sequence_group: DeepSpeed-Ulysses' (GPTImpl's), over ranks of this tensor rank; each
+  // tensor rank's heads must then divide by its size.
   TensorParallelGPTImpl(GPTConfig config, nn::GroupPtr group,
-                        const nn::GroupPtr& expert_parallel_group = nullptr);
+                        const nn::GroupPtr& expert_parallel_group = nullptr,
+                        const nn::GroupPtr& sequence_group = nullptr);
 
   at::Tensor forward(const at::Tensor& input_ids);  // -> this rank's logits [B,S,V/t]
   at::Tensor loss(const at::Tensor& logits_parallel, const at::Tensor& targets) const;

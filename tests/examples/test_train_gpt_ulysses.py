@@ -2,6 +2,7 @@
 
 Tiny GPTs at seq 16, fp32, gradient accumulation 2, clipping 1.0, the same global batch (8
 sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-all):
+- tensor 2 (with Megatron's sequence parallelism) x sequence 2 at ZeRO 2 and 3;
 - sequence 2 (the ds_config's sequence_parallel_size) at ZeRO 1; sequence 2 x data 2 at ZeRO 2
   and at ZeRO 3; sequence 4 (the model config's parallelism.sequence_parallel_size) at ZeRO 2;
   sequence 2 x data 2 for a Llama-style GPT (RMSNorm, rotary positions, SwiGLU, 4 query heads
@@ -131,6 +132,16 @@ def main():
                                activation_checkpointing={"cpu_checkpointing": True, "number_checkpoints": 1}),
                         4)
         same("sequence 2 x data 2, checkpointed (ds_config options), ZeRO 2", ref_gpt, log, save_gpt, save)
+
+        # Tensor 2 (Megatron's sequence parallelism on) x sequence 2: each tensor rank's 2 heads
+        # split over the sequence ranks, the engine's group the 2 sequence ranks of a tensor rank.
+        for stage in (2, 3):
+            log, save = run(f"tensor 2 x sequence 2, ZeRO {stage}",
+                            model("gpt-t2s2", gpt, tensor_model_parallel_size=2, sequence_parallel=True,
+                                  sequence_parallel_size=2), config(f"z{stage}-t2s2", zero_optimization={"stage": stage}), 4)
+            check(f"tensor 2 x sequence 2, ZeRO {stage}: the start-up line names the layout",
+                  "tensor parallel 2 x data 1" in log and "sequence parallel 2 x data 1" in log, log)
+            same(f"tensor 2 x sequence 2, ZeRO {stage}", ref_gpt, log, save_gpt, save)
 
         log_llama, save_llama = run("one rank, Llama-style", model("llama", llama), z1, 1)
         log, save = run("Llama-style, context 2 (a2a) x data 2, ZeRO 1",
