@@ -88,6 +88,14 @@ nn::GroupPtr checked_sequence_group(const GPTConfig& c, const nn::GroupPtr& grou
         fmt::format("{}: the GPT needs a sequence-parallel group of {} ranks, got {}", p, p,
                     group ? fmt::format("a group of {}", given) : std::string("none")));
   if (p == 1) return nullptr;
+  // The router's balancing statistics (and capacity) are over the tokens it sees: under
+  // Ulysses each slice's, not the sequence's. Megatron's tensor-sequence shards sum theirs
+  // over the tensor group (nn/moe/router.h); the sequence group is not wired there yet.
+  if (c.moe.enabled())
+    throw ConfigError("parallelism.sequence_parallel_size",
+                      fmt::format("DeepSpeed-Ulysses ({} ranks) with MoE layers is not "
+                                  "implemented: expected 1 for an MoE model, found {}",
+                                  p, p));
   auto whole = [&](const char* key, int64_t n, const char* what) {
     if (n % p != 0)
       throw ConfigError(key, fmt::format("DeepSpeed-Ulysses splits the {} over the {} "
