@@ -26,7 +26,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_train_gpt_flags import FAILED, Job, check, megatron_format, write_json  # noqa: E402
+from test_train_gpt_flags import Job, check, megatron_format, summary, write_json  # noqa: E402
 from test_train_gpt_pipeline import steps  # noqa: E402
 
 import torch  # noqa: E402
@@ -183,11 +183,7 @@ def main():
         job.model = model("gpt-ring", gpt, context_parallel_size=2)
         rc, log = job.run("--deepspeed_config", z1, *common, ranks=2)
         check("ring attention is refused by name", rc != 0 and "ring attention" in log and "cp_comm_type" in log, log)
-    if FAILED:
-        print("FAILED:", FAILED)
-        return 1
-    print("all passed")
-    return 0
+    return summary()
 
 
 if __name__ == "__main__":
