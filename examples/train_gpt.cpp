@@ -244,8 +244,9 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
   auto engine = dscpp::initialize(model, ds_config, std::move(init));
   if (!cfg.fp8.empty()) dscpp::nn::check_fp8_usable(engine.device(), engine.config().fp16.enabled);
   // With sequence parallelism the aux losses are each tensor rank's part (nn/moe/router.h).
-  dscpp::examples::MoETraining moe(cfg, *model, data_group, engine.device(), nullptr, 1,
-                                   cfg.parallelism.sequence_parallel ? groups.model : nullptr);
+  dscpp::examples::MoETraining moe(
+      cfg, *model, data_group, engine.device(), nullptr, 1,
+      cfg.parallelism.sequence_parallel ? groups.model : sequence_group);
   const double init_s = seconds_since(init_start);
   // With sequence parallelism the engine's group holds sp ranks per data rank (the sequence
   // axis fastest); they read the same batch.

@@ -88,14 +88,20 @@ nn::GroupPtr checked_sequence_group(const GPTConfig& c, const nn::GroupPtr& grou
         fmt::format("{}: the GPT needs a sequence-parallel group of {} ranks, got {}", p, p,
                     group ? fmt::format("a group of {}", given) : std::string("none")));
   if (p == 1) return nullptr;
-  // The router's balancing statistics (and capacity) are over the tokens it sees: under
-  // Ulysses each slice's, not the sequence's. Megatron's tensor-sequence shards sum theirs
-  // over the tensor group (nn/moe/router.h); the sequence group is not wired there yet.
-  if (c.moe.enabled())
-    throw ConfigError("parallelism.sequence_parallel_size",
-                      fmt::format("DeepSpeed-Ulysses ({} ranks) with MoE layers is not "
-                                  "implemented: expected 1 for an MoE model, found {}",
-                                  p, p));
+  // The router counts over the sequence group (nn::moe::MoEOptions::sequence_group), whose
+  // per-sequence sums for seq_aux_loss take Megatron's sequence-major shards, not Ulysses'
+  // slices; and one token partition at a time.
+  if (c.moe.enabled() && c.moe.moe_router_load_balancing_type == "seq_aux_loss")
+    throw ConfigError("moe_router_load_balancing_type",
+                      fmt::format("\"seq_aux_loss\" under DeepSpeed-Ulysses ({} ranks) is not "
+                                  "implemented: expected \"aux_loss\" or \"none\"",
+                                  p));
+  if (c.moe.enabled() && c.parallelism.sequence_parallel)
+    throw ConfigError("parallelism.sequence_parallel",
+                      fmt::format("MoE layers under both Megatron's sequence parallelism and "
+                                  "DeepSpeed-Ulysses ({} ranks) are not implemented: the router "
+                                  "takes one token partition; expected false",
+                                  p));
   auto whole = [&](const char* key, int64_t n, const char* what) {
     if (n % p != 0)
       throw ConfigError(key, fmt::format("DeepSpeed-Ulysses splits the {} over the {} "
@@ -239,7 +245,7 @@ GPTBlockImpl::GPTBlockImpl(const GPTConfig& c, int64_t layer_,
   attn = register_module("attn", GPTAttention(c, sequence_group));
   ln_2 = register_module("ln_2", make_norm(c));
   if (c.moe.is_moe_layer(layer_)) {
-    moe = register_module("mlp", make_moe_mlp(c, ep_group));
+    moe = register_module("mlp", make_moe_mlp(c, ep_group, nullptr, sequence_group));
     moe_l_aux_coeff = moe_l_aux_coeff_of(c);
   } else {
     mlp = register_module("mlp", GPTMLP(c));

@@ -33,7 +33,8 @@ std::shared_ptr<comm::ProcessGroup> checked_expert_parallel_group(
 }
 
 nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::ProcessGroup>& ep_group,
-                          const std::shared_ptr<comm::ProcessGroup>& tensor_group) {
+                          const std::shared_ptr<comm::ProcessGroup>& tensor_group,
+                          const std::shared_ptr<comm::ProcessGroup>& sequence_group) {
   const bool tensor_parallel = nn::tensor_model_parallel_size(tensor_group) > 1;
   const MoEConfig& m = c.moe;
   const int64_t ep = c.parallelism.expert_model_parallel_size;
@@ -65,7 +66,8 @@ nn::moe::MoE make_moe_mlp(const GPTConfig& c, const std::shared_ptr<comm::Proces
                                                    : moe::Activation::kGelu)
       .latent_size(m.moe_latent_size)
       .tensor_group(tensor_parallel ? tensor_group : nullptr)
-      .sequence_parallel(tensor_parallel && c.parallelism.sequence_parallel);
+      .sequence_parallel(tensor_parallel && c.parallelism.sequence_parallel)
+      .sequence_group(sequence_group);
   if (m.moe_shared_expert_intermediate_size > 0) {
     GPTConfig shared = c;
     shared.ffn_hidden_size = m.moe_shared_expert_intermediate_size;

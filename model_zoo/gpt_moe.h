@@ -56,10 +56,12 @@ struct MoELayerStats {
 
 // The MoE layer of `config` (config.moe.enabled()); `ep_group` is the expert-parallel group
 // of parallelism.expert_model_parallel_size ranks (null at 1); tensor_group the
-// tensor-parallel GPT's model group (null, or one rank: the GPT's layer).
+// tensor-parallel GPT's model group (null, or one rank: the GPT's layer); sequence_group
+// DeepSpeed-Ulysses' (the router counts over it: nn::moe::MoEOptions::sequence_group).
 nn::moe::MoE make_moe_mlp(const GPTConfig& config,
                           const std::shared_ptr<comm::ProcessGroup>& ep_group,
-                          const std::shared_ptr<comm::ProcessGroup>& tensor_group = nullptr);
+                          const std::shared_ptr<comm::ProcessGroup>& tensor_group = nullptr,
+                          const std::shared_ptr<comm::ProcessGroup>& sequence_group = nullptr);
 
 // The MoE blocks' expert-parallel group: null at expert degree 1, else `ep_group`, which must
 // have that many ranks (a ConfigError naming parallelism.expert_model_parallel_size).

@@ -158,7 +158,7 @@ TensorParallelGPTBlockImpl::TensorParallelGPTBlockImpl(const GPTConfig& c, nn::G
   attn = register_module("attn", TensorParallelGPTAttention(c, group, sequence_group));
   ln_2 = register_module("ln_2", make_layer_norm(c));
   if (c.moe.is_moe_layer(layer_)) {
-    moe = register_module("mlp", make_moe_mlp(c, ep_group, group));
+    moe = register_module("mlp", make_moe_mlp(c, ep_group, group, sequence_group));
     moe_l_aux_coeff = moe_l_aux_coeff_of(c);
   } else {
     mlp = register_module("mlp", TensorParallelGPTMLP(c, group));

@@ -38,7 +38,7 @@ TopKGateOptions gate_options(const MoEOptions& o) {
       .group_topk(o.group_topk())
       .enable_expert_bias(o.enable_expert_bias())
       .bias_update_rate(o.bias_update_rate())
-      .sequence_partition_group(o.sequence_parallel() ? o.tensor_group() : nullptr);
+      .sequence_partition_group(o.sequence_parallel() ? o.tensor_group() : o.sequence_group());
 }
 
 nn::TensorParallelAttr partial() {
@@ -135,6 +135,14 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
                   "group of ep_size ranks; got " +
                   (o.ep_group() ? "a group of " + std::to_string(o.ep_group()->size()) + " ranks"
                                 : std::string("none")));
+  if (tensor_model_parallel_size(o.sequence_group()) > 1) {
+    check_moe(!o.sequence_parallel(),
+              "a sequence group (DeepSpeed-Ulysses) beside Megatron's sequence parallelism: the "
+              "router takes one token partition");
+    check_moe(o.seq_aux_loss_coeff() == 0,
+              "seq_aux_loss under a sequence group (DeepSpeed-Ulysses): its per-sequence sums "
+              "take sequence-major shards");
+  }
   check_moe(o.latent_size() >= 0, "latent_size must be >= 0");
   const int64_t width = o.latent_size() > 0 ? o.latent_size() : o.hidden_size();
   const int64_t local = o.num_experts() / o.ep_size();

@@ -86,6 +86,12 @@ struct MoEOptions {
   TORCH_ARG(GroupPtr, tensor_group);
   // The input is tensor_group's sequence shard (see above); false: replicated over the group.
   TORCH_ARG(bool, sequence_parallel) = false;
+  // DeepSpeed-Ulysses' group: the input is this rank's slice of every sequence (batch-major);
+  // the router counts over the group as over Megatron's shards (router.h's
+  // sequence_partition_group: the aux losses each rank's part, the capacity the slice's own).
+  // No parameter is marked: the engine sums every gradient over the sequence ranks anyway. Not
+  // with sequence_parallel, nor with seq_aux_loss (whose per-sequence sums are sequence-major).
+  TORCH_ARG(GroupPtr, sequence_group);
   TORCH_ARG(int64_t, k) = 1;
   TORCH_ARG(double, capacity_factor) = 1.0;  // 0: dropless
   TORCH_ARG(double, eval_capacity_factor) = 1.0;

@@ -11,6 +11,9 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
 - every step's logged loss equals one rank's within 1e-5 relative, its lr and grad norm as one
   rank's (printed to 3 decimals); the start-up line names the layout;
 - the final weights, saved by each run (DeepSpeed's layout), equal one rank's within 1e-5;
+- an MoE GPT (aux loss, z loss, expert bias) at sequence 2 x data 2, its router counting over
+  the sequence group, as data 2 without sequence parallelism (whose aux losses are each data
+  rank's, as DeepSpeed's);
 - the tiled loss (tiled_logits_loss_shards) and the tiled MLP (tiled_mlp_shards; in checkpointed
   blocks at ZeRO 3; SwiGLU) under sequence parallelism as the untiled one rank;
 - a run saved at sequence 2 resumes at sequence 1 (one rank) and at sequence 4, each going on as
@@ -76,14 +79,14 @@ def main():
             check(name + ": trains 5 steps", rc == 0 and len(steps(log)) == 5, log)
             return log, save
 
-        def same(name, ref, log, ref_save, save):
+        def same(name, ref, log, ref_save, save, against="one rank's"):
             got = steps(log)
             if len(ref) != 5 or len(got) != 5:
                 return
             worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref, got))
-            check(f"{name}: losses as one rank's within 1e-5 relative (worst {worst:.2e})", worst <= 1e-5,
+            check(f"{name}: losses as {against} within 1e-5 relative (worst {worst:.2e})", worst <= 1e-5,
                   log)
-            check(name + ": lr and grad norm as one rank's",
+            check(f"{name}: lr and grad norm as {against}",
                   [(a["lr"], a["norm"]) for a in ref] == [(b["lr"], b["norm"]) for b in got], log)
             w1, w2 = weights(args.zero_to_fp32, ref_save), weights(args.zero_to_fp32, save)
             check(name + ": the same weights are saved", sorted(w1) == sorted(w2), f"{sorted(w1)} {sorted(w2)}")
@@ -91,7 +94,7 @@ def main():
                 # Absolute: Adam moves a weight by about lr whatever its gradient's size, so the
                 # sums' order (another reduction tree) shows as a few ulps of the step, not of w.
                 diff = max((w1[k] - w2[k]).abs().max().item() for k in w1)
-                check(f"{name}: the saved weights are one rank's within 1e-5 (worst {diff:.2e})", diff <= 1e-5,
+                check(f"{name}: the saved weights are {against} within 1e-5 (worst {diff:.2e})", diff <= 1e-5,
                       log)
 
         z1, z2, z3 = (config(f"z{s}", zero_optimization={"stage": s}) for s in (1, 2, 3))
@@ -151,6 +154,19 @@ def main():
                         model("llama-tiled", dict(llama, tiled_mlp_shards=2, tiled_logits_loss_shards=3),
                               sequence_parallel_size=2), z2, 2)
         same("Llama-style, sequence 2, tiled MLP and loss, ZeRO 2", steps(log_llama), log, save_llama, save)
+
+        # An MoE GPT (the Llama-style blocks, every other one 4 experts top-2 with a shared
+        # expert, sigmoid scores, the aux and z losses and the expert bias): the router counts
+        # over the sequence group, so its balancing is the whole sequences'. Its reference is
+        # data 2 without sequence parallelism: the aux losses are each data rank's micro-batch's
+        # (DeepSpeed's), not one rank's whole batch's.
+        moe = dict(llama, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, moe_layer_freq=2,
+                   moe_shared_expert_intermediate_size=32, moe_router_score_function="sigmoid",
+                   moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.001,
+                   moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.01, moe_z_loss_coeff=0.001)
+        log_moe, save_moe = run("data 2, MoE", model("moe", moe), z2, 2)
+        log, save = run("MoE, sequence 2 x data 2, ZeRO 2", model("moe-sp2", moe, sequence_parallel_size=2), z2, 4)
+        same("MoE, sequence 2 x data 2, ZeRO 2", steps(log_moe), log, save_moe, save, "data 2's")
 
         # Resume: 3 steps at sequence 2, then the rest at sequence 1 and at sequence 4.
         job.model = model("gpt", gpt)
