@@ -33,7 +33,6 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <chrono>
 #include <csignal>
@@ -69,15 +68,16 @@
 #include "dscpp/runtime/monitor/monitor.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
 #include "gpt_flags.h"
+#include "job_groups.h"
 #include "moe_training.h"
 #include "non_finite_check.h"
+#include "step_recording.h"
 #include "train_gpt_checkpoint.h"
 #include "train_gpt_log.h"
 #include "train_gpt_pipeline.h"
-#ifdef DSCPP_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#include <torch/csrc/cuda/memory_snapshot.h>
-#endif
+
+// (step_recording.h's device waits and profiles, job_groups.h's groups)
+using namespace dscpp::examples;  // NOLINT(google-build-using-namespace)
 
 namespace {
 
@@ -92,114 +92,12 @@ using Args = dscpp::examples::GptOptions;
 
 using dscpp::examples::peak_memory;
 
-// Waits for the device's queued work, so a profile or a timing holds exactly one step.
-void device_sync(at::Device device) {
-#ifdef DSCPP_CUDA
-  if (device.is_cuda()) c10::cuda::device_synchronize();
-#endif
-  (void)device;
-}
-
-// One step under LibTorch's Kineto profiler (the C++ side of torch.profiler): start() before
-// the step, stop() after it saves the Chrome trace. Kineto is compiled into the pip LibTorch
-// (torch.autograd.kineto_available()), with CUPTI for the CUDA kernels. Autograd's worker
-// threads inherit the profiler through the thread-local state of backward, so backward's ops
-// are recorded too.
-class StepProfiler {
- public:
-  StepProfiler(at::Device device, std::string path) : device_(device), path_(std::move(path)) {}
-
-  void start() {
-    namespace impl = torch::profiler::impl;
-    std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
-    if (device_.is_cuda()) activities.insert(impl::ActivityType::CUDA);
-    const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/true,
-                                      /*profile_memory=*/false);
-    torch::autograd::profiler::prepareProfiler(config, activities);
-    device_sync(device_);
-    torch::autograd::profiler::enableProfiler(config, activities);
-  }
-
-  void stop() {
-    device_sync(device_);  // the step's last kernels must have run before CUPTI is flushed
-    auto result = torch::autograd::profiler::disableProfiler();
-    result->save(path_);
-  }
-
- private:
-  at::Device device_;
-  std::string path_;
-};
-
 // A batch onto the engine's device. On a GPU through pinned memory and without blocking: a
 // pageable copy would hold the host until the stream's queued work (the last step's optimizer)
 // has run, and the next forward could not be queued behind it.
 at::Tensor to_device(const at::Tensor& t, at::Device device) {
   if (!device.is_cuda()) return t.to(device);
   return t.pin_memory().to(device, /*non_blocking=*/true);
-}
-
-// The CUDA caching allocator's history with C++ stacks (torch.cuda.memory._record_memory_history
-// from C++); a no-op off CUDA.
-void memory_history(at::Device device, bool on) {
-#ifdef DSCPP_CUDA
-  if (!device.is_cuda()) return;
-  if (on)
-    torch::cuda::_record_memory_history(std::optional<std::string>("all"),
-                                        std::optional<std::string>("all"), "all", 1000000);
-  else
-    torch::cuda::_record_memory_history(std::optional<std::string>(std::nullopt));
-#else
-  (void)device;
-  (void)on;
-#endif
-}
-
-void write_memory_snapshot(const std::string& path) {
-#ifdef DSCPP_CUDA
-  std::ofstream(path, std::ios::binary) << torch::cuda::_memory_snapshot_pickled();
-#else
-  throw std::runtime_error("--memory-snapshot " + path + ": needs the CUDA build");
-#endif
-}
-
-// PATH for rank 0 alone; PATH with "-rank<R>" before its extension when every rank writes.
-std::string profile_path(const std::string& path, int rank, bool all_ranks) {
-  if (!all_ranks) return path;
-  const std::filesystem::path p(path);
-  const std::string name =
-      p.stem().string() + fmt::format("-rank{}", rank) + p.extension().string();
-  return (p.parent_path() / name).string();
-}
-
-// The job's groups in the layout pipe 1 x data x sequence x model (DeepSpeed's order, the model
-// axis fastest: a tensor-parallel group is consecutive ranks; DeepSpeed-Ulysses' groups next,
-// inside the data axis, where Megatron places its context-parallel groups): the model group,
-// the sequence group, and the engine's group, every rank of this model rank (the data and
-// sequence ranks: ZeRO partitions and reduces over it). Null where the degree is 1 (the
-// engine's: the world). Collective: every rank makes every group, in one order.
-struct JobGroups {
-  std::shared_ptr<dscpp::comm::ProcessGroup> data, model, sequence;
-};
-JobGroups job_groups(int64_t tensor, int64_t sequence) {
-  auto world = dscpp::comm::init_distributed();
-  const int t = static_cast<int>(tensor), p = static_cast<int>(sequence);
-  dscpp::comm::Topology topo({"pipe", "data", "sequence", "model"},
-                             {1, world->size() / (t * p), p, t});
-  JobGroups g;
-  if (t > 1) {
-    for (const auto& ranks : topo.get_axis_comm_lists("model"))
-      if (auto sub = world->new_subgroup(ranks, "model")) g.model = sub;
-    for (int m = 0; m < t; ++m) {
-      std::vector<int> ranks;
-      for (int r = m; r < world->size(); r += t) ranks.push_back(r);
-      if (auto sub = world->new_subgroup(ranks, "data")) g.data = sub;
-    }
-  }
-  if (p > 1)
-    for (const auto& ranks : topo.get_axis_comm_lists("sequence"))
-      if (auto sub = world->new_subgroup(ranks, "sequence")) g.sequence = sub;
-  return g;
 }
 
 // GPT's loss for the module trained, through the engine's forward: the GPT module's

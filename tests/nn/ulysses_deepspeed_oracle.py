@@ -9,7 +9,7 @@ float64 q [B, S, Hq, d], k, v [B, S, Hkv, d] (batch first), back-propagating gra
 then ulysses_cli runs dscpp's all-to-alls (nn/tensor_parallel_mappings.h) around the same
 attention on p ranks through the launcher. Each rank's output and q, k, v gradients must equal
 DeepSpeed's (float64, 1e-12 of the largest value), and both must equal attention over the whole
-sequence in one process. Cases: p 2 and 4, multi-head and grouped-query (Hkv = p, 2p). Prints
+sequence in one process. Cases: p 2 with grouped-query heads, p 4 multi-head. Prints
 one line per case and `N passed, M failed`."""
 import argparse
 import os
@@ -27,11 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from dscpp_test_ports import free_port  # noqa: E402
 
 TOL = 1e-12
+# Two ranks with grouped-query heads (one key/value head a rank), four with multi-head: each
+# case's DeepSpeed side pays DeepSpeed's start-up, so the pair covers both axes.
 CASES = [
-    dict(name="p2_mha", p=2, b=2, s=16, hq=4, hkv=4, d=8),
-    dict(name="p2_gqa", p=2, b=1, s=12, hq=8, hkv=2, d=4),
+    dict(name="p2_gqa", p=2, b=2, s=12, hq=8, hkv=2, d=4),
     dict(name="p4_mha", p=4, b=1, s=16, hq=8, hkv=8, d=4),
-    dict(name="p4_gqa", p=4, b=2, s=8, hq=8, hkv=4, d=4),
 ]
 
 
