@@ -30,6 +30,21 @@ bool cuda_visible() {
 #endif
 }
 
+// A store whose server closed the connection under a rank that had reached it: most often
+// the server was another job's rank 0 on the same port, which finished (or failed) and went.
+// The rank's own rank 0 may serve the port a moment later, but this rank already spoke to a
+// stranger, so it fails, and says so.
+std::string lost_server_hint(const std::exception& ex, const DistEnv& e) {
+  const std::string text = error_text(ex);
+  for (const char* lost : {"reset by peer", "Broken pipe", "closed by peer"})
+    if (text.find(lost) != std::string::npos)
+      return fmt::format(
+          " (its server went away: another job using --master_port {} may have served it; give "
+          "each job its own port)",
+          e.master_port);
+  return "";
+}
+
 // Rank 0 writes its job's identity into the store before anyone can use it; every other
 // rank reads it back before it writes anything, so a rank of another job that reached this
 // store (two jobs started at once on one port) fails here and never touches our keys.
@@ -44,7 +59,7 @@ void check_same_job(c10d::Store& store, const DistEnv& e) {
   std::string theirs(raw.begin(), raw.end());
   if (theirs != ours)
     throw CommError(fmt::format(
-        "rank {} of {} reached the store at {}:{}, but it belongs to another job (job id {}, "
+        "rank {} of {} reached the store at {} port {}, but it belongs to another job (job id {}, "
         "ours {}): two jobs are using --master_port {}; give each job its own port",
         e.rank, e.world_size, e.master_addr, e.master_port, theirs, ours, e.master_port));
 }
@@ -155,18 +170,18 @@ std::shared_ptr<ProcessGroup> init_distributed(const InitOptions& options) {
             fmt::format("rank 0 of {} could not serve the store on port {} (is another job using "
                         "--master_port {}?): {}",
                         e.world_size, e.master_port, e.master_port, error_text(ex)));
-      throw CommError(fmt::format("rank {} of {} could not reach the store at {}:{}: {}", e.rank,
-                                  e.world_size, e.master_addr, e.master_port, error_text(ex)));
+      throw CommError(fmt::format("rank {} of {} could not reach the store at {} port {}{}: {}",
+                                  e.rank, e.world_size, e.master_addr, e.master_port,
+                                  lost_server_hint(ex, e), error_text(ex)));
     }
     try {
       check_same_job(*store, e);
     } catch (const CommError&) {
       throw;
     } catch (const std::exception& ex) {
-      throw CommError(
-          fmt::format("rank {} of {} could not read the job id from the store at "
-                      "{}:{}: {}",
-                      e.rank, e.world_size, e.master_addr, e.master_port, error_text(ex)));
+      throw CommError(fmt::format(
+          "rank {} of {} could not read the job id from the store at {} port {}{}: {}", e.rank,
+          e.world_size, e.master_addr, e.master_port, lost_server_hint(ex, e), error_text(ex)));
     }
   }
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world/", store);
