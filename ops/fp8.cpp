@@ -60,7 +60,28 @@ at::Tensor factor_from_amax(const at::Tensor& amax, Format f, int margin) {
   return quantising_factor(amax, f, margin, false);
 }
 
+#ifdef DSCPP_CUDA
+namespace {
+
+// |x|'s maximum [1] (fp32) by ops/fp8_cast.cu's reduction; x contiguous, of a kernel type.
+at::Tensor amax_cuda(const at::Tensor& x, cuda::DType type) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({1}, x.options().dtype(at::kFloat));
+  cuda::launch_fp8_amax(x.data_ptr(), x.numel(), type, out.data_ptr<float>(),
+                        c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  return out;
+}
+
+}  // namespace
+#endif
+
 at::Tensor amax(const at::Tensor& x) {
+#ifdef DSCPP_CUDA
+  if (x.is_cuda() && x.numel() > 0) {
+    if (const auto type = cuda::kernel_dtype(x.scalar_type()))
+      return amax_cuda(x.contiguous(), *type).reshape({});
+  }
+#endif
   return at::linalg_vector_norm(x, INFINITY).to(at::kFloat);
 }
 
@@ -85,7 +106,8 @@ Quantized transposed(const Quantized& q) {
 }
 
 #ifdef DSCPP_CUDA
-// The one-pass kernel: the amax by one reduction (the infinity norm: no |x| is written), then
+// The one-pass kernel: the amax by one reduction (fp8_amax_kernel for one scale, the infinity
+// norm along a dimension for a scale per slice: no |x| is written), then
 // the cast into the layouts asked for, the factors taken from the amax on the device.
 Layouts quantize_layouts_cuda(const at::Tensor& x_in, int64_t reduced, Format f, int margin,
                               bool power_of_2, bool want_rows, bool want_transposed,
@@ -93,15 +115,16 @@ Layouts quantize_layouts_cuda(const at::Tensor& x_in, int64_t reduced, Format f,
   const at::Tensor x = x_in.contiguous();
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), cols = x.size(1);
-  at::Tensor amax = reduced < 0 ? at::linalg_vector_norm(x, INFINITY)
-                                : at::linalg_vector_norm(x, INFINITY, {reduced}, false);
-  amax = amax.to(x.scalar_type()).contiguous();
+  const at::Tensor amax =
+      reduced < 0
+          ? amax_cuda(x, type)
+          : at::linalg_vector_norm(x, INFINITY, {reduced}, false).to(at::kFloat).contiguous();
   const auto bytes = x.options().dtype(dtype(f));
   Layouts out;
   at::Tensor data = want_rows ? at::empty({rows, cols}, bytes) : at::Tensor();
   at::Tensor data_t = want_transposed ? at::empty({cols, rows}, bytes) : at::Tensor();
   at::Tensor scale = at::empty({amax.numel()}, x.options().dtype(at::kFloat));
-  cuda::launch_fp8_cast(x.data_ptr(), amax.data_ptr(), rows, cols, type,
+  cuda::launch_fp8_cast(x.data_ptr(), amax.data_ptr<float>(), rows, cols, type,
                         reduced < 0    ? 0
                         : reduced == 1 ? 1
                                        : 2,

@@ -6,8 +6,11 @@
 // trip). Where the tile is whole and the shapes allow it, each thread reads 8 elements in 16-byte
 // loads, writes their 8 fp8 bytes in one store, and writes the transposed tile from shared
 // memory 16 bytes at a time; a tile at the edge, or a shape that does not allow the wide
-// accesses, goes element by element. The first version took one element a thread and a
-// byte a store: 105 µs a cast on average, a quarter of an FP8 step (perf-log 2026-12-07 M).
+// accesses, goes element by element. A tensor's one amax comes from fp8_amax_kernel (16-byte
+// loads, one atomic a block), where ATen's generic reduction ran at about half the card's
+// bandwidth, 7.6% of an FP8 step (perf-log 2026-12-07 P). The first version took one element a
+// thread and a byte a store: 105 µs a cast on average, a quarter of an FP8 step (perf-log
+// 2026-12-07 M).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -37,9 +40,8 @@ struct Cast {
 
 // max / (max(amax, 1e-12) · 2^margin) in float64, then fp32, as ops/fp8.cpp's composition (and
 // torchao) compute it; a NaN amax stays NaN.
-template <typename T>
-__device__ float factor_of(const T* amax, int64_t i, const Cast& c) {
-  double a = static_cast<double>(to_float(amax[i]));
+__device__ float factor_of(const float* amax, int64_t i, const Cast& c) {
+  double a = static_cast<double>(amax[i]);
   if (a < 1e-12) a = 1e-12;
   float q = static_cast<float>(c.max_finite / (a * c.headroom));
   if (c.power_of_2) q = exp2f(floorf(log2f(q)));
@@ -68,8 +70,8 @@ __device__ __forceinline__ void load_wide(const T* p, float (&v)[kWide]) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    fp8_cast_kernel(const T* __restrict__ x, const T* __restrict__ amax, int64_t rows, int64_t cols,
-                    int scale_axis, Cast c, bool wide, uint8_t* __restrict__ out,
+    fp8_cast_kernel(const T* __restrict__ x, const float* __restrict__ amax, int64_t rows,
+                    int64_t cols, int scale_axis, Cast c, bool wide, uint8_t* __restrict__ out,
                     uint8_t* __restrict__ out_t, float* __restrict__ scale_out) {
   __shared__ uint8_t tile[kTile][kStride];
   __shared__ float factor[kTile];
@@ -159,9 +161,46 @@ bool aligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
+// The larger of two absolute values, NaN winning (fmaxf would drop it).
+__device__ __forceinline__ float max_nan(float a, float b) {
+  return isnan(a) || a > b ? a : b;
+}
+
+// |x|'s maximum into *amax (zeroed before): each thread over 16-byte packs (grid-stride), then
+// the warp and the block, then one atomicMax a block on the float's bits, which order as the
+// values do for non-negative floats, a NaN (sign cleared by fabsf) above infinity.
+template <typename T, bool kWideLoads>
+__global__ void __launch_bounds__(kThreads)
+    fp8_amax_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ amax) {
+  __shared__ float warp_max[kThreads / 32];
+  float m = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  int64_t tail = 0;
+  if constexpr (kWideLoads) {
+    constexpr int kPer = Pack<T>::kVec;
+    const int64_t packs = n / kPer;
+    for (int64_t i = first; i < packs; i += stride) {
+      const Pack<T> pk = load_pack(x + i * kPer);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) m = max_nan(fabsf(to_float(pk.v[e])), m);
+    }
+    tail = packs * kPer;
+  }
+  for (int64_t i = tail + first; i < n; i += stride) m = max_nan(fabsf(to_float(x[i])), m);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) m = max_nan(__shfl_xor_sync(0xffffffffu, m, o), m);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = max_nan(warp_max[w], m);
+    atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
+  }
+}
+
 }  // namespace
 
-void launch_fp8_cast(const void* x, const void* amax, int64_t rows, int64_t cols, DType dtype,
+void launch_fp8_cast(const void* x, const float* amax, int64_t rows, int64_t cols, DType dtype,
                      int scale_axis, Fp8Kind kind, int margin, bool power_of_2, void* out,
                      void* out_t, float* scale_out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
@@ -178,8 +217,28 @@ void launch_fp8_cast(const void* x, const void* amax, int64_t rows, int64_t cols
   dispatch(dtype, [&](auto type_tag) {
     using T = decltype(type_tag);
     fp8_cast_kernel<T><<<grid, kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(amax), rows, cols, scale_axis, c, wide,
-        static_cast<uint8_t*>(out), static_cast<uint8_t*>(out_t), scale_out);
+        static_cast<const T*>(x), amax, rows, cols, scale_axis, c, wide, static_cast<uint8_t*>(out),
+        static_cast<uint8_t*>(out_t), scale_out);
+  });
+  DSCPP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_fp8_amax(const void* x, int64_t n, DType dtype, float* amax, cudaStream_t stream) {
+  DSCPP_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+  if (n <= 0) return;
+  // Enough blocks to keep every SM's loads in flight (8 a multiprocessor), no more: each block
+  // ends in one atomic.
+  int device = 0, sms = 0;
+  DSCPP_CUDA_CHECK(cudaGetDevice(&device));
+  DSCPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t wanted = (n + 8 * kThreads - 1) / (8 * kThreads);
+  const unsigned grid = static_cast<unsigned>(wanted < 8 * sms ? wanted : 8 * sms);
+  dispatch(dtype, [&](auto type_tag) {
+    using T = decltype(type_tag);
+    if (aligned(x, 16))
+      fp8_amax_kernel<T, true><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, amax);
+    else
+      fp8_amax_kernel<T, false><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, amax);
   });
   DSCPP_CUDA_CHECK(cudaGetLastError());
 }

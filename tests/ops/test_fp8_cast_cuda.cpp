@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,31 @@ TEST(Fp8CastCuda, BothLayoutsMatchTheFormulaInAtenByteForByte) {
                                         want.scale.dim() == 2 ? want.scale.t() : want.scale};
             expect_same(got.transposed, want_t, "transposed");
           }
+}
+
+// The tensor's absolute maximum (ops/fp8_cast.cu's reduction, behind fp8::amax and every
+// one-scale cast) against ATen's abs().amax(), exactly: lengths below one pack, with a tail
+// after the packs, and over more packs than the grid has threads (grid-stride); a start that
+// is not 16-byte aligned; a NaN anywhere gives NaN and an infinity infinity.
+TEST(Fp8CastCuda, TheAbsoluteMaximumIsAtensExactly) {
+  DSCPP_SKIP_WITHOUT_CUDA();
+  at::manual_seed(47);
+  for (const at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (const int64_t n :
+         {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{4099}, int64_t{5'000'011}}) {
+      for (const int64_t offset : {0, 1}) {
+        const at::Tensor base = input(1, n + offset, type).view({-1});
+        const at::Tensor x = base.narrow(0, offset, n);
+        const std::string what = fmt::format("{} n={} offset={}", c10::toString(type), n, offset);
+        EXPECT_TRUE(at::equal(fp8::amax(x).cpu(), x.abs().amax().to(at::kFloat).cpu())) << what;
+        at::Tensor y = x.clone();
+        y[n - 1] = INFINITY;
+        EXPECT_TRUE(std::isinf(fp8::amax(y).item<float>())) << what << ": infinity";
+        y[n / 2] = NAN;
+        EXPECT_TRUE(std::isnan(fp8::amax(y).item<float>())) << what << ": NaN";
+      }
+    }
+  }
 }
 
 TEST(Fp8CastCuda, OneLayoutAloneAndAStridedInput) {
