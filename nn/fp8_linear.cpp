@@ -25,6 +25,7 @@ namespace fp8 = ops::fp8;
 namespace {
 
 thread_local Fp8ScopeState tl_scope;
+thread_local bool tl_weight_casts_not_kept = false;
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -66,21 +67,26 @@ fp8::Quantized as_right(const fp8::Quantized& b_t) {
   return {b_t.data.t(), b_t.scale.dim() == 2 ? b_t.scale.t() : b_t.scale};
 }
 
-// y = x · Wᵀ: x per row and W per output row (both reduced over in). Tensorwise, xᵀ's fp8 (dW's
-// operand) comes out of the same pass as x's and is what backward keeps instead of x: one byte
-// an element instead of two, and no second cast of x.
+// y = x · Wᵀ: x per row and W per output row (both reduced over in). With one scale a tensor
+// (tensorwise, delayed), the casts backward needs come out of forward's passes and are what it
+// keeps: xᵀ's fp8 (dW's operand) instead of x, one byte an element instead of two; Wᵀ's fp8
+// (dx's operand), so that W is not read and cast a second time in backward (88 of the 352
+// casts of a 1.31 B step, and as many amax reductions: perf-log 2026-12-07 P).
 at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, const Fp8Recipe& r, const Delayed& d) {
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   const bool keep_xt = tensorwise(r) && weight.requires_grad();
+  const bool keep_wt = tensorwise(r) && x.requires_grad() && !tl_weight_casts_not_kept;
   const fp8::Layouts xq = quantize(x2, 1, fp8::Format::E4M3, r, true, keep_xt, d);
   const fp8::Layouts wq =
-      quantize(weight, 1, fp8::Format::E4M3, r, true, false, d, Fp8Operand::Weight);
+      quantize(weight, 1, fp8::Format::E4M3, r, true, keep_wt, d, Fp8Operand::Weight);
   at::Tensor out = fp8::scaled_mm(xq.rows, as_right(wq.rows), x.scalar_type(), bias);
+  const at::Tensor wt = keep_wt ? wq.transposed.data : at::Tensor();
+  const at::Tensor wt_scale = keep_wt ? wq.transposed.scale : at::Tensor();
   if (keep_xt) {
-    ctx->save_for_backward({xq.transposed.data, xq.transposed.scale, weight});
+    ctx->save_for_backward({xq.transposed.data, xq.transposed.scale, weight, wt, wt_scale});
   } else {
-    ctx->save_for_backward({x2, at::Tensor(), weight});
+    ctx->save_for_backward({x2, at::Tensor(), weight, wt, wt_scale});
   }
   ctx->saved_data["x_sizes"] = x.sizes().vec();
   ctx->saved_data["hybrid"] = r.hybrid;
@@ -120,15 +126,19 @@ variable_list fp8_backward_products(AutogradContext* ctx, const at::Tensor& grad
     gq = quantize(g, 1, gf, r, dx, dw && tensorwise(r), d, Fp8Operand::OutputGrad);
   if (dw && !tensorwise(r)) gq.transposed = quantize(g, 0, gf, r, false, true).transposed;
   if (dx) {
-    // W per column (reduced over out): Wᵀ row-major is the column-major W the product takes.
-    // (Delayed: by the factor forward cast it with; its amax is forward's.)
-    const fp8::Layouts wq = r.scaling == Fp8Scaling::Delayed
-                                ? fp8::quantize_layouts_by_factor(
-                                      weight, d.scale.narrow(0, 3 * d.slot + 1, 1).reshape({}),
-                                      fp8::Format::E4M3, false, true)
-                                : quantize(weight, 0, fp8::Format::E4M3, r, false, true);
+    // W per column (reduced over out): Wᵀ row-major is the column-major W the product takes;
+    // forward's (one scale: the same values), else cast now (delayed: by the factor forward
+    // cast it with, its amax forward's).
+    const fp8::Quantized wt =
+        saved[3].defined() ? fp8::Quantized{saved[3], saved[4]}
+        : r.scaling == Fp8Scaling::Delayed
+            ? fp8::quantize_layouts_by_factor(weight,
+                                              d.scale.narrow(0, 3 * d.slot + 1, 1).reshape({}),
+                                              fp8::Format::E4M3, false, true)
+                  .transposed
+            : quantize(weight, 0, fp8::Format::E4M3, r, false, true).transposed;
     const auto x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    out[0] = fp8::scaled_mm(gq.rows, as_right(wq.transposed), grad.scalar_type()).view(x_sizes);
+    out[0] = fp8::scaled_mm(gq.rows, as_right(wt), grad.scalar_type()).view(x_sizes);
   }
   if (dw) {
     // x per column (reduced over the tokens): xᵀ, kept from forward (tensorwise) or cast now.
@@ -187,6 +197,14 @@ Fp8Autocast::Fp8Autocast(std::optional<Fp8Recipe> recipe, Fp8MetaImpl* meta) : s
 
 Fp8Autocast::~Fp8Autocast() {
   tl_scope = saved_;
+}
+
+Fp8WeightCastsNotKept::Fp8WeightCastsNotKept() : saved_(tl_weight_casts_not_kept) {
+  tl_weight_casts_not_kept = true;
+}
+
+Fp8WeightCastsNotKept::~Fp8WeightCastsNotKept() {
+  tl_weight_casts_not_kept = saved_;
 }
 
 void check_fp8_usable(const c10::Device& device, bool fp16) {

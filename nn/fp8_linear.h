@@ -54,6 +54,22 @@ class Fp8Autocast {
   Fp8ScopeState saved_;
 };
 
+// While one lives on this thread, the FP8 linear does not keep forward's cast of the weight
+// (Wᵀ in fp8) for backward, and casts the weight again there. A layer whose parameters are
+// released after its forward (ZeRO stage 3 layer by layer: nn::LayerModule with hooks opens
+// one around such a layer) would otherwise hold a byte a parameter until its backward, beyond
+// ZeRO-3's bound on the parameters a rank holds. Scopes nest.
+class Fp8WeightCastsNotKept {
+ public:
+  Fp8WeightCastsNotKept();
+  ~Fp8WeightCastsNotKept();
+  Fp8WeightCastsNotKept(const Fp8WeightCastsNotKept&) = delete;
+  Fp8WeightCastsNotKept& operator=(const Fp8WeightCastsNotKept&) = delete;
+
+ private:
+  bool saved_;
+};
+
 // Throws ops::fp8::Fp8Error where fp8 cannot train: with fp16 (FP8 keeps the parameters bf16;
 // fp16's loss scaling and fp8's scales would fight), or on a GPU without FP8 tensor cores
 // (compute capability below 8.9). The CPU runs fp8 products through ATen (for tests).

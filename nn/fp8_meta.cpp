@@ -14,11 +14,16 @@ namespace dscpp::nn {
 namespace fp8 = ops::fp8;
 
 Fp8MetaImpl::Fp8MetaImpl(int64_t products, const Fp8Recipe& recipe) : recipe_(recipe) {
-  if (products < 1 || recipe.scaling != Fp8Scaling::Delayed || recipe.amax_history_len < 1)
+  if (recipe.scaling != Fp8Scaling::Delayed)
     throw fp8::Fp8Error(
-        "Fp8Meta: expected a delayed recipe with a history and at least one "
-        "product, found " +
-        std::to_string(products) + " products");
+        "Fp8Meta: the amax history is the delayed recipe's; this recipe scales from each "
+        "tensor's own amax (tensorwise or rowwise) and keeps no state");
+  if (products < 1 || recipe.amax_history_len < 1)
+    throw fp8::Fp8Error(
+        "Fp8Meta: expected at least one product and a history of at least one "
+        "step, found " +
+        std::to_string(products) + " products and a history of " +
+        std::to_string(recipe.amax_history_len));
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   amax_history =
       register_buffer("amax_history", at::zeros({recipe.amax_history_len, 3 * products}, f32));

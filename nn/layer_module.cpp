@@ -3,9 +3,11 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include "dscpp/error.h"
+#include "dscpp/nn/fp8_linear.h"
 #include "dscpp/nn/module_scope.h"
 
 namespace dscpp::nn {
@@ -64,6 +66,9 @@ at::Tensor LayerModuleImpl::forward(at::Tensor x) {
     if (hooks_) hooks_->before_forward(layer);
     {
       nn::ModuleScope scope(*layers_[i].module);  // the layer's operators are its module's
+      // Hooks gather the layer's parameters and may release them after it (fp8_linear.h).
+      std::optional<Fp8WeightCastsNotKept> released;
+      if (hooks_) released.emplace();
       x = layers_[i].forward(x);
     }
     if (hooks_) x = hooks_->after_forward(layer, x);

@@ -5,16 +5,21 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "dscpp/nn/fp8_linear.h"
+#include "dscpp/nn/fp8_meta.h"
 #include "dscpp/nn/linear.h"
 #include "dscpp/ops/fp8.h"
 #include "tests/gpu_skip.h"
 
 namespace fp8 = dscpp::ops::fp8;
 using dscpp::nn::Fp8Autocast;
+using dscpp::nn::Fp8Meta;
 using dscpp::nn::Fp8Recipe;
 using dscpp::nn::Fp8Scaling;
+using dscpp::nn::Fp8WeightCastsNotKept;
 
 namespace {
 
@@ -162,6 +167,45 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8LinearMatchesFloat64,
                                   (std::get<1>(info.param) ? "Hybrid" : "E4m3") +
                                   (std::get<2>(info.param) ? "Cuda" : "");
                          });
+
+// With one scale a tensor, backward takes Wᵀ's fp8 from forward's cast of W; under
+// Fp8WeightCastsNotKept (a layer ZeRO-3 releases after forward) it casts W again. The same
+// scale and the same bytes either way: the gradients agree bit for bit, for the tensorwise and
+// the delayed recipes. Rowwise casts W per column in backward in both cases.
+TEST(Fp8Linear, ForwardsWeightCastGivesBackwardTheSameGradientsAsASecondCast) {
+  at::manual_seed(11);
+  const at::Tensor x0 = at::randn({32, 64});
+  const at::Tensor w0 = at::randn({48, 64}) * 0.05;
+  const at::Tensor dy = at::randn({32, 48});
+  for (const Fp8Scaling scaling : {Fp8Scaling::Tensorwise, Fp8Scaling::Delayed}) {
+    Fp8Recipe recipe;
+    recipe.scaling = scaling;
+    auto grads = [&](bool kept) {
+      at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      Fp8Meta meta(nullptr);
+      if (scaling == Fp8Scaling::Delayed) meta = Fp8Meta(1, recipe);
+      at::Tensor y;
+      {
+        std::optional<Fp8WeightCastsNotKept> not_kept;
+        if (!kept) not_kept.emplace();
+        Fp8Autocast scope(recipe, meta.is_empty() ? nullptr : meta.get());
+        y = dscpp::nn::linear(x, w);
+      }
+      torch::autograd::backward({y}, {dy});
+      return std::make_pair(x.grad(), w.grad());
+    };
+    const auto [dx_kept, dw_kept] = grads(true);
+    const auto [dx_again, dw_again] = grads(false);
+    const char* name = scaling == Fp8Scaling::Delayed ? "delayed" : "tensorwise";
+    EXPECT_TRUE(at::equal(dx_kept, dx_again)) << name << ": dx";
+    EXPECT_TRUE(at::equal(dw_kept, dw_again)) << name << ": dW";
+    // And the kept cast is W's, not some other tensor's: dx is far from zero and close to
+    // the high-precision product.
+    const at::Tensor exact = at::mm(dy, w0);
+    EXPECT_LT((dx_kept - exact).abs().max().item<double>(), 0.1 * exact.abs().max().item<double>())
+        << name;
+  }
+}
 
 TEST(Fp8Autocast, AnInnerEmptyScopeKeepsHighPrecisionAndTheOuterComesBack) {
   at::manual_seed(3);
