@@ -102,7 +102,8 @@ at::Tensor to_device(const at::Tensor& t, at::Device device) {
 
 // GPT's loss for the module trained, through the engine's forward: the GPT module's
 // forward(input, target) (which may tile it), the tensor-parallel one's vocabulary-parallel
-// loss (its logits never gathered), the layers' logits then gpt_loss.
+// loss (its logits never gathered), the layers' logits then gpt_loss (or their head's tiled
+// loss, LayerModule::forward(input, target)).
 template <typename Model, typename Engine>
 at::Tensor loss_of(Engine& engine, const at::Tensor& input, const at::Tensor& target,
                    const dscpp::model_zoo::GPTConfig& cfg) {
@@ -113,6 +114,8 @@ at::Tensor loss_of(Engine& engine, const at::Tensor& input, const at::Tensor& ta
     (void)cfg;
     return engine.module()->loss(engine.forward(input), target);
   } else {
+    // The layers: their head's tiled loss where the config asks for it.
+    if (cfg.tiled_logits_loss_shards > 1) return engine.forward(input, target);
     return dscpp::model_zoo::gpt_loss(engine.forward(input), target, cfg.cross_entropy_loss_fusion);
   }
 }

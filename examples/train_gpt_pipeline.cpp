@@ -182,6 +182,11 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   // group, the vocabulary-parallel cross entropy as the loss; an MoE model's expert-parallel
   // groups split each stage and tensor rank's data group.
   std::vector<nn::LayerSpec> specs;
+  if (cfg.tiled_logits_loss_shards > 1)
+    throw ConfigError("tiled_logits_loss_shards",
+                      fmt::format("the tiled loss is not in a pipeline's last stage: its loss_fn "
+                                  "takes the logits whole; expected 1, found {}",
+                                  cfg.tiled_logits_loss_shards));
   if (layout.tensor > 1) {
     const auto topology = pipe::pipe_model_data_topology(static_cast<int>(layout.pipeline),
                                                          static_cast<int>(layout.tensor),

@@ -35,17 +35,6 @@ namespace dscpp::model_zoo {
 
 namespace {
 
-// The tiled loss takes the final hidden states and the head's weight: the GPT module's
-// forward(input_ids, targets). A form whose last layer hands over the logits cannot tile them.
-void refuse_tiled_loss(const GPTConfig& c, const char* form) {
-  if (c.tiled_logits_loss_shards > 1)
-    throw ConfigError("tiled_logits_loss_shards",
-                      fmt::format("the tiled loss is the GPT module's (ZeRO stages 0-2 without "
-                                  "tensor parallelism): {} compute the logits whole; expected 1, "
-                                  "found {}",
-                                  form, c.tiled_logits_loss_shards));
-}
-
 void init_zero(const at::Tensor& b) {
   at::NoGradGuard no_grad;
   b.zero_();
@@ -418,7 +407,6 @@ std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
   config.validate();
   const auto group = checked_expert_parallel_group(config, ep_group);
   const auto sequence = checked_sequence_group(config, sequence_group);
-  refuse_tiled_loss(config, "the GPT's layers (ZeRO stage 3 layer by layer, or a pipeline)");
   std::vector<nn::LayerSpec> specs;
   const bool tied = config.tie_word_embeddings;
   auto build_embedding = [config, sequence] { return GPTEmbedding(config, sequence).ptr(); };
@@ -470,6 +458,18 @@ std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
                      },
                      "",
                      {}});
+  }
+  // The tiled loss, as GPT::forward(input_ids, targets) computes it: the head's weight is
+  // gathered for this layer like any other (ZeRO-3), the logits one tile at a time.
+  if (config.tiled_logits_loss_shards > 1) {
+    const int64_t shards = config.tiled_logits_loss_shards;
+    specs.back().forward_loss = [tied, shards](torch::nn::Module& m, const at::Tensor& x,
+                                               const at::Tensor& targets) {
+      const at::Tensor& weight = tied ? static_cast<GPTEmbeddingImpl&>(m).word->weight
+                                      : static_cast<LinearImpl&>(m).weight;
+      return ops::tiled_cross_entropy(x.reshape({-1, x.size(-1)}), weight, targets.reshape({-1}),
+                                      shards);
+    };
   }
   return specs;
 }

@@ -60,16 +60,22 @@ std::vector<std::vector<std::string>> LayerModuleImpl::layer_parameters() const 
   return layer_params_;
 }
 
-at::Tensor LayerModuleImpl::forward(at::Tensor x) {
+at::Tensor LayerModuleImpl::forward(at::Tensor x, const at::Tensor& targets) {
+  if (targets.defined() && (layers_.empty() || !layers_.back().forward_loss))
+    throw dscpp::Error("LayerModule: targets given, but the last layer" +
+                       (layers_.empty() ? std::string() : " '" + layers_.back().name + "'") +
+                       " computes no loss (its LayerSpec has no forward_loss): compute the "
+                       "loss from forward(x)'s output");
   for (size_t i = 0; i < layers_.size(); ++i) {
     const int layer = static_cast<int>(i);
+    const bool loss_here = targets.defined() && i + 1 == layers_.size();
     if (hooks_) hooks_->before_forward(layer);
     {
       nn::ModuleScope scope(*layers_[i].module);  // the layer's operators are its module's
       // Hooks gather the layer's parameters and may release them after it (fp8_linear.h).
       std::optional<Fp8WeightCastsNotKept> released;
       if (hooks_) released.emplace();
-      x = layers_[i].forward(x);
+      x = loss_here ? layers_[i].forward_loss(x, targets) : layers_[i].forward(x);
     }
     if (hooks_) x = hooks_->after_forward(layer, x);
   }

@@ -27,7 +27,9 @@ class LayerModuleImpl : public torch::nn::Module, public nn::Layered {
  public:
   explicit LayerModuleImpl(const std::vector<LayerSpec>& specs);
 
-  at::Tensor forward(at::Tensor x);
+  // The layers in order on x. With targets, the last layer's forward_loss gives the loss
+  // instead of its output (throws dscpp::Error where the last layer has none).
+  at::Tensor forward(at::Tensor x, const at::Tensor& targets = {});
 
   const std::vector<Layer>& layers() const { return layers_; }
   // Per layer: its module's parameters under their whole-model names; a tied layer uses

@@ -40,6 +40,10 @@ struct LayerSpec {
   // Instead of `forward`, for a layer that takes or gives several tensors. Empty: the layer
   // is one tensor in, one out, through `forward` (the form model_zoo and ZeRO-3 use).
   std::function<Activation(torch::nn::Module&, const Activation&)> forward_tuple = {};
+  // For a last layer: the loss from its input and the targets, without its output ever held
+  // whole (the GPT head's tiled loss). Empty: the caller computes the loss from the output.
+  std::function<at::Tensor(torch::nn::Module&, const at::Tensor&, const at::Tensor&)> forward_loss =
+      {};
 };
 
 // A built layer.
@@ -51,11 +55,19 @@ struct Layer {
   std::function<at::Tensor(const at::Tensor&)> forward;
   // The general form, for every layer (a one-tensor layer on a one-tensor activation).
   std::function<Activation(const Activation&)> forward_tuple;
+  // The spec's forward_loss on the module (input, targets); empty where the spec has none.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> forward_loss = {};
 };
 
 // The one-tensor and general forms of spec's forward on `module`.
 inline void bind_forward(const LayerSpec& spec, const std::shared_ptr<torch::nn::Module>& module,
                          Layer& layer) {
+  if (spec.forward_loss) {
+    auto f = spec.forward_loss;
+    layer.forward_loss = [module, f](const at::Tensor& x, const at::Tensor& targets) {
+      return f(*module, x, targets);
+    };
+  }
   if (spec.forward_tuple) {
     auto f = spec.forward_tuple;
     std::string name = spec.name;

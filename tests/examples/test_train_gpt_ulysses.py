@@ -14,12 +14,13 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
 - an MoE GPT (aux loss, z loss, expert bias) at sequence 2 x data 2, its router counting over
   the sequence group, as data 2 without sequence parallelism (whose aux losses are each data
   rank's, as DeepSpeed's);
-- the tiled loss (tiled_logits_loss_shards) and the tiled MLP (tiled_mlp_shards; in checkpointed
-  blocks at ZeRO 3; SwiGLU) under sequence parallelism as the untiled one rank;
+- the tiled loss (tiled_logits_loss_shards; at ZeRO 3 too, the layers' head) and the tiled MLP
+  (tiled_mlp_shards; in checkpointed blocks at ZeRO 3; SwiGLU) under sequence parallelism as
+  the untiled one rank;
 - a run saved at sequence 2 resumes at sequence 1 (one rank) and at sequence 4, each going on as
   the run that was not stopped;
 - refused by name: heads that do not split over the degree, ring attention (cp_comm_type
-  "p2p"), a degree that does not divide the ranks, the tiled loss at ZeRO 3.
+  "p2p"), a degree that does not divide the ranks, the tiled loss in a pipeline.
 """
 import argparse
 import os
@@ -127,11 +128,13 @@ def main():
         same("sequence 2 x data 2, tiled loss, checkpointed (ds_config options), ZeRO 2", ref_gpt, log, save_gpt,
              save)
 
-        # The tiled MLP (4 tiles of the sequence) in checkpointed blocks at ZeRO 3 (the layers' form).
-        log, save = run("sequence 2 x data 2, tiled MLP, checkpointed blocks, ZeRO 3",
-                        model("gpt-tiled-mlp", dict(gpt, tiled_mlp_shards=4, checkpoint_activations=True)),
+        # The tiled MLP (4 tiles of the sequence) in checkpointed blocks and the tiled loss (3 tiles)
+        # at ZeRO 3: the layers' form, its head layer's loss with the head gathered as a layer.
+        log, save = run("sequence 2 x data 2, tiled MLP and loss, checkpointed blocks, ZeRO 3",
+                        model("gpt-tiled-mlp", dict(gpt, tiled_mlp_shards=4, tiled_logits_loss_shards=3,
+                                                    checkpoint_activations=True)),
                         sp2[3], 4)
-        same("sequence 2 x data 2, tiled MLP, checkpointed blocks, ZeRO 3", ref_gpt, log, save_gpt, save)
+        same("sequence 2 x data 2, tiled MLP and loss, checkpointed blocks, ZeRO 3", ref_gpt, log, save_gpt, save)
 
         # Tensor 2 (Megatron's sequence parallelism on) x sequence 2: each tensor rank's 2 heads
         # split over the sequence ranks, the engine's group the 2 sequence ranks of a tensor rank.
@@ -190,8 +193,8 @@ def main():
         check("heads that do not split over the degree are refused",
               rc != 0 and "num_attention_heads" in log and "expected a multiple of 4, found 2" in log, log)
         job.model = model("gpt-tiled", dict(gpt, tiled_logits_loss_shards=4))
-        rc, log = job.run("--deepspeed_config", z3, *common, ranks=1)
-        check("the tiled loss at ZeRO 3 (the layers' form) is refused by name",
+        rc, log = job.run("--deepspeed_config", config("pipe2", pipeline={"stages": 2}), *common, ranks=2)
+        check("the tiled loss in a pipeline is refused by name",
               rc != 0 and "tiled_logits_loss_shards" in log and "expected 1, found 4" in log, log)
         job.model = model("gpt-ring", gpt, context_parallel_size=2)
         rc, log = job.run("--deepspeed_config", z1, *common, ranks=2)
