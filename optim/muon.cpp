@@ -79,7 +79,17 @@ void Muon::update(Shard& s, const at::Tensor& grad) {
     at::Tensor g = grad.narrow(0, p.offset, numel).view(p.shape).to(at::kFloat, false, true);
     at::Tensor m = momentum.narrow(0, p.offset, numel).view(p.shape);
     o.expert_group = p.shape.size() == 3;
-    const at::Tensor u = muon_update(g, m, o);
+    at::Tensor u;
+    if (p.whole_of) {
+      // A tensor-parallel slice: the whole matrix's momentum and update, as one rank computes
+      // them (orthogonalising each slice on its own would be another update), then this
+      // rank's slice of each. Every model rank orthogonalises the same whole matrix.
+      at::Tensor whole_g = p.whole_of(g), whole_m = p.whole_of(m);
+      u = p.part_of(muon_update(whole_g, whole_m, o));
+      m.copy_(p.part_of(whole_m));
+    } else {
+      u = muon_update(g, m, o);
+    }
     ++orthogonalised_;
     at::Tensor w = s.param.narrow(0, p.offset, numel);
     if (wd != 0) w.mul_(1 - lr * wd);

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -84,6 +85,12 @@ class Optimizer {
   struct ShardParam {
     int64_t offset = 0;
     std::vector<int64_t> shape;
+    // A parameter that is this rank's slice of a matrix split over model ranks (tensor
+    // parallelism): whole_of gives the whole matrix from a slice-shaped tensor (a collective
+    // over the model group: every model rank calls it for the same parameters in the same
+    // order), part_of this rank's slice of a whole-shaped one. Empty: the parameter is whole.
+    std::function<at::Tensor(const at::Tensor&)> whole_of = {};
+    std::function<at::Tensor(const at::Tensor&)> part_of = {};
   };
   virtual bool needs_whole_params() const { return false; }
   virtual void set_shard_params(int shard, std::vector<ShardParam> params) {

@@ -262,6 +262,34 @@ FlatLayout ZeroOptimizer::lay_out(const std::vector<int>& ready_order) const {
                                  cost, options_.group_of, options_.unit_of, ready_order);
 }
 
+namespace {
+
+// A split matrix's whole from this rank's slice and back (nn/tensor_parallel_attr.h): the
+// whole is cut along dim into t · stride pieces, and rank r holds pieces r, r + t, ... in order.
+void add_model_split(optim::Optimizer::ShardParam& sp, const ZeroOptions::ModelSplit& split,
+                     const std::shared_ptr<comm::ProcessGroup>& group) {
+  const int64_t dim = split.dim, stride = split.stride;
+  sp.whole_of = [group, dim, stride](const at::Tensor& part) {
+    const int t = group->size();
+    std::vector<at::Tensor> parts(t);
+    for (auto& p : parts) p = at::empty_like(part, at::MemoryFormat::Contiguous);
+    group->all_gather(parts, part.contiguous()).wait();
+    std::vector<at::Tensor> pieces;
+    for (int64_t j = 0; j < stride; ++j)
+      for (int r = 0; r < t; ++r) pieces.push_back(parts[r].chunk(stride, dim)[j]);
+    return at::cat(pieces, dim);
+  };
+  sp.part_of = [group, dim, stride](const at::Tensor& whole) {
+    const int t = group->size(), r = group->rank();
+    const auto pieces = whole.chunk(t * stride, dim);
+    std::vector<at::Tensor> mine;
+    for (int64_t j = 0; j < stride; ++j) mine.push_back(pieces[j * t + r]);
+    return at::cat(mine, dim);
+  };
+}
+
+}  // namespace
+
 void ZeroOptimizer::describe_shards() {
   if (!whole_params_) return;
   const int rank = store_->chunk_rank();
@@ -273,6 +301,8 @@ void ZeroOptimizer::describe_shards() {
     const FlatLayout::Bucket& b = layout_.buckets[p.bucket];
     const int64_t in_partition = b.part_offset + p.offset - (b.begin + rank * b.chunk);
     of_group[b.group].push_back({in_partition - layout_.groups[b.group].part_begin, shapes_[i]});
+    if (!options_.model_split_of.empty() && options_.model_split_of.at(i).dim >= 0)
+      add_model_split(of_group[b.group].back(), options_.model_split_of[i], options_.model_group);
   }
   // One shard per group (MasterPartition::add_shards without offload).
   for (size_t g = 0; g < of_group.size(); ++g)

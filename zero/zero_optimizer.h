@@ -88,6 +88,16 @@ struct ZeroOptions {
   // the group's size. The engine's expert parameters: the data group's, over their expert-data
   // group.
   int average_over = 0;
+  // Tensor parallelism under an optimizer that steps matrices whole (Muon): each parameter's
+  // split over model_group (its partition_dim, -1: whole here; and its partition_stride, as
+  // nn/tensor_parallel_attr.h defines them). A split matrix is gathered whole over the group
+  // for its step (Optimizer::ShardParam::whole_of). Empty: every parameter is whole.
+  struct ModelSplit {
+    int64_t dim = -1;
+    int64_t stride = 1;
+  };
+  std::vector<ModelSplit> model_split_of;
+  std::shared_ptr<comm::ProcessGroup> model_group;
   // ZeRO-Offload of the optimizer (stages 1-3): the master and the optimizer state on the
   // host, stepped there by the CPU optimizer (zero/offload.h). The optimizer should have its
   // CPU kernels on (Optimizer::set_cpu_kernels).

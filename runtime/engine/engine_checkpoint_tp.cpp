@@ -31,6 +31,8 @@ PyValue EngineCore::tensor_parallel_info() {
   std::map<std::string, std::vector<int64_t>> shape_of;
   for (size_t i = 0; i < param_names_.size(); ++i)
     shape_of[param_names_[i]] = zero_->param_shape(i);
+  for (size_t i = 0; i < muon_names_.size(); ++i)
+    shape_of[muon_names_[i]] = muon_zero_->param_shape(i);
   for (const auto& [alias, name] : shared_params_)
     if (auto it = shape_of.find(name); it != shape_of.end()) shape_of[alias] = it->second;
   PyValue parts = PyValue::dict();

@@ -428,9 +428,10 @@ class EngineCore {
   InitArgs client_;  // the client optimizer and schedule factories, used by attach()
   std::unique_ptr<monitor::MonitorMaster> monitor_;                // tensorboard / csv_monitor
   std::unique_ptr<profiler::EngineFlopsProfiler> flops_profiler_;  // flops_profiler
-  std::unique_ptr<zero::ZeroOptimizer> muon_zero_;  // "type": "Muon": the Muon half's partition
-  std::vector<std::string> muon_names_;             // its parameters' names
-  torch::nn::Module* module_ = nullptr;             // set_module
+  std::unique_ptr<zero::ZeroOptimizer> muon_zero_;      // "type": "Muon": the Muon half's partition
+  std::vector<std::string> muon_names_;                 // its parameters' names
+  std::unique_ptr<TensorParallelGrads> muon_tp_grads_;  // its replicas' share of the norm (TP)
+  torch::nn::Module* module_ = nullptr;                 // set_module
   at::Tensor loss_sum_;   // this accumulation's micro-batch losses, while a monitor is on
   double step_loss_ = 0;  // set_step_loss's, while has_step_loss_
   bool has_step_loss_ = false;

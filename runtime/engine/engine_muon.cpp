@@ -14,8 +14,10 @@
 // param group's lr, both halves').
 //
 // On a pipeline each stage's engine holds its stage's Muon partition; the pipeline's norm
-// adds the stages' shares as for the dense partition. Not yet, each refused naming it: tensor
-// parallelism, expert parallelism (ep_size > 1) and ZeRO-Offload. Parameter groups split into
+// adds the stages' shares as for the dense partition. Under tensor parallelism a split matrix
+// is gathered over the model group and orthogonalised whole (zero::ZeroOptions::model_split_of),
+// as one rank orthogonalises it. Not yet, each refused naming it: expert parallelism (ep_size >
+// 1) and ZeRO-Offload. Parameter groups split into
 // their Muon and Adam halves, as DeepSpeed's _muon_param_groups does (take_muon).
 // Checkpoints hold the Muon half as DeepSpeed's do: the first parameter group, its
 // momentum_buffer partitioned as DeepSpeed partitions the group (checkpoint_partitions).
@@ -28,6 +30,7 @@
 #include "dscpp/error.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/runtime/engine/engine_experts.h"
+#include "dscpp/runtime/engine/tensor_parallel_grads.h"
 #include "dscpp/runtime/engine/universal_load.h"
 
 namespace dscpp {
@@ -48,7 +51,6 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
   auto refuse = [](const std::string& what) {
     throw ConfigError("optimizer.type", "\"Muon\" with " + what + " is not implemented yet");
   };
-  if (tensor_parallel_size() > 1) refuse("tensor parallelism");
   if (experts_) refuse("expert parallelism (ep_size > 1)");
   if (zo.offload.enabled) refuse("ZeRO-Offload (offload_optimizer)");
   std::set<std::string> known(param_names_.begin(), param_names_.end());
@@ -80,6 +82,21 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
   zero::ZeroOptions mo = zo;
   mo.unit_of.clear();
   mo.defer_allgather = false;
+  // Tensor parallelism: a split matrix is orthogonalised whole, gathered over the model group,
+  // as one rank would (Newton-Schulz of each slice alone is a different update); each model
+  // rank's owner of the matrix does it, and keeps its slice.
+  if (tensor_parallel_size() > 1) {
+    mo.model_group = model_group_;
+    for (const auto& name : muon_names_) {
+      auto it = tp_attrs_->find(name);
+      zero::ZeroOptions::ModelSplit split;
+      if (it != tp_attrs_->end() && it->second.tensor_model_parallel) {
+        split.dim = it->second.partition_dim;
+        split.stride = it->second.partition_stride;
+      }
+      mo.model_split_of.push_back(split);
+    }
+  }
   // Parameter groups, as DeepSpeed's _muon_param_groups splits them: each group into its Muon
   // half and its Adam half, a half taking the group's own settings among its keys over the
   // config's (most specific last); a group with no parameter of a half has no group there.
@@ -117,14 +134,33 @@ void EngineCore::add_muon_partition() {
   p.names = &muon_names_;
   // This rank's partition (stages 1-3: the data group's sum covers the matrices once; stage 0:
   // every rank holds them all, and the dense sum is not reduced further).
-  p.add_sumsq = [z](at::Tensor& sumsq) {
-    sumsq = sumsq + z->master().local_sumsq().to(sumsq.options());
+  // Tensor parallelism: a replicated matrix counts on tensor rank 0 only (the dense sum's rule);
+  // the model group's all-reduce of the dense sum, after this, adds the tensor ranks.
+  if (tensor_parallel_size() > 1) {
+    std::vector<nn::TensorParallelAttr> attrs;
+    for (const auto& name : muon_names_) {
+      auto it = tp_attrs_->find(name);
+      attrs.push_back(it != tp_attrs_->end() ? it->second : nn::TensorParallelAttr{});
+    }
+    muon_tp_grads_ = std::make_unique<TensorParallelGrads>(*z, model_group_, std::move(attrs));
+    p.tp_grads = muon_tp_grads_.get();
+  }
+  p.add_sumsq = [this, z](at::Tensor& sumsq) {
+    at::Tensor mine = z->master().local_sumsq().to(sumsq.options());
+    if (muon_tp_grads_) mine = mine - muon_tp_grads_->duplicate_sumsq().to(mine.options());
+    sumsq = sumsq + mine;
   };
   p.follow_schedule = [this, z](const optim::Optimizer& first) {
     if (scheduler_) z->optimizer().set_lr(first.get_lr());
   };
   p.load_by_name = [this, z](const engine_checkpoint::WholeParams& whole, bool states) {
-    engine_checkpoint::load_partition_by_name(*z, muon_names_, whole, states, nullptr, 0);
+    // Under tensor parallelism each rank cuts its slice of each split matrix, as the dense
+    // partition does.
+    const int t = tensor_parallel_size();
+    std::map<std::string, checkpoint::ParamPartition> parts;
+    if (t > 1) parts = engine_checkpoint::partitions_of(tensor_parallel_info());
+    engine_checkpoint::load_partition_by_name(*z, muon_names_, whole, states,
+                                              t > 1 ? &parts : nullptr, tensor_parallel_rank());
   };
   zero_set_.push_back(std::move(p));
 }
