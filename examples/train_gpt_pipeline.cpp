@@ -97,10 +97,11 @@ JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_c
           layout.sequence, sp->get<int64_t>()));
     layout.sequence = sp->get<int64_t>();
   }
-  if (layout.sequence > 1 && layout.pipeline > 1)
+  if (layout.sequence > 1 && layout.pipeline > 1 && par.tensor_model_parallel_size > 1)
     throw FlagError(fmt::format(
-        "sequence parallelism ({}) beside a pipeline ({} stages) is not implemented in train_gpt",
-        layout.sequence, layout.pipeline));
+        "sequence parallelism ({}) with tensor parallelism ({}) in a pipeline ({} stages) is not "
+        "implemented in train_gpt (each pair of them is)",
+        layout.sequence, par.tensor_model_parallel_size, layout.pipeline));
   model_zoo::ParallelismConfig p = par;
   p.pipeline_model_parallel_size = layout.pipeline;
   p.tensor_model_parallel_size = layout.tensor;
@@ -122,6 +123,23 @@ std::vector<nn::LayerSpec> seeded_layer_specs(std::vector<nn::LayerSpec> specs, 
 }
 
 namespace {
+
+// DeepSpeed-Ulysses in a pipeline: the sequence ranks are consecutive inside the pipeline's data
+// axis (data x sequence, as train_gpt lays them out without a pipeline), so the engine partitions
+// and reduces over both; each stage's group of sp ranks (stage, d·sp + q) splits the sequences.
+// Every rank makes every group, in one order. Null when sp is 1.
+nn::GroupPtr pipeline_sequence_group(const pipe::ParallelGroups& g, int sp) {
+  nn::GroupPtr mine;
+  if (sp <= 1) return mine;
+  for (int s = 0; s < g.stages; ++s)
+    for (int d = 0; d < g.data_size / sp; ++d)
+      for (int m = 0; m < g.model_size; ++m) {
+        std::vector<int> ranks;
+        for (int q = 0; q < sp; ++q) ranks.push_back(g.rank_of(s, d * sp + q, m));
+        if (auto sub = g.world->new_subgroup(ranks, "sequence")) mine = sub;
+      }
+  return mine;
+}
 
 // The schedule from what gives one (not "auto"): the flag, the model config, the ds_config's
 // pipeline.schedule; more than one must agree. Written into the ds_config the engine reads.
@@ -182,6 +200,7 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   // group, the vocabulary-parallel cross entropy as the loss; an MoE model's expert-parallel
   // groups split each stage and tensor rank's data group.
   std::vector<nn::LayerSpec> specs;
+  nn::GroupPtr sequence_group;  // DeepSpeed-Ulysses' group of this rank (null: none)
   if (cfg.tiled_logits_loss_shards > 1)
     throw ConfigError("tiled_logits_loss_shards",
                       fmt::format("the tiled loss is not in a pipeline's last stage: its loss_fn "
@@ -204,10 +223,22 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   } else {
     // An MoE model at expert degree > 1: its expert-parallel groups split each stage's data
     // group (the pipe x data topology; the engine reduces the experts over the expert-data
-    // group).
-    const auto topology = pipe::pipe_model_data_topology(static_cast<int>(layout.pipeline), 1,
-                                                         static_cast<int>(layout.data));
-    specs = model_zoo::gpt_layer_specs(cfg, expert_parallel_group(cfg, topology));
+    // group). DeepSpeed-Ulysses: the data axis holds data x sequence ranks; each sequence rank's
+    // loss is its share of its sequences' mean (the engine sums the shares' gradients and
+    // averages over the data ranks, the ds_config's sequence_parallel_size).
+    const auto topology = pipe::pipe_model_data_topology(
+        static_cast<int>(layout.pipeline), 1, static_cast<int>(layout.data * layout.sequence));
+    if (layout.sequence > 1) {
+      auto groups =
+          pipe::make_parallel_groups(comm::init_distributed(), topology, options.num_chunks());
+      sequence_group = pipeline_sequence_group(*groups, static_cast<int>(layout.sequence));
+      options.groups(groups).loss_fn(pipe::loss_of(
+          [fused, sequence_group](const at::Tensor& logits, const at::Tensor& labels) {
+            return model_zoo::sequence_parallel_loss(model_zoo::gpt_loss(logits, labels, fused),
+                                                     labels, sequence_group);
+          }));
+    }
+    specs = model_zoo::gpt_layer_specs(cfg, expert_parallel_group(cfg, topology), sequence_group);
   }
   pipe::PipelineModule module(std::move(specs), options);
   const double built_s = seconds(start);
@@ -260,8 +291,9 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
                 ga = engine.gradient_accumulation_steps();
   data::DataLoaderOptions lo;
   lo.micro_batch_size = mb;
-  lo.rank = engine.module().data_parallel_id();
-  lo.world_size = engine.module().data_parallel_size();
+  // (the sequence ranks of a data rank read its batches, each keeping its slice)
+  lo.rank = engine.module().data_parallel_id() / static_cast<int>(layout.sequence);
+  lo.world_size = engine.module().data_parallel_size() / static_cast<int>(layout.sequence);
   lo.num_epochs = 0;
   lo.start_batch = first * ga;  // resume where the checkpoint's data left off
   lo.prefetch = reads ? 2 : 0;
@@ -272,9 +304,10 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
                                       indexed->num_tokens(), mb, cfg.seq_length + 1));
   pipe::DataIter data_iter;
   if (reads)
-    data_iter = [&loader, device] {
+    data_iter = [&loader, device, sequence_group] {
       auto batch = loader.next();
-      return pipe::MicroBatch{{batch->input.to(device)}, batch->target.to(device)};
+      return pipe::MicroBatch{{model_zoo::sequence_slice(batch->input, sequence_group).to(device)},
+                              model_zoo::sequence_slice(batch->target, sequence_group).to(device)};
     };
 
   const double flops_per_token = cfg.flops_per_token(cfg.seq_length);
@@ -282,27 +315,30 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
   const int64_t tokens_per_step = engine.train_batch_size() * cfg.seq_length;
   const int ranks = world.size();
   if (rank == 0)
-    std::cout << fmt::format(
-                     "[train_gpt] GPT {:.2f}M parameters{} (L={} h={} heads={} seq={} vocab={}); "
-                     "{} ranks on {}, pipeline {} stages ({}) x data {} x tensor {}{}, ZeRO stage "
-                     "{}, {}; global batch {} = {} x {} x {}; data {} tokens, {} batches per rank "
-                     "per epoch\n",
-                     cfg.num_parameters() / 1e6, moe_parameter_fields(cfg), cfg.num_layers,
-                     cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size,
-                     ranks, device.str(), layout.pipeline, layout.source, layout.data,
-                     layout.tensor,
-                     cfg.parallelism.expert_model_parallel_size > 1
-                         ? fmt::format(" (experts {} of the data ranks)",
-                                       cfg.parallelism.expert_model_parallel_size)
-                         : std::string(),
-                     engine.core().zero_optimization_stage(), at::toString(engine.core().dtype()),
-                     engine.train_batch_size(), mb, ga, layout.data, indexed->num_tokens(),
-                     loader.batches_per_epoch())
-              << fmt::format(
-                     "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
-                     "{:.1f} s; {}\n",
-                     built_s, init_s, peak_memory(device))
-              << std::flush;
+    std::cout
+        << fmt::format(
+               "[train_gpt] GPT {:.2f}M parameters{} (L={} h={} heads={} seq={} vocab={}); "
+               "{} ranks on {}, pipeline {} stages ({}) x data {} x tensor {}{}{}, ZeRO stage "
+               "{}, {}; global batch {} = {} x {} x {}; data {} tokens, {} batches per rank "
+               "per epoch\n",
+               cfg.num_parameters() / 1e6, moe_parameter_fields(cfg), cfg.num_layers,
+               cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length, cfg.vocab_size, ranks,
+               device.str(), layout.pipeline, layout.source, layout.data, layout.tensor,
+               cfg.parallelism.expert_model_parallel_size > 1
+                   ? fmt::format(" (experts {} of the data ranks)",
+                                 cfg.parallelism.expert_model_parallel_size)
+                   : std::string(),
+               layout.sequence > 1
+                   ? fmt::format(" x DeepSpeed-Ulysses sequence {}", layout.sequence)
+                   : std::string(),
+               engine.core().zero_optimization_stage(), at::toString(engine.core().dtype()),
+               engine.train_batch_size(), mb, ga, layout.data, indexed->num_tokens(),
+               loader.batches_per_epoch())
+        << fmt::format(
+               "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
+               "{:.1f} s; {}\n",
+               built_s, init_s, peak_memory(device))
+        << std::flush;
 
   // Collective over every stage (each writes its layers' files); out of the interval's timing.
   auto save = [&](int64_t step) {

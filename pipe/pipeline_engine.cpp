@@ -201,8 +201,7 @@ at::Tensor PipelineEngine::mean_batch_loss() {
   at::Tensor sum = at::zeros({}, at::kDouble);
   for (const auto& l : losses_) sum += l.to(at::kCPU, at::kDouble);
   at::Tensor mean = (sum / static_cast<double>(losses_.size())).to(core_->device());
-  if (module_.data_parallel_size() > 1)
-    module_.data_group()->all_reduce(mean, comm::ReduceOp::kAvg).wait();
+  average_over_data_ranks(mean);
   return mean.to(at::kCPU);
 }
 
@@ -241,10 +240,23 @@ EvalResult PipelineEngine::eval_batch(const DataIter& data_iter, bool compute_lo
   return result;
 }
 
+void PipelineEngine::average_over_data_ranks(at::Tensor& t) {
+  if (module_.data_parallel_size() <= 1) return;
+  // With DeepSpeed-Ulysses (the ds_config's sequence_parallel_size) the data group holds each
+  // data rank's sequence ranks, whose losses are shares of their sequences' (they sum to it):
+  // the sum over the group, over the data ranks alone, as the gradients are averaged.
+  const int64_t sp = core_->config().sequence_parallel_size;
+  if (sp <= 1) {
+    module_.data_group()->all_reduce(t, comm::ReduceOp::kAvg).wait();
+    return;
+  }
+  module_.data_group()->all_reduce(t, comm::ReduceOp::kSum).wait();
+  t.div_(static_cast<double>(module_.data_parallel_size() / sp));
+}
+
 at::Tensor PipelineEngine::share_from_last(at::Tensor values) {
   at::Tensor t = values.to(core_->device());
-  if (module_.holds_loss() && module_.data_parallel_size() > 1)
-    module_.data_group()->all_reduce(t, comm::ReduceOp::kAvg).wait();
+  if (module_.holds_loss()) average_over_data_ranks(t);
   if (module_.num_stages() > 1) module_.pipe_group()->broadcast(t, module_.loss_stage()).wait();
   return t.to(at::kCPU);
 }

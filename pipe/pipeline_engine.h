@@ -149,6 +149,9 @@ class PipelineEngine {
   CheckpointLayout checkpoint_layout();
   // The mean of `values` over data ranks, then from the last stage to all.
   at::Tensor share_from_last(at::Tensor values);
+  // A loss's mean over the data ranks (in place; under DeepSpeed-Ulysses the sequence ranks'
+  // shares summed first).
+  void average_over_data_ranks(at::Tensor& t);
   // The last stage's: the batch's loss, the mean over its micro-batches and data ranks
   // (collective over the data group; a 0-dim float64 CPU tensor).
   at::Tensor mean_batch_loss();
