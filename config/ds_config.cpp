@@ -470,6 +470,13 @@ DSConfig parse_ds_config(const json& input, const ConfigOptions& options) {
   }
 }
 
+ActivationCheckpointingConfig read_activation_checkpointing_section(const json& ds_config) {
+  if (!ds_config.is_object()) return {};
+  Diagnostics diag;  // (its notes of unknown keys: the engine's reading reports them)
+  Section root(&ds_config, "", &diag);
+  return read_activation_checkpointing(root.sub("activation_checkpointing"));
+}
+
 namespace {
 
 DSConfig parse_ds_config_checked(const json& input, const ConfigOptions& options) {

@@ -218,6 +218,12 @@ struct ConfigOptions {
 DSConfig parse_ds_config(const nlohmann::json& config, const ConfigOptions& options = {});
 DSConfig load_ds_config(const std::string& path_or_text, const ConfigOptions& options = {});
 
+// The ds_config's activation_checkpointing section alone, for a model whose checkpointed layers
+// are built before the engine reads the rest (ZeRO-3's and a pipeline's layers). A bad value is
+// a ConfigError as parse_ds_config gives it; unknown keys are left to the engine's reading.
+ActivationCheckpointingConfig read_activation_checkpointing_section(
+    const nlohmann::json& ds_config);
+
 // Every effective value, under DeepSpeed's key names.
 nlohmann::json to_json(const DSConfig& config);
 

@@ -567,8 +567,12 @@ int main(int argc, char** argv) {
     const auto& sequence_group = groups.sequence;
     if (layered) {
       // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE blocks.
+      // Their checkpointed blocks take the ds_config's options (cpu_checkpointing, ...), read
+      // before the engine reads the rest; each block is its own segment.
       auto specs = dscpp::model_zoo::gpt_layer_specs(
-          *cfg, dscpp::examples::expert_parallel_group(*cfg), sequence_group);
+          *cfg, dscpp::examples::expert_parallel_group(*cfg), sequence_group,
+          dscpp::activation_checkpointing::options_from_config(
+              dscpp::read_activation_checkpointing_section(ds_config)));
       // --seed-layers: the weights a pipeline of any number of stages starts from.
       if (args.seed_layers)
         specs = dscpp::examples::seeded_layer_specs(std::move(specs), args.seed);

@@ -238,7 +238,9 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
                                                      labels, sequence_group);
           }));
     }
-    specs = model_zoo::gpt_layer_specs(cfg, expert_parallel_group(cfg, topology), sequence_group);
+    specs = model_zoo::gpt_layer_specs(cfg, expert_parallel_group(cfg, topology), sequence_group,
+                                       activation_checkpointing::options_from_config(
+                                           read_activation_checkpointing_section(ds_config)));
   }
   pipe::PipelineModule module(std::move(specs), options);
   const double built_s = seconds(start);

@@ -401,9 +401,10 @@ std::vector<MoELayerStats> take_moe_stats(torch::nn::Module& root) {
   return out;
 }
 
-std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
-                                           const std::shared_ptr<comm::ProcessGroup>& ep_group,
-                                           const nn::GroupPtr& sequence_group) {
+std::vector<nn::LayerSpec> gpt_layer_specs(
+    const GPTConfig& config, const std::shared_ptr<comm::ProcessGroup>& ep_group,
+    const nn::GroupPtr& sequence_group,
+    const activation_checkpointing::Options& checkpoint_options) {
   config.validate();
   const auto group = checked_expert_parallel_group(config, ep_group);
   const auto sequence = checked_sequence_group(config, sequence_group);
@@ -423,11 +424,11 @@ std::vector<nn::LayerSpec> gpt_layer_specs(const GPTConfig& config,
     specs.push_back(
         {fmt::format("blocks.{}", i),
          [config, i, group, sequence] { return GPTBlock(config, i, group, sequence).ptr(); },
-         [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
+         [checkpointed, checkpoint_options](torch::nn::Module& m, const at::Tensor& x) {
            auto& block = static_cast<GPTBlockImpl&>(m);
            if (!checkpointed) return block.forward(x);
            return activation_checkpointing::checkpoint(
-               [&block](const at::Tensor& in) { return block.forward(in); }, x);
+               [&block](const at::Tensor& in) { return block.forward(in); }, x, checkpoint_options);
          },
          "",
          {}});

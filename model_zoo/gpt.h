@@ -209,16 +209,17 @@ at::Tensor sequence_parallel_loss(const at::Tensor& mean_loss, const at::Tensor&
                                   const nn::GroupPtr& sequence_group);
 
 // The GPT of `config` as a list of layers (each block checkpointed when
-// config.checkpoint_activations); the head is tied to the embedding (tied_key
-// "embedding", weight "word.weight") when tie_word_embeddings is on. An MoE config's blocks
-// are MoE where moe_layer_freq says, on `expert_parallel_group` at expert degree > 1 (as GPT's;
-// a ConfigError naming parallelism.expert_model_parallel_size without a group of that size).
-// A pipeline's ranks make it on the pipe x data topology, so that it lies inside their
+// config.checkpoint_activations, with `checkpoint_options`: the ds_config's); the head is tied to
+// the embedding (tied_key "embedding", weight "word.weight") when tie_word_embeddings is on. An MoE
+// config's blocks are MoE where moe_layer_freq says, on `expert_parallel_group` at expert degree >
+// 1 (as GPT's; a ConfigError naming parallelism.expert_model_parallel_size without a group of that
+// size). A pipeline's ranks make it on the pipe x data topology, so that it lies inside their
 // stage's data group.
 std::vector<nn::LayerSpec> gpt_layer_specs(
     const GPTConfig& config,
     const std::shared_ptr<comm::ProcessGroup>& expert_parallel_group = nullptr,
-    const nn::GroupPtr& sequence_group = nullptr);
+    const nn::GroupPtr& sequence_group = nullptr,
+    const activation_checkpointing::Options& checkpoint_options = {});
 
 // The routing statistics of every MoE block under `root` (GPT, its LayerSpec form, a pipeline
 // stage's module, ...), in module order, each with its block's index (MoELayerStats::layer),

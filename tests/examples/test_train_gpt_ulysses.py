@@ -132,10 +132,14 @@ def main():
 
         # The tiled MLP (4 tiles of the sequence) in checkpointed blocks and the tiled loss (3 tiles)
         # at ZeRO 3: the layers' form, its head layer's loss with the head gathered as a layer.
+        # Its checkpointed layers take the ds_config's options (profile: a line per checkpoint).
         log, save = run("sequence 2 x data 2, tiled MLP and loss, checkpointed blocks, ZeRO 3",
                         model("gpt-tiled-mlp", dict(gpt, tiled_mlp_shards=4, tiled_logits_loss_shards=3,
                                                     checkpoint_activations=True)),
-                        sp2[3], 4)
+                        config("sp2-z3-ckpt", zero_optimization={"stage": 3}, sequence_parallel_size=2,
+                               activation_checkpointing={"cpu_checkpointing": True, "profile": True}), 4)
+        check("ZeRO 3's checkpointed layers take the ds_config's activation_checkpointing options",
+              "dscpp: activation checkpoint forward:" in log, log)
         same("sequence 2 x data 2, tiled MLP and loss, checkpointed blocks, ZeRO 3", ref_gpt, log, save_gpt, save)
 
         # Tensor 2 (Megatron's sequence parallelism on) x sequence 2: each tensor rank's 2 heads
