@@ -102,18 +102,17 @@ ParallelismConfig ParallelismConfig::resolve(int64_t world_size) const {
                     tensor_model_parallel_size, pipeline_model_parallel_size, sequence,
                     data_parallel_size, model * data_parallel_size, world_size));
   }
-  if (expert_model_parallel_size > 1 && sequence_parallel_size > 1)
-    throw ConfigError("parallelism.expert_model_parallel_size",
-                      fmt::format("expert parallelism ({}) beside sequence parallelism ({}) is "
-                                  "not implemented: expected 1, found {}",
-                                  expert_model_parallel_size, sequence_parallel_size,
-                                  expert_model_parallel_size));
-  if (r.data_parallel_size % expert_model_parallel_size != 0)
+  // The experts split over the ranks of the data axis, which under DeepSpeed-Ulysses holds each
+  // data rank's sequence ranks too (the engine's group): their tokens are slices of sequences,
+  // routed as any others.
+  const int64_t data_axis = r.data_parallel_size * sequence_parallel_size;
+  if (data_axis % expert_model_parallel_size != 0)
     throw ConfigError(
         "parallelism.expert_model_parallel_size",
         fmt::format("the experts split over ranks of the data axis: expected a divisor of the "
-                    "data degree ({}), found {}",
-                    r.data_parallel_size, expert_model_parallel_size));
+                    "data degree{} ({}), found {}",
+                    sequence_parallel_size > 1 ? " x sequence_parallel_size" : "", data_axis,
+                    expert_model_parallel_size));
   return r;
 }
 

@@ -13,7 +13,7 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
 - the final weights, saved by each run (DeepSpeed's layout), equal one rank's within 1e-5;
 - an MoE GPT (aux loss, z loss, expert bias) at sequence 2 x data 2, its router counting over
   the sequence group, as data 2 without sequence parallelism (whose aux losses are each data
-  rank's, as DeepSpeed's);
+  rank's, as DeepSpeed's), also with its experts split 2 ways over the data x sequence ranks;
 - a pipeline of 2 stages x sequence 2 (ZeRO 1) as one rank;
 - the tiled loss (tiled_logits_loss_shards; at ZeRO 3 too, the layers' head) and the tiled MLP
   (tiled_mlp_shards; in checkpointed blocks at ZeRO 3; SwiGLU) under sequence parallelism as
@@ -183,6 +183,10 @@ def main():
         log_moe, save_moe = run("data 2, MoE", model("moe", moe), z2, 2)
         log, save = run("MoE, sequence 2 x data 2, ZeRO 2", model("moe-sp2", moe, sequence_parallel_size=2), z2, 4)
         same("MoE, sequence 2 x data 2, ZeRO 2", steps(log_moe), log, save_moe, save, "data 2's")
+        # Expert parallelism 2 over the data x sequence ranks: the experts' tokens are slices.
+        log, save = run("MoE, experts 2, sequence 2 x data 2, ZeRO 2",
+                        model("moe-ep2-sp2", moe, sequence_parallel_size=2, expert_model_parallel_size=2), z2, 4)
+        same("MoE, experts 2, sequence 2 x data 2, ZeRO 2", steps(log_moe), log, save_moe, save, "data 2's")
 
         # Resume: 3 steps at sequence 2, then the rest at sequence 1 and at sequence 4.
         job.model = model("gpt", gpt)
