@@ -18,10 +18,10 @@ TYPES = {  # key: the types it takes
     "needs_host_gib": (int, float), "smaller": str, "reference": (str, list), "expect_s": (int, float),
     "adam": str, "compile": str, "mode": str, "program": str, "args": list, "env": dict, "host_rss": bool,
     "commands": list, "targets": list, "deepspeed": bool, "ds_ops": list, "metric": dict, "summary": list,
-    "tail": int, "details": list,
+    "tail": int, "details": list, "log_interval": int,
 }
 TRAIN_KEYS = {"system", "model", "model_set", "ds_config", "ds_set", "steps", "warmup", "adam", "compile",
-              "mode", "program", "args", "host_rss"}
+              "mode", "program", "args", "host_rss", "log_interval"}
 PROGRAM_KEYS = {"commands", "targets", "deepspeed", "ds_ops", "metric", "summary"}
 DS_OPS = ("cpu_adam", "fused_adam")
 # The executables of each system's train rows (CMake targets) and where the build puts them.
@@ -369,7 +369,7 @@ def commands(row, ctx):
         cmd = rss + [LAUNCHER.format(**subst), "--num_gpus", str(gpus), "--master_port", port,
                      TRAIN_GPT.format(**subst), "--model-config", model, "--train-data-path", subst["corpus"],
                      "--deepspeed_config", ds_path, "--train-iters", str(warmup + steps),
-                     "--log-interval", str(steps)] + args
+                     "--log-interval", str(row.get("log_interval", steps))] + args
         return {"cmds": [cmd], "env": env, "files": files}
     if system == "deepspeed":
         # DeepSpeed 0.19.8's op builder cannot parse the 9.0a arch PyTorch reports on an H200.
