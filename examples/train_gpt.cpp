@@ -100,22 +100,17 @@ at::Tensor to_device(const at::Tensor& t, at::Device device) {
   return t.pin_memory().to(device, /*non_blocking=*/true);
 }
 
-// GPT's loss for the module trained, through the engine's forward: the GPT module's
-// forward(input, target) (which may tile it), the tensor-parallel one's vocabulary-parallel
-// loss (its logits never gathered), the layers' logits then gpt_loss (or their head's tiled
-// loss, LayerModule::forward(input, target)).
+// GPT's loss for the module trained, through the engine's forward: the GPT module's and the
+// layers' forward(input, target) where it tiles the loss (the layers: their head's), the
+// tensor-parallel one's vocabulary-parallel loss (its logits never gathered), else gpt_loss.
 template <typename Model, typename Engine>
 at::Tensor loss_of(Engine& engine, const at::Tensor& input, const at::Tensor& target,
                    const dscpp::model_zoo::GPTConfig& cfg) {
-  if constexpr (std::is_same_v<Model, dscpp::model_zoo::GPT>) {
-    (void)cfg;
-    return engine.forward(input, target);
-  } else if constexpr (std::is_same_v<Model, dscpp::model_zoo::TensorParallelGPT>) {
-    (void)cfg;
+  if constexpr (std::is_same_v<Model, dscpp::model_zoo::TensorParallelGPT>) {
     return engine.module()->loss(engine.forward(input), target);
   } else {
-    // The layers: their head's tiled loss where the config asks for it.
-    if (cfg.tiled_logits_loss_shards > 1) return engine.forward(input, target);
+    if (std::is_same_v<Model, dscpp::model_zoo::GPT> || cfg.tiled_logits_loss_shards > 1)
+      return engine.forward(input, target);
     return dscpp::model_zoo::gpt_loss(engine.forward(input), target, cfg.cross_entropy_loss_fusion);
   }
 }
@@ -567,8 +562,7 @@ int main(int argc, char** argv) {
     const auto& sequence_group = groups.sequence;
     if (layered) {
       // An MoE model's expert-parallel group (null at expert degree 1) goes to its MoE blocks.
-      // Their checkpointed blocks take the ds_config's options (cpu_checkpointing, ...), read
-      // before the engine reads the rest; each block is its own segment.
+      // (each checkpointed block its own segment, with the ds_config's checkpointing options)
       auto specs = dscpp::model_zoo::gpt_layer_specs(
           *cfg, dscpp::examples::expert_parallel_group(*cfg), sequence_group,
           dscpp::activation_checkpointing::options_from_config(
