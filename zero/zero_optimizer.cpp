@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "dscpp/error.h"
+#include "dscpp/nn/parallel_weight_init.h"
 #include "dscpp/ops/grad_destination.h"
 #include "dscpp/zero/grad_hooks.h"
 #include "dscpp/zero/relayout.h"
@@ -265,7 +266,8 @@ FlatLayout ZeroOptimizer::lay_out(const std::vector<int>& ready_order) const {
 namespace {
 
 // A split matrix's whole from this rank's slice and back (nn/tensor_parallel_attr.h): the
-// whole is cut along dim into t · stride pieces, and rank r holds pieces r, r + t, ... in order.
+// whole is cut along dim into t · stride pieces, and rank r holds pieces r, r + t, ... in order
+// (nn::partition_of's cut, whose inverse whole_of is).
 void add_model_split(optim::Optimizer::ShardParam& sp, const ZeroOptions::ModelSplit& split,
                      const std::shared_ptr<comm::ProcessGroup>& group) {
   const int64_t dim = split.dim, stride = split.stride;
@@ -280,11 +282,7 @@ void add_model_split(optim::Optimizer::ShardParam& sp, const ZeroOptions::ModelS
     return at::cat(pieces, dim);
   };
   sp.part_of = [group, dim, stride](const at::Tensor& whole) {
-    const int t = group->size(), r = group->rank();
-    const auto pieces = whole.chunk(t * stride, dim);
-    std::vector<at::Tensor> mine;
-    for (int64_t j = 0; j < stride; ++j) mine.push_back(pieces[j * t + r]);
-    return at::cat(mine, dim);
+    return nn::partition_of(whole, dim, stride, group->rank(), group->size());
   };
 }
 
