@@ -234,11 +234,9 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                    : std::string())
         << fmt::format(
                "[train_gpt] start-up: model built in {:.1f} s, engine initialised in "
-               "{:.1f} s; {}\n",
+               "{:.1f} s; {}",
                built_s, init_s, peak_memory(engine.device()))
-        << "[train_gpt] engine buffers: " << dscpp::zero::describe(engine.core().memory_breakdown())
-        << "\n"
-        << std::flush;
+        << std::endl;
 
   auto save = [&](int64_t step) {
     const bool saved = dscpp::examples::save_checkpoint_or(
@@ -275,8 +273,7 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
           "--no-check-for-nan-in-loss-and-grad reports it and trains on)");
     if (rank == 0)
       std::cout << "[train_gpt] warning: " << found.describe()
-                << "; training goes on (--no-check-for-nan-in-loss-and-grad)\n"
-                << std::flush;
+                << "; training goes on (--no-check-for-nan-in-loss-and-grad)" << std::endl;
     non_finite_reported = true;
   };
   auto t0 = std::chrono::steady_clock::now();
@@ -328,6 +325,9 @@ int train(const Args& args, const dscpp::model_zoo::GPTConfig& cfg, Model model,
                             engine.core().was_step_applied());
       moe.after_boundary();  // the expert biases, from the global batch's routing
     }
+    if (step == first && rank == 0)  // (ZeRO's buffers are laid out by the first backward)
+      std::cout << "[train_gpt] engine buffers: "
+                << dscpp::zero::describe(engine.core().memory_breakdown()) << std::endl;
     ++interval_steps;
     if (untimed) {
       // Out of the interval's timing: the profiled steps, their synchronisations and the saves.

@@ -13,15 +13,6 @@
 
 namespace dscpp::optim {
 
-void Optimizer::reseat_shard(int i, at::Tensor param) {
-  Shard& s = shards_.at(i);
-  if (!param.defined() || param.dim() != 1 || param.scalar_type() != at::kFloat ||
-      !param.is_contiguous() || param.numel() != s.param.numel())
-    throw dscpp::Error(name() + ": a shard is re-seated on a contiguous 1-D fp32 tensor of " +
-                       std::to_string(s.param.numel()) + " elements");
-  s.param = std::move(param);
-}
-
 int Optimizer::add_shard(at::Tensor param, const Hyper& overrides) {
   if (!param.defined() || param.dim() != 1 || param.scalar_type() != at::kFloat ||
       !param.is_contiguous())
@@ -31,6 +22,10 @@ int Optimizer::add_shard(at::Tensor param, const Hyper& overrides) {
   const int index = num_shards();
   Hyper merged = defaults_;
   for (const auto& [key, value] : overrides.items()) merged[key] = value;
+  // A schedule's value set before this shard existed is every shard's, as it is for those that
+  // existed then.
+  if (scheduled_lr_) merged["lr"] = *scheduled_lr_;
+  if (scheduled_momentum_) set_momentum_of(merged, *scheduled_momentum_);
   Shard s;
   s.param = std::move(param);
   s.hyper = resolve(merged, fmt::format("param_groups[{}]", index), /*strict=*/false);
@@ -140,6 +135,7 @@ double Optimizer::get_lr(int shard) const {
 }
 
 void Optimizer::set_lr(double lr) {
+  scheduled_lr_ = lr;
   defaults_["lr"] = lr;
   for (Shard& s : shards_) s.hyper["lr"] = lr;
 }
@@ -151,15 +147,17 @@ double Optimizer::get_momentum(int shard) const {
   return 0.0;  // Adagrad has no momentum
 }
 
+void Optimizer::set_momentum_of(Hyper& h, double momentum) {
+  if (h.contains("betas"))
+    h["betas"][0] = momentum;
+  else if (h.contains("momentum"))
+    h["momentum"] = momentum;
+}
+
 void Optimizer::set_momentum(double momentum) {
-  auto write = [momentum](Hyper& h) {
-    if (h.contains("betas"))
-      h["betas"][0] = momentum;
-    else if (h.contains("momentum"))
-      h["momentum"] = momentum;
-  };
-  write(defaults_);
-  for (Shard& s : shards_) write(s.hyper);
+  scheduled_momentum_ = momentum;
+  set_momentum_of(defaults_, momentum);
+  for (Shard& s : shards_) set_momentum_of(s.hyper, momentum);
 }
 
 int64_t Optimizer::state_numel() const {

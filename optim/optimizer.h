@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,7 +110,8 @@ class Optimizer {
 
   // The learning rate and first momentum coefficient of every group, as LR schedules set
   // them (DeepSpeed's schedulers write param_group["lr"]; OneCycle writes "betas" only, so it
-  // leaves SGD's momentum alone). With no shard yet they are the defaults later shards take.
+  // leaves SGD's momentum alone). With no shard yet they are the defaults later shards take;
+  // a set value is also every later shard's, over its group's own (as for those that exist).
   double get_lr(int shard = 0) const;
   void set_lr(double lr);
   double get_momentum(int shard = 0) const;  // betas[0] for Adam-like, momentum for SGD
@@ -127,9 +129,6 @@ class Optimizer {
   }
   int num_shards() const { return static_cast<int>(shards_.size()); }
   const at::Tensor& shard(int i) const { return shards_.at(i).param; }
-  // Points shard i at another tensor of its size (its master moved, as ZeRO's re-lay moves
-  // it); the state stays. The old tensor is dropped, not written into: a view keeps its base.
-  void reseat_shard(int i, at::Tensor param);
   const Hyper& hyper(int i) const { return shards_.at(i).hyper; }
   // The shard's state tensors by PyTorch's names ("exp_avg", "exp_avg_sq",
   // "momentum_buffer", "sum", ...) and its step count: what checkpoints save.
@@ -181,9 +180,12 @@ class Optimizer {
   // param_copy_ when there is one.
   float grad_scale_value() const;
 
+  static void set_momentum_of(Hyper& h, double momentum);
+
   Hyper defaults_;
   std::vector<Shard> shards_;
   bool cpu_kernels_ = false;
+  std::optional<double> scheduled_lr_, scheduled_momentum_;  // set_lr's, set_momentum's
 };
 
 // Builds the optimizer the config names (case-insensitive: Adam, AdamW, Lamb, SGD, Lion,

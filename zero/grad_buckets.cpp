@@ -13,15 +13,14 @@ namespace dscpp::zero {
 
 GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
                          std::vector<at::Tensor> params, at::TensorOptions grad_options,
-                         std::shared_ptr<comm::ProcessGroup> group, ReduceOptions options,
-                         bool flat_grads_zero)
+                         std::shared_ptr<comm::ProcessGroup> group, ReduceOptions options)
     : layout_(layout),
       flat_grads_(std::move(flat_grads)),
       params_(std::move(params)),
       grad_options_(grad_options),
       storage_(layout.buckets.size()),
       written_(layout.params.size(), 0),
-      dirty_(layout.params.size(), 1),
+      dirty_(layout.params.size(), 0),
       group_(std::move(group)),
       options_(options),
       pending_(layout.buckets.size()),
@@ -29,7 +28,6 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
       works_(layout.buckets.size()),
       results_(layout.buckets.size()),
       direct_(layout.buckets.size(), 0),
-      seen_(layout.params.size(), 0),
       ready_at_launch_(layout.buckets.size(), 0) {
   wait_blocks_host_ = group_->backend_name() != "nccl";
   // Flat mode: autograd accumulates each gradient straight into the flat gradient buffer.
@@ -43,14 +41,6 @@ GradBuckets::GradBuckets(const FlatLayout& layout, at::Tensor flat_grads,
         flat_grads_.slice(0, lp.offset, lp.offset + lp.numel).view(params_[i].sizes()));
     params_[i].mutable_grad() = grad_views_.back();
   }
-  // A buffer that holds nothing yet may be overwritten by the first product into each view
-  // (a re-lay may carry gradients over). The caller says which (looking would be a pass over
-  // the buffer and a host synchronisation).
-  if (!per_bucket() && flat_grads_zero) std::fill(dirty_.begin(), dirty_.end(), 0);
-}
-
-bool GradBuckets::flat_grads_zero() const {
-  return !per_bucket() && std::none_of(dirty_.begin(), dirty_.end(), [](char d) { return d; });
 }
 
 void GradBuckets::set_on_complete(std::function<void(int)> fn) {
@@ -58,10 +48,10 @@ void GradBuckets::set_on_complete(std::function<void(int)> fn) {
   if (sink_) sink_->set_on_complete(std::move(fn));
 }
 
-void GradBuckets::set_partition(at::Tensor partition, bool fresh, bool on_host) {
+void GradBuckets::set_partition(at::Tensor partition, bool on_host) {
   if (sink_) sink_->drain();
   sink_ = PartitionSink::make(layout_, options_, group_->size(), grad_options_, flat_grads_,
-                              std::move(partition), fresh, on_host);
+                              std::move(partition), on_host);
   sink_->set_on_complete(on_complete_);
 }
 
@@ -96,13 +86,6 @@ void GradBuckets::add_memory(MemoryBreakdown& m) const {
   m.push_back({"reduce_buckets", in_flight_bytes(), true});
 }
 
-std::vector<int> GradBuckets::ready_order() const {
-  std::vector<int> order = seen_order_;
-  for (int i = static_cast<int>(seen_.size()) - 1; i >= 0; --i)
-    if (!seen_[i]) order.push_back(i);
-  return order;
-}
-
 void GradBuckets::begin(bool reduce) {
   // A module's zero_grad() (set_to_none by default) or an assignment to .grad detaches a
   // parameter from the flat buffer, and autograd would then accumulate where no bucket
@@ -129,10 +112,6 @@ void GradBuckets::begin(bool reduce) {
 }
 
 void GradBuckets::mark_ready(int param) {
-  if (!seen_[param]) {
-    seen_[param] = 1;
-    seen_order_.push_back(param);
-  }
   ++ready_calls_;
   if (!per_bucket()) dirty_[param] = 1;  // (autograd accumulates into the view)
   if (!reducing_) return;

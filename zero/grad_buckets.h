@@ -66,12 +66,11 @@ class GradBuckets {
  public:
   // flat_grads: the whole buffer (stages 0-1), whose views become the parameters' .grad, or
   // undefined for per-bucket storage (stages 2-3), where params are read for their .grad
-  // (dropped here) and grad_options give the storage's type. flat_grads_zero: the caller knows
-  // the buffer holds only zeros (fresh, or zeroed by a finished reduction), so the first product
-  // into each view may overwrite it; false: it may hold gradients (a re-lay carried them over).
+  // (dropped here) and grad_options give the storage's type. The flat buffer holds zeros, so
+  // the first product into each view may overwrite it.
   GradBuckets(const FlatLayout& layout, at::Tensor flat_grads, std::vector<at::Tensor> params,
               at::TensorOptions grad_options, std::shared_ptr<comm::ProcessGroup> group,
-              ReduceOptions options, bool flat_grads_zero = false);
+              ReduceOptions options);
 
   // Starts a backward; when `reduce` is false (a micro-step inside an accumulation window
   // of stages 0 and 1) gradients just accumulate in the flat buffer. Points every .grad back
@@ -90,18 +89,14 @@ class GradBuckets {
   void written(int param);
   // Gradients mark_ready copied (or added) from .grad into bucket storage, since construction.
   int64_t copies() const { return copies_; }
-  void count_copies(int64_t n) { copies_ += n; }  // (a re-lay's new buckets carry the count on)
-  // Where finish() puts the results (PartitionSink::make's arguments; fresh: it holds nothing
-  // yet, false where a re-lay carried reduced gradients over). Until finish() the partition
-  // counts as empty; after the step zeroes it, cleared() says so again (a reduction may then
-  // overwrite it instead of adding).
-  void set_partition(at::Tensor partition, bool fresh = true, bool on_host = false);
+  // Where finish() puts the results (PartitionSink::make's arguments). Until finish() the
+  // partition counts as empty; after the step zeroes it, cleared() says so again (a reduction
+  // may then overwrite it instead of adding).
+  void set_partition(at::Tensor partition, bool on_host = false);
   void cleared();
   PartitionSink& sink() { return *sink_; }
   const PartitionSink& sink() const { return *sink_; }
   const at::Tensor& flat_grads() const { return flat_grads_; }  // stages 0-1
-  // Whether the flat buffer holds only zeros (no gradient written since it was last zeroed).
-  bool flat_grads_zero() const;
   // Reduces what backward left (unused parameters), waits, and adds the results into the
   // partition.
   void finish();
@@ -110,9 +105,6 @@ class GradBuckets {
   // there): the offloaded update may start on it (zero/offload_overlap.h). Empty: none. Set it
   // between backwards, after set_partition.
   void set_on_complete(std::function<void(int)> fn);
-  // The parameters in the order their gradients were first seen ready, since construction
-  // (reduced or not); parameters never seen come last, in reverse registration order.
-  std::vector<int> ready_order() const;
   // Of the buckets the last finished backward reduced, how many were issued while gradients
   // were still to come (the reductions that overlap backward, with overlap_comm).
   int issued_during_backward() const { return issued_early_; }
@@ -168,8 +160,6 @@ class GradBuckets {
   std::vector<at::Tensor> results_;  // per bucket: the reduced data (chunk or whole bucket)
   std::vector<char> direct_;         // per bucket: results_ is the partition's own slice
   std::unique_ptr<PartitionSink> sink_;
-  std::vector<int> seen_order_;       // parameters, as first seen ready
-  std::vector<char> seen_;            // per parameter: in seen_order_
   int ready_calls_ = 0;               // mark_ready calls this backward
   std::vector<int> ready_at_launch_;  // per bucket: ready_calls_ when it was issued
   int issued_early_ = 0;

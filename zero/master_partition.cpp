@@ -150,107 +150,6 @@ void MasterPartition::assign(const at::Tensor& values) {
   primary_.copy_(values.slice(0, host_begin_, layout_.partition));
 }
 
-void MasterPartition::relayout(const std::function<at::Tensor(const at::Tensor&)>& relay) {
-  if (swap_) {
-    // Every file through the new layout, one at a time (a new size: new files).
-    std::vector<std::string> names = state_names();
-    names.push_back(kMasterFile);
-    std::map<std::string, at::Tensor> moved;
-    for (const auto& name : names) moved[name] = relay(swap_->read_all(name));
-    const int64_t n = moved.at(kMasterFile).numel();
-    if (n != swap_->numel()) swap_->resize(n);
-    for (auto& [name, t] : moved) {
-      swap_->write_all(name, t);
-      t = at::Tensor();
-    }
-    at::Tensor g = relay(grads_);
-    if (g.numel() == grads_.numel()) {
-      grads_.copy_(g);
-    } else {
-      replace_grads(g);
-    }
-    return;
-  }
-  if (split()) {
-    // Partial offload: every buffer through the whole partition, one at a time; the shards
-    // are views of the parts, which keep their storage.
-    for (const auto& name : state_names()) {
-      at::Tensor moved = relay(state_partition(name));
-      load_state_partition(name, moved);
-    }
-    assign(relay(whole()));
-    at::Tensor moved = relay(grads_);
-    if (moved.numel() == grads_.numel()) {
-      grads_.copy_(moved);
-    } else {
-      replace_grads(moved);
-    }
-    return;
-  }
-  // One buffer at a time, in place where the partition keeps its size, so that only one
-  // re-laid copy exists at any moment (a partition sized to fit has no room for one per
-  // buffer). The shards are re-seated, not set_data'd: a shard is a view of the master, and a
-  // view keeps its base alive (else a whole old fp32 partition stays held:
-  // docs/perf-log/2026-12-01.md).
-  for (const auto& name : state_names()) {
-    // A state never written (the re-lay comes before the first step; nothing loaded) is zeros
-    // in any layout: nothing to move, and no second copy of it (at billions of elements the
-    // host's peak). Padding is zeros in both layouts.
-    if (state_is_zero(name)) {
-      if (layout_.partition == whole_.numel()) continue;
-      const at::Tensor zeros =
-          at::zeros({layout_.partition}, optimizer_->state(0).at(name).options());
-      for (int g = 0; g < optimizer_->num_shards(); ++g) {
-        const auto& gr = layout_.groups[g];
-        optimizer_->state(g)[name] = zeros.slice(0, gr.part_begin, gr.part_end);
-      }
-      continue;
-    }
-    at::Tensor whole = state_partition(name);
-    if (whole.numel() != whole_.numel()) continue;
-    at::Tensor moved = relay(whole);
-    whole = at::Tensor();
-    if (moved.numel() == whole_.numel()) {
-      load_state_partition(name, moved);  // into the state tensors themselves
-    } else {
-      moved = moved.to(whole_.device());
-      for (int g = 0; g < optimizer_->num_shards(); ++g) {
-        const auto& gr = layout_.groups[g];
-        optimizer_->state(g)[name] = moved.slice(0, gr.part_begin, gr.part_end);
-      }
-    }
-  }
-  auto move_buffer = [&](at::Tensor& buffer) {
-    at::Tensor moved = relay(buffer);
-    if (moved.numel() == buffer.numel()) {
-      buffer.copy_(moved);
-    } else {
-      buffer = moved.to(buffer.device());
-    }
-  };
-  move_buffer(whole_);
-  primary_ = whole_;
-  at::Tensor moved_grads = relay(grads_);
-  if (moved_grads.numel() == grads_.numel()) {
-    grads_.copy_(moved_grads);
-  } else {
-    replace_grads(moved_grads);
-  }
-  for (int g = 0; g < optimizer_->num_shards(); ++g) {
-    const auto& gr = layout_.groups[g];
-    optimizer_->reseat_shard(g, whole_.slice(0, gr.part_begin, gr.part_end));
-  }
-}
-
-void MasterPartition::replace_grads(const at::Tensor& g) {
-  if (grads_on_host_) {
-    grads_ = ops::host_empty(g.numel(), g.scalar_type(), pin_grads_);
-    grads_.copy_(g);
-  } else {
-    grads_ = g.to(grads_.device());
-  }
-}
-
 void MasterPartition::add_memory(MemoryBreakdown& m) const {
   m.push_back({"grad_partition", bytes_of(grads_), !grads_on_host_});
   // Partial offload: the head on the device, the tail (primary_) on the host.
@@ -388,18 +287,6 @@ at::Tensor MasterPartition::state_partition(const std::string& name) {
       parts.push_back(two_devices ? t.cpu() : t);
     }
   return at::cat(parts);
-}
-
-bool MasterPartition::state_is_zero(const std::string& name) {
-  if (swap_ || !whole_.defined()) return false;  // (a file's read costs what the re-lay does)
-  int64_t n = 0;
-  for (const Side& s : sides())
-    for (int g = 0; g < s.opt->num_shards(); ++g) {
-      const at::Tensor& t = s.opt->state(g).at(name);
-      if (!t.is_floating_point() || t.any().item<bool>()) return false;
-      n += t.numel();
-    }
-  return n == whole_.numel();  // (a state over the partition, not a scalar one)
 }
 
 void MasterPartition::load_state_partition(const std::string& name, const at::Tensor& values) {

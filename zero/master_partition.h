@@ -11,7 +11,7 @@
 // in files instead: the optimizer's shards are empty (they keep the hyper-parameters, the step
 // count and the state's names), each piece is stepped in a swap buffer read ahead and written
 // behind, and whole(), assign(), state_partition() and load_state_partition() read and write
-// the files, so checkpoints and the re-lay go through here as without it.
+// the files, so checkpoints go through here as without it.
 // The step's arithmetic on the partition lives here; where the results go is the parameter
 // store's business.
 #pragma once
@@ -58,13 +58,6 @@ class MasterPartition {
   // defaults). Separate from construction so that stage 3 can release its 16-bit model before
   // the optimizer state exists.
   void add_shards(const std::vector<optim::Hyper>& group_options);
-  // After the layout changed (the re-lay after the first backward): relay(t) gives a tensor
-  // laid out as the old partition laid out as the new one, on t's device or on the host (the
-  // buffers are copied into their own places), or t itself, rewritten in its storage (t is not
-  // read again after relay returns). The master, the gradient partition
-  // and every optimizer state of the partition's size move; the shards follow.
-  void relayout(const std::function<at::Tensor(const at::Tensor&)>& relay);
-
   // The whole fp32 master: the tensor itself where it is one (writes reach it), else (partial
   // offload on a GPU: two devices) a host copy, which assign() writes back.
   at::Tensor whole();
@@ -120,9 +113,6 @@ class MasterPartition {
   at::Tensor state_partition(const std::string& name);
   void load_state_partition(const std::string& name, const at::Tensor& values);
   std::vector<std::string> state_names();
-  // Whether the state spans the partition and every element is zero (a read, no copy; false
-  // with NVMe).
-  bool state_is_zero(const std::string& name);
   int64_t step_count() { return optimizer_->step_count(0); }
   void set_step_count(int64_t steps);
 
@@ -154,8 +144,7 @@ class MasterPartition {
   std::unique_ptr<optim::Optimizer> device_opt_;  // partial offload: over device_
   bool scaled_in_place_ = false;
   bool grads_on_host_ = false, pin_grads_ = false;
-  bool offloaded_ = false;                  // the master (its host share) off the device
-  void replace_grads(const at::Tensor& g);  // a re-lay's new gradient partition, in its place
+  bool offloaded_ = false;             // the master (its host share) off the device
   std::unique_ptr<NvmeSwapper> swap_;  // NVMe offload: where primary_'s values are  // this step's
                                        // apply_scale multiplied the partition
 };

@@ -100,16 +100,6 @@ void NvmeSwapper::add(const std::string& name, float value) {
   fill(name, 0, numel_, value);
 }
 
-void NvmeSwapper::resize(int64_t numel) {
-  finish();
-  numel_ = numel;
-  for (auto& [name, f] : files_) {
-    const std::string path = f->path();
-    f.reset();
-    f = std::make_unique<NvmeFile>(path, options_.aio, /*create=*/true, numel_ * kElement);
-  }
-}
-
 void NvmeSwapper::fill(const std::string& name, int64_t begin, int64_t end, float value) {
   NvmeFile& f = *files_.at(name);
   const int64_t block = std::min<int64_t>(end - begin, 1 << 20);
@@ -147,7 +137,7 @@ void NvmeSwapper::plan(std::vector<std::pair<int64_t, int64_t>> ranges) {
       throw Error(fmt::format("NvmeSwapper: range [{}, {}) of {} elements", b, e, numel_));
     largest = std::max(largest, e - b);
   }
-  // Buffers sized by the largest range (the re-lay after the first backward may change it).
+  // Buffers sized by the largest range.
   if (largest > slot_numel_ || slots_.size() != static_cast<size_t>(options_.buffer_count) ||
       (!slots_.empty() && slots_[0].buffers.size() != files_.size())) {
     slots_.clear();

@@ -7,7 +7,7 @@
 // optimizer's sub-groups, in step order), then for each one acquire() (its read was issued
 // ahead, while earlier ranges were stepped), step it in the returned buffers, release() (its
 // write is issued and runs while the next ranges are stepped), and finish() at the end.
-// read_all / write_all give and take a whole tensor (checkpoints, the re-lay). Files and the
+// read_all / write_all give and take a whole tensor (checkpoints). Files and the
 // folders made for them are removed when the swapper goes.
 #pragma once
 
@@ -56,8 +56,6 @@ class NvmeSwapper {
   void add(const std::string& name, float value = 0.0f);
   // Elements [begin, end) of a tensor set to value (Adagrad's initial sum, group by group).
   void fill(const std::string& name, int64_t begin, int64_t end, float value);
-  // Every file made again for `numel` elements (their values lost: write_all them after).
-  void resize(int64_t numel);
   int64_t numel() const { return numel_; }
   bool has(const std::string& name) const { return files_.count(name) > 0; }
   at::Tensor read_all(const std::string& name);

@@ -139,8 +139,7 @@ void OffloadStepper::step(MasterPartition& master, const std::vector<int>& order
   int64_t largest = 0;
   for (const auto& b : layout_.buckets) largest = std::max(largest, b.chunk);
   const int64_t piece = std::max<int64_t>(1, std::min(largest, options_.sub_group_size));
-  // The slots are sized by the layout's largest piece (the re-lay after the first backward
-  // may change it, once).
+  // The slots are sized by the layout's largest piece.
   if (!transfers_ || piece != piece_) {
     transfers_.reset();
     transfers_ =

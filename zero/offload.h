@@ -42,7 +42,7 @@ struct OffloadOptions {
 
 // What both ways of stepping an offloaded partition are built from (OffloadStepper here, which
 // steps after backward, and OffloadOverlap in offload_overlap.h, which steps during it), checked
-// once: the owner's layout, which a re-lay changes in place; the device of the gradient
+// once: the owner's layout (final by the time the parts exist); the device of the gradient
 // partition and of the 16-bit parameters; their types (the staging slots'); the options.
 class OffloadTarget {
  protected:

@@ -90,8 +90,7 @@ void ParamStore::keep_partition16(const at::Tensor& values) {
     swap_ = std::make_unique<ParamSwapper>(offload_.nvme, device_options_.dtype().toScalarType(),
                                            std::move(chunks), std::move(in_file));
   }
-  // The buffer it has where it fits (a re-lay that keeps the size), else a new one, the old
-  // one gone first.
+  // The buffer it has where it fits, else a new one, the old one gone first.
   if (!part16_.defined() || part16_.numel() != resident) {
     part16_ = at::Tensor();
     part16_ = ops::host_empty(resident, device_options_.dtype().toScalarType(), pin);
@@ -146,51 +145,21 @@ at::Tensor ParamStore::swap_up(const at::Tensor& host, at::Tensor& holder) {
   return bring_up(host, holder, /*blocking=*/true);
 }
 
-bool ParamStore::partition_shares(const at::Tensor& t) const {
-  return part16_.defined() && t.defined() && part16_.is_alias_of(t);
-}
-
-void ParamStore::share_partition(const at::Tensor& t) {
-  if (!part16_.defined() || t.scalar_type() != part16_.scalar_type() ||
-      t.device() != part16_.device() || t.numel() != layout_.partition)
-    throw Error("ParamStore: the shared partition must be this rank's partition, as it was");
-  part16_ = t;
-}
-
-void ParamStore::relayout(const FlatLayout& old, bool move_partition) {
+void ParamStore::relayout(const FlatLayout& old) {
+  if (partitioned()) throw Error("ParamStore: a partitioned store keeps its layout");
   wait_all_published();
-  if (partitioned() && swap_) {
-    // NVMe: the whole partition passes through memory once (the files are laid out anew).
-    at::Tensor whole = at::empty({old.partition}, part16_.options());
-    read_partition16(old, whole);
-    at::Tensor moved =
-        relay_partition(old, layout_, whole, chunk_rank(), *group_, device_options_.device());
-    whole = at::Tensor();
-    buckets16_.assign(layout_.buckets.size(), Gathered{});
-    keep_partition16(moved);
-    return;
+  if (old.total == layout_.total) {
+    // In its own storage: the device holds no second copy of the model.
+    relay_flat_in_place(old, layout_, flat_params_);
+  } else {
+    // Another size (the buckets' padding moved): through the host, the old buffer let go
+    // before the new one is made.
+    const at::Tensor host = flat_params_.cpu();
+    for (auto& p : params_) p.set_data(at::empty({0}, flat_params_.options()));
+    const c10::Device device = flat_params_.device();
+    flat_params_ = at::Tensor();
+    flat_params_ = relay_flat(old, layout_, host).to(device);
   }
-  // (one on the device is permuted there on one rank, else goes through the host, its chunks
-  // through the device a bucket at a time, where collectives run: relay_in_place)
-  if (partitioned()) {
-    if (move_partition && offload_.enabled) {
-      // The offloaded partition is this store's own page-locked buffer: on one rank permuted
-      // where it is (no second host copy); else re-laid and kept in a page-locked buffer again
-      // (relay_partition's result is pageable, and the uploads would stage through it).
-      if (relays_in_place(old, layout_, part16_, /*partition=*/true))
-        relay_flat_in_place(old, layout_, part16_);
-      else
-        keep_partition16(relay_partition(old, layout_, part16_, chunk_rank(), *group_,
-                                         device_options_.device()));
-    } else if (move_partition) {
-      relay_in_place(old, layout_, part16_, /*partition=*/true, chunk_rank(), *group_,
-                     device_options_.device());
-    }
-    buckets16_.assign(layout_.buckets.size(), Gathered{});
-    return;
-  }
-  relay_in_place(old, layout_, flat_params_, /*partition=*/false, chunk_rank(), *group_,
-                 flat_params_.device());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& lp = layout_.params[i];
     params_[i].set_data(

@@ -52,16 +52,9 @@ class ParamStore {
   // releases the parameters and the flat buffer.
   void keep_only_partition(const at::Tensor& master);
   bool partitioned() const { return part16_.defined(); }
-  // After the layout changed from `old` (the re-lay after the first backward; every bucket at
-  // rest, no all-gather deferred): the parameters' values move to their new places.
-  // Collective at stage 3. move_partition false: stage 3's partition is left as it is, for
-  // its owner to move (the master's own buffer, partition_shares).
-  void relayout(const FlatLayout& old, bool move_partition = true);
-  // Whether stage 3's partition is t's storage: without offload in the master's precision (fp32)
-  // keep_only_partition keeps the master's buffer itself rather than a copy of it.
-  bool partition_shares(const at::Tensor& t) const;
-  // Stage 3's partition becomes t (the master's buffer again, after the master moved it).
-  void share_partition(const at::Tensor& t);
+  // Stages 0-2, before anything else is laid out (zero_optimizer.h): the layout changed from
+  // `old`, and the parameters' values move to their new places in the flat buffer.
+  void relayout(const FlatLayout& old);
 
   // Which chunk of every bucket this rank owns (0 where the layout has one partition).
   int chunk_rank() const;

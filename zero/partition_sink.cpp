@@ -60,8 +60,8 @@ class FlatAlias final : public PartitionSink {
 class HostPartition final : public PartitionSink {
  public:
   HostPartition(const FlatLayout& layout, const ReduceOptions& options, int group_size,
-                at::TensorOptions grad_options, at::Tensor partition, bool fresh)
-      : PartitionSink(layout, options, group_size, grad_options, std::move(partition), fresh),
+                at::TensorOptions grad_options, at::Tensor partition)
+      : PartitionSink(layout, options, group_size, grad_options, std::move(partition)),
         landing_(grad_options.device()) {}
   ~HostPartition() override { drain(); }
 
@@ -119,19 +119,18 @@ class HostPartition final : public PartitionSink {
 }  // namespace
 
 PartitionSink::PartitionSink(const FlatLayout& layout, const ReduceOptions& options, int group_size,
-                             at::TensorOptions grad_options, at::Tensor partition, bool fresh)
+                             at::TensorOptions grad_options, at::Tensor partition)
     : layout_(layout),
       options_(options),
       group_size_(group_size),
       grad_options_(grad_options),
-      partition_(std::move(partition)),
-      fresh_(fresh) {}
+      partition_(std::move(partition)) {}
 
 std::unique_ptr<PartitionSink> PartitionSink::make(const FlatLayout& layout,
                                                    const ReduceOptions& options, int group_size,
                                                    at::TensorOptions grad_options,
                                                    const at::Tensor& flat_grads,
-                                                   at::Tensor partition, bool fresh, bool on_host) {
+                                                   at::Tensor partition, bool on_host) {
   const bool aliased =
       flat_grads.defined() && partition.defined() && partition.data_ptr() == flat_grads.data_ptr();
   if (aliased) {
@@ -142,13 +141,13 @@ std::unique_ptr<PartitionSink> PartitionSink::make(const FlatLayout& layout,
           "is not the identity there (several ranks, another type or size, a host partition, "
           "a communication type or a pre-/post-scaling): give the partition its own buffer");
     return std::make_unique<FlatAlias>(layout, options, group_size, grad_options,
-                                       std::move(partition), fresh);
+                                       std::move(partition));
   }
   if (on_host)
     return std::make_unique<HostPartition>(layout, options, group_size, grad_options,
-                                           std::move(partition), fresh);
+                                           std::move(partition));
   return std::make_unique<DevicePartition>(layout, options, group_size, grad_options,
-                                           std::move(partition), fresh);
+                                           std::move(partition));
 }
 
 bool PartitionSink::may_alias(const ReduceOptions& options, int group_size,

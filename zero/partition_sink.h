@@ -34,12 +34,12 @@ class PartitionSink {
  public:
   // partition: layout.partition elements (the whole buffer at stage 0), fp32 or the 16-bit
   // type; it is the alias when it shares flat_grads' storage (then it must be one may_alias()
-  // allows: a dscpp::Error otherwise). fresh: it holds nothing yet (false: a re-lay carried
-  // reduced gradients over). on_host: it is in host memory, whatever the device of a CPU run.
+  // allows: a dscpp::Error otherwise); it holds nothing yet. on_host: it is in host memory,
+  // whatever the device of a CPU run.
   static std::unique_ptr<PartitionSink> make(const FlatLayout& layout, const ReduceOptions& options,
                                              int group_size, at::TensorOptions grad_options,
                                              const at::Tensor& flat_grads, at::Tensor partition,
-                                             bool fresh, bool on_host);
+                                             bool on_host);
   // Whether a gradient partition of type partition_type (on the host: on_host) may be the flat
   // gradient buffer itself, the gradients being of type grad_type and reduced over group_size
   // ranks with `options`: the reduction is then the identity on every element and the
@@ -51,7 +51,7 @@ class PartitionSink {
                         at::ScalarType partition_type, bool on_host);
   // (make's arguments; the forms' own constructor)
   PartitionSink(const FlatLayout& layout, const ReduceOptions& options, int group_size,
-                at::TensorOptions grad_options, at::Tensor partition, bool fresh);
+                at::TensorOptions grad_options, at::Tensor partition);
   virtual ~PartitionSink() = default;
 
   const at::Tensor& partition() const { return partition_; }
@@ -107,7 +107,7 @@ class PartitionSink {
   int group_size_;
   at::TensorOptions grad_options_;
   at::Tensor partition_;
-  bool fresh_;
+  bool fresh_ = true;
 };
 
 }  // namespace dscpp::zero

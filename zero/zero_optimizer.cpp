@@ -12,7 +12,6 @@
 #include "dscpp/nn/parallel_weight_init.h"
 #include "dscpp/ops/grad_destination.h"
 #include "dscpp/zero/grad_hooks.h"
-#include "dscpp/zero/relayout.h"
 #include "dscpp/zero/step_scale.h"
 
 namespace dscpp::zero {
@@ -36,18 +35,61 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
 
   if (options_.offload_param.enabled && options_.stage != 3)
     throw Error("ZeroOptimizer: offloading the parameters needs ZeRO stage 3");
+  if (options_.offload.enabled && options_.stage < 1)
+    throw Error("ZeroOptimizer: offloading the optimizer needs ZeRO stage 1, 2 or 3");
+  if (options_.offload.enabled && options_.offload.ratio < 1.0 && options_.stage != 3)
+    throw Error("ZeroOptimizer: partial offload (ratio < 1) needs ZeRO stage 3");
   store_ = std::make_unique<ParamStore>(params, layout_, group_, options_.offload_param);
+  pending_optimizer_ = std::move(optimizer);
+  param_options_ = opts;
+  // Layouts by layer keep their order, and stage 3 its partition (see the header).
+  const bool final_now = params.empty() || !options_.unit_of.empty() || options_.defer_allgather ||
+                         options_.stage >= 3;
+  first_seen_.assign(params.size(), 0);
+  hooks_ = register_ready_hooks(params, [this](int i) {
+    if (buckets_) {
+      buckets_->mark_ready(i);
+    } else if (!first_seen_[i]) {
+      first_seen_[i] = 1;
+      first_order_.push_back(i);
+    }
+  });
+  if (final_now) build({});
+}
+
+void ZeroOptimizer::build_in_order(const std::vector<int>& order) {
+  if (master_) return;
+  std::vector<char> seen(shapes_.size(), 0);
+  for (int i : order) {
+    if (i < 0 || i >= static_cast<int>(seen.size()) || seen[i])
+      throw Error("ZeroOptimizer: a layout order must name every parameter once");
+    seen[i] = 1;
+  }
+  if (order.size() != seen.size())
+    throw Error("ZeroOptimizer: a layout order of " + std::to_string(order.size()) +
+                " parameters for " + std::to_string(seen.size()));
+  build(order);
+}
+
+void ZeroOptimizer::build(const std::vector<int>& order) {
+  at::NoGradGuard no_grad;
+  layout_order_ = order;
+  if (!order.empty()) {
+    FlatLayout fresh = lay_out(order);
+    if (!fresh.same_placement(layout_)) {
+      const FlatLayout old = layout_;
+      layout_ = std::move(fresh);
+      store_->relayout(old);
+    }
+  }
+  const at::TensorOptions opts = param_options_;
   // The master partition and the gradient partition are allocated while the
   // whole 16-bit model is still held (stage 3 releases it below): after that
   // release they would be carved out of the released buffer's segment, and the
   // rest of that segment (16 GiB at 17 B parameters) could then hold neither
   // Adam moment nor return to the device.
-  if (options_.offload.enabled && options_.stage < 1)
-    throw Error("ZeroOptimizer: offloading the optimizer needs ZeRO stage 1, 2 or 3");
-  if (options_.offload.enabled && options_.offload.ratio < 1.0 && options_.stage != 3)
-    throw Error("ZeroOptimizer: partial offload (ratio < 1) needs ZeRO stage 3");
   master_ = std::make_unique<MasterPartition>(
-      layout_, opts, std::move(optimizer), options_.grad_dtype, options_.offload.enabled,
+      layout_, opts, std::move(pending_optimizer_), options_.grad_dtype, options_.offload.enabled,
       HostShare{options_.offload.ratio, options_.offload.sub_group_size},
       options_.offload.nvme.enabled ? &options_.offload.nvme : nullptr,
       options_.offload.enabled && options_.offload.host_gradients,
@@ -80,14 +122,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
                                               options_.grad_dtype, master_->grads_on_host());
   if (options_.stage < 2 && options_.accumulates)
     flat_grads = alias ? master_->grads() : at::zeros({layout_.total}, opts);
-  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, params, opts, group_, ro,
-                                           /*flat_grads_zero=*/true);
-  reduce_options_ = ro;
-  param_options_ = opts;
-  // Layouts by layer keep their order (see the header).
-  relaid_ = params.empty() || !options_.unit_of.empty() || options_.defer_allgather;
-  hooks_ = register_ready_hooks(params, [this](int i) { buckets_->mark_ready(i); });
+  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, store_->params(), opts, group_, ro);
   // Gradient accumulation fusion: linears write their weight gradients into the buckets.
+  const auto& params = store_->params();
   std::vector<ops::GradDestination> destinations;
   for (int i = 0; i < static_cast<int>(params.size()); ++i)
     destinations.push_back({[this, i](bool& accumulate) { return buckets_->slot(i, accumulate); },
@@ -100,7 +137,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   // 16-bit model and it are never held at once (a model sized for stage 3 would
   // not fit).
   if (options_.stage >= 3) store_->keep_only_partition(master_->whole());
-  buckets_->set_partition(master_->grads(), true, master_->grads_on_host());
+  buckets_->set_partition(master_->grads(), master_->grads_on_host());
   master_->add_shards(options_.group_options);
   describe_shards();
   // The update overlaps backward only where its scale is known before backward (no clipping,
@@ -126,6 +163,7 @@ ZeroOptimizer::~ZeroOptimizer() {
 MemoryBreakdown ZeroOptimizer::memory_breakdown() const {
   MemoryBreakdown m;
   store_->add_memory(m);
+  if (!master_) return m;  // (the first backward's gradients are the parameters' .grad)
   buckets_->add_memory(m);
   master_->add_memory(m);
   const int64_t staging =
@@ -137,22 +175,26 @@ MemoryBreakdown ZeroOptimizer::memory_breakdown() const {
 PhaseTimes ZeroOptimizer::take_phase_times() {
   PhaseTimes t;
   take_phase(t, "step.sumsq", sumsq_ms_);
-  buckets_->sink().take_phase_times(t);
+  if (buckets_) buckets_->sink().take_phase_times(t);
   if (offload_) offload_->take_phase_times(t);
   if (overlap_) overlap_->take_phase_times(t);
   return t;
 }
 
 void ZeroOptimizer::arm_overlapped_step(double loss_scale) {
-  armed_ = overlap_ != nullptr && relaid_;
+  armed_ = overlap_ != nullptr;
   window_end_ = true;
   armed_loss_scale_ = loss_scale;
 }
 
 void ZeroOptimizer::begin_backward(bool reduce) {
-  // (a first backward re-lays after it, and the new buckets start without the sums; an
-  // overlapped update has the cores during backward, and its step sums the partition after)
-  if (window_end_ && reduce && relaid_ && !armed_) buckets_->sink().sum_squares_on_landing();
+  if (!master_) {  // the first backward: its gradients stay in .grad (take_first_backward)
+    first_reduce_ = reduce;
+    window_end_ = false;
+    return;
+  }
+  // (an overlapped update has the cores during backward, and its step sums the partition after)
+  if (window_end_ && reduce && !armed_) buckets_->sink().sum_squares_on_landing();
   window_end_ = false;
   buckets_->begin(reduce);
   if (!armed_ || !reduce) return;
@@ -173,19 +215,21 @@ void ZeroOptimizer::begin_backward(bool reduce) {
 }
 
 void ZeroOptimizer::end_backward() {
+  if (!master_) return take_first_backward();
   buckets_->finish();
   if (overlap_ && overlap_->active()) {
     overlap_->backward_ended();
     buckets_->set_on_complete(nullptr);
   }
   last_issued_early_ = buckets_->issued_during_backward();
-  if (!relaid_) relay_from_first_backward();
 }
 
-void ZeroOptimizer::relay_from_first_backward() {
-  relaid_ = true;
+void ZeroOptimizer::take_first_backward() {
   at::NoGradGuard no_grad;
-  std::vector<int> order = buckets_->ready_order();
+  // The ready order; parameters never seen last, in reverse registration order.
+  std::vector<int> order = first_order_;
+  for (int i = static_cast<int>(first_seen_.size()) - 1; i >= 0; --i)
+    if (!first_seen_[i]) order.push_back(i);
   // Every rank lays out alike: rank 0's order (ranks could see ties resolved differently).
   if (group_->size() > 1) {
     std::vector<int64_t> wide(order.begin(), order.end());
@@ -194,49 +238,32 @@ void ZeroOptimizer::relay_from_first_backward() {
     t = t.cpu();
     for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(t[k].item<int64_t>());
   }
-  FlatLayout fresh = lay_out(order);
-  if (fresh.same_placement(layout_)) return;
-  store_->release();  // stage 3: every bucket at rest under the old layout first
-  const FlatLayout old = layout_;
-  layout_ = std::move(fresh);
-  // Stage 3 without offload in fp32: the store's partition is the master's buffer itself, moved
-  // once, by the master (moved by both, a GPU's, re-laid in its own storage, would come out
-  // permuted twice; on the host the store took a copy and the two stopped sharing).
-  const bool shared = !options_.offload.enabled && store_->partition_shares(master_->whole());
-  store_->relayout(old, /*move_partition=*/!shared);
-  const int rank = store_->chunk_rank();
-  const bool aliased = buckets_->sink().aliases_flat();
-  // On one rank (a partition is the flat buffer) every buffer of the master is permuted in its
-  // own storage, where it lives: the host, which an offloaded run fills with 14 bytes a
-  // parameter, holds no second copy of a buffer (at 9 B parameters 36 GB more), nor does the
-  // device. Partitions of several ranks are re-laid in host memory, their chunks through the
-  // training device a bucket at a time (where the collectives run): the device never holds a
-  // second copy of a device buffer (at 4.64 B parameters an offloaded fp32 master and its
-  // re-laid copy on the device were 35 GiB, the run's peak).
-  const c10::Device device = param_options_.device();
-  master_->relayout([&](const at::Tensor& t) {
-    if (relays_in_place(old, layout_, t, /*partition=*/true)) {
-      relay_flat_in_place(old, layout_, t);
-      return t;
+  const std::vector<at::Tensor>& params = store_->params();
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    grads.push_back(p.grad());
+    p.mutable_grad().reset();
+  }
+  build(order);
+  // This backward's gradients into the buckets, in the order they came: each is handed over
+  // (copied into the flat buffer's view, or taken by its bucket) and let go, so that no more
+  // than the one set of them is held beside the buckets.
+  buckets_->begin(first_reduce_);
+  for (int i : first_order_) {
+    if (!grads[i].defined()) continue;
+    at::Tensor& grad = params[i].mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(grads[i]);  // the flat buffer's view
+    } else {
+      grad = grads[i];
     }
-    return relay_partition(old, layout_, t.is_cpu() ? t : t.cpu(), rank, *group_, device);
-  });
-  if (shared) store_->share_partition(master_->whole());
-  // The gradient buckets start over on the new layout, with the gradients of this backward
-  // (accumulated in the flat buffer, or reduced into the partition) carried over.
-  // (the alias: the flat buffer is the partition, re-laid with the master; once, not twice)
-  at::Tensor flat_grads = aliased ? master_->grads() : buckets_->flat_grads();
-  if (flat_grads.defined() && !aliased)
-    relay_in_place(old, layout_, flat_grads, /*partition=*/false, rank, *group_, device);
-  const bool fresh_partition = buckets_->sink().fresh();
-  const bool flat_zero = buckets_->flat_grads_zero();  // (a re-lay moves zeros as zeros)
-  const int64_t copies = buckets_->copies();
-  buckets_.reset();  // (its landing worker is idle: finish() drained it)
-  buckets_ = std::make_unique<GradBuckets>(layout_, flat_grads, store_->params(), param_options_,
-                                           group_, reduce_options_, flat_zero);
-  buckets_->count_copies(copies);
-  buckets_->set_partition(master_->grads(), fresh_partition, master_->grads_on_host());
-  describe_shards();
+    grads[i] = at::Tensor();
+    buckets_->mark_ready(i);
+  }
+  buckets_->finish();
+  last_issued_early_ = 0;  // (all of them issued after backward)
+  first_order_.clear();
+  first_seen_.clear();
 }
 
 FlatLayout ZeroOptimizer::lay_out(const std::vector<int>& ready_order) const {
@@ -308,6 +335,7 @@ void ZeroOptimizer::describe_shards() {
 }
 
 at::Tensor ZeroOptimizer::global_sumsq() {
+  built();
   at::NoGradGuard no_grad;
   // (on the training device, where the collectives run: a host gradient partition's sum too;
   // its landings may have summed it already)
@@ -325,6 +353,7 @@ StepResult ZeroOptimizer::step(double loss_scale, at::Tensor global_sumsq) {
   // The update is arithmetic on buffers, never something autograd should
   // record.
   at::NoGradGuard no_grad;
+  built();
   store_->wait_all_published();  // (a forward has normally waited already)
   StepResult result;
   // The global sum of squares carries both verdicts: the norm, and the overflow

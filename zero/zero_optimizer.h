@@ -8,14 +8,19 @@
 // partition, and publishes the new parameters. The methods below that only
 // forward to a part keep the names the engine, checkpoints and tests call.
 //
-// Bucket order: the first layout guesses reverse registration order. The first backward
-// records the order in which gradients actually became ready (rank 0's, broadcast), and its
-// end re-lays everything once by it, as PyTorch DDP rebuilds its buckets: the flat buffers,
-// the partitions, the master and the optimizer state move, and the reduced gradients are
-// carried over to the first step. From then on a bucket is complete as soon as backward has
-// reached it, so its reduction overlaps the rest of backward. Not for layouts by layer (stage
-// 3's units, or deferred all-gathers), whose order the layer list fixes and whose bucket
-// indices the layer hooks hold.
+// Bucket order: the buckets should follow backward's order, so that each is complete, and its
+// reduction issued, while backward still runs. The parameter store's first layout guesses
+// reverse registration order. Everything else (the gradient buckets, the fp32 master, the
+// optimizer state, offload's host and NVMe buffers) is made once, when the order is known: the
+// first backward leaves its gradients in the parameters' .grad and records the order in which
+// they became ready (rank 0's, broadcast); its end lays the buffers out in that order (the
+// 16-bit flat buffer, the only one that exists yet, permuted in its own storage), builds the
+// rest on that layout and reduces the first backward's gradients. Nothing is ever moved after
+// it exists. A caller that needs a part before then (a checkpoint load before training) gets
+// it built on the guess, which then stays. Not for layouts by layer (stage 3's units, or
+// deferred all-gathers), whose order the layer list fixes, nor for stage 3, whose partition
+// must exist before the first forward (the whole model may not fit on one rank): they keep
+// their first layout.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -135,8 +140,8 @@ class ZeroOptimizer {
   // Before the backward that ends an accumulation window, with the loss scale the step will
   // be given: with offload at stages 1-2, overlap_comm, no clipping and no overflow check, that
   // backward's buckets are updated on the host as they are reduced (zero/offload_overlap.h),
-  // and step() only publishes them (before the first backward's re-lay: not yet). With a host
-  // gradient partition, that backward's landings also sum their chunks' squares, so that the
+  // and step() only publishes them (not the first backward's, whose end lays the buffers out). With
+  // a host gradient partition, that backward's landings also sum their chunks' squares, so that the
   // step's global_sumsq() makes no pass over the partition (GradBuckets::landed_sumsq).
   void arm_overlapped_step(double loss_scale);
   // Since construction: the overlapped steps, and their bucket updates that began before
@@ -148,7 +153,7 @@ class ZeroOptimizer {
   void end_backward();
   // Stage 3 by layer: backward has left every layer above `layer` (GradBuckets::
   // units_complete_above): their parameters count as ready, with or without gradients.
-  void layers_done_above(int layer) { buckets_->units_complete_above(layer); }
+  void layers_done_above(int layer) { built().buckets_->units_complete_above(layer); }
   // At the accumulation boundary. loss_scale: what the loss was multiplied by.
   StepResult step(double loss_scale) { return step(loss_scale, at::Tensor()); }
   // The same with the global sum of squares given (undefined: global_sumsq()), where several
@@ -161,25 +166,36 @@ class ZeroOptimizer {
   // group at stages 1-3. A 0-dim fp32 tensor on the training device. Collective.
   at::Tensor global_sumsq();
   // What the partition's values are still to be multiplied by to be averaged gradients.
-  double deferred_scale() const { return buckets_->sink().deferred_scale(); }
+  double deferred_scale() { return built().buckets_->sink().deferred_scale(); }
 
   // The three parts.
   ParamStore& param_store() { return *store_; }
-  GradBuckets& grad_buckets() { return *buckets_; }
+  GradBuckets& grad_buckets() { return *built().buckets_; }
   // Of the buckets the last backward reduced, how many were issued while gradients were still
-  // to come: the reductions that can overlap backward (the re-lay's measure).
+  // to come: the reductions that can overlap backward (the layout's measure; none for the
+  // first backward, whose gradients are reduced at its end).
   int buckets_issued_during_backward() const { return last_issued_early_; }
-  MasterPartition& master() { return *master_; }
+  MasterPartition& master() { return *built().master_; }
+  // Whether the layout is final and every part exists (see the header).
+  bool is_built() const { return master_ != nullptr; }
+  // The order the parts were laid out in: the first backward's ready order, or the one given
+  // to build_in_order (empty: the guess). A checkpoint records it, so that a run resumed from it
+  // before its first backward is laid out as the run that saved it.
+  const std::vector<int>& layout_order() const { return layout_order_; }
+  // Builds the parts now, laid out in `order` (every parameter index once), unless they exist.
+  void build_in_order(const std::vector<int>& order);
 
   const FlatLayout& layout() const { return layout_; }
-  optim::Optimizer& optimizer() { return master_->optimizer(); }
+  // Before the parts exist: the optimizer without its shards (its defaults; Optimizer::set_lr
+  // reaches the shards made later).
+  optim::Optimizer& optimizer() { return master_ ? master_->optimizer() : *pending_optimizer_; }
   // fp32, layout().partition: the tensor itself, or with partial offload on a GPU (two
   // devices) a host copy that set_master_partition() writes back.
-  at::Tensor master_partition() { return master_->whole(); }
-  void set_master_partition(const at::Tensor& values) { master_->assign(values); }
+  at::Tensor master_partition() { return built().master_->whole(); }
+  void set_master_partition(const at::Tensor& values) { built().master_->assign(values); }
   // options.grad_dtype; with the alias, the flat gradient buffer itself (grads_aliased()).
-  const at::Tensor& grad_partition() const { return master_->grads(); }
-  bool grads_aliased() const { return buckets_->sink().aliases_flat(); }
+  const at::Tensor& grad_partition() { return built().master_->grads(); }
+  bool grads_aliased() { return built().buckets_->sink().aliases_flat(); }
   at::Tensor& flat_params() { return store_->flat_params(); }  // stages 0-2
   // With defer_allgather: waits for bucket b's all-gather after the last step,
   // if it is still pending (on a GPU the current stream waits; the host does
@@ -190,11 +206,11 @@ class ZeroOptimizer {
   bool publish_pending() const { return store_->publish_pending(); }
   // Copies the master partition into the 16-bit parameters on every rank (after
   // a step or a checkpoint load). Collective at stages 1 and 2.
-  void publish_master() { store_->publish(master_->whole()); }
+  void publish_master() { store_->publish(built().master_->whole()); }
   // The other way: the master partition from the (16-bit) parameters, as at
   // construction.
   void refresh_master_from_params() {
-    at::Tensor m = master_->whole();
+    at::Tensor m = built().master_->whole();
     store_->copy_partition_into(m);
     master_->assign(m);
   }
@@ -238,7 +254,7 @@ class ZeroOptimizer {
   // partition (16-bit and fp32 master), so a change made on one rank reaches
   // all. Collective.
   void scatter_gathered_from(int src_rank) {
-    at::Tensor m = master_->whole();
+    at::Tensor m = built().master_->whole();
     store_->scatter_gathered_from(src_rank, m);
     master_->assign(m);
   }
@@ -252,24 +268,26 @@ class ZeroOptimizer {
   // An optimizer state (or the step count) over the whole partition, whatever
   // the number of groups (one optimizer shard each): what checkpoints save and
   // load.
-  at::Tensor state_partition(const std::string& name) { return master_->state_partition(name); }
-  void load_state_partition(const std::string& name, const at::Tensor& values) {
-    master_->load_state_partition(name, values);
+  at::Tensor state_partition(const std::string& name) {
+    return built().master_->state_partition(name);
   }
-  std::vector<std::string> state_names() { return master_->state_names(); }
-  int64_t step_count() { return master_->step_count(); }
-  void set_step_count(int64_t steps) { master_->set_step_count(steps); }
+  void load_state_partition(const std::string& name, const at::Tensor& values) {
+    built().master_->load_state_partition(name, values);
+  }
+  std::vector<std::string> state_names() { return built().master_->state_names(); }
+  int64_t step_count() { return built().master_->step_count(); }
+  void set_step_count(int64_t steps) { built().master_->set_step_count(steps); }
   // Parameter i's shape (a stage-3 parameter at rest holds an empty tensor).
   const std::vector<int64_t>& param_shape(size_t i) const { return store_->param_shape(i); }
   int stage() const { return options_.stage; }
-  bool offloaded() const { return offload_ != nullptr; }
+  bool offloaded() const { return options_.offload.enabled; }
   // Every buffer the three parts hold now, by name (zero/memory_breakdown.h): params16.*,
   // grads16.flat, reduce_buckets, grad_partition, fp32_master, optimizer.<state>,
   // offload.staging. An aliased partition (ZeroOptions::alias_grad_partition) is listed once,
   // as grad_partition, with no grads16.flat beside it. The reduce buckets' peak since construction:
   // reduce_buckets_peak().
   MemoryBreakdown memory_breakdown() const;
-  int64_t reduce_buckets_peak() const { return buckets_->peak_in_flight_bytes(); }
+  int64_t reduce_buckets_peak() const { return buckets_ ? buckets_->peak_in_flight_bytes() : 0; }
   // Host time of the step's phases since the last call, by name (phase_times.h; for
   // wall_clock_breakdown): step.sumsq (the global sum of squares), the landings' (landing.*,
   // with a host gradient partition), the offloaded step's (offload.*) and the overlapped
@@ -287,8 +305,16 @@ class ZeroOptimizer {
   void step_overlapped();
   // After a step (or an overflow's skip): the partition counts as empty again.
   void clear_gradients();
-  // Once, at the end of the first backward: the layout from the order gradients became ready.
-  void relay_from_first_backward();
+  // The parts on the final layout (`order`: the first backward's ready order; empty: the
+  // guess), once. built(): this, with them built on the guess if they are not yet.
+  void build(const std::vector<int>& order);
+  ZeroOptimizer& built() {
+    if (!master_) build({});
+    return *this;
+  }
+  // The end of the first backward: the layout from its ready order, the parts, and its
+  // gradients (in the parameters' .grad) reduced.
+  void take_first_backward();
   // The layout for this optimizer (flat ranges, or every parameter whole in one rank's
   // partition where the optimizer needs_whole_params), in `ready_order` (empty: the guess).
   FlatLayout lay_out(const std::vector<int>& ready_order) const;
@@ -314,7 +340,12 @@ class ZeroOptimizer {
       destinations_;  // the products' gradient destinations (ops/grad_destination.h)
   ReduceOptions reduce_options_;
   at::TensorOptions param_options_;
-  bool relaid_ = false;
+  std::unique_ptr<optim::Optimizer> pending_optimizer_;  // until build() gives it to the master
+  // Until built: the first backward's ready order, and whether it reduces.
+  std::vector<int> first_order_;
+  std::vector<char> first_seen_;
+  std::vector<int> layout_order_;
+  bool first_reduce_ = false;
   int last_issued_early_ = 0;
   AsyncScalarRead verdict_;  // the global sum of squares, when the device decides overflow
   double sumsq_ms_ = 0;      // step(): the global sum of squares (phase_times.h)

@@ -136,6 +136,7 @@ const std::vector<std::string>& engine_state_keys() {
                                                 "dscpp_loss_scaler",
                                                 "dscpp_rng_states",
                                                 "dscpp_micro_steps",
+                                                "dscpp_layout_orders",
                                                 "dscpp_save_id",
                                                 "dscpp_rank",
                                                 "dscpp_world_size",

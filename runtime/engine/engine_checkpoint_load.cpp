@@ -204,6 +204,29 @@ PyValue EngineCore::rng_states_of(const std::string& dir, const std::string& tag
   return PyValue();
 }
 
+void EngineCore::lay_out_as_saved(const std::string& dir, const std::string& tag,
+                                  const PyValue& model, const std::string& path) {
+  bool pending = false;
+  for (const auto& p : zero_set_) pending |= !p.zero->is_built();
+  if (!pending) return;
+  // This rank's model-states file (a pipeline stage's, a model rank's) holds its partitions'.
+  const std::string mine =
+      ckpt_layout_.model_states_path ? ckpt_layout_.model_states_path(dir, tag) : path;
+  if (mine != path && !std::filesystem::exists(mine)) return;  // (another layout's files)
+  const PyValue other = mine == path ? PyValue() : checkpoint::load_torch_file(mine);
+  const PyValue* orders = (mine == path ? model : other).find(PyValue("dscpp_layout_orders"));
+  for (auto& p : zero_set_) {
+    if (p.zero->is_built()) continue;
+    const PyValue* order = orders && orders->is_dict() ? orders->find(PyValue(p.name)) : nullptr;
+    if (!order || !order->is_list()) continue;  // (then the guess: DeepSpeed's files, say)
+    std::vector<int> ints;
+    for (int64_t i : order->as_ints()) ints.push_back(static_cast<int>(i));
+    // Another model's order (other parameters) is not this one's: the guess then.
+    if (ints.size() != p.zero->params().size()) continue;
+    p.zero->build_in_order(ints);
+  }
+}
+
 LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
                                                  const std::string& tag_in,
                                                  const LoadCheckpointOptions& options) {
@@ -226,6 +249,7 @@ LoadCheckpointResult EngineCore::load_checkpoint(const std::string& load_dir,
     if (!fs::exists(path) && fs::exists(checkpoint::zero_model_states_path(load_dir, tag, 0)))
       path = checkpoint::zero_model_states_path(load_dir, tag, 0);
     const PyValue model = checkpoint::load_torch_file(path);
+    lay_out_as_saved(load_dir, tag, model, path);
     result.path = checkpoint::tag_dir(load_dir, tag);
     // A universal checkpoint holds whole tensors (zero/<name>/): any stage, any ranks.
     const bool universal = config_.checkpoint.load_universal;

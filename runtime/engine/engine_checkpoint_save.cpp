@@ -288,6 +288,15 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
   sd.set(PyValue("dscpp_loss_scaler"), PyValue::from_json(scaler_->state_dict()));
   sd.set(PyValue("dscpp_rng_states"), std::move(rng_states));
   sd.set(PyValue("dscpp_micro_steps"), PyValue(micro_steps_));
+  // The order each partition was laid out in (its first backward's), for a resume to take
+  // before its own first backward (ZeroOptimizer::build_in_order).
+  PyValue orders = PyValue::dict();
+  for (const auto& p : zero_set_) {
+    std::vector<PyValue> order;
+    for (int i : p.zero->layout_order()) order.emplace_back(i);
+    if (!order.empty()) orders.set(PyValue(p.name), PyValue::list(std::move(order)));
+  }
+  sd.set(PyValue("dscpp_layout_orders"), std::move(orders));
   for (size_t i = 0; i < client_state.size(); ++i)
     sd.set(client_state.keys()[i], client_state.values()[i]);
   return sd;

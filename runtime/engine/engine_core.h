@@ -389,6 +389,12 @@ class EngineCore {
   // Tensor parallelism (engine_checkpoint_tp.cpp): Megatron-DeepSpeed's mp_rank_XX layout,
   // set by attach() with a model group; the partition metadata written into mp_rank_00.
   void use_tensor_parallel_layout();
+  // Each partition not yet laid out (before the first backward) laid out in the order the
+  // saving run's was (dscpp_layout_orders of this rank's model-states file; `model`, rank 0's,
+  // read from `path`, where that is the one), where it recorded one for as many parameters;
+  // else it keeps the guess. No communication.
+  void lay_out_as_saved(const std::string& dir, const std::string& tag,
+                        const checkpoint::PyValue& model, const std::string& path);
   // The engine's counters, schedule and loss scaler from a model-states file.
   void load_engine_counters(const checkpoint::PyValue& model, const std::string& path,
                             const LoadCheckpointOptions& options);

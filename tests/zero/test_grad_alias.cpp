@@ -1,8 +1,8 @@
 // The gradient partition as the flat gradient buffer itself (ZeroOptions::alias_grad_partition):
 // on one rank at stages 0-1 with accumulation the reduction is the identity, so the partition
-// can be the buffer the parameters' .grad are views of. Trained four micro-steps a window, with
-// a re-lay after the first backward (a model used in the opposite order of its registration,
-// of odd sizes), clipping, an overflow's skipped step: every loss,
+// can be the buffer the parameters' .grad are views of. Trained four micro-steps a window, laid
+// out by the first backward (a model used in the opposite order of its registration, of odd
+// sizes), clipping, an overflow's skipped step: every loss,
 // every boundary's gradient partition and every weight equal bit for bit those of the same run
 // with two buffers (the alias off: the boundary copies the buffer into its own partition).
 // Where the identity is not exact (a communication type, a predivide factor, an fp32 partition
@@ -28,7 +28,7 @@ using dscpp::zero::ZeroOptimizer;
 using dscpp::zero::ZeroOptions;
 
 // Parameters of odd sizes, used in the reverse of their registration order (the first layout
-// guesses the opposite, so the first backward re-lays every buffer).
+// guesses the opposite, so the first backward's layout differs from it).
 constexpr int kParams = 6;
 const int64_t kSizes[kParams] = {5, 7, 3, 11, 6, 9};
 constexpr int64_t kWidth = 4;
@@ -66,8 +66,6 @@ Result train(Window run, bool alias) {
     inputs.push_back(at::randn({3, kWidth}).to(run.dtype));
   ZeroOptions o = run.options;
   o.reduce_bucket_size = 24;  // one or two parameters a bucket
-  // (elements, so that the re-lay keeps the partition's size: a re-lay whose padding changes
-  // it is refused by the optimizer's reseat_shard, with or without the alias)
   o.alignment = 1;
   o.grad_dtype = run.dtype;  // (bf16: DeepSpeed's grad_accum_dtype bf16)
   o.accumulates = run.accumulation > 1;
@@ -78,7 +76,6 @@ Result train(Window run, bool alias) {
   ZeroOptimizer zo(params, dscpp::optim::make_optimizer(oc), dscpp::comm::make_no_op_group(0, 1),
                    o);
   Result res;
-  res.aliased = zo.grads_aliased();
   size_t next = 0;
   for (int s = 0; s < run.steps; ++s) {
     for (int m = 0; m < run.accumulation; ++m) {
@@ -99,8 +96,10 @@ Result train(Window run, bool alias) {
     res.boundary.push_back(zo.grad_partition().clone());
     res.applied.push_back(zo.step(1.0).applied);
   }
-  // Re-laid by the first backward: parameter 0, ready first, opens the buffer now (the guess
-  // put parameter 5 there).
+  // (asked after training: asked before, the parts would be built on the guessed layout)
+  res.aliased = zo.grads_aliased();
+  // Laid out by the first backward: parameter 0, ready first, opens the buffer (the guess put
+  // parameter 5 there).
   EXPECT_EQ(zo.layout().params[0].offset, 0);
   EXPECT_NE(zo.layout().params[kParams - 1].offset, 0);
   for (const auto& p : params) res.params.push_back(p.detach().clone());
@@ -179,8 +178,7 @@ TEST(GradAlias, TheGradientsAreViewsOfThePartitionAndTheBoundaryCopiesNothing) {
       loss.backward();
       zo.end_backward();
       for (int i = 0; i < 3; ++i) expected[i] += static_cast<double>(i + 1 + m);
-      // Every .grad is a view of the one buffer, which is the partition (the re-lay after the
-      // first backward keeps them one).
+      // Every .grad is a view of the one buffer, which is the partition.
       for (const auto& p : params)
         EXPECT_EQ(p.grad().storage().data(), zo.grad_partition().storage().data());
     }
@@ -197,7 +195,7 @@ TEST(GradAlias, TheGradientsAreViewsOfThePartitionAndTheBoundaryCopiesNothing) {
     // The step empties it for the next window.
     EXPECT_EQ(zo.grad_partition().abs().sum().item<double>(), 0.0) << "window " << window;
   }
-  // Nothing re-allocated it: the same partition (sizes 8 a parameter: the re-lay kept its size).
+  // Nothing re-allocated it: the same partition.
   EXPECT_EQ(zo.grad_partition().storage().data(), storage);
 }
 
@@ -261,8 +259,8 @@ TEST(GradAlias, APartitionForcedOntoTheBufferWhereItIsNotExactIsRefused) {
   dscpp::zero::ReduceOptions ro;
   ro.scatter = true;
   ro.communication_data_type = at::kFloat;
-  GradBuckets buckets(layout, flat, params, flat.options(), dscpp::comm::make_no_op_group(0, 1), ro,
-                      true);
+  GradBuckets buckets(layout, flat, params, flat.options(), dscpp::comm::make_no_op_group(0, 1),
+                      ro);
   try {
     buckets.set_partition(flat);
     ADD_FAILURE() << "a partition on the buffer with a communication type was accepted";
@@ -272,8 +270,7 @@ TEST(GradAlias, APartitionForcedOntoTheBufferWhereItIsNotExactIsRefused) {
         << e.what();
   }
   ro.communication_data_type.reset();
-  GradBuckets fine(layout, flat, params, flat.options(), dscpp::comm::make_no_op_group(0, 1), ro,
-                   true);
+  GradBuckets fine(layout, flat, params, flat.options(), dscpp::comm::make_no_op_group(0, 1), ro);
   fine.set_partition(flat);
   EXPECT_TRUE(fine.sink().aliases_flat());
 }

@@ -1,6 +1,7 @@
 // Gradient accumulation fusion (ops/grad_destination.h): nn::linear writes its weight gradient
-// into ZeRO's buckets. Run by the launcher on 1 and 2 Gloo ranks. After one backward the
-// reduced gradient partition equals the float64 reference gradient of the global batch, is
+// into ZeRO's buckets. Run by the launcher on 1 and 2 Gloo ranks. After one window (a first,
+// which lays ZeRO's buffers out and is stepped with lr 0, comes before it) the reduced gradient
+// partition equals the float64 reference gradient of the global batch, is
 // the same bits as with the fusion off, and the buckets copied only what autograd produced
 // (the bias, and the tied weight's other use): the fused weights arrived in place. With
 // overlap_comm the buckets are still issued during backward (the ready hooks fire for
@@ -79,20 +80,28 @@ Result run(const Case& c, bool fusion) {
   o.grad_dtype = c.dtype == at::kFloat ? at::kFloat : c.dtype;
   dscpp::zero::ZeroOptimizer zo(net.params(), sgd(), world, o);
   Result res;
-  for (int m = 0; m < c.accumulation; ++m) {
-    const bool reduce = c.stage >= 2 || m == c.accumulation - 1;
-    zo.begin_backward(reduce);
-    zo.gather();
-    at::Tensor x = global_batch(n, m).slice(0, 4 * r, 4 * r + 4).to(c.dtype);
-    // Each rank's mean; ZeRO averages over ranks and the micro-steps add up.
-    (net.loss(x) / c.accumulation).backward();
-    zo.end_backward();
-    zo.release();
-    res.issued += zo.buckets_issued_during_backward();
+  for (int window = 0; window < 2; ++window) {
+    res.issued = 0;
+    res.copies = window == 0 ? 0 : zo.grad_buckets().copies();
+    for (int m = 0; m < c.accumulation; ++m) {
+      const bool reduce = c.stage >= 2 || m == c.accumulation - 1;
+      zo.begin_backward(reduce);
+      zo.gather();
+      at::Tensor x = global_batch(n, m).slice(0, 4 * r, 4 * r + 4).to(c.dtype);
+      // Each rank's mean; ZeRO averages over ranks and the micro-steps add up.
+      (net.loss(x) / c.accumulation).backward();
+      zo.end_backward();
+      zo.release();
+      res.issued += zo.buckets_issued_during_backward();
+    }
+    if (window == 0) {  // (the weights stay as they are: p - 0 g)
+      zo.optimizer().set_lr(0.0);
+      zo.step(1.0);
+    }
   }
-  res.copies = zo.grad_buckets().copies();
+  res.copies = zo.grad_buckets().copies() - res.copies;
   res.partition = zo.grad_partition().to(at::kDouble) * zo.grad_buckets().sink().deferred_scale();
-  // The float64 reference on the global batch, laid out as the (re-laid) buffer.
+  // The float64 reference on the global batch, laid out as the buffer.
   Net ref = make_net(at::kDouble);
   at::Tensor loss = at::zeros({}, at::kDouble);
   for (int m = 0; m < c.accumulation; ++m) {

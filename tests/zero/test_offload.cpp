@@ -124,7 +124,7 @@ void backward(Trainer& r, int s) {
 TEST(Offload, TheWindowsLastLandingsSumTheNormsSquares) {
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     Trainer off = make_run(2, dtype, true, 7);
-    train(off, 1);  // (the re-lay after the first backward)
+    train(off, 1);  // (the first backward, which lays the buffers out)
     ASSERT_TRUE(off.zero->master().grads_on_host());
     // Two micro-steps, the second the window's last: the sums are of the accumulated chunks.
     backward(off, 1);

@@ -1,7 +1,8 @@
-// The re-lay in a buffer's own storage: relay_flat_in_place leaves exactly what relay_flat
-// returns as a new tensor (padding zero), for any order, and sets aside only the parameters
-// whose old place is overwritten before they move: little when the new order is close to the
-// old. (The engine's re-lay through it on one rank: the offload and engine oracles.)
+// A flat buffer laid out anew in its own storage: relay_flat_in_place leaves exactly what
+// relay_flat returns as a new tensor (padding zero), for any order, and sets aside only the
+// parameters whose old place is overwritten before they move: little when the new order is
+// close to the old. (The 16-bit parameters through it at the first backward's end: the
+// bucket-order test and the engine oracles.)
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -158,17 +158,15 @@ def param_cases(r, args, report):
     tight = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1500,
              "stage3_param_persistence_threshold": 100}
     if args.full:
-        # (The transformer stops at 2 ranks: at 4 its re-lay changes the partition's size, which
-        # the optimizer refuses to re-seat, with or without offload.)
+        # (The transformer stops at 2 ranks, as it always did here.)
         cases = [(m, ga, n, both, None, 3 if m == "gpt" else 1) for m in ("gpt", "transformer")
                  for ga, n in itertools.product([1, 4], [1, 2, 4] if m == "gpt" else [1, 2])
                  for both in (False, True)]
         cases += [("gpt", 4, 2, False, tight, 1), ("gpt", 1, 4, True, tight, 2)]
     else:
         # Each rank count, accumulation, optimizer placement, max_in_cpu (0 or a part), way of
-        # gathering (by layer, tight or not, and whole with the re-lay) once. (A buffer that
-        # wrote a chunk serves its next read: the transformer's few buckets take 1 buffer to be read back;
-        # gathered whole, it is re-laid after its first backward.)
+        # gathering (by layer, tight or not, and whole) once. (A buffer that wrote a chunk
+        # serves its next read: the transformer's few buckets take 1 buffer to be read back.)
         cases = [("gpt", 4, 2, False, None, 3), ("gpt", 1, 1, True, tight, 3), ("transformer", 1, 2, False, None, 1)]
     for model, ga, n, both, extra, buffers in cases:
         name = f"{model} stage=3 accumulation={ga} ranks={n} offload_param=nvme buffers={buffers}" + \

@@ -16,7 +16,7 @@ without offload into an offloaded one), which then train as the uninterrupted ru
 Without --full a covering subset runs (the default ctest); --full is ctest label offload_matrix.
 --overlap: the update overlapped with backward (stages 1-2, overlap_comm, no clipping;
 zero/offload_overlap.h): offload == no offload within 1e-6 at stages 1 and 2, accumulation 1 and 4,
-every step after the first (whose backward re-lays the buckets) overlapped, and bucket updates that
+every step after the first (whose backward's end lays the buffers out) overlapped, and bucket updates that
 began before backward ended (the order the worker records); with clipping (1.0) the same runs take
 the step's own path (no overlapped step) and agree too.
 --bf16 (bench/rows.toml's GPU row offload-oracle; it runs on a CPU too): one rank in bf16,
@@ -180,8 +180,8 @@ def main():
             if pe > tol:
                 problems.append(f"weights differ ({pe:.2e})")
             if kind == "overlap":
-                # Every step whose backward follows the re-lay (at accumulation 1 the first
-                # step's backward is the re-lay's own).
+                # Every step whose backward follows the first (at accumulation 1 the first
+                # step's backward is the one that lays the buffers out).
                 want = args.steps - (1 if ga == 1 else 0)
                 if got["overlapped_steps"] < want:
                     problems.append(f"{got['overlapped_steps']} overlapped steps of {args.steps}")

@@ -50,11 +50,6 @@ Trained train(const json& cfg, int windows = 3) {
   Net model;
   auto engine = dscpp::initialize(model, cfg);
   Trained t;
-  const auto& zo = engine.core().zero_optimizer();
-  t.aliased = zo.grads_aliased();
-  const auto m = engine.core().memory_breakdown();
-  t.flat = dscpp::zero::bytes_named(m, "grads16.flat");
-  t.partition = dscpp::zero::bytes_named(m, "grad_partition");
   at::manual_seed(9);
   for (int k = 0; k < 4 * windows; ++k) {
     at::Tensor x = at::randn({2, 6}).to(engine.device(), at::kBFloat16);
@@ -65,6 +60,11 @@ Trained train(const json& cfg, int windows = 3) {
     engine.step();
   }
   EXPECT_EQ(engine.global_steps(), windows);
+  // (after training: the buffers exist from the first backward on)
+  t.aliased = engine.core().zero_optimizer().grads_aliased();
+  const auto m = engine.core().memory_breakdown();
+  t.flat = dscpp::zero::bytes_named(m, "grads16.flat");
+  t.partition = dscpp::zero::bytes_named(m, "grad_partition");
   for (const auto& p : model->parameters()) t.weights.push_back(p.detach().clone());
   return t;
 }
