@@ -169,7 +169,7 @@ at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
   }
   // Ulysses: each of q, k, v to the whole sequence for this rank's block of heads (query head
   // i of the block still pairs with key/value head i / (heads / groups) of its block).
-  for (auto& t : qkv_heads) t = nn::all_to_all_sequence_to_heads(t, sequence_group);
+  for (auto& t : qkv_heads) t = nn::all_to_all_sequence_to_heads(t, sequence_group, groups);
   if (rotary_dim > 0) {
     qkv_heads[0] = apply_rotary(qkv_heads[0], rotary_dim, rotary_base);
     qkv_heads[1] = apply_rotary(qkv_heads[1], rotary_dim, rotary_base);
@@ -178,7 +178,7 @@ at::Tensor GPTAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor y = at::scaled_dot_product_attention(
       qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/{}, is_training() ? dropout : 0.0,
       /*is_causal=*/true, /*scale=*/std::nullopt, /*enable_gqa=*/groups != heads);
-  y = nn::all_to_all_heads_to_sequence(y, sequence_group);
+  y = nn::all_to_all_heads_to_sequence(y, sequence_group, groups);
   return linear_of(proj, y.transpose(1, 2).reshape({batch, seq, hidden}));
 }
 

@@ -110,7 +110,7 @@ at::Tensor TensorParallelGPTAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = q.size(0), seq = q.size(1);
   auto heads = ops::qkv_heads(q, local_heads);
   // DeepSpeed-Ulysses: this rank's heads over the whole sequence, a block of them per rank.
-  for (auto& t : heads) t = nn::all_to_all_sequence_to_heads(t, sequence_group);
+  for (auto& t : heads) t = nn::all_to_all_sequence_to_heads(t, sequence_group, local_heads);
   const double p = is_training() ? dropout : 0.0;
   at::Tensor y;
   if (p > 0) {
@@ -120,7 +120,7 @@ at::Tensor TensorParallelGPTAttentionImpl::forward(const at::Tensor& x) {
   } else {
     y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], {}, 0.0, true);
   }
-  y = nn::all_to_all_heads_to_sequence(y, sequence_group);
+  y = nn::all_to_all_heads_to_sequence(y, sequence_group, local_heads);
   y = y.transpose(1, 2).reshape({batch, seq, -1});
   if (sequence_parallel) y = y.transpose(0, 1);
   return proj(y).first;

@@ -50,12 +50,19 @@ at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& x, const
 
 // DeepSpeed-Ulysses' all-to-alls (deepspeed/sequence/layer.py's _SeqAllToAll) on a
 // sequence-parallel group of p ranks, each holding the sequence's p-th slice (rank order), on
-// attention's [B, heads, S, d] layout; each is the other's backward:
-//   all_to_all_sequence_to_heads  [B, n, S/p, d] -> [B, n/p, S, d]: rank r keeps heads
-//                                 [r n/p, (r+1) n/p) of the whole sequence
-//   all_to_all_heads_to_sequence  [B, n/p, S, d] -> [B, n, S/p, d]
-// n must divide by p (a TensorParallelError naming both otherwise).
-at::Tensor all_to_all_sequence_to_heads(const at::Tensor& x, const GroupPtr& group);
-at::Tensor all_to_all_heads_to_sequence(const at::Tensor& x, const GroupPtr& group);
+// attention's [B, heads, S, d] layout; each is the other's backward. The heads split in whole
+// key/value groups, so that a query head stays with its key/value head: of the model's
+// `kv_heads` groups (n / kv_heads consecutive heads each; one for k and v), rank r takes the
+// next kv_heads / p, and the first kv_heads % p ranks one more (DeepSpeed's split, uneven when
+// p does not divide kv_heads). With c_r groups on rank r and n_r = c_r n / kv_heads heads:
+//   all_to_all_sequence_to_heads  [B, n, S/p, d] -> [B, n_r, S, d]: rank r keeps heads
+//                                 [n / kv_heads (c_0 + ... + c_{r-1}), ... + n_r)
+//   all_to_all_heads_to_sequence  [B, n_r, S, d] -> [B, n, S/p, d]
+// kv_heads must be at least p (a rank with no head has nothing to attend over) and divide n,
+// as n_r must divide by c_r; a TensorParallelError naming the numbers otherwise.
+at::Tensor all_to_all_sequence_to_heads(const at::Tensor& x, const GroupPtr& group,
+                                        int64_t kv_heads);
+at::Tensor all_to_all_heads_to_sequence(const at::Tensor& x, const GroupPtr& group,
+                                        int64_t kv_heads);
 
 }  // namespace dscpp::nn
