@@ -91,20 +91,26 @@ nn::GroupPtr checked_sequence_group(const GPTConfig& c, const nn::GroupPtr& grou
                                   "DeepSpeed-Ulysses ({} ranks) are not implemented: the router "
                                   "takes one token partition; expected false",
                                   p));
-  auto whole = [&](const char* key, int64_t n, const char* what) {
-    if (n % p != 0)
-      throw ConfigError(key, fmt::format("DeepSpeed-Ulysses splits the {} over the {} "
-                                         "sequence-parallel ranks: expected a multiple of {}, "
-                                         "found {}",
-                                         what, p, p, n));
-  };
-  // (with tensor parallelism, each tensor rank's heads)
-  const std::string per = tensor_degree > 1 ? fmt::format(" / {} tensor ranks", tensor_degree) : "";
-  whole("num_attention_heads", c.num_attention_heads / tensor_degree,
-        ("attention heads" + per).c_str());
-  whole("num_query_groups", c.query_groups() / tensor_degree,
-        ("key/value heads (num_query_groups)" + per).c_str());
-  whole("seq_length", c.seq_length, "sequence");
+  // DeepSpeed's split of heads: whole key/value groups, kv / p a rank and one more on the first
+  // kv % p ranks, so the groups need not divide by p; it refuses fewer groups than ranks
+  // (a rank would have no head). With tensor parallelism, each tensor rank's.
+  const int64_t kv = c.query_groups() / tensor_degree;
+  if (kv < p) {
+    const bool mha = c.query_groups() == c.num_attention_heads;
+    const std::string found = tensor_degree > 1 ? fmt::format("{} ({} / {} tensor ranks)", kv,
+                                                              c.query_groups(), tensor_degree)
+                                                : std::to_string(kv);
+    throw ConfigError(
+        mha ? "num_attention_heads" : "num_query_groups",
+        fmt::format("DeepSpeed-Ulysses gives each of the {} sequence-parallel ranks "
+                    "at least one {}: expected at least {}, found {}",
+                    p, mha ? "attention head" : "key/value head (num_query_groups)", p, found));
+  }
+  if (c.seq_length % p != 0)
+    throw ConfigError("seq_length", fmt::format("DeepSpeed-Ulysses splits the sequence over the {} "
+                                                "sequence-parallel ranks: expected a multiple of "
+                                                "{}, found {}",
+                                                p, p, c.seq_length));
   return group;
 }
 

@@ -66,9 +66,10 @@ TORCH_MODULE(GPTEmbedding);
 
 // Causal multi-head self-attention: [B,S,h] -> [B,S,h] (before the residual dropout). With a
 // sequence-parallel group (DeepSpeed-Ulysses), x is this rank's slice of the sequence: q, k
-// and v go through an all-to-all to all of the sequence for heads / p of the heads (and
-// groups / p of the key/value groups), which rotary embedding and attention see whole; the
-// output comes back by the converse all-to-all.
+// and v go through an all-to-all to all of the sequence for a block of whole key/value groups
+// (groups / p, or one more where p does not divide them: nn::all_to_all_sequence_to_heads)
+// with their query heads, which rotary embedding and attention see whole; the output comes
+// back by the converse all-to-all.
 struct GPTAttentionImpl : torch::nn::Module {
   explicit GPTAttentionImpl(const GPTConfig& config, nn::GroupPtr sequence_group = nullptr);
   at::Tensor forward(const at::Tensor& x);
@@ -192,9 +193,9 @@ TORCH_MODULE(GPT);
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused = true);
 
 // DeepSpeed-Ulysses' group checked against the config: of parallelism.sequence_parallel_size
-// ranks (null at 1), every rank a whole block of the query heads and of the key/value groups
-// (of each tensor rank's, with tensor_degree > 1), and equal slices of seq_length; a
-// ConfigError naming the key and the numbers otherwise.
+// ranks (null at 1), at least one key/value group a rank (of each tensor rank's, with
+// tensor_degree > 1; the groups need not divide by the ranks, as in DeepSpeed's uneven split),
+// and equal slices of seq_length; a ConfigError naming the key and the numbers otherwise.
 nn::GroupPtr checked_sequence_group(const GPTConfig& config, const nn::GroupPtr& group,
                                     int64_t tensor_degree = 1);
 

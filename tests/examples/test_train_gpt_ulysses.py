@@ -20,7 +20,10 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
   the untiled one rank;
 - a run saved at sequence 2 resumes at sequence 1 (one rank) and at sequence 4, each going on as
   the run that was not stopped;
-- refused by name: heads that do not split over the degree, ring attention (cp_comm_type
+- DeepSpeed's uneven split of heads where the degree does not divide them: a 6-head GPT at
+  tensor 2 x sequence 2 (ZeRO 2) and a Llama-style GPT of 6 query heads in 3 key/value groups at
+  sequence 2 (ZeRO 1), each as one rank;
+- refused by name: fewer heads than the degree, ring attention (cp_comm_type
   "p2p"), a degree that does not divide the ranks, the tiled loss in a pipeline, sequence with
   tensor parallelism in a pipeline.
 """
@@ -152,6 +155,21 @@ def main():
                   "tensor parallel 2 x data 1" in log and "sequence parallel 2 x data 1" in log, log)
             same(f"tensor 2 x sequence 2, ZeRO {stage}", ref_gpt, log, save_gpt, save)
 
+        # DeepSpeed's uneven split of heads: 6 heads, 3 a tensor rank, on 2 sequence ranks (2 and
+        # 1); 6 query heads in 3 key/value groups on 2 sequence ranks (4 heads in 2 groups, then
+        # 2 in 1), against one rank of each.
+        gpt6 = dict(gpt, hidden_size=48, num_attention_heads=6)
+        log_gpt6, save_gpt6 = run("one rank, 6 heads", model("gpt6", gpt6), z1, 1)
+        log, save = run("6 heads, tensor 2 x sequence 2 (uneven), ZeRO 2",
+                        model("gpt6-t2s2", gpt6, tensor_model_parallel_size=2, sequence_parallel=True,
+                              sequence_parallel_size=2), z2, 4)
+        same("6 heads, tensor 2 x sequence 2 (uneven), ZeRO 2", steps(log_gpt6), log, save_gpt6, save)
+        gqa6 = dict(llama, hidden_size=48, num_attention_heads=6, num_query_groups=3)
+        log_gqa6, save_gqa6 = run("one rank, 6 heads in 3 groups", model("gqa6", gqa6), z1, 1)
+        log, save = run("6 heads in 3 groups, sequence 2 (uneven), ZeRO 1",
+                        model("gqa6-sp2", gqa6, sequence_parallel_size=2), z1, 2)
+        same("6 heads in 3 groups, sequence 2 (uneven), ZeRO 1", steps(log_gqa6), log, save_gqa6, save)
+
         # A pipeline of 2 stages, each with sequence 2 (the sequence ranks inside its data group),
         # against one rank whose layers are seeded as a pipeline seeds them.
         log_seeded, save_seeded = run("one rank, seeded layers", model("gpt", gpt), z1, 1, "--seed-layers")
@@ -210,8 +228,8 @@ def main():
               rc != 0 and "sequence_parallel_size" in log and "does not divide" in log, log)
         job.model = model("gpt-h3", dict(gpt, num_attention_heads=2, hidden_size=64))
         rc, log = job.run("--deepspeed_config", config("sp4", sequence_parallel_size=4), *common, ranks=4)
-        check("heads that do not split over the degree are refused",
-              rc != 0 and "num_attention_heads" in log and "expected a multiple of 4, found 2" in log, log)
+        check("fewer heads than the degree are refused (as DeepSpeed refuses them)",
+              rc != 0 and "num_attention_heads" in log and "expected at least 4, found 2" in log, log)
         job.model = model("gpt-tiled", dict(gpt, tiled_logits_loss_shards=4))
         rc, log = job.run("--deepspeed_config", config("pipe2", pipeline={"stages": 2}), *common, ranks=2)
         check("the tiled loss in a pipeline is refused by name",
