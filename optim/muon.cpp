@@ -78,6 +78,13 @@ void Muon::update(Shard& s, const at::Tensor& grad) {
     // the caller's partition.
     at::Tensor g = grad.narrow(0, p.offset, numel).view(p.shape).to(at::kFloat, false, true);
     at::Tensor m = momentum.narrow(0, p.offset, numel).view(p.shape);
+    // Offloaded: the matrix to the training device and back (its momentum in place after).
+    const at::Tensor held = m;
+    const bool moved = compute_device_ && *compute_device_ != m.device();
+    if (moved) {
+      g = g.to(*compute_device_);
+      m = m.to(*compute_device_);
+    }
     o.expert_group = p.shape.size() == 3;
     at::Tensor u;
     if (p.whole_of) {
@@ -89,6 +96,10 @@ void Muon::update(Shard& s, const at::Tensor& grad) {
       m.copy_(p.part_of(whole_m));
     } else {
       u = muon_update(g, m, o);
+    }
+    if (moved) {
+      held.copy_(m);
+      u = u.to(held.device());
     }
     ++orthogonalised_;
     at::Tensor w = s.param.narrow(0, p.offset, numel);

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "dscpp/optim/optimizer.h"
 
@@ -29,6 +30,10 @@ class Muon : public Optimizer {
   std::unique_ptr<Optimizer> make_like() const override { return fresh_copy(*this); }
   bool needs_whole_params() const override { return true; }
   void set_shard_params(int shard, std::vector<ShardParam> params) override;
+  // Under ZeRO-Offload: each matrix's momentum and Newton-Schulz on the training device, the
+  // weight's update where the shard is (the update's arithmetic as on that device without
+  // offload).
+  void set_compute_device(c10::Device device) override { compute_device_ = device; }
 
   // The matrices (or stacked expert groups) this optimizer has orthogonalised so far: the
   // Newton-Schulz work this rank did.
@@ -43,6 +48,7 @@ class Muon : public Optimizer {
   std::vector<std::vector<ShardParam>> params_;  // per shard (none: padding only)
   std::vector<char> described_;                  // per shard: set_shard_params called
   int64_t orthogonalised_ = 0;
+  std::optional<c10::Device> compute_device_;
 };
 
 // DeepSpeed's "type": "Muon": the optimizers of its two halves, as

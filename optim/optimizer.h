@@ -98,6 +98,10 @@ class Optimizer {
     (void)shard;
     (void)params;
   }
+  // Where an update that is not elementwise computes its matrices' part (Muon's Newton-Schulz)
+  // when the shards live elsewhere (on the host under ZeRO-Offload): each matrix goes there and
+  // back. Elementwise optimizers ignore it.
+  virtual void set_compute_device(c10::Device device) { (void)device; }
 
   // ZeRO-Offload's CPU optimizers (ops/cpu_adam.h, DeepSpeed's DeepSpeedCPUAdam / CPUAdagrad /
   // CPULion): Adam, AdamW, Adagrad and Lion update shards on the CPU with the vectorised,

@@ -22,10 +22,12 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
     : options_(options), group_(std::move(group)) {
   for (const auto& p : params) shapes_.push_back(p.sizes().vec());
   whole_params_ = optimizer && optimizer->needs_whole_params();
-  if (whole_params_ && options_.offload.enabled)
+  if (whole_params_ && options_.offload.enabled &&
+      (options_.offload.nvme.enabled || options_.offload.ratio < 1.0))
     throw Error("ZeroOptimizer: optimizer '" + optimizer->name() +
-                "' updates each parameter whole, which ZeRO-Offload's host steps do not do: "
-                "turn offload_optimizer off for it");
+                "' updates each parameter whole, which the optimizer's NVMe offload and a "
+                "partial offload (ratio < 1), stepping the partition a piece at a time, do not "
+                "do: offload it to the CPU whole (offload_optimizer.device \"cpu\", ratio 1)");
   layout_ = lay_out({});
   const auto opts = params.empty() ? at::TensorOptions().dtype(at::kFloat) : params[0].options();
   if (options_.grad_dtype != at::kFloat && options_.grad_dtype != opts.dtype().toScalarType())
@@ -97,6 +99,9 @@ void ZeroOptimizer::build(const std::vector<int>& order) {
   if (options_.offload.enabled)
     offload_ = std::make_unique<OffloadStepper>(layout_, opts.device(), options_.grad_dtype,
                                                 opts.dtype().toScalarType(), options_.offload);
+  // (an update of whole matrices on the host computes them where training runs)
+  if (whole_params_ && options_.offload.enabled)
+    master_->optimizer().set_compute_device(opts.device());
   refresh_master_from_params();
 
   ReduceOptions ro;

@@ -16,8 +16,10 @@
 // On a pipeline each stage's engine holds its stage's Muon partition; the pipeline's norm
 // adds the stages' shares as for the dense partition. Under tensor parallelism a split matrix
 // is gathered over the model group and orthogonalised whole (zero::ZeroOptions::model_split_of),
-// as one rank orthogonalises it. Not yet, each refused naming it: expert parallelism (ep_size >
-// 1) and ZeRO-Offload. Parameter groups split into
+// as one rank orthogonalises it. Under ZeRO-Offload the Muon partition's master and momentum are
+// on the host and each matrix's Newton-Schulz runs on the training device (optim::Muon::
+// set_compute_device). Not yet, refused naming it: expert parallelism (ep_size > 1). Parameter
+// groups split into
 // their Muon and Adam halves, as DeepSpeed's _muon_param_groups does (take_muon).
 // Checkpoints hold the Muon half as DeepSpeed's do: the first parameter group, its
 // momentum_buffer partitioned as DeepSpeed partitions the group (checkpoint_partitions).
@@ -52,7 +54,6 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
     throw ConfigError("optimizer.type", "\"Muon\" with " + what + " is not implemented yet");
   };
   if (experts_) refuse("expert parallelism (ep_size > 1)");
-  if (zo.offload.enabled) refuse("ZeRO-Offload (offload_optimizer)");
   std::set<std::string> known(param_names_.begin(), param_names_.end());
   for (const auto& [name, on] : client_.use_muon)
     if (!known.count(name))

@@ -7,7 +7,8 @@
   train_gpt on one rank with the same global batch (micro-batches 4 x GA 2 = 8) within 1e-5
   relative, the grad norm and lr as one rank's (printed to 3 decimals), and the start-up line
   names the layout.
-- Muon (both ns_methods) at tensor 2 x data 2, ZeRO 2, against Muon on one rank: the split
+- Muon (both ns_methods; gram also with offload_optimizer cpu) at tensor 2 x data 2, ZeRO 2,
+  against Muon on one rank: the split
   matrices are orthogonalised whole; its checkpoint resumes at tensor 2 x data 2 exactly and
   on one rank.
 - --stage3: instead, tensor 2 x data 2 with sequence parallelism at ZeRO 3 (overlap_comm)
@@ -126,6 +127,21 @@ def main():
                   str([(a["norm"], b["norm"]) for a, b in zip(ref, got)]) + "\n" + log_one + "\n---\n" + log)
             if method != "gram":
                 continue
+            # Under ZeRO-Offload (the master, the momentum and the gradients on the host, each
+            # matrix's update computed where training runs) the same numbers.
+            rc, log_off = job.run("--deepspeed_config",
+                                  write_json(os.path.join(tmp, "muon-offload.json"),
+                                             dict(muon, zero_optimization={
+                                                 "stage": 2, "offload_optimizer": {"device": "cpu"}})),
+                                  *common, ranks=4)
+            off = steps(log_off)
+            ok = rc == 0 and len(off) == 5
+            worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref, off)) if ok else 1
+            check(f"Muon, tensor 2 x data 2, ZeRO 2 with offload_optimizer cpu: losses as one rank's within "
+                  f"1e-4 relative (worst {worst:.2e})", worst <= 1e-4, log_one + "\n---\n" + log_off)
+            buffers = [line for line in log_off.splitlines() if "engine buffers:" in line]
+            check("Muon with offload_optimizer cpu: the fp32 master is on the host",
+                  bool(buffers) and "fp32_master" in buffers[0].split("host", 1)[-1], log_off)
             # Its checkpoint (the Muon momentum in DeepSpeed's mp_rank files) resumes at tensor 2
             # x data 2 as the run not stopped, and on one rank, the slices joined.
             saved = os.path.join(tmp, "muon-ckpt")

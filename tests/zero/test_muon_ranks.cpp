@@ -4,7 +4,9 @@
 // a stacked expert group, each rank's own gradients; after three steps every rank's weights
 // equal one Muon stepping the whole model with the ranks' mean gradient (within 1e-5), and the
 // group orthogonalised each matrix once a step: the ranks' counts sum to matrices x steps, and
-// with more matrices than ranks every rank did some of it.
+// with more matrices than ranks every rank did some of it. The same at stages 1-3 under
+// ZeRO-Offload (the master, the momentum and the gradient partition on the host, each matrix's
+// update computed on the training device: here the CPU too).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -45,13 +47,17 @@ std::vector<at::Tensor> initial() {
 
 TEST(MuonRanks, TrainsAsOneMuonAndOrthogonalisesEachMatrixOnce) {
   const int n = world->size(), rank = world->rank();
-  for (int stage : {0, 1, 2, 3}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
+  const std::vector<std::pair<int, bool>> cases = {{0, false}, {1, false}, {2, false}, {3, false},
+                                                   {1, true},  {2, true},  {3, true}};
+  for (const auto& [stage, offload] : cases) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + (offload ? ", offload" : ""));
     std::vector<at::Tensor> params;
     for (const auto& p : initial()) params.push_back(p.clone().requires_grad_(true));
     dscpp::zero::ZeroOptions o;
     o.stage = stage;
     o.reduce_bucket_size = 600;  // several buckets
+    o.offload.enabled = offload;
+    o.offload.host_gradients = offload;  // (as the engine sets it)
     auto zero = std::make_unique<dscpp::zero::ZeroOptimizer>(
         params, std::make_unique<dscpp::optim::Muon>(kMuon), world, o);
     for (int s = 0; s < kSteps; ++s) {
