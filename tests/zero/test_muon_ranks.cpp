@@ -116,6 +116,26 @@ TEST(MuonRanks, TrainsAsOneMuonAndOrthogonalisesEachMatrixOnce) {
   }
 }
 
+// The optimizer's NVMe offload and a partial offload step the partition a piece at a time, so
+// no matrix is whole there: refused, naming what to use instead.
+TEST(MuonRanks, PiecewiseOffloadsAreRefused) {
+  for (bool nvme : {true, false}) {
+    std::vector<at::Tensor> params;
+    for (const auto& p : initial()) params.push_back(p.clone().requires_grad_(true));
+    dscpp::zero::ZeroOptions o;
+    o.stage = 3;
+    o.offload.enabled = true;
+    o.offload.nvme.enabled = nvme;
+    o.offload.ratio = nvme ? 1.0 : 0.5;
+    try {
+      dscpp::zero::ZeroOptimizer z(params, std::make_unique<dscpp::optim::Muon>(kMuon), world, o);
+      ADD_FAILURE() << (nvme ? "NVMe" : "a partial") << " offload of Muon was accepted";
+    } catch (const dscpp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ratio 1"), std::string::npos) << e.what();
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   dscpp::comm::InitOptions options;
