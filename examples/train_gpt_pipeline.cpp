@@ -97,11 +97,6 @@ JobLayout job_layout(const model_zoo::GPTConfig& cfg, const nlohmann::json& ds_c
           layout.sequence, sp->get<int64_t>()));
     layout.sequence = sp->get<int64_t>();
   }
-  if (layout.sequence > 1 && layout.pipeline > 1 && par.tensor_model_parallel_size > 1)
-    throw FlagError(fmt::format(
-        "sequence parallelism ({}) with tensor parallelism ({}) in a pipeline ({} stages) is not "
-        "implemented in train_gpt (each pair of them is)",
-        layout.sequence, par.tensor_model_parallel_size, layout.pipeline));
   model_zoo::ParallelismConfig p = par;
   p.pipeline_model_parallel_size = layout.pipeline;
   p.tensor_model_parallel_size = layout.tensor;
@@ -207,18 +202,23 @@ int train_gpt_pipeline(const GptOptions& args, const model_zoo::GPTConfig& cfg,
                                   "takes the logits whole; expected 1, found {}",
                                   cfg.tiled_logits_loss_shards));
   if (layout.tensor > 1) {
-    const auto topology = pipe::pipe_model_data_topology(static_cast<int>(layout.pipeline),
-                                                         static_cast<int>(layout.tensor),
-                                                         static_cast<int>(layout.data));
+    // (DeepSpeed-Ulysses: the data axis holds data x sequence ranks, as below; a sequence group
+    // is a stage and tensor rank's sp ranks of one data rank)
+    const auto topology = pipe::pipe_model_data_topology(
+        static_cast<int>(layout.pipeline), static_cast<int>(layout.tensor),
+        static_cast<int>(layout.data * layout.sequence));
     auto groups =
         pipe::make_parallel_groups(comm::init_distributed(), topology, options.num_chunks());
+    sequence_group = pipeline_sequence_group(*groups, static_cast<int>(layout.sequence));
     model_zoo::GPTConfig tp_cfg = cfg;
     tp_cfg.parallelism.tensor_model_parallel_size = layout.tensor;
-    specs = model_zoo::tensor_parallel_gpt_layer_specs(tp_cfg, groups->model,
-                                                       expert_parallel_group(cfg, topology));
+    specs = model_zoo::tensor_parallel_gpt_layer_specs(
+        tp_cfg, groups->model, expert_parallel_group(cfg, topology), sequence_group);
     options.groups(groups).loss_fn(
-        pipe::loss_of([group = groups->model](const at::Tensor& logits, const at::Tensor& labels) {
-          return model_zoo::tensor_parallel_gpt_loss(logits, labels, group);
+        pipe::loss_of([group = groups->model, sequence_group](const at::Tensor& logits,
+                                                              const at::Tensor& labels) {
+          return model_zoo::sequence_parallel_loss(
+              model_zoo::tensor_parallel_gpt_loss(logits, labels, group), labels, sequence_group);
         }));
   } else {
     // An MoE model at expert degree > 1: its expert-parallel groups split each stage's data

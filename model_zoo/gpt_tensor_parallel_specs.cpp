@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "dscpp/config/config_error.h"
+#include "dscpp/model_zoo/gpt.h"
 #include "dscpp/model_zoo/gpt_tensor_parallel.h"
 #include "dscpp/nn/activation_checkpointing.h"
 #include "dscpp/nn/vocab_parallel_cross_entropy.h"
@@ -15,9 +16,12 @@ namespace dscpp::model_zoo {
 
 std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& config,
                                                            nn::GroupPtr group,
-                                                           const nn::GroupPtr& ep_group) {
+                                                           const nn::GroupPtr& ep_group,
+                                                           const nn::GroupPtr& sequence_group) {
   config.validate();
   validate_tensor_parallel(config, nn::tensor_model_parallel_size(group));
+  const auto sequence =
+      checked_sequence_group(config, sequence_group, nn::tensor_model_parallel_size(group));
   // Said here too (validate_tensor_parallel says it for TensorParallelGPT): a pipeline stage's
   // MoE block would receive the sequence shard between stages.
   if (config.moe.enabled() && config.parallelism.sequence_parallel)
@@ -31,8 +35,8 @@ std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& conf
   // With sequence parallelism the activation between layers (and between stages) is this
   // rank's [S/t, B, h] from the embedding's scatter to the head's gather: each model rank
   // sends its shard to the same model rank of the next stage.
-  auto build_embedding = [config, group] {
-    return TensorParallelGPTEmbedding(config, group).ptr();
+  auto build_embedding = [config, group, sequence] {
+    return TensorParallelGPTEmbedding(config, group, sequence).ptr();
   };
   specs.push_back({"embedding", build_embedding,
                    [config, group](torch::nn::Module& m, const at::Tensor& ids) {
@@ -47,8 +51,8 @@ std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& conf
   const bool checkpointed = config.checkpoint_activations;
   for (int64_t i = 0; i < config.num_layers; ++i)
     specs.push_back({fmt::format("blocks.{}", i),
-                     [config, group, i, experts] {
-                       return TensorParallelGPTBlock(config, group, i, experts).ptr();
+                     [config, group, i, experts, sequence] {
+                       return TensorParallelGPTBlock(config, group, i, experts, sequence).ptr();
                      },
                      [checkpointed](torch::nn::Module& m, const at::Tensor& x) {
                        auto& block = static_cast<TensorParallelGPTBlockImpl&>(m);

@@ -34,12 +34,14 @@ namespace dscpp::model_zoo {
 // group: the model-parallel group of config.parallelism.tensor_model_parallel_size ranks (null
 // for 1); ep_group: an MoE config's expert-parallel group, of
 // parallelism.expert_model_parallel_size ranks inside this stage and tensor rank's data group
-// (comm::new_expert_groups on the pipe x data x model topology), null at 1. ConfigError for
-// another degree, sizes that do not divide by t (validate_tensor_parallel), or experts with
-// sequence parallelism.
-std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(const GPTConfig& config,
-                                                           nn::GroupPtr group,
-                                                           const nn::GroupPtr& ep_group = nullptr);
+// (comm::new_expert_groups on the pipe x data x model topology), null at 1; sequence_group:
+// DeepSpeed-Ulysses' (TensorParallelGPT's), of ranks of this stage and tensor rank, null at 1
+// (each layer's input is then this rank's slice of the sequences, the loss its share:
+// sequence_parallel_loss). ConfigError for another degree, sizes that do not divide by t
+// (validate_tensor_parallel), or experts with Megatron's sequence parallelism.
+std::vector<nn::LayerSpec> tensor_parallel_gpt_layer_specs(
+    const GPTConfig& config, nn::GroupPtr group, const nn::GroupPtr& ep_group = nullptr,
+    const nn::GroupPtr& sequence_group = nullptr);
 
 // The mean token cross entropy of this rank's logits [B,S,V/t] against targets [B,S] through
 // nn::vocab_parallel_cross_entropy on `group`, the logits never gathered (targets of -100 left

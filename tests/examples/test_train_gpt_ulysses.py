@@ -14,7 +14,8 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
 - an MoE GPT (aux loss, z loss, expert bias) at sequence 2 x data 2, its router counting over
   the sequence group, as data 2 without sequence parallelism (whose aux losses are each data
   rank's, as DeepSpeed's), also with its experts split 2 ways over the data x sequence ranks;
-- a pipeline of 2 stages x sequence 2 (ZeRO 1) as one rank;
+- a pipeline of 2 stages x sequence 2 (ZeRO 1), and of 2 stages x tensor 2 x sequence 2, as one
+  rank;
 - the tiled loss (tiled_logits_loss_shards; at ZeRO 3 too, the layers' head) and the tiled MLP
   (tiled_mlp_shards; in checkpointed blocks at ZeRO 3; SwiGLU) under sequence parallelism as
   the untiled one rank;
@@ -24,8 +25,7 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
   tensor 2 x sequence 2 (ZeRO 2) and a Llama-style GPT of 6 query heads in 3 key/value groups at
   sequence 2 (ZeRO 1), each as one rank;
 - refused by name: fewer heads than the degree, ring attention (cp_comm_type
-  "p2p"), a degree that does not divide the ranks, the tiled loss in a pipeline, sequence with
-  tensor parallelism in a pipeline.
+  "p2p"), a degree that does not divide the ranks, the tiled loss in a pipeline.
 """
 import argparse
 import os
@@ -179,6 +179,13 @@ def main():
         check("pipeline 2 x sequence 2: the start-up line names the layout",
               "pipeline 2 stages" in log and "DeepSpeed-Ulysses sequence 2" in log, log)
         same("pipeline 2 x sequence 2, ZeRO 1", steps(log_seeded), log, save_seeded, save)
+        # All three: each stage's tensor rank pair splits its 2 heads' sequences over 2 ranks.
+        log, save = run("pipeline 2 x tensor 2 x sequence 2, ZeRO 1", model("gpt-t2", gpt, tensor_model_parallel_size=2),
+                        config("pp2-t2-sp2", zero_optimization={"stage": 1}, sequence_parallel_size=2,
+                               pipeline={"stages": 2}), 8)
+        check("pipeline 2 x tensor 2 x sequence 2: the start-up line names the layout",
+              "pipeline 2 stages" in log and "x tensor 2 x DeepSpeed-Ulysses sequence 2" in log, log)
+        same("pipeline 2 x tensor 2 x sequence 2, ZeRO 1", steps(log_seeded), log, save_seeded, save)
 
         log_llama, save_llama = run("one rank, Llama-style", model("llama", llama), z1, 1)
         log, save = run("Llama-style, context 2 (a2a) x data 2, ZeRO 1",
@@ -234,11 +241,6 @@ def main():
         rc, log = job.run("--deepspeed_config", config("pipe2", pipeline={"stages": 2}), *common, ranks=2)
         check("the tiled loss in a pipeline is refused by name",
               rc != 0 and "tiled_logits_loss_shards" in log and "expected 1, found 4" in log, log)
-        job.model = model("gpt-t2", gpt, tensor_model_parallel_size=2)
-        rc, log = job.run("--deepspeed_config", config("pp2-sp2-t2", sequence_parallel_size=2, pipeline={"stages": 2}),
-                          *common, ranks=8)
-        check("sequence with tensor parallelism in a pipeline is refused by name",
-              rc != 0 and "sequence parallelism (2) with tensor parallelism (2) in a pipeline" in log, log)
         job.model = model("gpt-ring", gpt, context_parallel_size=2)
         rc, log = job.run("--deepspeed_config", z1, *common, ranks=2)
         check("ring attention is refused by name", rc != 0 and "ring attention" in log and "cp_comm_type" in log, log)
