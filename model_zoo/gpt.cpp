@@ -77,14 +77,8 @@ nn::GroupPtr checked_sequence_group(const GPTConfig& c, const nn::GroupPtr& grou
         fmt::format("{}: the GPT needs a sequence-parallel group of {} ranks, got {}", p, p,
                     group ? fmt::format("a group of {}", given) : std::string("none")));
   if (p == 1) return nullptr;
-  // The router counts over the sequence group (nn::moe::MoEOptions::sequence_group), whose
-  // per-sequence sums for seq_aux_loss take Megatron's sequence-major shards, not Ulysses'
-  // slices; and one token partition at a time.
-  if (c.moe.enabled() && c.moe.moe_router_load_balancing_type == "seq_aux_loss")
-    throw ConfigError("moe_router_load_balancing_type",
-                      fmt::format("\"seq_aux_loss\" under DeepSpeed-Ulysses ({} ranks) is not "
-                                  "implemented: expected \"aux_loss\" or \"none\"",
-                                  p));
+  // The router counts over the sequence group (nn::moe::MoEOptions::sequence_group), one
+  // token partition at a time.
   if (c.moe.enabled() && c.parallelism.sequence_parallel)
     throw ConfigError("parallelism.sequence_parallel",
                       fmt::format("MoE layers under both Megatron's sequence parallelism and "

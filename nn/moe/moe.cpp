@@ -38,7 +38,8 @@ TopKGateOptions gate_options(const MoEOptions& o) {
       .group_topk(o.group_topk())
       .enable_expert_bias(o.enable_expert_bias())
       .bias_update_rate(o.bias_update_rate())
-      .sequence_partition_group(o.sequence_parallel() ? o.tensor_group() : o.sequence_group());
+      .sequence_partition_group(o.sequence_parallel() ? o.tensor_group() : o.sequence_group())
+      .sequence_major_shards(o.sequence_parallel());
 }
 
 nn::TensorParallelAttr partial() {
@@ -139,9 +140,6 @@ MoEImpl::MoEImpl(const MoEOptions& options_) : options(options_) {
     check_moe(!o.sequence_parallel(),
               "a sequence group (DeepSpeed-Ulysses) beside Megatron's sequence parallelism: the "
               "router takes one token partition");
-    check_moe(o.seq_aux_loss_coeff() == 0,
-              "seq_aux_loss under a sequence group (DeepSpeed-Ulysses): its per-sequence sums "
-              "take sequence-major shards");
   }
   check_moe(o.latent_size() >= 0, "latent_size must be >= 0");
   const int64_t width = o.latent_size() > 0 ? o.latent_size() : o.hidden_size();

@@ -89,8 +89,8 @@ struct MoEOptions {
   // DeepSpeed-Ulysses' group: the input is this rank's slice of every sequence (batch-major);
   // the router counts over the group as over Megatron's shards (router.h's
   // sequence_partition_group: the aux losses each rank's part, the capacity the slice's own).
-  // No parameter is marked: the engine sums every gradient over the sequence ranks anyway. Not
-  // with sequence_parallel, nor with seq_aux_loss (whose per-sequence sums are sequence-major).
+  // No parameter is marked: the engine sums every gradient over the sequence ranks anyway.
+  // seq_aux_loss's per-sequence sums read the slices batch-major. Not with sequence_parallel.
   TORCH_ARG(GroupPtr, sequence_group);
   TORCH_ARG(int64_t, k) = 1;
   TORCH_ARG(double, capacity_factor) = 1.0;  // 0: dropless

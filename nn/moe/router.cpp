@@ -154,11 +154,16 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
     b = s / seq_length;  // (the kernel path leaves seq_aux_loss to this one)
   }
   at::Tensor seq_counts;  // fp32 [B, E]: each sequence's routes per expert (the group's)
+  // [s, E] -> [B, E]: each sequence's sum over this shard's tokens of it.
+  const bool sequence_major = o.sequence_major_shards();
+  const auto per_sequence = [&](const at::Tensor& x) {
+    return sequence_major ? x.view({seq_length, b, e}).sum(0) : x.view({b, seq_length, e}).sum(1);
+  };
   if (t > 1) {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> parts{ce.mul(static_cast<double>(s)).round_(),
                                   r.exp_counts.to(at::kFloat)};
-    if (seq_aux) parts.push_back(mask.to(at::kFloat).view({seq_length, b, e}).sum(0).view({-1}));
+    if (seq_aux) parts.push_back(per_sequence(mask.to(at::kFloat)).view({-1}));
     at::Tensor flat = at::cat(parts);
     group->all_reduce(flat).wait();
     ce = flat.narrow(0, 0, e).div(static_cast<double>(s * t));
@@ -187,10 +192,10 @@ Routing TopKGateImpl::forward(const at::Tensor& x, int64_t seq_length,
       r.seq_aux_loss =
           (cost * p.view({b, seq_length, e}).mean(1)).sum(1).mean() * o.seq_aux_loss_coeff();
     } else {
-      // Sequence-major shard [T/t, B]: each sequence's whole counts, this shard's scores.
+      // A shard of each sequence: its whole counts, this shard's scores.
       const double whole = static_cast<double>(seq_length * t);
       at::Tensor cost = seq_counts / (whole * k / e);
-      at::Tensor mean_p = p.view({seq_length, b, e}).sum(0).div(whole);
+      at::Tensor mean_p = per_sequence(p).div(whole);
       r.seq_aux_loss = (cost * mean_p).sum(1).mean() * o.seq_aux_loss_coeff();
     }
   }

@@ -36,6 +36,7 @@
 // per forward) so that exp_counts, the expert-bias counts and the aux losses' fractions are
 // those of all t·S tokens, and each loss is this rank's part of the whole batch's: l_aux and
 // seq_aux_loss with the scores summed over this shard and divided by the whole token count
+// (DeepSpeed-Ulysses' shards are batch-major slices [B, T/t] instead: sequence_major_shards)
 // (Megatron's switch_load_balancing_loss_func with tokens_per_expert reduced over the group and
 // total_num_tokens = S·t), z_loss with its coefficient divided by t. Their sum over the group,
 // which the gradients' sum over it (the router weight is marked sequence_parallel) turns into,
@@ -82,6 +83,9 @@ struct TopKGateOptions {
   TORCH_ARG(double, bias_update_rate) = 1e-3;    // moe_router_bias_update_rate
   // Sequence parallelism's group (see above); null or one rank: x holds every token.
   TORCH_ARG(std::shared_ptr<comm::ProcessGroup>, sequence_partition_group);
+  // How a shard's tokens are flattened: Megatron's sequence parallelism [T/t, B] (true), or
+  // DeepSpeed-Ulysses' slices [B, T/t] (false); what seq_aux_loss's per-sequence sums read.
+  TORCH_ARG(bool, sequence_major_shards) = true;
 };
 
 // One forward's routing of S tokens; indices, weights and kept are [S, k], route j of token s

@@ -13,7 +13,8 @@ sequences a step) as one rank, through the launcher on CPU ranks (Gloo's all-to-
 - the final weights, saved by each run (DeepSpeed's layout), equal one rank's within 1e-5;
 - an MoE GPT (aux loss, z loss, expert bias) at sequence 2 x data 2, its router counting over
   the sequence group, as data 2 without sequence parallelism (whose aux losses are each data
-  rank's, as DeepSpeed's), also with its experts split 2 ways over the data x sequence ranks;
+  rank's, as DeepSpeed's), also with its experts split 2 ways over the data x sequence ranks,
+  and with the sequence-wise aux loss (seq_aux_loss);
 - a pipeline of 2 stages x sequence 2 (ZeRO 1), and of 2 stages x tensor 2 x sequence 2, as one
   rank;
 - the tiled loss (tiled_logits_loss_shards; at ZeRO 3 too, the layers' head) and the tiled MLP
@@ -212,6 +213,12 @@ def main():
         log, save = run("MoE, experts 2, sequence 2 x data 2, ZeRO 2",
                         model("moe-ep2-sp2", moe, sequence_parallel_size=2, expert_model_parallel_size=2), z2, 4)
         same("MoE, experts 2, sequence 2 x data 2, ZeRO 2", steps(log_moe), log, save_moe, save, "data 2's")
+        # The sequence-wise aux loss: each sequence's counts summed over its slices' ranks.
+        seq_moe = dict(moe, moe_router_load_balancing_type="seq_aux_loss")
+        log_seq, save_seq = run("data 2, MoE, seq_aux_loss", model("moe-seq", seq_moe), z2, 2)
+        log, save = run("MoE seq_aux_loss, sequence 2 x data 2, ZeRO 2",
+                        model("moe-seq-sp2", seq_moe, sequence_parallel_size=2), z2, 4)
+        same("MoE seq_aux_loss, sequence 2 x data 2, ZeRO 2", steps(log_seq), log, save_seq, save, "data 2's")
 
         # Resume: 3 steps at sequence 2, then the rest at sequence 1 and at sequence 4.
         job.model = model("gpt", gpt)
