@@ -148,7 +148,7 @@ void note_zero_features(Section& s, const ZeroConfig& c, Diagnostics& diag) {
 
 void check_optimizer(Section& s, OptimizerConfig& c, Diagnostics& diag) {
   static const std::vector<std::string> ours = {"Adam", "AdamW",   "Lamb", "SGD",
-                                                "Lion", "Adagrad", "Muon"};
+                                                "Lion", "Adagrad", "Muon", "MuonH"};
   std::string name = lower(c.type);
   for (const auto& o : ours)
     if (lower(o) == name) return;

@@ -7,11 +7,12 @@
 
 #include "dscpp/config/section.h"
 #include "dscpp/optim/muon_update.h"
+#include "dscpp/optim/muonh_update.h"
 #include "dscpp/optim/param_reader.h"
 
 namespace dscpp::optim {
 
-Muon::Muon(const Hyper& params) : Optimizer(Hyper::object()) {
+Muon::Muon(const Hyper& params, Rule rule) : Optimizer(Hyper::object()), rule_(rule) {
   defaults_ = resolve(params, "optimizer.params", true);
 }
 
@@ -19,6 +20,17 @@ Hyper Muon::resolve(const Hyper& given, const std::string& path, bool strict) co
   ParamReader r(given, path);
   Hyper h = strict ? Hyper::object() : given;
   h["lr"] = r.number("lr", 0.02, 0);
+  if (rule_ == Rule::Hyperball) {
+    h["momentum"] = r.number("momentum", 0.95, 0, 1);
+    h["nesterov"] = r.flag("nesterov", true);
+    h["backend_steps"] = r.number("backend_steps", 5, 1);
+    h["muon_epsilon"] = r.number("muon_epsilon", 1e-8, 0);
+    const std::string c = r.text("coefficient_type", "quintic");
+    if (c != "quintic" && c != "simple") r.fail("coefficient_type", "\"quintic\" or \"simple\"");
+    h["coefficient_type"] = c;
+    if (strict) r.finish();
+    return h;
+  }
   h["momentum"] = r.number("momentum", 0.95, 0, 1);
   h["weight_decay"] = r.number("weight_decay", 0, 0);
   const std::string method = r.text("ns_method", "gram");
@@ -66,6 +78,7 @@ void Muon::update(Shard& s, const at::Tensor& grad) {
         "matrix whole, so its parameters must lie whole in the shards it steps");
   }
   const Hyper& h = s.hyper;
+  if (rule_ == Rule::Hyperball) return update_hyperball(s, index, grad);
   const double lr = h.at("lr").get<double>(), wd = h.at("weight_decay").get<double>();
   MuonUpdateOptions o;
   o.beta = h.at("momentum").get<double>();
@@ -108,12 +121,73 @@ void Muon::update(Shard& s, const at::Tensor& grad) {
   }
 }
 
-bool is_muon(const OptimizerConfig& config) {
-  return config::lower(config.type) == "muon";
+void Muon::update_hyperball(Shard& s, int index, const at::Tensor& grad) {
+  const Hyper& h = s.hyper;
+  MuonHOptions o;
+  o.momentum = h.at("momentum").get<double>();
+  o.nesterov = h.at("nesterov").get<bool>();
+  o.steps = static_cast<int>(h.at("backend_steps").get<double>());
+  o.eps = h.at("muon_epsilon").get<double>();
+  o.coefficients = h.at("coefficient_type").get<std::string>();
+  const double lr = h.at("lr").get<double>();
+  at::Tensor& momentum = s.state.at("momentum_buffer");
+  for (const auto& p : params_[index]) {
+    if (p.whole_of)
+      throw MuonError(
+          "MuonH: a tensor-parallel slice: the hyperball's norms are the whole matrix's, which "
+          "this step does not gather (not implemented)");
+    int64_t numel = 1;
+    for (int64_t d : p.shape) numel *= d;
+    at::Tensor w = s.param.narrow(0, p.offset, numel).view(p.shape);
+    at::Tensor m = momentum.narrow(0, p.offset, numel).view(p.shape);
+    at::Tensor g = grad.narrow(0, p.offset, numel).view(p.shape);
+    // Offloaded: the matrix, its momentum and its gradient on the training device and back.
+    if (compute_device_ && *compute_device_ != w.device()) {
+      at::Tensor wd = w.to(*compute_device_), md = m.to(*compute_device_);
+      muonh_step(wd, md, g.to(*compute_device_), lr, o);
+      w.copy_(wd);
+      m.copy_(md);
+    } else {
+      muonh_step(w, m, g, lr, o);
+    }
+    ++orthogonalised_;
+  }
 }
+
+bool is_muon(const OptimizerConfig& config) {
+  const std::string type = config::lower(config.type);
+  return type == "muon" || type == "muonh";
+}
+
+namespace {
+
+// Marin's MuonH (Levanter's MuonHConfig's names and defaults): the matrices' half, and Adam
+// without weight decay at adam_lr for the rest.
+MuonHalves make_muonh_halves(const Hyper& params) {
+  ParamReader r(params, "optimizer.params");
+  Hyper muon = Hyper::object(), adam = Hyper::object();
+  muon["lr"] = r.number("lr", 0.02, 0);
+  muon["momentum"] = r.number("momentum", 0.95, 0, 1);
+  muon["nesterov"] = r.flag("nesterov", true);
+  muon["backend_steps"] = r.number("backend_steps", 5, 1);
+  muon["muon_epsilon"] = r.number("muon_epsilon", 1e-8, 0);
+  muon["coefficient_type"] = r.text("coefficient_type", "quintic");
+  adam["lr"] = r.number("adam_lr", 6e-4, 0);
+  adam["betas"] = Hyper::array({r.number("beta1", 0.9, 0, 1), r.number("beta2", 0.95, 0, 1)});
+  adam["eps"] = r.number("epsilon", 1e-8, 0);
+  adam["weight_decay"] = 0.0;
+  r.finish();
+  MuonHalves h;
+  h.muon = std::make_unique<Muon>(muon, Muon::Rule::Hyperball);
+  h.adam = make_optimizer(OptimizerConfig{"adam", adam});
+  return h;
+}
+
+}  // namespace
 
 MuonHalves make_muon_halves(const OptimizerConfig& config) {
   const Hyper params = config.params.is_null() ? Hyper::object() : config.params;
+  if (config::lower(config.type) == "muonh") return make_muonh_halves(params);
   ParamReader r(params, "optimizer.params");
   r.must_be_false("per_head_muon", "per-head Newton-Schulz for attention is not implemented");
   Hyper muon = Hyper::object(), adam = Hyper::object();

@@ -24,9 +24,12 @@ namespace dscpp::optim {
 
 class Muon : public Optimizer {
  public:
+  // The update of a matrix: DeepSpeed's Muon (muon_update.h), or Marin's MuonH (muonh_update.h:
+  // hyper-parameters lr, momentum, nesterov, backend_steps, muon_epsilon, coefficient_type).
+  enum class Rule { DeepSpeed, Hyperball };
   // params: the Muon half's settings, read as "optimizer.params" (unknown keys are errors).
-  explicit Muon(const Hyper& params);
-  std::string name() const override { return "muon"; }
+  explicit Muon(const Hyper& params, Rule rule = Rule::DeepSpeed);
+  std::string name() const override { return rule_ == Rule::Hyperball ? "muonh" : "muon"; }
   std::unique_ptr<Optimizer> make_like() const override { return fresh_copy(*this); }
   bool needs_whole_params() const override { return true; }
   void set_shard_params(int shard, std::vector<ShardParam> params) override;
@@ -43,12 +46,14 @@ class Muon : public Optimizer {
   Hyper resolve(const Hyper& given, const std::string& path, bool strict) const override;
   void init_state(Shard& s) override;
   void update(Shard& s, const at::Tensor& grad) override;
+  void update_hyperball(Shard& s, int index, const at::Tensor& grad);
 
  private:
   std::vector<std::vector<ShardParam>> params_;  // per shard (none: padding only)
   std::vector<char> described_;                  // per shard: set_shard_params called
   int64_t orthogonalised_ = 0;
   std::optional<c10::Device> compute_device_;
+  Rule rule_ = Rule::DeepSpeed;
 };
 
 // DeepSpeed's "type": "Muon": the optimizers of its two halves, as
@@ -60,6 +65,9 @@ class Muon : public Optimizer {
 struct MuonHalves {
   std::unique_ptr<Optimizer> muon, adam;
 };
+// DeepSpeed's "Muon" or Marin's "MuonH" (muonh_update.h; its params: lr (0.02), adam_lr
+// (6e-4), momentum, nesterov, backend_steps, muon_epsilon, coefficient_type for the matrices;
+// beta1, beta2 (0.9, 0.95) and epsilon (1e-8) for Adam, without weight decay, for the others).
 bool is_muon(const OptimizerConfig& config);
 MuonHalves make_muon_halves(const OptimizerConfig& config);
 

@@ -139,6 +139,26 @@ def main():
             worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref, off)) if ok else 1
             check(f"Muon, tensor 2 x data 2, ZeRO 2 with offload_optimizer cpu: losses as one rank's within "
                   f"1e-4 relative (worst {worst:.2e})", worst <= 1e-4, log_one + "\n---\n" + log_off)
+            # Marin's MuonH: data 2 at ZeRO 2 as one rank; with tensor parallelism refused by name.
+            muonh = dict(base, optimizer={"type": "MuonH", "params": {"lr": 0.02, "adam_lr": 3e-3}})
+            job.model = one_model
+            rc, log_h1 = job.run("--deepspeed_config", write_json(os.path.join(tmp, "muonh-z1.json"),
+                                                                  dict(muonh, zero_optimization={"stage": 1})),
+                                 *common, ranks=1)
+            rc2, log_h2 = job.run("--deepspeed_config", write_json(os.path.join(tmp, "muonh-z2.json"),
+                                                                   dict(muonh, zero_optimization={"stage": 2})),
+                                  *common, ranks=2)
+            h1, h2 = steps(log_h1), steps(log_h2)
+            ok = rc == 0 and rc2 == 0 and len(h1) == 5 and len(h2) == 5
+            worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(h1, h2)) if ok else 1
+            check(f"MuonH, data 2 at ZeRO 2: losses as one rank's within 1e-4 relative (worst {worst:.2e})",
+                  worst <= 1e-4, log_h1 + "\n---\n" + log_h2)
+            check("MuonH: the loss falls", ok and h1[-1]["loss"] < h1[0]["loss"], log_h1)
+            job.model = tp_model
+            rc, log = job.run("--deepspeed_config", write_json(os.path.join(tmp, "muonh-tp.json"), muonh),
+                              *common, ranks=4)
+            check("MuonH with tensor parallelism is refused by name",
+                  rc != 0 and "\"MuonH\" with tensor parallelism" in log, log)
             buffers = [line for line in log_off.splitlines() if "engine buffers:" in line]
             check("Muon with offload_optimizer cpu: the fp32 master is on the host",
                   bool(buffers) and "fp32_master" in buffers[0].split("host", 1)[-1], log_off)

@@ -6,7 +6,7 @@
 // group orthogonalised each matrix once a step: the ranks' counts sum to matrices x steps, and
 // with more matrices than ranks every rank did some of it. The same at stages 1-3 under
 // ZeRO-Offload (the master, the momentum and the gradient partition on the host, each matrix's
-// update computed on the training device: here the CPU too).
+// update computed on the training device: here the CPU too). And so does Marin's MuonH.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -43,12 +43,12 @@ std::vector<at::Tensor> initial() {
   return out;
 }
 
-}  // namespace
+using Rule = dscpp::optim::Muon::Rule;
 
-TEST(MuonRanks, TrainsAsOneMuonAndOrthogonalisesEachMatrixOnce) {
+// Every (stage, offload) case trains as one optimizer of `rule` over the whole model.
+void trains_as_one(Rule rule, const nlohmann::json& settings,
+                   const std::vector<std::pair<int, bool>>& cases) {
   const int n = world->size(), rank = world->rank();
-  const std::vector<std::pair<int, bool>> cases = {{0, false}, {1, false}, {2, false}, {3, false},
-                                                   {1, true},  {2, true},  {3, true}};
   for (const auto& [stage, offload] : cases) {
     SCOPED_TRACE("stage " + std::to_string(stage) + (offload ? ", offload" : ""));
     std::vector<at::Tensor> params;
@@ -59,7 +59,7 @@ TEST(MuonRanks, TrainsAsOneMuonAndOrthogonalisesEachMatrixOnce) {
     o.offload.enabled = offload;
     o.offload.host_gradients = offload;  // (as the engine sets it)
     auto zero = std::make_unique<dscpp::zero::ZeroOptimizer>(
-        params, std::make_unique<dscpp::optim::Muon>(kMuon), world, o);
+        params, std::make_unique<dscpp::optim::Muon>(settings, rule), world, o);
     for (int s = 0; s < kSteps; ++s) {
       zero->gather();
       zero->begin_backward(true);
@@ -73,7 +73,7 @@ TEST(MuonRanks, TrainsAsOneMuonAndOrthogonalisesEachMatrixOnce) {
     }
     zero->gather();
     // One Muon over the whole model, one shard, the ranks' mean gradients.
-    dscpp::optim::Muon one(kMuon);
+    dscpp::optim::Muon one(settings, rule);
     std::vector<at::Tensor> flat;
     std::vector<dscpp::optim::Optimizer::ShardParam> where;
     int64_t offset = 0;
@@ -114,6 +114,19 @@ TEST(MuonRanks, TrainsAsOneMuonAndOrthogonalisesEachMatrixOnce) {
     zero.reset();
     world->barrier().wait();
   }
+}
+
+}  // namespace
+
+TEST(MuonRanks, TrainsAsOneMuonAndOrthogonalisesEachMatrixOnce) {
+  trains_as_one(Rule::DeepSpeed, kMuon,
+                {{0, false}, {1, false}, {2, false}, {3, false}, {1, true}, {2, true}, {3, true}});
+}
+
+// Marin's MuonH (the hyperball's norms are each whole matrix's, which its owner holds).
+TEST(MuonRanks, MuonHTrainsAsOneMuonH) {
+  trains_as_one(Rule::Hyperball, {{"lr", 0.05}, {"momentum", 0.9}},
+                {{0, false}, {2, false}, {3, false}, {2, true}});
 }
 
 // The optimizer's NVMe offload and a partial offload step the partition a piece at a time, so
