@@ -134,6 +134,12 @@ double Optimizer::get_lr(int shard) const {
   return h.at("lr").get<double>();
 }
 
+double Optimizer::lr_for(const Hyper& overrides) const {
+  if (scheduled_lr_) return *scheduled_lr_;
+  if (overrides.is_object() && overrides.contains("lr")) return overrides.at("lr").get<double>();
+  return defaults_.at("lr").get<double>();
+}
+
 void Optimizer::set_lr(double lr) {
   scheduled_lr_ = lr;
   defaults_["lr"] = lr;

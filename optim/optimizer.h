@@ -117,6 +117,8 @@ class Optimizer {
   // leaves SGD's momentum alone). With no shard yet they are the defaults later shards take;
   // a set value is also every later shard's, over its group's own (as for those that exist).
   double get_lr(int shard = 0) const;
+  // The lr a shard added now with `overrides` (its group's settings) would take.
+  double lr_for(const Hyper& overrides) const;
   void set_lr(double lr);
   double get_momentum(int shard = 0) const;  // betas[0] for Adam-like, momentum for SGD
   void set_momentum(double momentum);

@@ -25,6 +25,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -189,6 +190,16 @@ class ZeroOptimizer {
   // Before the parts exist: the optimizer without its shards (its defaults; Optimizer::set_lr
   // reaches the shards made later).
   optim::Optimizer& optimizer() { return master_ ? master_->optimizer() : *pending_optimizer_; }
+  // The parameter groups (one without ZeroOptions::group_of) and each one's lr, whether or not
+  // the optimizer's shards exist yet.
+  int num_groups() const {
+    return std::max<int>(1, static_cast<int>(options_.group_options.size()));
+  }
+  double group_lr(int g) {
+    if (master_) return master_->optimizer().get_lr(g);
+    return pending_optimizer_->lr_for(
+        options_.group_options.empty() ? optim::Hyper::object() : options_.group_options.at(g));
+  }
   // fp32, layout().partition: the tensor itself, or with partial offload on a GPU (two
   // devices) a host copy that set_master_partition() writes back.
   at::Tensor master_partition() { return built().master_->whole(); }

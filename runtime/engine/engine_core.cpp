@@ -347,8 +347,7 @@ double EngineCore::loss_scale() const {
 
 std::vector<double> EngineCore::get_lr() const {
   std::vector<double> lrs;
-  for (int g = 0; g < std::max(1, zero_->optimizer().num_shards()); ++g)
-    lrs.push_back(zero_->optimizer().get_lr(g));
+  for (int g = 0; g < zero_->num_groups(); ++g) lrs.push_back(zero_->group_lr(g));
   return lrs;
 }
 

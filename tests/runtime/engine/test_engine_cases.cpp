@@ -521,6 +521,8 @@ TEST(EngineCases, ParameterGroupsTrainAsTorchAdamWGroupsDo) {
     torch::manual_seed(0);
     TwoLayer model;
     auto engine = dscpp::initialize(model, cfg, args);
+    // (before the first backward too, when ZeRO's buffers do not exist yet)
+    EXPECT_EQ(engine.get_lr(), (std::vector<double>{0.05, 0.1}));
     for (int s = 0; s < 3; ++s) {
       engine.backward(engine.forward(x_of(s).to(engine.device())).square().mean());
       engine.step();
