@@ -241,7 +241,8 @@ void ZeroOptimizer::take_first_backward() {
     at::Tensor t = at::tensor(wide, at::kLong).to(param_options_.device());
     group_->broadcast(t, 0).wait();
     t = t.cpu();
-    for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(t[k].item<int64_t>());
+    const int64_t* got = t.data_ptr<int64_t>();
+    for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(got[k]);
   }
   const std::vector<at::Tensor>& params = store_->params();
   std::vector<at::Tensor> grads;
