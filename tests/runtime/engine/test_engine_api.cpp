@@ -395,9 +395,14 @@ TEST(EngineApiMuon, HalvesOverridesAndRefusals) {
   unknown.use_muon["no.such"] = false;
   EXPECT_NE(error_of([&] { dscpp::initialize(m, muon_config(1), unknown); }).find("no.such"),
             std::string::npos);
-  json offload = muon_config(2);
+  // ZeRO-Offload to the CPU takes Muon (each matrix whole on the host); a partial offload,
+  // which steps the partition a piece at a time, is refused naming the way out.
+  json offload = muon_config(3);
   offload["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-  const std::string e = error_of([&] { dscpp::initialize(m, offload); });
-  EXPECT_NE(e.find("optimizer.type"), std::string::npos) << e;
-  EXPECT_NE(e.find("ZeRO-Offload"), std::string::npos) << e;
+  EXPECT_EQ(error_of([&] { dscpp::initialize(m, offload); }), "");
+  offload["zero_optimization"]["offload_optimizer"]["ratio"] = 0.5;
+  Net unreleased;  // (m's parameters stayed released by the stage-3 engine above)
+  const std::string e = error_of([&] { dscpp::initialize(unreleased, offload); });
+  EXPECT_NE(e.find("muon"), std::string::npos) << e;
+  EXPECT_NE(e.find("ratio 1"), std::string::npos) << e;
 }
