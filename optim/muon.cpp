@@ -132,23 +132,28 @@ void Muon::update_hyperball(Shard& s, int index, const at::Tensor& grad) {
   const double lr = h.at("lr").get<double>();
   at::Tensor& momentum = s.state.at("momentum_buffer");
   for (const auto& p : params_[index]) {
-    if (p.whole_of)
-      throw MuonError(
-          "MuonH: a tensor-parallel slice: the hyperball's norms are the whole matrix's, which "
-          "this step does not gather (not implemented)");
     int64_t numel = 1;
     for (int64_t d : p.shape) numel *= d;
     at::Tensor w = s.param.narrow(0, p.offset, numel).view(p.shape);
     at::Tensor m = momentum.narrow(0, p.offset, numel).view(p.shape);
     at::Tensor g = grad.narrow(0, p.offset, numel).view(p.shape);
     // Offloaded: the matrix, its momentum and its gradient on the training device and back.
-    if (compute_device_ && *compute_device_ != w.device()) {
-      at::Tensor wd = w.to(*compute_device_), md = m.to(*compute_device_);
-      muonh_step(wd, md, g.to(*compute_device_), lr, o);
-      w.copy_(wd);
-      m.copy_(md);
+    const bool moved = compute_device_ && *compute_device_ != w.device();
+    at::Tensor wc = moved ? w.to(*compute_device_) : w, mc = moved ? m.to(*compute_device_) : m;
+    const at::Tensor gc = moved ? g.to(*compute_device_) : g;
+    if (p.whole_of) {
+      // A tensor-parallel slice: the hyperball's norms are the whole matrix's, so every model
+      // rank steps the whole matrix as one rank does and keeps its slices.
+      at::Tensor whole_w = p.whole_of(wc), whole_m = p.whole_of(mc);
+      muonh_step(whole_w, whole_m, p.whole_of(gc), lr, o);
+      wc.copy_(p.part_of(whole_w));
+      mc.copy_(p.part_of(whole_m));
     } else {
-      muonh_step(w, m, g, lr, o);
+      muonh_step(wc, mc, gc, lr, o);
+    }
+    if (moved) {
+      w.copy_(wc);
+      m.copy_(mc);
     }
     ++orthogonalised_;
   }

@@ -54,10 +54,6 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
     throw ConfigError("optimizer.type", "\"Muon\" with " + what + " is not implemented yet");
   };
   if (experts_) refuse("expert parallelism (ep_size > 1)");
-  if (muon->name() == "muonh" && tensor_parallel_size() > 1)
-    throw ConfigError("optimizer.type",
-                      "\"MuonH\" with tensor parallelism is not implemented yet (its norms are "
-                      "the whole matrices')");
   std::set<std::string> known(param_names_.begin(), param_names_.end());
   for (const auto& [name, on] : client_.use_muon)
     if (!known.count(name))
