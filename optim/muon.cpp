@@ -171,12 +171,12 @@ namespace {
 MuonHalves make_muonh_halves(const Hyper& params) {
   ParamReader r(params, "optimizer.params");
   Hyper muon = Hyper::object(), adam = Hyper::object();
-  muon["lr"] = r.number("lr", 0.02, 0);
-  muon["momentum"] = r.number("momentum", 0.95, 0, 1);
-  muon["nesterov"] = r.flag("nesterov", true);
-  muon["backend_steps"] = r.number("backend_steps", 5, 1);
-  muon["muon_epsilon"] = r.number("muon_epsilon", 1e-8, 0);
-  muon["coefficient_type"] = r.text("coefficient_type", "quintic");
+  // The matrices' keys go to the Muon half as given: its resolve gives their defaults and
+  // checks them (under the same path).
+  for (const char* key :
+       {"lr", "momentum", "nesterov", "backend_steps", "muon_epsilon", "coefficient_type"})
+    if (r.has(key)) muon[key] = params.at(key);
+  r.tolerate({"lr", "momentum", "nesterov", "backend_steps", "muon_epsilon", "coefficient_type"});
   adam["lr"] = r.number("adam_lr", 6e-4, 0);
   adam["betas"] = Hyper::array({r.number("beta1", 0.9, 0, 1), r.number("beta2", 0.95, 0, 1)});
   adam["eps"] = r.number("epsilon", 1e-8, 0);

@@ -48,7 +48,8 @@ void muonh_step(at::Tensor param, at::Tensor momentum, const at::Tensor& grad, d
                 const MuonHOptions& o) {
   const at::Tensor g = grad.to(at::kFloat);
   momentum.mul_(o.momentum).add_(g);
-  const at::Tensor u = o.nesterov ? momentum * o.momentum + g : momentum.clone();
+  // (without Nesterov the momentum itself: nothing below writes u)
+  const at::Tensor u = o.nesterov ? momentum * o.momentum + g : momentum;
   // (a view of param's storage per matrix: reshape of a contiguous tensor is one)
   const at::Tensor p = param.reshape(u.sizes());
   const at::Tensor us = u.reshape({-1, u.size(-2), u.size(-1)});
