@@ -2,6 +2,7 @@
 #include "dscpp/optim/muonh_update.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 
 #include <array>
 #include <vector>
@@ -27,10 +28,28 @@ const std::vector<Coefficients>& coefficient_set(const std::string& name) {
                   "\"");
 }
 
+// On CUDA the iteration's float32 products run on the tensor cores in TF32, as JAX's default
+// precision runs Levanter's float32 dots on GPUs (on TPUs it takes bfloat16 passes); in full
+// float32 the step of a 1.31 B GPT took ten times bf16 training's (docs/perf-log/2026-12-07.md Y).
+// The flag is process-wide: restored on leaving, so the model's own products are not touched.
+class Tf32Products {
+ public:
+  explicit Tf32Products(bool on) : was_(at::globalContext().allowTF32CuBLAS()) {
+    if (on) at::globalContext().setAllowTF32CuBLAS(true);
+  }
+  ~Tf32Products() { at::globalContext().setAllowTF32CuBLAS(was_); }
+  Tf32Products(const Tf32Products&) = delete;
+  Tf32Products& operator=(const Tf32Products&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace
 
 at::Tensor hyperball_newton_schulz(const at::Tensor& x_in, const MuonHOptions& o) {
   const auto& set = coefficient_set(o.coefficients);
+  const Tf32Products tf32(x_in.is_cuda());
   at::Tensor x = x_in.to(at::kFloat);
   x = x / (at::linalg_vector_norm(x) + o.eps);
   const bool transpose = x.size(0) > x.size(1);

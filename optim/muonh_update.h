@@ -28,7 +28,8 @@ struct MuonHOptions {
   std::string coefficients = "quintic";  // or "simple"
 };
 
-// Newton-Schulz of x (one matrix [rows, cols]) as above, in fp32.
+// Newton-Schulz of x (one matrix [rows, cols]) as above, in fp32 (its products in TF32 on CUDA,
+// as JAX's default precision has them on GPUs).
 at::Tensor hyperball_newton_schulz(const at::Tensor& x, const MuonHOptions& o);
 
 // One step of one matrix (or stacked group): `param` (fp32) and `momentum` updated in place
