@@ -330,7 +330,14 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
 }
 
 zero::MemoryBreakdown EngineCore::memory_breakdown() const {
-  return zero_->memory_breakdown();
+  if (zero_set_.empty()) return zero_->memory_breakdown();
+  // Every partition's (dense, Muon's matrices, the experts'): describe() adds up equal names.
+  zero::MemoryBreakdown out;
+  for (const auto& p : zero_set_) {
+    zero::MemoryBreakdown m = p.zero->memory_breakdown();
+    out.insert(out.end(), m.begin(), m.end());
+  }
+  return out;
 }
 
 bool EngineCore::is_gradient_accumulation_boundary() const {

@@ -379,6 +379,13 @@ TEST(EngineApiMuon, HalvesOverridesAndRefusals) {
     }
     EXPECT_FALSE(at::equal(m->a->weight, before));
     EXPECT_FALSE(at::equal(m->a->bias, bias_before));
+    // The engine's buffers count Muon's partition too: one rank holds both matrices' fp32
+    // master and momentum.
+    const int64_t matrices = m->a->weight.numel() + m->head->weight.numel();
+    const auto buffers = engine.core().memory_breakdown();
+    EXPECT_EQ(dscpp::zero::bytes_named(buffers, "optimizer.momentum_buffer"), 4 * matrices);
+    EXPECT_GE(dscpp::zero::bytes_named(buffers, "fp32_master"),
+              4 * (matrices + m->a->bias.numel()));
     engine.save_checkpoint(testing::TempDir() + "muon_ck");
     Net fresh;
     auto loaded = dscpp::initialize(fresh, muon_config(1));
