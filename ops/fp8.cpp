@@ -108,15 +108,18 @@ Quantized transposed(const Quantized& q) {
 #ifdef DSCPP_CUDA
 // The one-pass kernel: the amax by one reduction (fp8_amax_kernel for one scale, the infinity
 // norm along a dimension for a scale per slice: no |x| is written), then
-// the cast into the layouts asked for, the factors taken from the amax on the device.
+// the cast into the layouts asked for, the factors taken from the amax on the device. With a
+// `factor` given (one, delayed scaling's), no amax: the cast takes it as it is.
 Layouts quantize_layouts_cuda(const at::Tensor& x_in, int64_t reduced, Format f, int margin,
                               bool power_of_2, bool want_rows, bool want_transposed,
-                              cuda::DType type) {
+                              cuda::DType type, const at::Tensor& factor = {}) {
   const at::Tensor x = x_in.contiguous();
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), cols = x.size(1);
+  const bool given = factor.defined();
   const at::Tensor amax =
-      reduced < 0
+      given ? factor.to(x.device(), at::kFloat).reshape({1}).contiguous()
+      : reduced < 0
           ? amax_cuda(x, type)
           : at::linalg_vector_norm(x, INFINITY, {reduced}, false).to(at::kFloat).contiguous();
   const auto bytes = x.options().dtype(dtype(f));
@@ -124,7 +127,7 @@ Layouts quantize_layouts_cuda(const at::Tensor& x_in, int64_t reduced, Format f,
   at::Tensor data = want_rows ? at::empty({rows, cols}, bytes) : at::Tensor();
   at::Tensor data_t = want_transposed ? at::empty({cols, rows}, bytes) : at::Tensor();
   at::Tensor scale = at::empty({amax.numel()}, x.options().dtype(at::kFloat));
-  cuda::launch_fp8_cast(x.data_ptr(), amax.data_ptr<float>(), rows, cols, type,
+  cuda::launch_fp8_cast(x.data_ptr(), amax.data_ptr<float>(), given, rows, cols, type,
                         reduced < 0    ? 0
                         : reduced == 1 ? 1
                                        : 2,
@@ -168,6 +171,14 @@ Layouts quantize_layouts(const at::Tensor& x, int64_t reduced, Format f, int mar
 Layouts quantize_layouts_by_factor(const at::Tensor& x, const at::Tensor& factor, Format f,
                                    bool want_rows, bool want_transposed) {
   check_2d(x, "the tensor quantised");
+  if (factor.numel() != 1)
+    throw Fp8Error("fp8: a known factor is one value, found " + std::to_string(factor.numel()));
+#ifdef DSCPP_CUDA
+  if (x.is_cuda() && x.numel() > 0) {
+    if (const auto type = cuda::kernel_dtype(x.scalar_type()))
+      return quantize_layouts_cuda(x, -1, f, 0, false, want_rows, want_transposed, *type, factor);
+  }
+#endif
   const Quantized q = quantize_by_factor(x, factor.to(at::kFloat), f);
   Layouts out;
   if (want_rows) out.rows = q;

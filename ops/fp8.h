@@ -72,8 +72,9 @@ struct Layouts {
 Layouts quantize_layouts(const at::Tensor& x, int64_t reduced, Format f, int margin,
                          bool power_of_2, bool want_rows, bool want_transposed);
 
-// x (2-D) quantised by a factor already known (a scalar: delayed scaling's), saturated to the
-// range, in the layouts asked for; the scale is the factor's reciprocal.
+// x (2-D) quantised by a factor already known (one value: delayed scaling's), saturated to the
+// range, in the layouts asked for (by the one-pass kernel on CUDA, as quantize_layouts); the
+// scale is the factor's reciprocal.
 Layouts quantize_layouts_by_factor(const at::Tensor& x, const at::Tensor& factor, Format f,
                                    bool want_rows, bool want_transposed);
 

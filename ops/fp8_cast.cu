@@ -35,12 +35,14 @@ struct Cast {
   double max_finite;  // 448 or 57344
   double headroom;    // 2^margin
   bool power_of_2;
+  bool factor_given;  // `amax` holds the factors themselves
   __nv_fp8_interpretation_t kind;
 };
 
 // max / (max(amax, 1e-12) · 2^margin) in float64, then fp32, as ops/fp8.cpp's composition (and
 // torchao) compute it; a NaN amax stays NaN.
 __device__ float factor_of(const float* amax, int64_t i, const Cast& c) {
+  if (c.factor_given) return amax[i];
   double a = static_cast<double>(amax[i]);
   if (a < 1e-12) a = 1e-12;
   float q = static_cast<float>(c.max_finite / (a * c.headroom));
@@ -200,14 +202,15 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_fp8_cast(const void* x, const float* amax, int64_t rows, int64_t cols, DType dtype,
-                     int scale_axis, Fp8Kind kind, int margin, bool power_of_2, void* out,
-                     void* out_t, float* scale_out, cudaStream_t stream) {
+void launch_fp8_cast(const void* x, const float* amax, bool factor_given, int64_t rows,
+                     int64_t cols, DType dtype, int scale_axis, Fp8Kind kind, int margin,
+                     bool power_of_2, void* out, void* out_t, float* scale_out,
+                     cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   if (scale_axis < 0 || scale_axis > 2)
     throw Error("launch_fp8_cast: scale_axis must be 0, 1 or 2");
   const Cast c{kind == Fp8Kind::kE4M3 ? 448.0 : 57344.0, std::ldexp(1.0, margin), power_of_2,
-               kind == Fp8Kind::kE4M3 ? __NV_E4M3 : __NV_E5M2};
+               factor_given, kind == Fp8Kind::kE4M3 ? __NV_E4M3 : __NV_E5M2};
   // The wide path's accesses: 16-byte loads of x's rows, 8-byte stores of out's, 16-byte
   // stores of out_t's (its rows are x's columns, `rows` bytes long).
   const bool wide = cols % kWide == 0 && rows % 16 == 0 && aligned(x, 16) &&

@@ -151,13 +151,15 @@ void launch_moe_unpermute_backward(const void* grad, const void* expert_rows, co
 // element becomes fp8(clamp(x · q, ±max)) with the quantising factor
 // q = float(max / (max(amax, 1e-12) · 2^margin)), rounded down to a power of two with
 // power_of_2; max is e4m3's 448 or e5m2's 57344, NaN stays NaN, the rounding is to nearest even.
-// amax (fp32) holds one value (scale_axis 0), one per row (1) or one per column (2); scale_out
-// (fp32, as many) gets 1 / q, the dequantising scale. out: [rows, cols] row-major, out_t: the
-// transpose [cols, rows] row-major; either may be null.
+// amax (fp32) holds one value (scale_axis 0), one per row (1) or one per column (2); with
+// factor_given it holds the factors q themselves (delayed scaling's, kept between steps; margin
+// and power_of_2 then unused). scale_out (fp32, as many) gets 1 / q, the dequantising scale.
+// out: [rows, cols] row-major, out_t: the transpose [cols, rows] row-major; either may be null.
 enum class Fp8Kind { kE4M3, kE5M2 };
-void launch_fp8_cast(const void* x, const float* amax, int64_t rows, int64_t cols, DType dtype,
-                     int scale_axis, Fp8Kind kind, int margin, bool power_of_2, void* out,
-                     void* out_t, float* scale_out, cudaStream_t stream);
+void launch_fp8_cast(const void* x, const float* amax, bool factor_given, int64_t rows,
+                     int64_t cols, DType dtype, int scale_axis, Fp8Kind kind, int margin,
+                     bool power_of_2, void* out, void* out_t, float* scale_out,
+                     cudaStream_t stream);
 
 // The absolute maximum of x's n elements (dtype) into *amax (fp32; it is zeroed first, on the
 // stream): a NaN anywhere gives NaN, an infinity infinity, as the infinity norm does.

@@ -104,6 +104,31 @@ TEST(Fp8CastCuda, TheAbsoluteMaximumIsAtensExactly) {
   }
 }
 
+// Delayed scaling's cast, by a factor kept from earlier steps (here one that saturates part of
+// x, as a stale factor does when the values grow), against the same formula with that factor.
+TEST(Fp8CastCuda, AKnownFactorCastsAsTheFormulaWithIt) {
+  DSCPP_SKIP_WITHOUT_CUDA();
+  at::manual_seed(45);
+  for (const at::ScalarType type : {at::kFloat, at::kBFloat16})
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{33, 65}, {256, 1024}})
+      for (const fp8::Format f : {fp8::Format::E4M3, fp8::Format::E5M2}) {
+        SCOPED_TRACE(fmt::format("{} [{}, {}] {}", c10::toString(type), rows, cols, fp8::name(f)));
+        const at::Tensor x = input(rows, cols, type);
+        const at::Tensor factor =
+            (4.0 * fp8::max_finite(f) / x.abs().amax().to(at::kDouble)).to(at::kFloat).cpu();
+        const double m = fp8::max_finite(f);
+        const fp8::Quantized want{
+            (x.to(at::kFloat) * factor.to(at::kCUDA)).clamp(-m, m).to(fp8::dtype(f)),
+            factor.to(at::kCUDA).reciprocal()};
+        const fp8::Layouts got =
+            fp8::quantize_layouts_by_factor(x, factor.to(at::kCUDA).reshape({}), f, true, true);
+        expect_same(got.rows, want, "rows");
+        expect_same(got.transposed, {want.data.t().contiguous(), want.scale}, "transposed");
+        EXPECT_GT(got.rows.data.to(at::kFloat).abs().eq(m).sum().item<int64_t>(), 0)
+            << "the factor was to saturate some values";
+      }
+}
+
 TEST(Fp8CastCuda, OneLayoutAloneAndAStridedInput) {
   DSCPP_SKIP_WITHOUT_CUDA();
   at::manual_seed(43);
