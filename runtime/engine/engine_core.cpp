@@ -199,6 +199,15 @@ void EngineCore::attach(const ModuleCast& cast, std::function<NamedParams()> nam
       continue;
     }
     if (!p.requires_grad()) continue;
+    // Stage 3 leaves the module's own tensors empty (the engine holds the partitions): a module
+    // whose stage-3 engine is gone, or still lives, has no values to train.
+    if (p.numel() == 0)
+      throw dscpp::Error(
+          "initialize: parameter '" + name +
+          "' has no elements. A module given to a ZeRO stage-3 engine keeps only empty tensors: "
+          "its values live in the engine's partitions and go with it. Build the module again, "
+          "or load a checkpoint into it; to keep the trained values, save them while the engine "
+          "lives (save_16bit_model, or a checkpoint and zero_to_fp32)");
     params.push_back(p);
     param_names_.push_back(name);
   }

@@ -413,3 +413,27 @@ TEST(EngineApiMuon, HalvesOverridesAndRefusals) {
   EXPECT_NE(e.find("muon"), std::string::npos) << e;
   EXPECT_NE(e.find("ratio 1"), std::string::npos) << e;
 }
+
+// Stage 3 leaves the module's tensors empty: a second engine on that module, while the first
+// lives or after it is gone, is refused naming the parameter, not left to fail in forward.
+TEST(EngineApiStage3, AModuleEmptiedByStage3IsRefused) {
+  Net m;
+  auto error_of = [&m]() -> std::string {
+    try {
+      dscpp::initialize(m, config(3));
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  {
+    auto engine = dscpp::initialize(m, config(3));
+    at::Tensor loss = engine.forward(at::ones({2, 4})).square().mean();
+    engine.backward(loss);
+    engine.step();
+    EXPECT_NE(error_of().find("'a.weight' has no elements"), std::string::npos);
+  }
+  EXPECT_NE(error_of().find("'a.weight' has no elements"), std::string::npos);
+  Net fresh;
+  EXPECT_NO_THROW(dscpp::initialize(fresh, config(3)));
+}
