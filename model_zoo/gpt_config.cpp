@@ -113,6 +113,12 @@ void read_model_keys(Section& s, GPTConfig& c) {
   c.fp8_amax_history_len = s.get_int("fp8_amax_history_len", c.fp8_amax_history_len, 1, 65536);
   c.fp8_amax_compute_algo =
       s.get_choice("fp8_amax_compute_algo", c.fp8_amax_compute_algo, {"most_recent", "max"});
+  // Megatron's and torchtitan's FP8 all-gather of ZeRO-3's weights: not here (stage 3 gathers
+  // the bf16 weights, and each product casts its own); named, not left as an unknown key.
+  if (s.get_bool("fp8_param_gather", false))
+    s.fail("fp8_param_gather",
+           "false (the all-gather of FP8 weights with precomputed scales is not implemented: "
+           "ZeRO-3 gathers the bf16 weights and each FP8 product casts its own)");
   c.first_last_layers_bf16 = s.get_bool("first_last_layers_bf16", c.first_last_layers_bf16);
   c.num_layers_at_start_in_bf16 =
       s.get_int("num_layers_at_start_in_bf16", c.num_layers_at_start_in_bf16, 0);

@@ -278,4 +278,11 @@ TEST(ModelConfigs, Fp8KeysReadAsMegatronNamesThemAndKeepTheFirstAndLastBlocksInB
     const std::string e = error_of([&] { mz::GPTConfig::from_json(bad); });
     EXPECT_TRUE(has(e, key)) << key << ": " << e;
   }
+  // Megatron's fp8_param_gather: false is what dscpp does; true is refused by its name.
+  json gather = j;
+  gather["fp8_param_gather"] = false;
+  EXPECT_EQ(mz::GPTConfig::from_json(gather).to_json(), history.to_json());
+  gather["fp8_param_gather"] = true;
+  const std::string e = error_of([&] { mz::GPTConfig::from_json(gather); });
+  EXPECT_TRUE(has(e, "fp8_param_gather") && has(e, "not implemented")) << e;
 }
