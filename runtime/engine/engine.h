@@ -18,7 +18,7 @@
 #include "dscpp/nn/moe/expert_params.h"
 #include "dscpp/nn/tensor_parallel_attr.h"
 #include "dscpp/runtime/engine/engine_core.h"
-#include "dscpp/zero/gathered_parameters.h"
+#include "dscpp/runtime/engine/gathered_parameter_set.h"
 
 namespace dscpp {
 
@@ -85,16 +85,13 @@ class Engine {
   }
 
   // DeepSpeed's deepspeed.zero.GatheredParameters(params, modifier_rank) for this engine's
-  // module: zero/gathered_parameters.h says what the scope does. Collective.
+  // module: zero/gathered_parameters.h says what the scope does, gathered_parameter_set.h how
+  // the engine's partitions share it. Collective.
   //   { auto g = engine.gathered_parameters({net->weight}, /*modifier_rank=*/0); ... }
   // A failure when the scope closes is thrown by this engine's next call.
-  zero::GatheredParameters gathered_parameters(std::vector<at::Tensor> params,
-                                               int modifier_rank = -1) {
+  GatheredParameterSet gathered_parameters(std::vector<at::Tensor> params, int modifier_rank = -1) {
     core_->check_deferred_error();
-    EngineCore* core = core_.get();  // the scope must close before the engine goes
-    return zero::GatheredParameters(core->zero_optimizer(), core->group(), std::move(params),
-                                    modifier_rank,
-                                    [core](const std::string& what) { core->defer_error(what); });
+    return core_->gathered_parameters(std::move(params), modifier_rank);
   }
   void eval() { module_->eval(); }
   ModuleHolder& module() { return module_; }

@@ -17,6 +17,7 @@
 #include "dscpp/comm/process_group.h"
 #include "dscpp/config/ds_config.h"
 #include "dscpp/runtime/checkpoint/torch_file.h"
+#include "dscpp/runtime/engine/gathered_parameter_set.h"
 #include "dscpp/runtime/monitor/event.h"
 #include "dscpp/zero/memory_breakdown.h"
 
@@ -299,6 +300,10 @@ class EngineCore {
     return tp_attrs_;
   }
   zero::ZeroOptimizer& zero_optimizer() { return *zero_; }
+  // Engine::gathered_parameters' scope over the set (gathered_parameter_set.h), and every
+  // partition's parameters gathered read only (the whole model: to save it). Collective.
+  GatheredParameterSet gathered_parameters(std::vector<at::Tensor> params, int modifier_rank);
+  GatheredParameterSet gathered_whole();
   // Expert parallelism (runtime/engine/engine_experts.h): the expert parameters' ZeroOptimizer
   // (over the expert-data group; null without expert parameters of ep_size > 1), that group
   // (null likewise), and the rest of what the engine knows of them (names, ep rank and size).

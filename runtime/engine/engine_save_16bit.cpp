@@ -32,8 +32,8 @@ bool EngineCore::save_16bit_model(const std::string& save_dir, const std::string
   at::NoGradGuard no_grad;
   std::string error;
   {
-    // Collective at stage 3 (every rank gathers); nothing at stages 0-2.
-    zero::GatheredParameters gathered(*zero_);
+    // Collective at stage 3 (every rank gathers every partition); nothing at stages 0-2.
+    const GatheredParameterSet gathered = gathered_whole();
     if (group_->rank() == 0) {
       try {
         // Parameters, then buffers, each under every name it has (a tied weight under both).

@@ -21,6 +21,7 @@
 #include "dscpp/dscpp.h"
 #include "dscpp/nn/layer_module.h"
 #include "dscpp/runtime/checkpoint/ds_layout.h"
+#include "dscpp/runtime/checkpoint/torch_file.h"
 #include "dscpp/runtime/precision/loss_scaler.h"
 #include "dscpp/zero/gathered_parameters.h"
 #include "dscpp/zero/zero_optimizer.h"
@@ -287,7 +288,7 @@ TEST(EngineApiGathered, Stage3GathersOnlyTheNamedParameters) {
   {
     auto g = e.gathered_parameters({m->head->weight}, /*modifier_rank=*/0);
     EXPECT_EQ(zo.gathers(), before + 1);
-    EXPECT_EQ(g.gathered_buckets().size(), 1u);
+    EXPECT_EQ(g.scopes().at(0)->gathered_buckets().size(), 1u);
     EXPECT_EQ(m->head->weight.sizes(), (std::vector<int64_t>{2, 8}));
     EXPECT_EQ(m->a->weight.numel(), 0);  // not named: still at rest
     at::NoGradGuard no_grad;
@@ -392,6 +393,29 @@ TEST(EngineApiMuon, HalvesOverridesAndRefusals) {
     (void)loaded.load_checkpoint(testing::TempDir() + "muon_ck");
     EXPECT_TRUE(at::equal(fresh->a->weight, m->a->weight));
     EXPECT_TRUE(at::equal(fresh->a->bias, m->a->bias));
+  }
+  {
+    // Stage 3 keeps Muon's matrices in their own partition: the engine's gathering scope and
+    // save_16bit_model reach them too (before, the module's empty tensors were read).
+    Net m;
+    json c = muon_config(3);
+    c["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = true;
+    auto engine = dscpp::initialize(m, c);
+    at::Tensor loss = engine.forward(at::ones({2, 4})).square().mean();
+    engine.backward(loss);
+    engine.step();
+    EXPECT_EQ(m->a->weight.numel(), 0);  // (at rest: partitioned)
+    at::Tensor gathered;
+    {
+      auto scope = engine.gathered_parameters({m->a->weight, m->a->bias});
+      gathered = m->a->weight.detach().clone();
+    }
+    EXPECT_EQ(gathered.sizes(), (std::vector<int64_t>{8, 4}));
+    const std::string dir = testing::TempDir() + "muon_16bit";
+    ASSERT_TRUE(engine.save_16bit_model(dir));
+    const auto sd = dscpp::checkpoint::load_torch_file(dir + "/pytorch_model.bin");
+    const at::Tensor saved = sd.find(dscpp::checkpoint::PyValue("a.weight"))->as_tensor();
+    EXPECT_TRUE(at::equal(saved.to(gathered.scalar_type()), gathered));
   }
   Net m;
   dscpp::InitArgs bias;
