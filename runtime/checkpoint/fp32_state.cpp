@@ -45,9 +45,11 @@ PyValue model_file_state_dict(const std::string& dir, const std::string& tag, Py
     const PyValue& module = need(model, "module", path);
     // Stage 3's module holds no partitioned parameter: the dense ones come first, in
     // param_shapes' order (as zero_state_dict gives them).
-    const PyValue& dense = need(model, "param_shapes", path).items().at(0);
-    for (const auto& k : dense.keys())
-      if (!module.contains(k)) out.set(k, PyValue(relayout.param(k.as_string(), {}).fp32));
+    // (the dense groups: one, or Muon's two halves; the experts' is the last)
+    const PyValue& groups = need(model, "param_shapes", path);
+    for (size_t g = 0; g + 1 < groups.size(); ++g)
+      for (const auto& k : groups.items()[g].keys())
+        if (!module.contains(k)) out.set(k, PyValue(relayout.param(k.as_string(), {}).fp32));
     for (size_t i = 0; i < module.size(); ++i) {
       const std::string& name = module.keys()[i].as_string();
       if (relayout.has(name)) {

@@ -36,8 +36,9 @@ PipeMoeStage::PipeMoeStage(const std::string& dir, const std::string& tag, const
   const PyValue* shapes = model.find(PyValue("param_shapes"));
   if (!shapes || !shapes->is_list() || shapes->size() < 1)
     throw CheckpointError("'" + path + "' has no param_shapes");
-  for (const auto& name : shapes->items()[0].keys())
-    params.push_back(relayout.param(name.as_string(), one));
+  for (size_t g = 0; g + 1 < shapes->size(); ++g)  // the dense groups (the experts' last)
+    for (const auto& name : shapes->items()[g].keys())
+      params.push_back(relayout.param(name.as_string(), one));
   for (const auto& [name, e] : one) params.push_back(relayout.param(name, one));
 }
 

@@ -65,7 +65,14 @@ ExpertRelayout::ExpertRelayout(const std::string& dir, const std::string& tag, c
   if (world % ep != 0)
     throw CheckpointError(
         fmt::format("'{}': dp_world_size {} is not a multiple of ep_size {}", path, world, ep));
-  for (auto& p : consolidate_params(model, path, module, zero_file)) add(std::move(p), {});
+  // The dense groups (one, or Muon's two halves), then the experts' (the last).
+  const size_t groups = param_groups_of(model, path);
+  for (size_t g = 0; g + 1 < groups; ++g) {
+    ZeroGroup dense;
+    dense.group = g;
+    for (auto& p : consolidate_params(model, path, module, zero_file, nullptr, dense))
+      add(std::move(p), {});
+  }
   const bool stage0 = !need(model, "optimizer", path).is_none();
   for (int64_t r = 0; r < ep; ++r) {
     // Expert-parallel rank r's experts, under its local names.
@@ -78,7 +85,7 @@ ExpertRelayout::ExpertRelayout(const std::string& dir, const std::string& tag, c
       expp = need(load_torch_file(expp_path), "optimizer", expp_path);
     }
     ZeroGroup which;
-    which.group = 1;
+    which.group = groups - 1;
     which.partitions = static_cast<int>(world / ep);
     which.rank_of = [&](int k) { return static_cast<int>(k * ep + r); };
     which.stage0_optimizer = stage0 ? &expp : nullptr;

@@ -223,10 +223,12 @@ void moe_params(const std::string& dir, const std::string& tag, const std::strin
 size_t param_groups_of(const PyValue& model, const std::string& path) {
   const PyValue& shapes = need(model, "param_shapes", path);
   const bool moe = moe_ep_size(model) > 1;
-  if (!shapes.is_list() || shapes.size() < 1 || (moe && shapes.size() != 2))
-    throw CheckpointError(
-        fmt::format("'{}': param_shapes is not a list of parameter groups ({})", path,
-                    moe ? "two for a MoE checkpoint saved at ep_size > 1" : "one or more"));
+  if (!shapes.is_list() || shapes.size() < 1 || (moe && shapes.size() < 2))
+    throw CheckpointError(fmt::format(
+        "'{}': param_shapes is not a list of parameter groups ({})", path,
+        moe ? "two or more for a MoE checkpoint saved at ep_size > 1: the dense ones, then the "
+              "experts'"
+            : "one or more"));
   return shapes.size();
 }
 
@@ -253,7 +255,7 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
   std::vector<UniversalParam> params;
   PyValue settings;
   // The trainable parameters in ZeRO's (registration) order: param_shapes, one group per
-  // ZeroOptimizer (two for a MoE checkpoint at ep_size > 1, moe_layout.h; Muon's half and the
+  // ZeroOptimizer (the experts' last in a MoE checkpoint at ep_size > 1, moe_layout.h; Muon's half and the
   // Adam half for DeepSpeed's Muon).
   const PyValue& shapes_v = need(model, "param_shapes", path);
   const size_t groups_expected = param_groups_of(model, path);

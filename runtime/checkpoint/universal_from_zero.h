@@ -28,9 +28,9 @@ namespace dscpp::checkpoint {
 // optimizer state (weights: dscpp_fp32_params, else module[name]). optimizer_state, when given,
 // receives the optimizer's settings (what zero/optimizer_state.pt holds).
 //
-// `which` picks one parameter group of a checkpoint that has two (a MoE one saved at ep_size > 1:
-// group 0 the dense parameters over the data ranks, group 1 each expert-parallel rank's experts
-// over its expert-data group; moe_relayout.h): its param_shapes entry, its entry in the ZeRO
+// `which` picks one parameter group of a checkpoint that has several (a MoE one saved at
+// ep_size > 1: the dense groups over the data ranks, one or, with Muon, its two halves, then the
+// last, each expert-parallel rank's experts over its expert-data group; moe_relayout.h): its param_shapes entry, its entry in the ZeRO
 // files' group lists and base state, its partitions (partition k in zero_file(rank_of(k))'s
 // file), and at stage 0 the optimizer state dict holding it (its entries follow the earlier
 // groups' parameters).
@@ -51,8 +51,8 @@ std::vector<UniversalParam> consolidate_all_groups(const PyValue& model, const s
                                                    const PyValue& module,
                                                    const std::function<std::string(int)>& zero_file,
                                                    PyValue* optimizer_state = nullptr);
-// The number of parameter groups param_shapes lists (two for a MoE checkpoint at ep_size > 1,
-// else one or more), or CheckpointError naming the file.
+// The number of parameter groups param_shapes lists (two or more for a MoE checkpoint at
+// ep_size > 1, the experts' last; else one or more), or CheckpointError naming the file.
 size_t param_groups_of(const PyValue& model, const std::string& path);
 
 UniversalCheckpoint universal_from_zero_checkpoint(const std::string& dir,

@@ -106,16 +106,18 @@ def _flat_group(parts, g, shapes, folder):
 
 def _moe_ep_state_dict(folder, model_path, model, mp=0, zero_file=None):
     """A MoE checkpoint saved at ep_size E > 1 (dscpp's runtime/checkpoint/moe_relayout.h):
-    param_shapes[0] the dense parameters, partitioned over the data ranks (group 0 of every
-    ZeRO file); param_shapes[1] expert-parallel rank 0's local expert names (every rank's are
-    alike), rank R's experts being group 1 of the files of data ranks R, R+E, ... (its
-    expert-data group; stage 3: each group's partitions per parameter). Stage 0: the dense fp32 copies in the model states' optimizer, rank R's
+    param_shapes[:-1] the dense parameters (one group, or Muon's two halves), partitioned over
+    the data ranks (those groups of every ZeRO file); param_shapes[-1] expert-parallel rank 0's
+    local expert names (every rank's are alike), rank R's experts being the last group of the
+    files of data ranks R, R+E, ... (its expert-data group; stage 3: each group's partitions per
+    parameter). Stage 0: the dense fp32 copies in the model states' optimizer, rank R's
     experts' after them in expp_rank_R's. Gives the one-rank model's names. mp: the files'
     mp_rank_XX (a pipeline stage's); zero_file(r): data rank r's ZeRO file."""
     zero_file = zero_file or (lambda r: _zero_file(folder, r))
     info, world = model["dscpp_moe"], model["dp_world_size"]
     ep, experts = info["ep_size"], info["expert_params"]
-    dense_shapes, expert_shapes = model["param_shapes"]
+    *dense_groups, expert_shapes = model["param_shapes"]
+    dense_shapes = {k: v for g in dense_groups for k, v in g.items()}  # (in the groups' order)
     out = _module_with_experts(folder, model_path, model, mp)  # every global expert, from its file
     for k, t in list(out.items()):
         if torch.is_tensor(t) and t.is_floating_point():
@@ -137,9 +139,10 @@ def _moe_ep_state_dict(folder, model_path, model, mp=0, zero_file=None):
             f = _load(path)
             _check_binding(model, model_path, f, path, r)
             parts.append(f["optimizer_state_dict"])
-        out.update(_flat_group(parts, 0, dense_shapes, folder))
+        for g, shapes in enumerate(dense_groups):
+            out.update(_flat_group(parts, g, shapes, folder))
         for r in range(ep):
-            per_rank.append(_flat_group(parts[r::ep], 1, expert_shapes, folder))
+            per_rank.append(_flat_group(parts[r::ep], len(dense_groups), expert_shapes, folder))
     # Local names to the one-rank model's: a clone's local id j of rank r is global r * n + j;
     # a stacked weight's ranks end to end on dim 0.
     for name, e in experts.items():

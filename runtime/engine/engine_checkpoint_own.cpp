@@ -419,7 +419,8 @@ void EngineCore::load_own_layout(const std::string& dir, const std::string& tag,
       const std::string expp = checkpoint::expp_optim_states_path(dir, tag, ex->ep_rank());
       load_stage0(ex->zero(), ex->names(),
                   need(checkpoint::load_torch_file(expp), "optimizer", expp), expp,
-                  static_cast<int64_t>(param_names_.size()), options.load_optimizer_states);
+                  static_cast<int64_t>(muon_names_.size() + param_names_.size()),
+                  options.load_optimizer_states);
     }
   } else {
     load_zero_partitions(dir, tag, model, path, options.load_optimizer_states, &settings);

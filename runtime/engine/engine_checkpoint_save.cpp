@@ -56,11 +56,21 @@ std::vector<zero::ZeroOptimizer*> checkpointed_zeros(EngineCore& core) {
 }
 
 // What marks a parameter group as DeepSpeed marks it: the experts' partition, and the two halves
-// of a Muon run (null: none).
+// of a Muon run (muon_run; `muon` the Muon half's partition, null when no dense matrix).
 struct GroupMarks {
   EngineExperts* experts = nullptr;
   const zero::ZeroOptimizer* muon = nullptr;
+  bool muon_run = false;
 };
+
+GroupMarks group_marks_of(EngineCore& core) {
+  GroupMarks m;
+  m.experts = core.experts();
+  for (const auto& p : core.zero_partitions())
+    if (std::string(p.name) == "muon") m.muon = p.zero;
+  m.muon_run = m.muon || (m.experts && m.experts->zero().optimizer().needs_whole_params());
+  return m;
+}
 
 // One of torch.optim's param_groups, marked as DeepSpeed marks it: a MoE group ("moe": True, its
 // expert group's "name"), or a half of a Muon run ("use_muon" and _muon_param_groups' "name"),
@@ -71,7 +81,9 @@ PyValue marked_group(const PyValue& settings, const zero::ZeroOptimizer* z,
   if (marks.experts && z == &marks.experts->zero()) {
     out.set(PyValue("moe"), PyValue(true));
     out.set(PyValue("name"), PyValue(fmt::format("ep_size_{}", marks.experts->ep_size())));
-  } else if (marks.muon) {
+    // (split_params_into_different_moe_groups_for_optimizer copies the Muon half's keys)
+    if (marks.muon_run) out.set(PyValue("use_muon"), PyValue(true));
+  } else if (marks.muon_run) {
     const bool muon = z == marks.muon;
     out.set(PyValue("use_muon"), PyValue(muon));
     out.set(PyValue("name"), PyValue(muon ? "muon-params" : "adam-params"));
@@ -246,10 +258,10 @@ PyValue EngineCore::model_states(const PyValue& client_state, PyValue rng_states
   for (const auto& [alias, name] : shared_params_) shared.set(PyValue(alias), PyValue(name));
 
   // None at stages 1-2: the optimizer lives in the ZeRO files.
-  PyValue optimizer = zero_->stage() == 0
-                          ? stage0_optimizer(checkpointed_zeros(*this), dtype_ != at::kFloat,
-                                             {experts(), muon_zero_.get()})
-                          : PyValue();
+  PyValue optimizer =
+      zero_->stage() == 0
+          ? stage0_optimizer(checkpointed_zeros(*this), dtype_ != at::kFloat, group_marks_of(*this))
+          : PyValue();
   // The expert parameters (ep_size > 1) form a group of their own (moe_relayout.h).
   if (EngineExperts* ex = experts()) {
     PyValue experts = PyValue::ordered_dict();
@@ -323,8 +335,9 @@ PyValue EngineCore::zero_states() {
               PyValue(at::scalar_tensor(static_cast<double>(z.step_count()), at::kFloat)));
     for (const auto& name : z.state_names()) {
       const at::Tensor t = z.state_partition(name);
-      // Muon's momentum in DeepSpeed's ZeRO 1-2 form: each matrix of the partition whole.
-      if (&z == muon_zero_.get() && !stage3 && name == "momentum_buffer") {
+      // Muon's momentum in DeepSpeed's ZeRO 1-2 form: each matrix of the partition whole (the
+      // Muon half's partition and, in a Muon run, the experts').
+      if (z.optimizer().needs_whole_params() && !stage3 && name == "momentum_buffer") {
         entry.set(PyValue(name), PyValue(checkpoint::to_ds_whole_params(layout, ds, t, over)));
         continue;
       }
@@ -339,7 +352,7 @@ PyValue EngineCore::zero_states() {
     PyValue settings = param_groups(
         opt, std::vector<std::vector<int64_t>>(opt.num_shards(), {static_cast<int64_t>(g)}));
     for (const auto& one : settings.items())
-      groups.append(marked_group(one, &z, {experts(), muon_zero_.get()}));
+      groups.append(marked_group(one, &z, group_marks_of(*this)));
     fp32.append(PyValue(checkpoint::to_ds_partition(layout, ds, z.master_partition(), over)));
     group_paddings.append(PyValue(ds.partition - held));
     PyValue paddings = PyValue::list();
@@ -450,7 +463,7 @@ void EngineCore::save_checkpoint(const std::string& save_dir, const std::string&
         PyValue expp = PyValue::dict();
         expp.set(PyValue("optimizer"),
                  stage0_optimizer(checkpointed_zeros(*this), dtype_ != at::kFloat,
-                                  {own, muon_zero_.get()}));
+                                  group_marks_of(*this)));
         checkpoint::save_torch_file(bound(std::move(expp)),
                                     checkpoint::expp_optim_states_path(
                                         save_dir, tag, group_->rank() % ep, ckpt_layout_.mp_rank));

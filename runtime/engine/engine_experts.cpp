@@ -8,6 +8,7 @@
 
 #include "dscpp/config/ds_config.h"
 #include "dscpp/error.h"
+#include "dscpp/optim/muon.h"
 #include "dscpp/optim/optimizer.h"
 #include "dscpp/runtime/engine/engine_core.h"
 #include "dscpp/runtime/engine/universal_load.h"
@@ -188,10 +189,16 @@ void EngineCore::take_experts(std::vector<at::Tensor>& params, zero::ZeroOptions
 
 void EngineCore::add_expert_partition(const zero::ZeroOptions& zo, const optim::Optimizer& dense) {
   if (!experts_) return;
-  auto optimizer =
-      config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
-  if (!optimizer) throw Error("initialize: the client optimizer factory gave null");
-  optimizer->set_cpu_kernels(dense.cpu_kernels());
+  // "type": "Muon": every expert parameter is a matrix (take_muon checked), stepped by Muon.
+  const bool muon = config_.optimizer && optim::is_muon(*config_.optimizer);
+  std::unique_ptr<optim::Optimizer> optimizer;
+  if (muon) {
+    optimizer = std::move(optim::make_muon_halves(*config_.optimizer).muon);
+  } else {
+    optimizer = config_.optimizer ? optim::make_optimizer(*config_.optimizer) : client_.optimizer();
+    if (!optimizer) throw Error("initialize: the client optimizer factory gave null");
+    optimizer->set_cpu_kernels(dense.cpu_kernels());
+  }
   experts_->build(zo, std::move(optimizer), dense);
   EngineExperts* ex = experts_.get();
   ZeroPartition p;
@@ -205,8 +212,14 @@ void EngineCore::add_expert_partition(const zero::ZeroOptions& zo, const optim::
   p.tp_grads = ex->tp_grads();
   // The LR schedule's settings, group by group (build checked that the experts have no group
   // of their own): the same optimizer kind as the dense one.
-  p.follow_schedule = [ex](const optim::Optimizer& first) {
+  // Muon's: the schedule's lr, as DeepSpeed's schedulers write every group's (the Muon
+  // partition's rule).
+  p.follow_schedule = [this, ex, muon](const optim::Optimizer& first) {
     optim::Optimizer& mine = ex->zero().optimizer();
+    if (muon) {
+      if (scheduler_) mine.set_lr(first.get_lr());
+      return;
+    }
     for (int g = 0; g < mine.num_shards(); ++g) mine.copy_hyper(g, first, g);
   };
   // The normal form holds the one-rank model's experts (every global expert; replicated over

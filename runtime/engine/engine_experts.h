@@ -36,6 +36,8 @@
 // norm (the dense partition's twin; tensor ranks at one data index hold the same expert
 // layout and expert-data rank, so their partitions cover the same elements); and a replica
 // counts in the norm on tensor rank 0 only.
+// With "type": "Muon" (or MuonH) the experts' optimizer is Muon's (engine_muon.cpp): every expert
+// parameter a matrix, each stacked group whole in one rank's partition.
 // Not yet: several ep_size values in one model.
 #pragma once
 
@@ -94,6 +96,7 @@ class EngineExperts {
   // The expert parameters as the expert ZeroOptimizer holds them, by state_dict name, and
   // what expert_parameters said of each.
   const std::vector<std::string>& names() const { return names_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
   const ExpertMap& info() const { return info_; }
 
  private:

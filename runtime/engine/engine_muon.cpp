@@ -18,9 +18,12 @@
 // is gathered over the model group and orthogonalised whole (zero::ZeroOptions::model_split_of),
 // as one rank orthogonalises it. Under ZeRO-Offload the Muon partition's master and momentum are
 // on the host and each matrix's Newton-Schulz runs on the training device (optim::Muon::
-// set_compute_device). Not yet, refused naming it: expert parallelism (ep_size > 1). Parameter
-// groups split into
-// their Muon and Adam halves, as DeepSpeed's _muon_param_groups does (take_muon).
+// set_compute_device). With expert parallelism (ep_size > 1) the experts' partition, over the
+// expert-data group, steps by Muon (each expert of a stacked group orthogonalised on its own,
+// once, by the rank that owns the group); refused naming them: expert parameters that are not
+// matrices, and experts with tensor parallelism, ZeRO-Offload or parameter groups. Parameter
+// groups split into their Muon and Adam halves, as DeepSpeed's _muon_param_groups does
+// (take_muon).
 // Checkpoints hold the Muon half as DeepSpeed's do: the first parameter group, its
 // momentum_buffer partitioned as DeepSpeed partitions the group (checkpoint_partitions).
 #include <algorithm>
@@ -53,8 +56,24 @@ void EngineCore::take_muon(std::vector<at::Tensor>& params, zero::ZeroOptions& z
   auto refuse = [](const std::string& what) {
     throw ConfigError("optimizer.type", "\"Muon\" with " + what + " is not implemented yet");
   };
-  if (experts_) refuse("expert parallelism (ep_size > 1)");
   std::set<std::string> known(param_names_.begin(), param_names_.end());
+  if (experts_) {
+    // The experts' partition steps by Muon too (add_expert_partition): each expert matrix
+    // orthogonalised once, by its owner in the expert-data group. Its matrices only: an
+    // expert's bias would need an Adam half of that partition.
+    if (tensor_parallel_size() > 1) refuse("expert parallelism and tensor parallelism together");
+    if (zo.offload.enabled) refuse("expert parallelism under ZeRO-Offload");
+    if (!zo.group_options.empty()) refuse("expert parallelism and parameter groups");
+    for (size_t i = 0; i < experts_->names().size(); ++i) {
+      const std::string& name = experts_->names()[i];
+      known.insert(name);
+      auto it = client_.use_muon.find(name);
+      if (experts_->params()[i].dim() < 2 || (it != client_.use_muon.end() && !it->second))
+        refuse("expert parallelism and the expert parameter '" + name +
+               "', which Muon would not step (not a matrix, or use_muon false): every expert "
+               "parameter of ep_size > 1 is Muon's");
+    }
+  }
   for (const auto& [name, on] : client_.use_muon)
     if (!known.count(name))
       throw dscpp::Error("initialize: use_muon names '" + name +

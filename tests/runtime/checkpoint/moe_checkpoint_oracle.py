@@ -33,6 +33,9 @@ refusals: a missing expert file, a model of another num_experts, a dense checkpo
           (1e-6); zero_to_fp32 (tool and script) equals the saving ranks' weights put together
           as the one-rank model (torch.equal). A covering set of (stage, ranks, experts) by
           default, the rest with --matrix.
+--muonh:  with --ep2, the same with MuonH stepping the matrices (the experts' partition too; its
+          momentum in the experts' group), for the grouped experts at ZeRO 0-3 (the files'
+          names are the AdamW runs' to check).
 Prints one line per case and `N passed, M failed`; exits 1 on any failure."""
 import argparse
 import glob
@@ -51,6 +54,9 @@ from dscpp_test_ports import free_port  # noqa: E402
 from oracle_cases import Cases  # noqa: E402
 
 STEPS, SAVE_AT = 6, 3
+# Marin's MuonH (fp32 Newton-Schulz on a CPU: the loads' 1e-6 holds), the experts' partition
+# stepped by it at ep 2.
+MUONH = {"type": "MuonH", "params": {"lr": 0.02, "adam_lr": 0.01, "momentum": 0.9}}
 
 
 def config(stage, ranks):
@@ -186,25 +192,31 @@ RELAYOUT_COVERING = {(0, False, "ranks 1"), (2, False, "ranks 4"), (2, True, "ra
 SCRIPT_COVERING = {(0, False), (2, False), (3, True)}
 
 
-def ep2_cases(r, args, tmp, case):
-    """Checkpoints written at ep 2 (see the module's docstring)."""
+def ep2_cases(r, args, tmp, case, optimizer=None):
+    """Checkpoints written at ep 2 (see the module's docstring); optimizer: the config's, in place
+    of AdamW (MuonH: the grouped experts only, the files' check left to the AdamW runs)."""
     # Each stage, each number of ranks and each expert form, every pair of ranks x form (the
     # experts' partition over ranks / 2 differs for a grouped tensor and for clones), and stage 3
     # (the per-parameter partitions of both groups) with both forms and both numbers of ranks.
     covering = [(0, 2, False), (1, 4, True), (2, 2, True), (3, 4, False), (3, 2, True)]
     every = [(s, n, g) for s in (0, 1, 2, 3) for n in (2, 4) for g in (False, True)]
     combos = [c for c in every if c not in covering] if args.matrix else covering
+    more = {"optimizer": optimizer} if optimizer else None
+    if optimizer:
+        combos = [(0, 2, True), (1, 4, True), (2, 2, True), (3, 4, True)]
     for stage, ranks, grouped in combos:
         kind = f"ep 2 on {ranks} ranks stage {stage} {'grouped' if grouped else 'clones'}"
+        if optimizer:
+            kind += f", {optimizer['type']}"
         key = f"ep2_{stage}{ranks}{int(grouped)}"
         ckpt = os.path.join(tmp, key)
         w_full, w_saved, w_resumed = (os.path.join(tmp, f"{key}{x}.pt") for x in "abc")
-        full = r.train(ranks, stage, ep=2, grouped=grouped, extra=["--weights", w_full])
+        full = r.train(ranks, stage, ep=2, grouped=grouped, extra=["--weights", w_full], more_config=more)
         r.train(ranks, stage, ep=2, grouped=grouped, steps=SAVE_AT,
-                extra=["--save", ckpt, "--save-at", str(SAVE_AT), "--weights", w_saved])
+                extra=["--save", ckpt, "--save-at", str(SAVE_AT), "--weights", w_saved], more_config=more)
 
         def resume():
-            out = r.train(ranks, stage, ep=2, grouped=grouped, extra=["--load", ckpt, "--weights", w_resumed])
+            out = r.train(ranks, stage, ep=2, grouped=grouped, extra=["--load", ckpt, "--weights", w_resumed], more_config=more)
             assert out["first_step"] == SAVE_AT, out["first_step"]
             a, b = one_rank_weights(w_full, 2, grouped), one_rank_weights(w_resumed, 2, grouped)
             if grouped:
@@ -221,7 +233,8 @@ def ep2_cases(r, args, tmp, case):
         def files():
             problems = check_files(os.path.join(ckpt, f"global_step{SAVE_AT}"), stage, grouped, ep=2, ranks=ranks)
             assert not problems, "; ".join(problems)
-        case(f"files {kind}", files)
+        if not optimizer:
+            case(f"files {kind}", files)
 
         def fp32():
             want = one_rank_weights(w_saved, 2, grouped)
@@ -240,7 +253,7 @@ def ep2_cases(r, args, tmp, case):
 
         for ep, n in ((1, 2), (4, 4)) if grouped else ((1, 2),):
             def other_ep(ep=ep, n=n):
-                out = r.train(n, stage, ep=ep, grouped=grouped, extra=["--load", ckpt])
+                out = r.train(n, stage, ep=ep, grouped=grouped, extra=["--load", ckpt], more_config=more)
                 assert out["first_step"] == SAVE_AT, out["first_step"]
                 e = rel(out["losses"], full["losses"][SAVE_AT:])
                 assert e < 1e-6, f"{out['losses']} vs {full['losses'][SAVE_AT:]} ({e:.1e})"
@@ -254,7 +267,7 @@ def ep2_cases(r, args, tmp, case):
             others.append((3, 6 - ranks))
         for s2, n in others:
             def other_layout(s2=s2, n=n):
-                out = r.train(n, s2, ep=2, grouped=grouped, extra=["--load", ckpt])
+                out = r.train(n, s2, ep=2, grouped=grouped, extra=["--load", ckpt], more_config=more)
                 assert out["first_step"] == SAVE_AT, out["first_step"]
                 e = rel(out["losses"], full["losses"][SAVE_AT:])
                 assert e < 1e-6, f"{out['losses']} vs {full['losses'][SAVE_AT:]} ({e:.1e})"
@@ -268,6 +281,7 @@ def main():
     ap.add_argument("--train", required=True)
     ap.add_argument("--zero-to-fp32", required=True)
     ap.add_argument("--ep2", action="store_true", help="the checkpoints written at ep 2")
+    ap.add_argument("--muonh", action="store_true", help="with --ep2: MuonH steps the matrices")
     ap.add_argument("--matrix", action="store_true",
                     help="with --ep2: the combinations past the covering set; without: every load elsewhere")
     args = ap.parse_args()
@@ -276,7 +290,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         r = Runner(args, tmp)
         if args.ep2:
-            ep2_cases(r, args, tmp, case)
+            ep2_cases(r, args, tmp, case, MUONH if args.muonh else None)
             return case.summary()
         for stage, grouped in ((0, False), (2, False), (2, True), (3, False), (3, True)):
             kind = f"stage {stage} {'grouped' if grouped else 'clones'}"
