@@ -255,8 +255,8 @@ std::vector<UniversalParam> consolidate_params(const PyValue& model, const std::
   std::vector<UniversalParam> params;
   PyValue settings;
   // The trainable parameters in ZeRO's (registration) order: param_shapes, one group per
-  // ZeroOptimizer (the experts' last in a MoE checkpoint at ep_size > 1, moe_layout.h; Muon's half and the
-  // Adam half for DeepSpeed's Muon).
+  // ZeroOptimizer (the experts' last in a MoE checkpoint at ep_size > 1, moe_layout.h; Muon's half
+  // and the Adam half for DeepSpeed's Muon).
   const PyValue& shapes_v = need(model, "param_shapes", path);
   const size_t groups_expected = param_groups_of(model, path);
   if (which.group >= groups_expected)

@@ -30,10 +30,10 @@ namespace dscpp::checkpoint {
 //
 // `which` picks one parameter group of a checkpoint that has several (a MoE one saved at
 // ep_size > 1: the dense groups over the data ranks, one or, with Muon, its two halves, then the
-// last, each expert-parallel rank's experts over its expert-data group; moe_relayout.h): its param_shapes entry, its entry in the ZeRO
-// files' group lists and base state, its partitions (partition k in zero_file(rank_of(k))'s
-// file), and at stage 0 the optimizer state dict holding it (its entries follow the earlier
-// groups' parameters).
+// last, each expert-parallel rank's experts over its expert-data group; moe_relayout.h): its
+// param_shapes entry, its entry in the ZeRO files' group lists and base state, its partitions
+// (partition k in zero_file(rank_of(k))'s file), and at stage 0 the optimizer state dict holding it
+// (its entries follow the earlier groups' parameters).
 struct ZeroGroup {
   size_t group = 0;
   int partitions = 0;                         // 0: the model's dp_world_size
