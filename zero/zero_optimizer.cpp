@@ -48,13 +48,22 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params,
   const bool final_now = params.empty() || !options_.unit_of.empty() || options_.defer_allgather ||
                          options_.stage >= 3;
   first_seen_.assign(params.size(), 0);
+  if (options_.offload.enabled && options_.offload.host_gradients)
+    first_parked_.resize(params.size());
   hooks_ = register_ready_hooks(params, [this](int i) {
-    if (buckets_) {
-      buckets_->mark_ready(i);
-    } else if (!first_seen_[i]) {
+    if (buckets_) return buckets_->mark_ready(i);
+    if (!first_seen_[i]) {
       first_seen_[i] = 1;
       first_order_.push_back(i);
     }
+    if (first_parked_.empty()) return;
+    // (a gradient accumulated twice in one backward, as reentrant checkpointing can, adds up)
+    at::NoGradGuard no_grad;
+    at::Tensor& grad = store_->params()[i].mutable_grad();
+    if (!grad.defined()) return;
+    at::Tensor& parked = first_parked_[i];
+    parked = parked.defined() ? parked.add_(grad.to(at::kCPU)) : grad.to(at::kCPU);
+    grad.reset();
   });
   if (final_now) build({});
 }
@@ -246,10 +255,11 @@ void ZeroOptimizer::take_first_backward() {
   }
   const std::vector<at::Tensor>& params = store_->params();
   std::vector<at::Tensor> grads;
-  for (const auto& p : params) {
-    grads.push_back(p.grad());
-    p.mutable_grad().reset();
+  for (size_t i = 0; i < params.size(); ++i) {
+    grads.push_back(first_parked_.empty() ? params[i].grad() : std::move(first_parked_[i]));
+    params[i].mutable_grad().reset();
   }
+  first_parked_.clear();
   build(order);
   // This backward's gradients into the buckets, in the order they came: each is handed over
   // (copied into the flat buffer's view, or taken by its bucket) and let go, so that no more
@@ -261,7 +271,7 @@ void ZeroOptimizer::take_first_backward() {
     if (grad.defined()) {
       grad.copy_(grads[i]);  // the flat buffer's view
     } else {
-      grad = grads[i];
+      grad = grads[i].to(params[i].device());  // (a parked one back for its bucket)
     }
     grads[i] = at::Tensor();
     buckets_->mark_ready(i);

@@ -355,6 +355,10 @@ class ZeroOptimizer {
   // Until built: the first backward's ready order, and whether it reduces.
   std::vector<int> first_order_;
   std::vector<char> first_seen_;
+  // ZeRO-Offload with the gradient partition on the host: the first backward's gradients, each
+  // moved there as it is ready (the device then holds no more of them than a backward with
+  // buckets does: the re-lay's peak, perf-log 2026-12-07 Y); empty otherwise.
+  std::vector<at::Tensor> first_parked_;
   std::vector<int> layout_order_;
   bool first_reduce_ = false;
   int last_issued_early_ = 0;
